@@ -1,0 +1,51 @@
+"""Accuracy, drift and kernel identity of torch.matmul, one asv series per metric.
+
+setup_cache measures every case once per environment (src/matmul_drift/suite.py);
+each track_ reads one number back. This module does not import torch, so a spawned
+track_ process starts in a fraction of a second.
+"""
+
+from matmul_drift import cases, suite
+
+
+class Drift:
+    params = (list(cases.CASE_IDS), list(cases.PRECISIONS), list(cases.DEVICES))
+    param_names = ["case", "dtype", "device"]
+    timeout = 1800  # setup_cache measures the whole catalog
+
+    def setup_cache(self):
+        return suite.measure_all()
+
+    def setup(self, cache, case, dtype, device):
+        self.values = suite.lookup(cache, case, dtype, device)
+
+    def track_error_u(self, cache, case, dtype, device):
+        return self.values["error_u"]
+
+    def track_gamma_k_u(self, cache, case, dtype, device):
+        return self.values["gamma_k_u"]
+
+    def track_slice_n_ulp(self, cache, case, dtype, device):
+        return self.values["slice_n_ulp"]
+
+    def track_slice_m_ulp(self, cache, case, dtype, device):
+        return self.values["slice_m_ulp"]
+
+    def track_run_to_run_ulp(self, cache, case, dtype, device):
+        return self.values["run_to_run_ulp"]
+
+    def track_kernel_id(self, cache, case, dtype, device):
+        return self.values["kernel_id"]
+
+    def track_env_id(self, cache, case, dtype, device):
+        return self.values["env_id"]
+
+    def track_input_id(self, cache, case, dtype, device):
+        return self.values["input_id"]
+
+    def track_cuda_seconds(self, cache, case, dtype, device):
+        return self.values["cuda_seconds"]
+
+
+for _name, _unit in suite.UNITS.items():
+    getattr(Drift, f"track_{_name}").unit = _unit

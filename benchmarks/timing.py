@@ -1,0 +1,24 @@
+"""Wall time of torch.matmul on the CPU, by asv's own timer.
+
+torch is imported here, at module level, so that under asv's forkserver it is imported
+once per environment, before any fork. Importing torch does not initialise CUDA.
+"""
+
+import torch  # noqa: F401
+
+from matmul_drift import cases, suite
+
+
+class Time:
+    params = (list(cases.CASE_IDS), list(cases.PRECISIONS), list(cases.DEVICES))
+    param_names = ["case", "dtype", "device"]
+    number = 1
+    repeat = (3, 10, 5.0)
+    warmup_time = 0.05
+    timeout = 300
+
+    def setup(self, case, dtype, device):
+        self.call = suite.timed_call(case, dtype, device)
+
+    def time_matmul(self, case, dtype, device):
+        self.call()

@@ -1,0 +1,93 @@
+"""Content-addressed strings (kernel lists, environments) kept beside the asv results.
+
+An id is the first 12 hex digits of the sha256 of a canonical JSON text, read as an
+integer: 48 bits, so a float64 (what asv stores) holds it exactly. Each text is
+stored once under ``<root>/<kind>/<12 hex>.json``. Writes go to a temporary file and
+are renamed into place, so parallel writers and merged machines never conflict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+ID_HEX_DIGITS = 12
+KINDS = ("kernels", "env")
+
+
+def canonical(obj) -> str:
+    """The one JSON text for ``obj``: sorted keys, no spaces, UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def text_id(text: str) -> int:
+    """48-bit id of a text: the first 12 hex digits of its sha256."""
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:ID_HEX_DIGITS], 16)
+
+
+def object_id(obj) -> int:
+    """48-bit id of the canonical JSON text of ``obj``."""
+    return text_id(canonical(obj))
+
+
+def hex_id(ident: int | float) -> str:
+    """The 12-digit hex spelling of an id (as asv stores it, maybe a float)."""
+    return f"{int(ident):0{ID_HEX_DIGITS}x}"
+
+
+def default_root() -> Path:
+    """Where the catalog lives: $MATMUL_DRIFT_CATALOG, else results/catalog of the checkout."""
+    env = os.environ.get("MATMUL_DRIFT_CATALOG")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "results" / "catalog"
+
+
+def entry_path(root: Path | str, kind: str, ident: int | float) -> Path:
+    if kind not in KINDS:
+        raise ValueError(f"unknown catalog kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return Path(root) / kind / f"{hex_id(ident)}.json"
+
+
+def store(root: Path | str, kind: str, obj) -> int:
+    """Store ``obj`` under its id (idempotent, atomic) and return the id."""
+    text = canonical(obj)
+    ident = text_id(text)
+    path = entry_path(root, kind, ident)
+    if path.exists():
+        return ident
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return ident
+
+
+class MissingEntry(LookupError):
+    """A catalog entry that an id names is not on disk."""
+
+
+def load(root: Path | str, kind: str, ident: int | float):
+    """The object stored under ``ident``; MissingEntry names the hex id if absent or unreadable."""
+    path = entry_path(root, kind, ident)
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+        obj = json.loads(text)
+    except FileNotFoundError:
+        raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is missing ({path})") from None
+    except (OSError, ValueError) as exc:
+        raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is unreadable: {exc}") from None
+    if text_id(canonical(obj)) != int(ident):
+        raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} does not match its id")
+    return obj

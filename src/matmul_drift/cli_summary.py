@@ -1,0 +1,98 @@
+"""`matmul-drift summary`: flag kernel, invariance, accuracy and timing changes in the asv history.
+
+Exit status: 0 when nothing of a --fail-on kind was flagged, 1 when something was, 2 for a
+usage error or unreadable input (one line on stderr). Warnings (a bad results file, a
+missing catalog entry) go to stderr; the readable rest is still summarised. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import history, render, summary
+
+PROG = "matmul-drift summary"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the summary's arguments to ``parser`` (a subcommand parser of matmul-drift)."""
+    parser.description = __doc__.splitlines()[0]
+    parser.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR",
+                        help="results/ (asv results in results/asv, catalog in results/catalog), "
+                             "or asv's results dir itself (catalog then at ../catalog); default: results")
+    parser.add_argument("--machine", metavar="NAME", help="only this asv machine")
+    parser.add_argument("--across", choices=summary.ACROSS, default=None,
+                        help="commits: neighbouring commits in one environment; envs: neighbouring "
+                             "torch versions at one commit; both (default)")
+    parser.add_argument("--base", metavar="REF", help="compare only this commit (hash prefix) ...")
+    parser.add_argument("--head", metavar="REF", help="... with this one, environment by environment")
+    parser.add_argument("--format", choices=render.FORMATS, default="plain",
+                        help="plain tables (default), github Markdown, or json (schema: matmul_drift.render)")
+    parser.add_argument("--fail-on", metavar="KINDS", default=None,
+                        help=f"comma list of {', '.join(summary.KINDS)}, or none, or all; "
+                             f"default: {','.join(k for k in summary.KINDS if k in summary.DEFAULT_FAIL_ON)}")
+    parser.add_argument("--output", metavar="FILE", help="write the report here instead of stdout")
+    parser.add_argument("--catalog", metavar="DIR", help="catalog directory (default: beside the asv results)")
+    parser.add_argument("--u-tolerance", type=float, default=summary.DEFAULT_U_TOLERANCE, metavar="F",
+                        help="flag error_u when it grows or shrinks by more than this factor "
+                             f"(default {summary.DEFAULT_U_TOLERANCE:g}: identical kernels give identical "
+                             "bits, so any change is a new route; 2x keeps tiny reorderings out)")
+    parser.add_argument("--ulp-growth", type=float, default=summary.DEFAULT_ULP_GROWTH, metavar="F",
+                        help=f"report non-zero ulp drift that grows by more than this factor "
+                             f"(informational; default {summary.DEFAULT_ULP_GROWTH:g})")
+    parser.add_argument("--time-factor", type=float, default=summary.DEFAULT_TIME_FACTOR, metavar="F",
+                        help="flag a time whose ratio exceeds this factor and whose 99%% CIs are apart "
+                             f"(default {summary.DEFAULT_TIME_FACTOR:g}, as asv compare)")
+
+
+def _error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the summary for parsed ``args``; returns the exit status."""
+    try:
+        fail_on = summary.parse_fail_on(args.fail_on)
+        options = summary.Options(
+            across=args.across or "both", base=args.base, head=args.head,
+            u_tolerance=args.u_tolerance, ulp_growth=args.ulp_growth, time_factor=args.time_factor,
+        )
+        options.check()
+        hist = history.read_history(args.results_dir, machine=args.machine, catalog=args.catalog)
+        result = summary.summarise(hist, options)
+    except summary.UsageError as exc:
+        return _error(str(exc))
+    except history.HistoryError as exc:
+        for w in dict.fromkeys(exc.warnings):
+            print(f"{PROG}: warning: {w}", file=sys.stderr)
+        return _error(str(exc))
+    text = render.render(result, args.format, fail_on)
+    # Each warning once, in the order met (a missing catalog entry can be asked for twice).
+    for w in dict.fromkeys(result.warnings):
+        print(f"{PROG}: warning: {w}", file=sys.stderr)
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            return _error(f"cannot write {args.output}: {exc.strerror}")
+    else:
+        sys.stdout.write(text)
+    return 1 if result.failing(fail_on) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run; argparse's usage errors return 2 instead of exiting."""
+    parser = argparse.ArgumentParser(prog=PROG)
+    configure(parser)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed its message (or --help)
+        return exc.code if isinstance(exc.code, int) else 2
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

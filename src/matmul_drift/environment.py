@@ -1,0 +1,140 @@
+"""Versions and matmul flags of the running process, as one nested dict.
+
+Its canonical JSON is stored in the catalog; the env-id names it. Anything that can
+change a product's bits belongs here; nothing that changes from run to run does
+(no timestamps, no host names, no clocks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import platform
+import re
+
+# Environment variables that steer BLAS/oneDNN/cuBLAS routes or thread counts.
+ROUTE_VARS = (
+    "MKL_CBWR", "MKL_NUM_THREADS", "MKL_DYNAMIC", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS",
+    "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
+    "NVIDIA_TF32_OVERRIDE", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT",
+)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _config_version(pattern: str) -> str | None:
+    import torch
+
+    m = re.search(pattern, torch.__config__.show())
+    return m.group(1) if m else None
+
+
+def _safe(fn, default=None):
+    try:
+        return fn()
+    except Exception:  # a flag a torch version lacks is recorded as missing, not fatal
+        return default
+
+
+def flags() -> dict:
+    """Every matmul flag torch exposes, as plain values."""
+    import torch
+
+    m = torch.backends.cuda.matmul
+    return {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": bool(m.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "allow_fp16_reduced_precision_reduction": _safe(lambda: bool(m.allow_fp16_reduced_precision_reduction)),
+        "allow_bf16_reduced_precision_reduction": _safe(lambda: bool(m.allow_bf16_reduced_precision_reduction)),
+        "preferred_blas_library": _safe(lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
+    }
+
+
+def _cublas_version() -> str | None:
+    """cuBLAS's own version, read through ctypes from the library torch loaded or ships."""
+    import torch
+
+    candidates = []
+    for mod in ("nvidia.cublas", "nvidia.cu13", "nvidia.cu12"):
+        spec = _safe(lambda: __import__(mod, fromlist=["_"]))
+        for path in getattr(spec, "__path__", []) or []:
+            candidates += glob.glob(os.path.join(path, "**", "libcublas.so*"), recursive=True)
+    candidates += glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libcublas.so*"))
+    candidates += ["libcublas.so"]
+    for lib in candidates:
+        try:
+            h = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        parts = []
+        for prop in range(3):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            v = ctypes.c_int()
+            if h.cublasGetProperty(prop, ctypes.byref(v)) != 0:
+                break
+            parts.append(str(v.value))
+        if len(parts) == 3:
+            return ".".join(parts)
+    return None
+
+
+def _driver_version() -> str | None:
+    try:
+        h = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    v = ctypes.c_int()
+    if h.cuDriverGetVersion(ctypes.byref(v)) != 0:
+        return None
+    return f"{v.value // 1000}.{v.value % 1000 // 10}"
+
+
+def cuda_info(index: int = 0) -> dict:
+    """CUDA, cuBLAS, cuDNN, driver and GPU facts. Initialises CUDA: call in a benchmark child only."""
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    return {
+        "runtime": torch.version.cuda,
+        "cublas": _cublas_version(),
+        "cudnn": _safe(torch.backends.cudnn.version),
+        "driver": _driver_version(),
+        "gpu": props.name,
+        "sm_count": props.multi_processor_count,
+        "capability": f"{props.major}.{props.minor}",
+    }
+
+
+def describe(device: str, mkl_banner: str | None = None) -> dict:
+    """The environment of this process for products on ``device`` ('cpu' or 'cuda')."""
+    import torch
+
+    return {
+        "torch": {"version": torch.__version__, "git": torch.version.git_version, "cuda_build": torch.version.cuda},
+        "cuda": cuda_info() if device == "cuda" else None,
+        "cpu": {
+            "model": cpu_model(),
+            "capability": _safe(torch.backends.cpu.get_cpu_capability),
+            "mkl_code_path": mkl_banner,
+        },
+        "libs": {
+            "mkl": _config_version(r"Math Kernel Library Version ([^\s]+)"),
+            "onednn": _config_version(r"MKL-DNN v([^\s]+)"),
+        },
+        "threads": torch.get_num_threads(),
+        "device": device,
+        "flags": flags(),
+        "env_vars": {k: os.environ[k] for k in ROUTE_VARS if k in os.environ},
+    }

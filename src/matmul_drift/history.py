@@ -1,0 +1,544 @@
+"""asv results plus the catalog, read into observations. Never imports torch.
+
+Layout read (asv 0.6 result format version 2, as written by ``asv.results.Results.save``)::
+
+    <asv dir>/benchmarks.json                  name -> {"unit", "params", "param_names", "version", ...}
+    <asv dir>/<machine>/machine.json           {"machine": name, ...}
+    <asv dir>/<machine>/<commit8>-<env>.json   one run: a commit in an environment
+    <catalog dir>/{kernels,env}/<12 hex>.json  content-addressed entries (see catalog.py)
+
+In a results file each benchmark is a row of columns named by ``result_columns``. The
+``result`` column is a flat list over ``itertools.product(*params)`` of the row's own
+``params`` (lists of ``repr`` strings, e.g. ``"'float32'"``); ``null`` for the whole
+column means every combination failed. Within it, ``NaN`` is a skipped combination
+(``NotImplementedError`` in setup) and ``null`` a failed one; the two are kept apart
+here. The ``stats_*`` columns align with ``result`` the same way.
+
+One results file becomes a :class:`Run`: per benchmark a :class:`Series` of numpy arrays,
+so judging works on whole arrays rather than one Python object per observation.
+Values are in the benchmark's asv ``unit`` (seconds, u, ulp, or a 48-bit id held exactly
+in a float64); dates are milliseconds since the epoch, as asv stores them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from . import catalog as _catalog
+
+RESULTS_API_VERSION = 2  # asv.results.Results.api_version
+BENCHMARKS_API_VERSION = 2  # asv.benchmarks.Benchmarks.api_version
+_SKIP_FILES = {"machine.json", "benchmarks.json"}
+_KNOWN_COLUMNS = {
+    "result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
+    "stats_q_25", "stats_q_75", "stats_number", "stats_repeat", "samples", "profile",
+}
+_STATS = ("stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75", "stats_repeat")
+
+
+class HistoryError(Exception):
+    """Nothing can be summarised: missing or empty directory, unknown machine, no benchmarks.json.
+
+    ``warnings`` holds what was met before giving up (e.g. each unreadable results file).
+    """
+
+    def __init__(self, message: str, warnings: list[str] | None = None):
+        super().__init__(message)
+        self.warnings = list(warnings or [])
+
+
+class BadFile(ValueError):
+    """One results file cannot be used; the reader warns and goes on with the others."""
+
+
+@dataclass
+class Benchmark:
+    """One entry of benchmarks.json: what a series means. ``params`` are asv repr strings."""
+
+    name: str
+    unit: str
+    type: str
+    param_names: list[str]
+    params: list[list[str]]
+    version: str | None
+
+
+@dataclass
+class Series:
+    """One benchmark's row in one results file.
+
+    ``values`` (float64, in the benchmark's unit) holds one entry per combination of
+    ``params`` in ``itertools.product`` order, NaN where skipped *or* failed; ``failed``
+    marks the nulls, so skipped == isnan(values) & ~failed. ``stats`` maps asv stat names
+    (ci_99_a, ci_99_b, q_25, q_75, repeat; seconds except repeat) to float64 arrays, NaN
+    where absent; it is None for benchmarks without stats (tracks).
+    """
+
+    params: tuple[tuple[str, ...], ...]
+    version: str | None
+    values: np.ndarray
+    failed: np.ndarray
+    stats: dict[str, np.ndarray] | None = None
+
+    def status(self, i: int) -> str:
+        """'failed' (asv null), 'skipped' (asv NaN) or 'ok' for combination ``i``."""
+        if self.failed[i]:
+            return "failed"
+        return "skipped" if math.isnan(self.values[i]) else "ok"
+
+
+@dataclass
+class Run:
+    """One results file: one machine, one commit, one environment."""
+
+    machine: str
+    commit: str
+    env_name: str
+    date: int  # commit date, ms since the epoch
+    env_params: dict
+    path: Path
+    series: dict[str, Series]
+    torch: str | None = None  # torch version that ran, best known (see History._torch_version)
+
+    @property
+    def order_key(self) -> tuple:
+        return (self.date, version_key(self.torch), self.env_name, self.commit)
+
+
+@dataclass
+class Observation:
+    """One value: keyed by machine, environment, commit, benchmark and parameters."""
+
+    machine: str
+    env_name: str
+    commit: str
+    date: int
+    torch: str | None
+    benchmark: str
+    params: dict[str, str]
+    value: float  # NaN when status is not 'ok'
+    status: str  # 'ok', 'skipped' or 'failed'
+    version: str | None
+
+
+class Catalog:
+    """Catalog entries, each read at most once (hits and misses are both cached).
+
+    A missing or unreadable entry gives None and one warning naming its hex id.
+    """
+
+    def __init__(self, root: Path | str, warnings: list[str] | None = None):
+        self.root = Path(root)
+        self.warnings = warnings if warnings is not None else []
+        self._cache: dict[tuple[str, int], object] = {}
+
+    def get(self, kind: str, ident: float | int | None):
+        if ident is None or not math.isfinite(ident) or ident < 0 or ident != int(ident):
+            return None
+        key = (kind, int(ident))
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        try:
+            obj = _catalog.load(self.root, kind, int(ident))
+        except _catalog.MissingEntry as exc:
+            self.warnings.append(str(exc))
+            obj = None
+        self._cache[key] = obj
+        return obj
+
+
+@dataclass
+class History:
+    """Everything read: benchmarks, machines and their runs in order, and warnings.
+
+    ``runs[machine]`` is ordered by commit date, then torch version (numerically), then
+    environment name. ``warnings`` name each file that could not be used.
+    """
+
+    asv_dir: Path
+    catalog: Catalog
+    benchmarks: dict[str, Benchmark]
+    machines: dict[str, dict]
+    runs: dict[str, list[Run]]
+    warnings: list[str] = field(default_factory=list)
+
+    def units(self) -> dict[str, str]:
+        return {name: b.unit for name, b in self.benchmarks.items()}
+
+    def param_names(self, benchmark: str, params: tuple) -> list[str]:
+        """Names for a row's params: benchmarks.json's, if they fit the row, else p0, p1, ..."""
+        b = self.benchmarks.get(benchmark)
+        if b is not None and len(b.param_names) == len(params):
+            return b.param_names
+        return [f"p{i}" for i in range(len(params))]
+
+    def params_dict(self, benchmark: str, params: tuple, combo: tuple[str, ...]) -> dict[str, str]:
+        """{param name: display value} for one combination (repr strings unquoted)."""
+        return dict(zip(self.param_names(benchmark, params), (display_param(p) for p in combo)))
+
+    def observations(self, machine: str | None = None) -> Iterator[Observation]:
+        """Every value, one object each: convenient, not fast (the summary uses the arrays)."""
+        for m, runs in self.runs.items():
+            if machine is not None and m != machine:
+                continue
+            for run in runs:
+                for name, s in run.series.items():
+                    for i, combo in enumerate(itertools.product(*s.params)):
+                        yield Observation(
+                            m, run.env_name, run.commit, run.date, run.torch, name,
+                            self.params_dict(name, s.params, combo), float(s.values[i]),
+                            s.status(i), s.version,
+                        )
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+_PARAM_REPR = re.compile(r"^u?'(.+)'$|^<class '(.+)'>$")
+
+
+def display_param(text: str) -> str:
+    """An asv param repr as a person writes it: "'float32'" -> "float32" (as asv displays it)."""
+    m = _PARAM_REPR.match(text)
+    if m:
+        inner = m.group(1) or m.group(2)
+        if inner.strip():
+            return inner
+    return text
+
+
+_VERSION = re.compile(
+    r"v?(\d+(?:\.\d+)*)"
+    r"(?:[-_.]?(a|alpha|b|beta|rc|c|pre|preview)[-_.]?(\d*))?"
+    r"(?:[-_.]?(post|rev|r)[-_.]?(\d*))?"
+    r"(?:[-_.]?(dev)[-_.]?(\d*))?"
+)
+_PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "rc": 2, "c": 2, "pre": 2, "preview": 2}
+
+
+def version_key(text: str | None) -> tuple:
+    """Sort key comparing versions numerically ("2.9.0" < "2.13.0"), PEP 440 style.
+
+    Accepts asv's mangled matrix strings ("==2.13.0") and local labels ("2.14.1+cu130";
+    the label breaks ties only). Unknown versions (None, no digits) sort after all others.
+    """
+    if not text:
+        return (1, (), "")
+    m = _VERSION.search(str(text))
+    if not m:
+        return (1, (), str(text))
+    release = tuple(int(x) for x in m.group(1).split("."))
+    while len(release) > 1 and release[-1] == 0:
+        release = release[:-1]  # 2.13 == 2.13.0
+    pre, pre_n, post, post_n, dev, dev_n = m.group(2, 3, 4, 5, 6, 7)
+    # Final releases rank above their pre-releases; a bare .devN ranks below everything.
+    if pre:
+        pre_key = (_PRE_RANK[pre.lower()], int(pre_n or 0))
+    elif dev and not post:
+        pre_key = (-1, 0)
+    else:
+        pre_key = (3, 0)
+    post_key = int(post_n or 0) if post else -1
+    dev_key = (0, int(dev_n or 0)) if dev else (1, 0)
+    local = str(text)[m.end():]
+    return (0, (release, pre_key, post_key, dev_key), local)
+
+
+_ENV_TORCH = re.compile(r"torch[=<>~!_-]*v?(\d+(?:\.\d+)+[^-]*)")
+
+
+def resolve_dirs(path: Path | str = "results", catalog: Path | str | None = None) -> tuple[Path, Path]:
+    """(asv results dir, catalog dir) for RESULTS_DIR.
+
+    ``results/`` means ``results/asv`` and ``results/catalog``; a directory that is itself
+    asv's results dir (it has benchmarks.json or machine folders) has its catalog at
+    ``../catalog``. ``catalog`` overrides the catalog dir.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise HistoryError(f"results directory {p} does not exist")
+    if not p.is_dir():
+        raise HistoryError(f"{p} is not a directory")
+    if (p / "asv").is_dir():
+        asv_dir, cat = p / "asv", p / "catalog"
+    else:
+        asv_dir, cat = p, p.parent / "catalog"
+    return asv_dir, Path(catalog) if catalog is not None else cat
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def read_history(
+    path: Path | str = "results",
+    *,
+    machine: str | None = None,
+    catalog: Path | str | None = None,
+) -> History:
+    """Read RESULTS_DIR (see resolve_dirs) into a History.
+
+    Raises HistoryError when nothing can be summarised: the directory is missing or holds
+    no readable results, benchmarks.json is missing or unreadable, or ``machine`` is not
+    there. A bad results file, machine.json or catalog entry only adds a warning.
+    """
+    asv_dir, cat_dir = resolve_dirs(path, catalog)
+    warnings: list[str] = []
+    benchmarks = _read_benchmarks(asv_dir, warnings)
+
+    machine_dirs = sorted(d for d in _subdirs(asv_dir) if _has_json(d))
+    if not machine_dirs:
+        raise HistoryError(f"no asv results under {asv_dir}")
+    machines: dict[str, dict] = {}
+    dirs_by_machine: dict[str, Path] = {}
+    for d in machine_dirs:
+        info = _read_machine(d, warnings)
+        if info is not None:
+            machines[info["machine"]] = info
+            dirs_by_machine[info["machine"]] = d
+    if machine is not None:
+        if machine not in dirs_by_machine:
+            known = ", ".join(sorted(dirs_by_machine)) or "none"
+            raise HistoryError(f"unknown machine {machine!r} under {asv_dir}; known: {known}", warnings)
+        dirs_by_machine = {machine: dirs_by_machine[machine]}
+        machines = {machine: machines[machine]}
+
+    history = History(asv_dir, Catalog(cat_dir, warnings), benchmarks, machines, {}, warnings)
+    interned: dict[tuple, tuple] = {}
+    for name, d in dirs_by_machine.items():
+        runs = []
+        for entry in sorted(os.scandir(d), key=lambda e: e.name):
+            if not entry.name.endswith(".json") or entry.name in _SKIP_FILES or not entry.is_file():
+                continue
+            p = Path(entry.path)
+            try:
+                run = read_results_file(p, name, interned)
+            except (BadFile, ValueError, TypeError, KeyError, IndexError, AttributeError,
+                    OverflowError, RecursionError, OSError) as exc:
+                # UnicodeDecodeError and json.JSONDecodeError are ValueErrors.
+                warnings.append(f"skipping {p}: {_reason(exc)}")
+                continue
+            runs.append(run)
+        for run in runs:
+            run.torch = _torch_version(run, history)
+        runs.sort(key=lambda r: r.order_key)
+        history.runs[name] = runs
+    if not any(history.runs.values()):
+        raise HistoryError(f"no readable asv results under {asv_dir}", warnings)
+    return history
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, BadFile):
+        return str(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); truncated or corrupt?"
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply"
+    return f"malformed results file ({type(exc).__name__}: {exc})"
+
+
+def _subdirs(p: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(p) if e.is_dir()]
+    except OSError as exc:
+        raise HistoryError(f"cannot list {p}: {exc.strerror}") from None
+
+
+def _has_json(d: Path) -> bool:
+    try:
+        return any(e.name.endswith(".json") for e in os.scandir(d))
+    except OSError:
+        return False
+
+
+def _load_json(path: Path):
+    with open(path, "rb") as fh:
+        return json.loads(fh.read().decode("utf-8"))
+
+
+def _read_benchmarks(asv_dir: Path, warnings: list[str]) -> dict[str, Benchmark]:
+    path = asv_dir / "benchmarks.json"
+    if not path.exists():
+        if not _subdirs(asv_dir):
+            raise HistoryError(f"no asv results under {asv_dir}")
+        raise HistoryError(f"{path} is missing; it says which unit each benchmark has")
+    try:
+        data = _load_json(path)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise HistoryError(f"cannot read {path}: {_reason(exc)}") from None
+    if not isinstance(data, dict):
+        raise HistoryError(f"cannot read {path}: not a JSON object")
+    if data.get("version") != BENCHMARKS_API_VERSION:
+        raise HistoryError(
+            f"{path} is asv benchmarks format version {data.get('version')!r}; "
+            f"this reader understands version {BENCHMARKS_API_VERSION}"
+        )
+    out = {}
+    for name, b in data.items():
+        if name == "version":
+            continue
+        try:
+            params = b.get("params") or []
+            names = b.get("param_names") or []
+            if not (isinstance(b["unit"], str) and _is_params(params)
+                    and all(isinstance(n, str) for n in names)):
+                raise TypeError
+            version = b.get("version")
+            out[name] = Benchmark(name, b["unit"], str(b.get("type", "")), list(names),
+                                  [list(p) for p in params], None if version is None else str(version))
+        except (TypeError, KeyError, AttributeError):
+            warnings.append(f"benchmarks.json: entry {name!r} is malformed; its results are not judged")
+    return out
+
+
+def _read_machine(d: Path, warnings: list[str]) -> dict | None:
+    path = d / "machine.json"
+    try:
+        info = _load_json(path)
+        if not isinstance(info, dict) or not isinstance(info.get("machine"), str):
+            raise BadFile("no machine name")
+    except FileNotFoundError:
+        warnings.append(f"skipping results in {d}: no machine.json")
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        warnings.append(f"skipping results in {d}: {path.name} unreadable: {_reason(exc)}")
+        return None
+    return info
+
+
+def _is_params(params) -> bool:
+    return isinstance(params, list) and all(
+        isinstance(p, list) and all(isinstance(x, str) for x in p) for p in params
+    )
+
+
+def read_results_file(path: Path, machine: str, interned: dict | None = None) -> Run:
+    """One asv results file as a Run. Raises BadFile (or a ValueError) naming what is wrong.
+
+    ``interned`` lets equal param lists share one tuple, so the judge can align two
+    series by identity instead of by value.
+    """
+    d = _load_json(path)
+    if not isinstance(d, dict):
+        raise BadFile("not a JSON object")
+    if d.get("version") != RESULTS_API_VERSION:
+        raise BadFile(
+            f"asv results format version {d.get('version')!r}; this reader understands "
+            f"version {RESULTS_API_VERSION} (asv 0.5+; run `asv update` on older results)"
+        )
+    commit, env_name, date, env_params = d.get("commit_hash"), d.get("env_name"), d.get("date"), d.get("params")
+    if not isinstance(commit, str) or not commit:
+        raise BadFile("no commit_hash")
+    if not isinstance(env_name, str):
+        raise BadFile("no env_name")
+    if not isinstance(env_params, dict):
+        raise BadFile("no environment params")
+    if env_params.get("machine", machine) != machine:
+        raise BadFile(f"machine is {env_params.get('machine')!r}, not {machine!r} as machine.json says")
+    if isinstance(date, bool) or not isinstance(date, (int, float)) or not math.isfinite(date):
+        raise BadFile("no commit date")
+    columns = d.get("result_columns")
+    rows = d.get("results")
+    if not isinstance(columns, list) or not isinstance(rows, dict):
+        raise BadFile("no result_columns or results")
+    unknown = [c for c in columns if c not in _KNOWN_COLUMNS]
+    if unknown:
+        raise BadFile(f"unknown result column {unknown[0]!r}")
+    col = {c: i for i, c in enumerate(columns)}
+    if "result" not in col or "params" not in col:
+        raise BadFile("result_columns lack 'result' or 'params'")
+    if interned is None:
+        interned = {}
+
+    series = {}
+    for name, row in rows.items():
+        if not isinstance(row, list):
+            raise BadFile(f"{name}: row is not a list")
+        series[name] = _read_row(name, row, col, interned)
+    return Run(machine, commit, env_name, int(date), env_params, path, series)
+
+
+def _column(row: list, col: dict, key: str):
+    i = col.get(key)
+    return row[i] if i is not None and i < len(row) else None
+
+
+def _read_row(name: str, row: list, col: dict, interned: dict) -> Series:
+    params = _column(row, col, "params")
+    if params is None:
+        params = []
+    if not _is_params(params):
+        raise BadFile(f"{name}: params are not lists of strings")
+    key = tuple(tuple(p) for p in params)
+    params_t = interned.setdefault(key, key)
+    n = math.prod(len(p) for p in params_t)
+    version = _column(row, col, "version")
+    if version is not None and not isinstance(version, str):
+        raise BadFile(f"{name}: version is not a string")
+
+    result = _column(row, col, "result")
+    if result is None:
+        # asv compresses an all-null column to null: every combination failed.
+        values, failed = np.full(n, np.nan), np.ones(n, dtype=bool)
+    else:
+        values, failed = _floats(name, "result", result, n)
+
+    stats = None
+    if any(_column(row, col, k) is not None for k in _STATS):
+        stats = {}
+        for k in _STATS:
+            v = _column(row, col, k)
+            stats[k[6:]] = np.full(n, np.nan) if v is None else _floats(name, k, v, n)[0]
+    return Series(params_t, version, values, failed, stats)
+
+
+def _floats(name: str, column: str, lst, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask)."""
+    if not isinstance(lst, list) or len(lst) != n:
+        raise BadFile(f"{name}: {column} has {len(lst) if isinstance(lst, list) else 'no'} entries, "
+                      f"params give {n}")
+    # `None in lst` scans in C; the common no-failure case then skips the Python loop.
+    if None in lst:
+        failed = np.fromiter((v is None for v in lst), dtype=bool, count=n)
+    else:
+        failed = np.zeros(n, dtype=bool)
+    # numpy turns null into NaN; garbage raises ValueError/TypeError, nested lists change the shape.
+    values = np.array(lst, dtype=np.float64)
+    if values.shape != (n,):
+        raise BadFile(f"{name}: {column} is not a flat list of numbers")
+    return values, failed
+
+
+def _torch_version(run: Run, history: History) -> str | None:
+    """The torch version of a run: what the env-id catalog says actually ran, else asv's
+    env params (matrix strings may be mangled, "==2.13.0"), else the env name."""
+    for name, s in run.series.items():
+        b = history.benchmarks.get(name)
+        if b is None or b.unit != "env-id":
+            continue
+        finite = s.values[np.isfinite(s.values)]
+        if finite.size:
+            entry = history.catalog.get("env", finite[0])
+            if isinstance(entry, dict) and isinstance(entry.get("torch"), dict):
+                v = entry["torch"].get("version")
+                if v:
+                    return str(v)
+        break
+    v = run.env_params.get("torch")
+    if v:
+        return str(v).lstrip("=<>~! ")
+    m = _ENV_TORCH.search(run.env_name)
+    return m.group(1) if m else None

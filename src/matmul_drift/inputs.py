@@ -1,0 +1,87 @@
+"""Inputs that are bit-identical on every torch, numpy and device.
+
+A counter-based generator (splitmix64 of a keyed counter) in numpy uint64 arithmetic
+gives 24 random bits per entry. Each value is an exact float32 (and float64), then
+rounded to the case's dtype here in numpy, round-to-nearest-even, so no library's
+conversion routine is involved. The result is raw bits; measure.py views them as a
+tensor. Only integer arithmetic is used, so the bits depend on nothing but the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_CHUNK = 1 << 22  # entries per block: bounds the temporaries to ~100 MB
+
+BITS_DTYPE = {"float64": np.uint64, "float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
+DISTRIBUTIONS = ("uniform", "signed", "int")
+
+
+def stream_key(seed: int, name: str) -> np.uint64:
+    """A 64-bit stream key from the seed and the operand's name ('A', 'B', ...)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return np.uint64(int.from_bytes(digest[:8], "little"))
+
+
+def _splitmix(counter: np.ndarray, key: np.uint64) -> np.ndarray:
+    z = counter * _GOLDEN + key  # wraps mod 2^64, as intended
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def draw(seed: int, name: str, shape: tuple[int, ...], dist: str = "uniform", int_range: int = 2) -> np.ndarray:
+    """Exact float32 values of ``shape``.
+
+    dist: ``uniform`` k/2^24 in [0, 1); ``signed`` in [−1, 1) on a 2^-23 grid;
+    ``int`` integers in [−int_range, int_range] (products and sums exact while small).
+    """
+    if dist not in DISTRIBUTIONS:
+        raise ValueError(f"unknown distribution {dist!r}")
+    key = stream_key(seed, name)
+    size = int(np.prod(shape, dtype=np.int64))
+    out = np.empty(size, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        for start in range(0, size, _CHUNK):
+            stop = min(size, start + _CHUNK)
+            k = _splitmix(np.arange(start, stop, dtype=np.uint64), key) >> np.uint64(40)  # 24 bits
+            if dist == "uniform":
+                out[start:stop] = k.astype(np.float32) * np.float32(2.0**-24)
+            elif dist == "signed":
+                out[start:stop] = (k.astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(2.0**-23)
+            else:
+                out[start:stop] = (k % np.uint64(2 * int_range + 1)).astype(np.int64) - int_range
+    return out.reshape(shape)
+
+
+def round_bits(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Round exact float32 ``values`` to ``dtype`` (nearest, ties to even) and return its bits."""
+    v = np.ascontiguousarray(values, dtype=np.float32)
+    if dtype == "float64":
+        return v.astype(np.float64).view(np.uint64)
+    if dtype == "float32":
+        return v.view(np.uint32).copy()
+    if dtype == "float16":
+        return v.astype(np.float16).view(np.uint16)
+    if dtype == "bfloat16":
+        # finite float32 bits + 0x8000 stay below 2^32, so uint32 cannot wrap
+        b = v.view(np.uint32)
+        rounded = b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))
+        return (rounded >> np.uint32(16)).astype(np.uint16)
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def checksum(*arrays: np.ndarray) -> str:
+    """sha256 hex of the shapes, widths and little-endian bytes of the given bit arrays."""
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape};".encode())
+        little = a.astype(a.dtype.newbyteorder("<"), copy=False)  # a view on little-endian hosts
+        h.update(memoryview(little).cast("B"))
+    return h.hexdigest()

@@ -1,0 +1,205 @@
+"""Which kernels ran: the profiler on CUDA, the aten chain and BLAS/oneDNN route on CPU.
+
+Names are normalised so that a kernel list names a *route*: pointers, timings, leading
+dimensions and problem sizes go; the routine, the transposes, MKL's CNR mode, the
+implementation (oneDNN's ISA, a CUDA kernel's tile and split-K) and the thread count
+stay. A kernel-id therefore changes when the route changes, not when the shape does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import sys
+import tempfile
+from contextlib import contextmanager
+
+_MKL_CALL = re.compile(r"MKL_VERBOSE\s+([A-Z0-9_]+)\(([^)]*)\)(.*)")
+_MKL_KEEP = ("CNR", "NThr")
+_SPACES = re.compile(r"\s+")
+_PTR = re.compile(r"(?<![0-9A-Za-z_])0x[0-9a-fA-F]+")
+
+
+def normalise_mkl(line: str) -> str | None:
+    """``MKL_VERBOSE SGEMM(N,N,8,1,64,0x..,..) 53.51us CNR:OFF Dyn:1 .. NThr:2`` ->
+    ``MKL SGEMM(N,N) CNR:OFF NThr:2``; None for lines that are not calls."""
+    m = _MKL_CALL.search(line)
+    if not m:
+        return None
+    routine, args, tail = m.groups()
+    # The leading arguments that are letters (transposes, uplo, side) describe the route.
+    flags = []
+    for arg in args.split(","):
+        arg = arg.strip()
+        if re.fullmatch(r"[A-Za-z]", arg):
+            flags.append(arg.upper())
+        else:
+            break
+    kept = [tok for tok in tail.split() if tok.split(":", 1)[0] in _MKL_KEEP]
+    return " ".join([f"MKL {routine}({','.join(flags)})", *kept])
+
+
+def normalise_onednn(line: str) -> str | None:
+    """An ``onednn_verbose,...,primitive,exec,cpu,matmul,<impl>,..,<descs>,..,<sizes>,<ms>`` line
+    -> ``oneDNN matmul <impl> <data types>``; None for headers, info and creation lines."""
+    parts = line.strip().split(",")
+    if not parts or not parts[0].endswith("_verbose") or "exec" not in parts:
+        return None
+    i = parts.index("exec")
+    try:
+        _engine, prim, impl, _prop, descs = parts[i + 1 : i + 6]
+    except ValueError:
+        return None
+    types = " ".join(f"{d.split(':')[0]}:{d.split(':')[1]}" for d in descs.split() if d.count(":") >= 1)
+    return f"oneDNN {prim} {impl} {types}".strip()
+
+
+def normalise_cuda(name: str) -> str:
+    """A device kernel name without ``void``, its argument list or extra spaces.
+
+    Template arguments, tile sizes and split-K markers stay: they are the route.
+    """
+    n = _SPACES.sub(" ", name.strip())
+    if n.startswith("void "):
+        n = n[5:]
+    # Drop the trailing parameter list "(...)" if the name ends with one.
+    if n.endswith(")"):
+        depth = 0
+        for i in range(len(n) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(n[i], 0)
+            if depth == 0:
+                # keep operator() etc.: only cut when something precedes the '('
+                if i > 0:
+                    n = n[:i].rstrip()
+                break
+    n = _PTR.sub("", n)
+    n = re.sub(r"\s*([<>,*&])\s*", r"\1", n)
+    return n
+
+
+def route_lines(text: str) -> list[str]:
+    """Normalised MKL and oneDNN calls in captured verbose output, in order."""
+    out = []
+    for line in text.splitlines():
+        norm = normalise_mkl(line) if "MKL_VERBOSE" in line else normalise_onednn(line)
+        if norm:
+            out.append(norm)
+    return out
+
+
+def unique(seq) -> list:
+    """Items in first-seen order, each once."""
+    seen, out = set(), []
+    for item in seq:
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
+    return out
+
+
+def mkl_banner(text: str) -> str | None:
+    """MKL's first verbose line (version and the code path it chose), if present."""
+    for line in text.splitlines():
+        if line.startswith("MKL_VERBOSE") and ("Intel(R) MKL" in line or "oneMKL" in line):
+            # The banner has no newline of its own; the profiler's USDT notes can follow it.
+            return line.replace("MKL_VERBOSE", "", 1).split("USDT:", 1)[0].strip()
+    return None
+
+
+_BANNER: list[str] = []
+
+
+def _flush_c_stdio() -> None:
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
+@contextmanager
+def captured_fds(fds=(1, 2)):
+    """Capture what C libraries write to the given file descriptors (1: stdout, 2: stderr).
+
+    MKL and oneDNN print their verbose lines on fd 1; Kineto prints a note on fd 2 at
+    every profiler start and stop. ``box[fd]`` holds each text after the block.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in fds}
+    tmps = {fd: tempfile.TemporaryFile() for fd in fds}
+    box: dict[int, str] = {}
+    try:
+        for fd in fds:
+            os.dup2(tmps[fd].fileno(), fd)
+        yield box
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _flush_c_stdio()  # C libraries buffer stdout when it is a file: flush into the capture
+        for fd in fds:
+            os.dup2(saved[fd], fd)
+            os.close(saved[fd])
+            tmps[fd].seek(0)
+            box[fd] = tmps[fd].read().decode("utf-8", "replace")
+            tmps[fd].close()
+
+
+def _pass_on_stderr(text: str) -> None:
+    """Re-emit captured stderr, less the profiler's start/stop notes."""
+    rest = "".join(line for line in text.splitlines(True) if not line.startswith("USDT:"))
+    if rest:
+        sys.stderr.write(rest)
+
+
+def cpu_route(fn) -> list[str]:
+    """Run ``fn`` once on the CPU and return its aten op chain plus the BLAS/oneDNN route.
+
+    Where neither MKL nor oneDNN reports anything, the route is ``native``.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with captured_fds() as box:
+        with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON), torch.backends.mkldnn.verbose(
+            torch.backends.mkldnn.VERBOSE_ON
+        ):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+    _pass_on_stderr(box[2])
+    text = box[1]
+    banner = mkl_banner(text)
+    if banner and not _BANNER:
+        _BANNER.append(banner)
+    ops = unique(e.name for e in prof.events() if e.name.startswith("aten::"))
+    route = unique(route_lines(text)) or ["native"]
+    return ops + route
+
+
+def cuda_kernels(fn) -> list[str]:
+    """Run ``fn`` once under torch.profiler and return the device kernels it launched, in order."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with captured_fds((2,)) as box:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    _pass_on_stderr(box[2])
+    names = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            names.append(normalise_cuda(e.name))
+    # The profiler can list an event twice (launch and kernel): keep order, drop repeats in a row.
+    out = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
+    return out or ["(no kernel)"]
+
+
+def route(fn, device: str) -> list[str]:
+    """The normalised kernel list of one call of ``fn`` on ``device``."""
+    return cuda_kernels(fn) if device == "cuda" else cpu_route(fn)
+
+
+def seen_mkl_banner() -> str | None:
+    return _BANNER[0] if _BANNER else None

@@ -1,0 +1,325 @@
+"""One case in, one Measurement out.
+
+Error against a float64 reference computed on the case's device, slice drift
+(``slice_n``, ``slice_m``), run-to-run drift, the kernels that ran, the environment
+and the time. Inputs come from inputs.py, so the same case gives the same bits
+everywhere; their checksum travels with the result.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import catalog, environment, inputs, kernels, numerics
+from .cases import Case, storage_dtype
+
+SEED = 20261130  # the generator's seed: changing it changes every checksum
+
+
+class Unavailable(Exception):
+    """The case cannot run here (no GPU, no TF32 support): a skip, not a failure."""
+
+
+@dataclass
+class Measurement:
+    """Everything measured for one case, precision and device.
+
+    error_u and every ``max_u`` are in units of u of the output dtype; ``max_ulp`` in
+    output-dtype ulps; ``seconds`` per product (CUDA events on CUDA, wall clock on CPU).
+    """
+
+    case: str
+    precision: str
+    device: str
+    m: int
+    k: int
+    n: int
+    batch: int | None
+    error_u: float
+    gamma_k_u: float | None
+    slice_n: list[dict] = field(default_factory=list)
+    slice_m: list[dict] = field(default_factory=list)
+    run_to_run: dict = field(default_factory=dict)
+    kernels: dict = field(default_factory=dict)
+    kernel_id: int = 0
+    environment: dict = field(default_factory=dict)
+    env_id: int = 0
+    input_checksum: str = ""
+    seconds: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- operands -------------------------------------------------------------------------
+
+TORCH_DTYPE_NAMES = {"float64": "float64", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+_INT_VIEW = {"float64": "int64", "float32": "int32", "float16": "int16", "bfloat16": "int16"}
+
+
+def operand_shapes(case: Case, device: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of A and of B *as stored*: for ``linear`` B is stored as W (N, K)."""
+    s = case.shape(device)
+    if case.op == "mv":
+        return (s.k,), (s.k, s.n)
+    if case.op == "bmm":
+        return (s.batch, s.m, s.k), (s.batch, s.k, s.n)
+    if case.op == "linear":
+        return (s.m, s.k), (s.n, s.k)
+    return (s.m, s.k), (s.k, s.n)
+
+
+@functools.lru_cache(maxsize=2)
+def _draw(seed: int, name: str, shape: tuple[int, ...], dist: str) -> np.ndarray:
+    # A suite measures each case in four dtypes: draw once, round four times.
+    values = inputs.draw(seed, name, shape, dist)
+    values.flags.writeable = False
+    return values
+
+
+def operand_bits(case: Case, dtype: str, device: str, seed: int = SEED) -> tuple[np.ndarray, np.ndarray, str]:
+    """Bits of A and B (as stored) rounded to ``dtype``, and their checksum."""
+    a_shape, b_shape = operand_shapes(case, device)
+    a = inputs.round_bits(_draw(seed, f"{case.id}:A", a_shape, case.dist), dtype)
+    b = inputs.round_bits(_draw(seed, f"{case.id}:B", b_shape, case.dist), dtype)
+    return a, b, inputs.checksum(a, b)
+
+
+def to_tensor(bits: np.ndarray, dtype: str, device: str):
+    """A torch tensor of ``dtype`` on ``device`` holding exactly ``bits``."""
+    import torch
+
+    signed = bits.view(getattr(np, _INT_VIEW[dtype]))
+    return torch.from_numpy(signed).to(device).view(getattr(torch, dtype))
+
+
+def tensor_bits(t) -> np.ndarray:
+    """The raw bits of a tensor as an unsigned numpy array (on the host)."""
+    import torch
+
+    name = str(t.dtype).replace("torch.", "")
+    signed = t.detach().contiguous().view(getattr(torch, _INT_VIEW[name])).cpu().numpy()
+    return signed.view(getattr(np, "u" + _INT_VIEW[name]))
+
+
+# --- flags and devices ----------------------------------------------------------------
+
+
+def check_device(device: str, precision: str = "float32") -> None:
+    """Raise Unavailable where ``device``/``precision`` cannot run in this process."""
+    import torch
+
+    if device == "cpu":
+        if precision in ("float32-tf32", "float32-high"):
+            raise Unavailable(f"{precision} is a CUDA matmul mode; it does not apply on the CPU")
+        return
+    if device != "cuda":
+        raise ValueError(f"unknown device {device!r}; expected cpu or cuda")
+    if not torch.cuda.is_available():
+        raise Unavailable("cuda requested but no CUDA GPU is available")
+    if precision in ("float32-tf32", "float32-high") and torch.cuda.get_device_capability()[0] < 8:
+        raise Unavailable(f"{precision} needs sm_80 or newer")
+
+
+@contextmanager
+def precision_flags(precision: str):
+    """Set the matmul flags of a precision for the duration, then restore them."""
+    import torch
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    try:
+        if precision == "float32-tf32":
+            torch.backends.cuda.matmul.allow_tf32 = True
+        elif precision == "float32-high":
+            torch.set_float32_matmul_precision("high")
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
+
+
+# --- the products ---------------------------------------------------------------------
+
+
+@dataclass
+class Operands:
+    """A and B as tensors (B as the op sees it) plus the stored W for ``linear``."""
+
+    a: object
+    b: object
+    op: str
+    layout: str
+
+    def product(self, a=None, b=None):
+        """The case's product of ``a`` and ``b`` (defaults: the full operands)."""
+        import torch
+
+        a = self.a if a is None else a
+        b = self.b if b is None else b
+        if self.op == "linear":
+            return torch.nn.functional.linear(a, b.t())  # b is W.t(); linear takes W
+        return torch.matmul(a, b)
+
+    def b_cols(self, n: int):
+        """B's first n columns: a strided view, or a contiguous copy for layout 'copy'."""
+        view = self.b[..., :n]
+        return view.contiguous() if self.layout == "copy" else view
+
+
+def make_operands(a_bits, b_bits, dtype: str, device: str, case: Case) -> Operands:
+    a = to_tensor(a_bits, dtype, device)
+    b = to_tensor(b_bits, dtype, device)
+    if case.op == "linear":
+        b = b.t()  # stored as W (N, K); the product sees W.t() (K, N)
+    return Operands(a, b, case.op, case.layout)
+
+
+def reference(ops: Operands, nonnegative: bool):
+    """C64 and |A||B| in float64, on the operands' device, as host numpy arrays."""
+    a64, b64 = ops.a.double(), ops.b.double()
+    c64 = ops.product(a64, b64)
+    absprod = c64 if nonnegative else ops.product(a64.abs(), b64.abs())
+    return c64.cpu().numpy(), absprod.cpu().numpy()
+
+
+def _host(t) -> tuple[np.ndarray, np.ndarray]:
+    return tensor_bits(t), t.double().cpu().numpy()
+
+
+def _compare(x_bits, x, y_tensor, absprod, dtype, cut) -> dict:
+    y_bits, y = _host(y_tensor)
+    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], absprod[cut], dtype)
+
+
+def measure_operands(
+    ops: Operands,
+    *,
+    case: Case,
+    precision: str,
+    device: str,
+    checksum: str,
+    slice_n: tuple[int, ...] = (),
+    slice_m: tuple[int, ...] = (),
+    repeat: int = 3,
+    nonnegative: bool = False,
+    with_kernels: bool = True,
+    timing: bool = True,
+) -> Measurement:
+    """Measure one product and its slices; ``ops`` already on ``device`` in the storage dtype."""
+    dtype = storage_dtype(precision)
+    u = numerics.unit_roundoff(dtype)
+    k = int(ops.a.shape[-1])
+    with precision_flags(precision):
+        c = ops.product()
+        c_bits, c_val = _host(c)
+        c64, absprod = reference(ops, nonnegative)
+        err = numerics.error_u(c_val, c64, absprod, dtype)
+        kern = {"full": kernels.route(ops.product, device)} if with_kernels else {}
+
+        slices_n, routes_n = [], []
+        for form in case.forms:
+            a_form = ops.a.unsqueeze(0) if form == "2d" else ops.a
+            for n in slice_n:
+                b_n = ops.b_cols(n)
+                call = lambda a_form=a_form, b_n=b_n: ops.product(a_form, b_n)  # noqa: E731
+                y = call()
+                if form == "2d":
+                    y = y.squeeze(0)
+                cols = min(n, case.compare_cols or n)
+                d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, cols)))
+                slices_n.append({"n": n, "form": form, "cols": cols, **d})
+                if with_kernels:
+                    routes_n += kernels.route(call, device)
+        slices_m = []
+        routes_m = []
+        for m in slice_m:
+            a_m = ops.a[..., :m, :]
+            call = lambda a_m=a_m: ops.product(a_m)  # noqa: E731
+            d = _compare(c_bits, c_val, call(), absprod, dtype, (Ellipsis, slice(0, m), slice(None)))
+            slices_m.append({"m": m, **d})
+            if with_kernels:
+                routes_m += kernels.route(call, device)
+        if routes_n:
+            kern["slice_n"] = kernels.unique(routes_n)
+        if routes_m:
+            kern["slice_m"] = kernels.unique(routes_m)
+
+        worst = {"max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0}
+        for _ in range(max(repeat - 1, 0)):
+            d = _compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,))
+            if d["max_ulp"] >= worst["max_ulp"]:
+                worst = {key: d[key] for key in worst}
+        run_to_run = {"repeat": repeat, **worst}
+        seconds = time_call(ops.product, device) if timing else None
+        env = environment.describe(device, kernels.seen_mkl_banner() if device == "cpu" else None)
+
+    s = case.shape(device)
+    return Measurement(
+        case=case.id, precision=precision, device=device, m=s.m, k=k, n=s.n, batch=s.batch,
+        error_u=err, gamma_k_u=numerics.gamma_k_u(k, u), slice_n=slices_n, slice_m=slices_m,
+        run_to_run=run_to_run, kernels=kern, kernel_id=catalog.object_id(kernel_entry(device, kern)),
+        environment=env, env_id=catalog.object_id(env), input_checksum=checksum, seconds=seconds,
+    )
+
+
+def kernel_entry(device: str, kern: dict) -> dict:
+    """The catalog text behind a kernel-id: the device and its ordered kernel lists."""
+    return {"device": device, **kern}
+
+
+def measure(case: Case, precision: str, device: str, *, slice_n=None, slice_m=None, repeat=None,
+            with_kernels: bool = True, timing: bool = True, seed: int = SEED) -> Measurement:
+    """Measure a catalog case. ``slice_n``/``slice_m`` override the case's own slices."""
+    check_device(device, precision)
+    dtype = storage_dtype(precision)
+    a_bits, b_bits, checksum = operand_bits(case, dtype, device, seed)
+    ops = make_operands(a_bits, b_bits, dtype, device, case)
+    del a_bits, b_bits
+    return measure_operands(
+        ops, case=case, precision=precision, device=device, checksum=checksum,
+        slice_n=case.slice_n if slice_n is None else slice_n,
+        slice_m=case.slice_m if slice_m is None else slice_m,
+        repeat=case.repeat if repeat is None else repeat,
+        nonnegative=case.dist == "uniform", with_kernels=with_kernels, timing=timing,
+    )
+
+
+# --- time -----------------------------------------------------------------------------
+
+
+def time_call(fn, device: str, warmup: int = 3, reps: int = 10, flush_bytes: int = 256 << 20) -> float:
+    """Median seconds per call of ``fn``.
+
+    On CUDA as triton.testing.do_bench does: warm-up, an L2 flush (a 256 MiB write)
+    before every call, and CUDA events around the call alone. On the CPU the median
+    of wall-clock calls (the asv suite uses asv's own timer there).
+    """
+    if device != "cuda":
+        fn()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+    import torch
+
+    cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        cache.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3

@@ -1,0 +1,111 @@
+"""What the asv suite records: every case measured once, flattened to track values.
+
+asv runs ``measure_all`` once per environment (in ``setup_cache``); each ``track_``
+method then reads one number back. A case that cannot run here is a skip (asv records
+NaN); one that raised is a failure (asv records null) and the others still run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+
+from . import catalog, cases
+from .measure import Unavailable, kernel_entry, measure
+
+# track name -> unit; the asv benchmarks declare these, the summary reads them back.
+UNITS = {
+    "error_u": "u",
+    "gamma_k_u": "u-bound",
+    "slice_n_ulp": "ulp",
+    "slice_m_ulp": "ulp",
+    "run_to_run_ulp": "ulp",
+    "kernel_id": "kernel-id",
+    "env_id": "env-id",
+    "input_id": "input-id",
+    "cuda_seconds": "seconds",
+}
+
+NAN = float("nan")
+
+
+def key(case: str, precision: str, device: str) -> str:
+    return f"{case}|{precision}|{device}"
+
+
+def _worst(rows: list[dict]) -> float:
+    return float(max(r["max_ulp"] for r in rows)) if rows else NAN
+
+
+def track_values(m, root) -> dict:
+    """The numbers asv records for one Measurement; stores its catalog entries under ``root``."""
+    kid = catalog.store(root, "kernels", kernel_entry(m.device, m.kernels))
+    eid = catalog.store(root, "env", m.environment)
+    assert kid == m.kernel_id and eid == m.env_id
+    return {
+        "error_u": m.error_u,
+        "gamma_k_u": NAN if m.gamma_k_u is None else m.gamma_k_u,
+        "slice_n_ulp": _worst(m.slice_n),
+        "slice_m_ulp": _worst(m.slice_m),
+        "run_to_run_ulp": float(m.run_to_run["max_ulp"]),
+        "kernel_id": float(m.kernel_id),
+        "env_id": float(m.env_id),
+        "input_id": float(int(m.input_checksum[: catalog.ID_HEX_DIGITS], 16)),
+        "cuda_seconds": NAN if m.seconds is None or m.device != "cuda" else m.seconds,
+    }
+
+
+def measure_all(case_ids=cases.CASE_IDS, precisions=cases.PRECISIONS, devices=cases.DEVICES, root=None, log=sys.stderr) -> dict:
+    """Measure every combination; returns {key: values | {"skip": why} | {"error": text}}."""
+    root = catalog.default_root() if root is None else root
+    out = {}
+    combos = [(c, p, d) for d in devices for c in case_ids for p in precisions]
+    t0 = time.monotonic()
+    for i, (c, p, d) in enumerate(combos, 1):
+        try:
+            m = measure(cases.get(c), p, d, timing=(d == "cuda"))
+            out[key(c, p, d)] = track_values(m, root)
+            status = "ok"
+        except Unavailable as exc:
+            out[key(c, p, d)] = {"skip": str(exc)}
+            status = "skip"
+        except Exception as exc:  # one broken case must not lose the others
+            out[key(c, p, d)] = {"error": "".join(traceback.format_exception_only(exc)).strip()}
+            status = "error"
+        print(f"[{i}/{len(combos)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {status}", file=log, flush=True)
+    return out
+
+
+def lookup(cache: dict, case: str, precision: str, device: str) -> dict:
+    """The values of one combination; NotImplementedError (asv: skipped) or RuntimeError (failed)."""
+    entry = cache.get(key(case, precision, device))
+    if entry is None:
+        raise NotImplementedError("not measured")
+    if "skip" in entry:
+        raise NotImplementedError(entry["skip"])
+    if "error" in entry:
+        raise RuntimeError(entry["error"])
+    return entry
+
+
+def timed_call(case: str, precision: str, device: str):
+    """A zero-argument callable doing the case's full product on the CPU, for asv's timer.
+
+    CUDA is timed with CUDA events inside ``measure_all`` instead (``cuda_seconds``).
+    """
+    from .measure import check_device, make_operands, operand_bits, precision_flags
+    from .cases import storage_dtype
+
+    if device != "cpu":
+        raise NotImplementedError("CUDA time is recorded by track_cuda_seconds with CUDA events")
+    try:
+        check_device(device, precision)
+    except Unavailable as exc:
+        raise NotImplementedError(str(exc)) from None
+    c = cases.get(case)
+    a, b, _ = operand_bits(c, storage_dtype(precision), device)
+    ops = make_operands(a, b, storage_dtype(precision), device, c)
+    flags = precision_flags(precision)
+    flags.__enter__()  # CPU precisions set no flags; kept for symmetry with measure
+    return ops.product

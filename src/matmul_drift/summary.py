@@ -1,0 +1,579 @@
+"""Observations in, flags out: what changed between neighbouring runs. Never imports torch.
+
+Two runs are neighbours when they are on one machine and either
+- ``commits``: in one environment (asv env name), consecutive by commit date; or
+- ``envs``: at one commit, consecutive by torch version (numeric order).
+``--base/--head`` instead pairs each environment at base with the same one at head.
+
+Each benchmark series is judged by its asv unit (see DESIGN.md, "Units"):
+
+==========  =========================================================================
+unit        flag kind and rule
+==========  =========================================================================
+kernel-id   ``kernel``: the id differs (any change of the ordered kernel list).
+ulp         ``invariance``: 0 -> non-zero (lost) or non-zero -> 0 (regained);
+            ``ulp-growth`` (informational): non-zero and grew by more than ``ulp_growth``.
+u           ``accuracy``: max/min of the two values exceeds ``u_tolerance``, or the value
+            crosses the γ_K bound read from the ``u-bound`` series of the same class.
+seconds     ``timing``: the ratio exceeds ``time_factor`` and, where asv recorded stats
+            for both sides (repeat > 1), the 99 % confidence intervals do not overlap
+            (IQR where there is no CI); with no stats, the ratio alone decides.
+input-id    ``input``: the checksums of the rounded inputs differ; the combination is then
+            not compared in any other series of that pair.
+env-id      never flagged by itself; attributes every flag (``attribution``).
+u-bound     never flagged by itself; the bound for ``u``.
+==========  =========================================================================
+
+Besides these, ``code``: the benchmark's asv ``version`` (a hash of its code) differs, so the
+series is not compared across the change; ``failure``: a combination starts or stops
+failing (asv null). Skipped combinations (asv NaN) are never compared.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .catalog import hex_id
+from .history import History, Run, Series, version_key
+
+KINDS = ("kernel", "invariance", "accuracy", "input", "timing", "ulp-growth", "failure", "code")
+DEFAULT_FAIL_ON = frozenset({"kernel", "invariance", "accuracy", "input"})
+ACROSS = ("commits", "envs", "both")
+ID_UNITS = ("kernel-id", "env-id", "input-id")
+
+# Identical kernels on identical inputs give identical bits, so any change of error_u is a
+# change of route; the tolerance only keeps tiny reorderings (a different split of one sum,
+# which moves the max error by well under 2x) out of the report. A real route change (split-K,
+# TF32, a reduced-precision accumulator) moves it by 2x to orders of magnitude.
+DEFAULT_U_TOLERANCE = 2.0
+DEFAULT_ULP_GROWTH = 2.0
+# asv compare's default factor: a 10 % step, and only when the 99 % CIs are apart.
+DEFAULT_TIME_FACTOR = 1.1
+
+
+class UsageError(ValueError):
+    """Options that cannot be honoured (unknown kind, unknown or ambiguous commit)."""
+
+
+@dataclass
+class Options:
+    """How to pair runs and when to flag. Tolerances are ratios (>= 1, dimensionless)."""
+
+    across: str = "both"
+    base: str | None = None
+    head: str | None = None
+    u_tolerance: float = DEFAULT_U_TOLERANCE
+    ulp_growth: float = DEFAULT_ULP_GROWTH
+    time_factor: float = DEFAULT_TIME_FACTOR
+
+    def check(self) -> None:
+        if self.across not in ACROSS:
+            raise UsageError(f"--across must be one of {', '.join(ACROSS)}, not {self.across!r}")
+        if (self.base is None) != (self.head is None):
+            raise UsageError("--base and --head go together")
+        if self.base is not None and self.across == "envs":
+            raise UsageError("--base/--head compare two commits; --across envs does not apply")
+        for name in ("u_tolerance", "ulp_growth", "time_factor"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 1):
+                raise UsageError(f"--{name.replace('_', '-')} must be a number >= 1, not {v!r}")
+
+
+@dataclass
+class Side:
+    """One side of a compared pair. ``value`` is in the benchmark's unit, None if not 'ok'."""
+
+    commit: str
+    env: str
+    torch: str | None
+    date: int  # commit date, ms since the epoch
+    value: float | None = None
+    status: str = "ok"  # 'ok', 'skipped' (asv NaN), 'failed' (asv null), 'n/a' (code flags)
+    id: str | None = None  # 12-hex spelling, for id units
+    kernels: object = None  # the kernels catalog entry, for kernel flags
+
+
+@dataclass
+class Flag:
+    kind: str
+    machine: str
+    across: str  # 'commits' or 'envs'
+    benchmark: str
+    unit: str
+    params: dict[str, str]
+    before: Side
+    after: Side
+    detail: str
+    attribution: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Pair:
+    machine: str
+    across: str
+    before: Run
+    after: Run
+
+
+@dataclass
+class Summary:
+    flags: list[Flag]
+    pairs: int
+    machines: list[str]
+    warnings: list[str]
+
+    def failing(self, fail_on) -> list[Flag]:
+        return [f for f in self.flags if f.kind in fail_on]
+
+
+def parse_fail_on(text: str | None) -> frozenset[str]:
+    """'kernel,accuracy' -> kinds; '' or None -> the default; 'none' -> nothing; 'all'."""
+    if text is None:
+        return DEFAULT_FAIL_ON
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if words == ["none"]:
+        return frozenset()
+    if words == ["all"]:
+        return frozenset(KINDS)
+    unknown = [w for w in words if w not in KINDS]
+    if unknown or not words:
+        raise UsageError(
+            f"--fail-on: unknown kind {unknown[0] if unknown else text!r}; "
+            f"expected a comma list of {', '.join(KINDS)}, or none, or all"
+        )
+    return frozenset(words)
+
+
+# ---------------------------------------------------------------------------- pairing
+
+
+def resolve_commit(history: History, prefix: str) -> str:
+    """The one commit hash in the history that starts with ``prefix``."""
+    p = prefix.strip().lower()
+    commits = {r.commit for runs in history.runs.values() for r in runs}
+    found = sorted(c for c in commits if p and c.lower().startswith(p))
+    if not found:
+        raise UsageError(f"no results for commit {prefix!r}")
+    if len(found) > 1:
+        raise UsageError(f"commit {prefix!r} is ambiguous: {', '.join(c[:12] for c in found)}")
+    return found[0]
+
+
+def make_pairs(history: History, options: Options) -> list[Pair]:
+    """The (before, after) runs to compare, per machine, in history order."""
+    pairs: list[Pair] = []
+    if options.base is not None:
+        base, head = resolve_commit(history, options.base), resolve_commit(history, options.head)
+        if base == head:
+            raise UsageError("--base and --head name the same commit")
+        for machine, runs in history.runs.items():
+            at_base = {r.env_name: r for r in runs if r.commit == base}
+            at_head = {r.env_name: r for r in runs if r.commit == head}
+            for env in sorted(at_base.keys() ^ at_head.keys()):
+                side = "base" if env in at_base else "head"
+                history.warnings.append(f"{machine}: environment {env} has results only at {side}; not compared")
+            for env in sorted(at_base.keys() & at_head.keys()):
+                pairs.append(Pair(machine, "commits", at_base[env], at_head[env]))
+        return pairs
+
+    for machine, runs in history.runs.items():
+        if options.across in ("commits", "both"):
+            by_env: dict[str, list[Run]] = {}
+            for r in runs:  # already in date order
+                by_env.setdefault(r.env_name, []).append(r)
+            for env_runs in by_env.values():
+                pairs += [Pair(machine, "commits", a, b) for a, b in zip(env_runs, env_runs[1:])]
+        if options.across in ("envs", "both"):
+            by_commit: dict[str, list[Run]] = {}
+            for r in runs:
+                by_commit.setdefault(r.commit, []).append(r)
+            for commit_runs in by_commit.values():
+                commit_runs.sort(key=lambda r: (version_key(r.torch), r.env_name))
+                pairs += [Pair(machine, "envs", a, b) for a, b in zip(commit_runs, commit_runs[1:])]
+    return pairs
+
+
+# ---------------------------------------------------------------------------- judging
+
+
+def summarise(history: History, options: Options | None = None) -> Summary:
+    """Judge every pair of neighbouring runs. Raises UsageError for bad options."""
+    options = options or Options()
+    options.check()
+    pairs = make_pairs(history, options)
+    judge = _Judge(history, options)
+    flags: list[Flag] = []
+    for pair in pairs:
+        flags += judge.pair(pair)
+    order = {k: i for i, k in enumerate(KINDS)}
+    flags.sort(key=lambda f: (f.machine, order[f.kind], f.benchmark, f.before.date, f.after.date,
+                              version_key(f.after.torch), f.after.env))
+    return Summary(flags, len(pairs), sorted(history.runs), history.warnings)
+
+
+def _series_of_unit(run: Run, units: dict[str, str], unit: str) -> Series | None:
+    for name, s in run.series.items():
+        if units.get(name) == unit:
+            return s
+    return None
+
+
+class _Judge:
+    """Holds the caches (alignments, attributions) shared by all pairs of one summary."""
+
+    def __init__(self, history: History, options: Options):
+        self.h = history
+        self.o = options
+        self.units = history.units()
+        self._index_maps: dict[tuple[int, int], tuple] = {}
+        self._combos: dict[int, tuple] = {}
+        self._attrib: dict[tuple, list[str]] = {}
+        self._unknown: set[str] = set()
+        # error_u and its bound live in one class: "drift.Drift.track_error_u" pairs with
+        # "drift.Drift.track_gamma_k_u". With one bound series in all, it serves every class.
+        bounds = [n for n, u in self.units.items() if u == "u-bound"]
+        self._bound_of = {}
+        for n, u in self.units.items():
+            if u == "u":
+                same = [b for b in bounds if b.rsplit(".", 1)[0] == n.rsplit(".", 1)[0]]
+                self._bound_of[n] = same[0] if same else (bounds[0] if len(bounds) == 1 else None)
+
+    # -- alignment: every series is a flat array over product(*params)
+
+    def combos(self, params: tuple) -> tuple:
+        # Keyed by id(): params tuples are interned by the reader and live as long as the history.
+        c = self._combos.get(id(params))
+        if c is None:
+            c = self._combos[id(params)] = (params, tuple(itertools.product(*params)))
+        return c[1]
+
+    def index_map(self, src: tuple, dst: tuple) -> np.ndarray:
+        """For each combination of ``dst``, its index in ``src`` (-1 where ``src`` lacks it)."""
+        key = (id(src), id(dst))
+        hit = self._index_maps.get(key)
+        if hit is None:
+            where = {c: i for i, c in enumerate(self.combos(src))}
+            idx = np.array([where.get(c, -1) for c in self.combos(dst)], dtype=np.intp)
+            hit = self._index_maps[key] = (src, dst, idx)
+        return hit[2]
+
+    def on(self, aux: Series | None, params: tuple) -> np.ndarray | None:
+        """An auxiliary series' values laid out over ``params`` (NaN where it lacks a combination)."""
+        if aux is None:
+            return None
+        if aux.params is params:
+            return aux.values
+        idx = self.index_map(aux.params, params)
+        if not aux.values.size:
+            return np.full(idx.shape, np.nan)
+        return np.where(idx >= 0, aux.values[np.maximum(idx, 0)], np.nan)
+
+    def align(self, sb: Series, sa: Series):
+        """(ib, ia): indices into before/after of the combinations both have (None: identical)."""
+        if sb.params is sa.params:
+            return None, None
+        ia_of_b = self.index_map(sa.params, sb.params)
+        ib = np.nonzero(ia_of_b >= 0)[0]
+        return ib, ia_of_b[ib]
+
+    # -- one pair
+
+    def pair(self, pair: Pair) -> list[Flag]:
+        B, A = pair.before, pair.after
+        flags: list[Flag] = []
+        in_b = _series_of_unit(B, self.units, "input-id")
+        in_a = _series_of_unit(A, self.units, "input-id")
+        inputs_comparable = in_b is not None and in_a is not None and in_b.version == in_a.version
+        for name in sorted(B.series.keys() & A.series.keys()):
+            unit = self.units.get(name)
+            if unit is None:
+                if name not in self._unknown:
+                    self._unknown.add(name)
+                    self.h.warnings.append(f"benchmark {name} is not in benchmarks.json; not judged")
+                continue
+            sb, sa = B.series[name], A.series[name]
+            if sb.version != sa.version:
+                flags.append(self._code_flag(pair, name, unit, sb, sa))
+                continue
+            if unit in ("env-id", "u-bound") or unit not in _RULES and unit != "input-id":
+                continue
+            ctx = _Ctx(self, pair, name, unit, sb, sa, *self.align(sb, sa))
+            vb, va = ctx.take_b(sb.values), ctx.take_a(sa.values)
+            fb, fa = ctx.take_b(sb.failed), ctx.take_a(sa.failed)
+            comparable = np.ones(vb.shape, dtype=bool)
+            if unit != "input-id" and inputs_comparable:
+                ids_b = ctx.take_b(self.on(in_b, sb.params))
+                ids_a = ctx.take_a(self.on(in_a, sa.params))
+                comparable &= ~(np.isfinite(ids_b) & np.isfinite(ids_a) & (ids_b != ids_a))
+
+            # A combination that starts or stops failing (null) cannot be compared by value.
+            for i in np.nonzero((fb != fa) & comparable)[0]:
+                detail = "now fails (asv recorded null)" if fa[i] else "no longer fails"
+                flags.append(ctx.flag("failure", i, detail))
+
+            both = np.isfinite(vb) & np.isfinite(va) & comparable
+            if unit == "input-id":
+                if in_b is not None and in_a is not None and not inputs_comparable:
+                    continue  # input-id's own code changed; reported as 'code'
+                for i in np.nonzero(both & (vb != va))[0]:
+                    flags.append(ctx.flag("input", i, f"inputs differ (checksum {hex_id(vb[i])} -> "
+                                                      f"{hex_id(va[i])}); this combination is not compared"))
+                continue
+            flags += _RULES[unit](ctx, vb, va, both)
+        return flags
+
+    def _code_flag(self, pair: Pair, name: str, unit: str, sb: Series, sa: Series) -> Flag:
+        short = lambda v: "none" if v is None else v[:12]
+        return Flag(
+            "code", pair.machine, pair.across, name, unit, {},
+            _side(pair.before, None, "n/a"), _side(pair.after, None, "n/a"),
+            f"benchmark code changed (asv version {short(sb.version)} -> {short(sa.version)}); not compared",
+        )
+
+    # -- attribution
+
+    def attribution(self, pair: Pair, env_b: float, env_a: float) -> list[str]:
+        """What differs in the environment: dotted keys of the env-id catalog entries."""
+        if math.isfinite(env_b) and math.isfinite(env_a):
+            key = (env_b, env_a)
+            if key not in self._attrib:
+                if env_b == env_a:
+                    self._attrib[key] = []
+                else:
+                    eb = self.h.catalog.get("env", env_b)
+                    ea = self.h.catalog.get("env", env_a)
+                    if eb is None or ea is None:
+                        self._attrib[key] = [f"env-id {hex_id(env_b)} -> {hex_id(env_a)} (catalog entry missing)"]
+                    else:
+                        self._attrib[key] = diff_entries(eb, ea)
+            return self._attrib[key]
+        # No env-id recorded: fall back on asv's own environment params (python, matrix).
+        return diff_entries(_asv_env(pair.before), _asv_env(pair.after))
+
+
+def _asv_env(run: Run) -> dict:
+    # Machine keys are the same on both sides of a pair; the rest is the environment.
+    skip = {"machine", "arch", "cpu", "num_cpu", "os", "ram"}
+    return {k: v for k, v in run.env_params.items() if k not in skip}
+
+
+def _side(run: Run, value, status: str = "ok") -> Side:
+    return Side(run.commit, run.env_name, run.torch, run.date, value, status)
+
+
+@dataclass
+class _Ctx:
+    """One benchmark within one pair: builds flags for the few flagged combinations."""
+
+    judge: _Judge
+    pair: Pair
+    name: str
+    unit: str
+    sb: Series
+    sa: Series
+    ib: np.ndarray | None  # aligned index -> index in sb (None: identical params)
+    ia: np.ndarray | None
+    _env: tuple | None = None
+
+    def take_b(self, x: np.ndarray) -> np.ndarray:
+        return x if self.ib is None else x[self.ib]
+
+    def take_a(self, x: np.ndarray) -> np.ndarray:
+        return x if self.ia is None else x[self.ia]
+
+    def combo(self, i: int) -> tuple:
+        return self.judge.combos(self.sb.params)[i if self.ib is None else int(self.ib[i])]
+
+    def env_ids(self, i: int) -> tuple[float, float]:
+        """The env-ids of combination ``i`` on both sides (NaN where not recorded)."""
+        if self._env is None:
+            units = self.judge.units
+            self._env = (
+                self.judge.on(_series_of_unit(self.pair.before, units, "env-id"), self.sb.params),
+                self.judge.on(_series_of_unit(self.pair.after, units, "env-id"), self.sa.params),
+            )
+        eb, ea = self._env
+        jb = i if self.ib is None else int(self.ib[i])
+        ja = i if self.ia is None else int(self.ia[i])
+        return (math.nan if eb is None else float(eb[jb]), math.nan if ea is None else float(ea[ja]))
+
+    def value(self, side: str, i: int) -> tuple[float | None, str]:
+        s, idx = (self.sb, self.ib) if side == "b" else (self.sa, self.ia)
+        j = i if idx is None else int(idx[i])
+        status = s.status(j)
+        return (float(s.values[j]) if status == "ok" else None), status
+
+    def flag(self, kind: str, i: int, detail: str) -> Flag:
+        vb, stb = self.value("b", i)
+        va, sta = self.value("a", i)
+        before, after = _side(self.pair.before, vb, stb), _side(self.pair.after, va, sta)
+        if self.unit in ID_UNITS:
+            before.id = None if vb is None else hex_id(vb)
+            after.id = None if va is None else hex_id(va)
+        params = self.judge.h.params_dict(self.name, self.sb.params, self.combo(i))
+        return Flag(kind, self.pair.machine, self.pair.across, self.name, self.unit, params,
+                    before, after, detail, self.judge.attribution(self.pair, *self.env_ids(i)))
+
+
+# ---------------------------------------------------------------------------- rules per unit
+
+
+def _kernel(ctx: _Ctx, vb, va, both) -> list[Flag]:
+    flags = []
+    cat = ctx.judge.h.catalog
+    for i in np.nonzero(both & (vb != va))[0]:
+        kb, ka = cat.get("kernels", vb[i]), cat.get("kernels", va[i])
+        f = ctx.flag("kernel", i, kernel_detail(vb[i], va[i], kb, ka))
+        f.before.kernels, f.after.kernels = kb, ka
+        flags.append(f)
+    return flags
+
+
+def kernel_detail(id_b: float, id_a: float, kb, ka) -> str:
+    """Old kernel names beside the new ones, per list that changed ("full: a, b -> a, c")."""
+    if not isinstance(kb, dict) or not isinstance(ka, dict):
+        return f"kernel-id {hex_id(id_b)} -> {hex_id(id_a)} (names not in the catalog)"
+    lines = []
+    for key in list(dict.fromkeys([*kb, *ka])):
+        old, new = kb.get(key), ka.get(key)
+        if old == new:
+            continue
+        fmt = lambda v: "none" if v is None else (", ".join(map(str, v)) if isinstance(v, list) else str(v))
+        lines.append(f"{key}: {fmt(old)} -> {fmt(new)}")
+    return "\n".join(lines) or f"kernel-id {hex_id(id_b)} -> {hex_id(id_a)}"
+
+
+def _ulp(ctx: _Ctx, vb, va, both) -> list[Flag]:
+    flags = []
+    lost = both & (vb == 0) & (va != 0)
+    regained = both & (vb != 0) & (va == 0)
+    grew = both & (vb > 0) & (va > vb * ctx.judge.o.ulp_growth)
+    for i in np.nonzero(lost | regained | grew)[0]:
+        change = f"{format_value(vb[i], 'ulp')} -> {format_value(va[i], 'ulp')}"
+        if lost[i]:
+            flags.append(ctx.flag("invariance", i, f"invariance lost: {change}"))
+        elif regained[i]:
+            flags.append(ctx.flag("invariance", i, f"invariance regained: {change}"))
+        else:
+            flags.append(ctx.flag("ulp-growth", i, f"drift grew {va[i] / vb[i]:.3g}x: {change}"))
+    return flags
+
+
+def _accuracy(ctx: _Ctx, vb, va, both) -> list[Flag]:
+    tol = ctx.judge.o.u_tolerance
+    lo, hi = np.minimum(vb, va), np.maximum(vb, va)
+    changed = both & (hi > tol * lo)  # lo == 0 < hi counts: any route change from exact
+    crossed = np.zeros_like(both)
+    gb = ga = None
+    bound = ctx.judge._bound_of.get(ctx.name)
+    if bound is not None and bound in ctx.pair.before.series and bound in ctx.pair.after.series:
+        gb = ctx.take_b(ctx.judge.on(ctx.pair.before.series[bound], ctx.sb.params))
+        ga = ctx.take_a(ctx.judge.on(ctx.pair.after.series[bound], ctx.sa.params))
+        with np.errstate(invalid="ignore"):
+            known = np.isfinite(gb) & np.isfinite(ga)
+            crossed = both & known & ((vb > gb) != (va > ga))
+    flags = []
+    for i in np.nonzero(changed | crossed)[0]:
+        ratio = "" if vb[i] == 0 else f" ({va[i] / vb[i]:.3g}x)"
+        detail = f"error {format_value(vb[i], 'u')} -> {format_value(va[i], 'u')}{ratio}"
+        if crossed[i]:
+            detail += (f"; now above the γ_K bound {format_value(ga[i], 'u')}" if va[i] > ga[i]
+                       else f"; back within the γ_K bound {format_value(ga[i], 'u')}")
+        flags.append(ctx.flag("accuracy", i, detail))
+    return flags
+
+
+def _timing(ctx: _Ctx, vb, va, both) -> list[Flag]:
+    f = ctx.judge.o.time_factor
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = va / vb
+    big = both & (vb > 0) & ((ratio > f) | (ratio < 1 / f))
+    if not big.any():
+        return []
+    sb, sa = ctx.sb.stats, ctx.sa.stats
+    apart = np.ones_like(big)
+    how = np.full(big.shape, "no stats", dtype=object)
+    if sb is not None and sa is not None:
+        get = lambda s, k, take: take(s[k])
+        rb, ra = get(sb, "repeat", ctx.take_b), get(sa, "repeat", ctx.take_a)
+        # asv compare: with one sample (repeat 1) there is no interval, the factor alone decides.
+        multi = ~(rb == 1) & ~(ra == 1)
+        for lo_k, hi_k, label in (("ci_99_a", "ci_99_b", "99% CIs apart"), ("q_25", "q_75", "IQRs apart")):
+            blo, bhi = get(sb, lo_k, ctx.take_b), get(sb, hi_k, ctx.take_b)
+            alo, ahi = get(sa, lo_k, ctx.take_a), get(sa, hi_k, ctx.take_a)
+            have = multi & ~np.isnan(blo) & ~np.isnan(bhi) & ~np.isnan(alo) & ~np.isnan(ahi) & (how == "no stats")
+            sep = (bhi < alo) | (ahi < blo)
+            apart = np.where(have, sep, apart)
+            how = np.where(have, label, how)
+    flags = []
+    for i in np.nonzero(big & apart)[0]:
+        detail = (f"{format_value(vb[i], 'seconds')} -> {format_value(va[i], 'seconds')} "
+                  f"({ratio[i]:.3g}x; {how[i]})")
+        flags.append(ctx.flag("timing", i, detail))
+    return flags
+
+
+_RULES = {"kernel-id": _kernel, "ulp": _ulp, "u": _accuracy, "seconds": _timing}
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def flatten(obj, prefix: str = "") -> dict[str, object]:
+    """Nested dicts as {dotted.key: leaf}; None counts as an empty dict (cuda: null)."""
+    out: dict[str, object] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict) or v is None:
+                sub = flatten(v, key)
+                out.update(sub if sub else {key: v})
+            else:
+                out[key] = v
+    return out
+
+
+def _leaf(v) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict) and not v:
+        return "none"
+    if isinstance(v, list):
+        return "[" + ", ".join(_leaf(x) for x in v) + "]"
+    return str(v)
+
+
+def diff_entries(before, after) -> list[str]:
+    """["torch.version: 2.13.0+cpu -> 2.14.1+cu130", ...]: the dotted keys whose values differ."""
+    fb, fa = flatten(before), flatten(after)
+    out = []
+    for key in sorted(fb.keys() | fa.keys()):
+        vb, va = fb.get(key), fa.get(key)
+        if vb != va:
+            out.append(f"{key}: {_leaf(vb)} -> {_leaf(va)}")
+    return out
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """A value for people: ids in hex, seconds with an SI prefix, u and ulp to 3 digits."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if unit in ID_UNITS:
+        return hex_id(value)
+    if unit == "seconds":
+        for scale, suffix in ((1, "s"), (1e-3, "ms"), (1e-6, "μs"), (1e-9, "ns")):
+            if abs(value) >= scale or suffix == "ns":
+                return f"{value / scale:.3g} {suffix}"
+    if unit == "ulp":
+        return f"{value:.3g} ulp"
+    if unit == "u":
+        return f"{value:.3g} u"
+    return f"{value:.4g}"
