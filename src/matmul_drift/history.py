@@ -372,7 +372,7 @@ def _load_json(path: Path):
 def _read_benchmarks(asv_dir: Path, warnings: list[str]) -> dict[str, Benchmark]:
     path = asv_dir / "benchmarks.json"
     if not path.exists():
-        if not _subdirs(asv_dir):
+        if not any((d / "machine.json").exists() for d in _subdirs(asv_dir)):
             raise HistoryError(f"no asv results under {asv_dir}")
         raise HistoryError(f"{path} is missing; it says which unit each benchmark has")
     try:
@@ -501,17 +501,19 @@ def _read_row(name: str, row: list, col: dict, interned: dict) -> Series:
         stats = {}
         for k in _STATS:
             v = _column(row, col, k)
-            stats[k[6:]] = np.full(n, np.nan) if v is None else _floats(name, k, v, n)[0]
+            stats[k[6:]] = np.full(n, np.nan) if v is None else _floats(name, k, v, n, nulls=False)[0]
     return Series(params_t, version, values, failed, stats)
 
 
-def _floats(name: str, column: str, lst, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask)."""
+def _floats(name: str, column: str, lst, n: int, nulls: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask or None)."""
     if not isinstance(lst, list) or len(lst) != n:
         raise BadFile(f"{name}: {column} has {len(lst) if isinstance(lst, list) else 'no'} entries, "
                       f"params give {n}")
     # `None in lst` scans in C; the common no-failure case then skips the Python loop.
-    if None in lst:
+    if not nulls:
+        failed = None
+    elif None in lst:
         failed = np.fromiter((v is None for v in lst), dtype=bool, count=n)
     else:
         failed = np.zeros(n, dtype=bool)

@@ -17,6 +17,16 @@ from contextlib import contextmanager
 
 _MKL_CALL = re.compile(r"MKL_VERBOSE\s+([A-Z0-9_]+)\(([^)]*)\)(.*)")
 _MKL_KEEP = ("CNR", "NThr")
+# aten ops that only make views or allocate: they say nothing about how the sum is done,
+# and some appear or not with the shape alone (a squeeze here, an as_strided there).
+VIEW_OPS = frozenset(
+    "aten::" + op
+    for op in (
+        "as_strided as_strided_ unsqueeze unsqueeze_ squeeze squeeze_ resolve_conj resolve_neg view "
+        "_unsafe_view reshape _reshape_alias expand t transpose permute slice select alias detach "
+        "lift_fresh empty empty_strided empty_like"
+    ).split()
+)
 _SPACES = re.compile(r"\s+")
 _PTR = re.compile(r"(?<![0-9A-Za-z_])0x[0-9a-fA-F]+")
 
@@ -171,7 +181,7 @@ def cpu_route(fn) -> list[str]:
     banner = mkl_banner(text)
     if banner and not _BANNER:
         _BANNER.append(banner)
-    ops = unique(e.name for e in prof.events() if e.name.startswith("aten::"))
+    ops = unique(e.name for e in prof.events() if e.name.startswith("aten::") and e.name not in VIEW_OPS)
     route = unique(route_lines(text)) or ["native"]
     return ops + route
 

@@ -46,7 +46,7 @@ import math
 
 from tabulate import tabulate
 
-from .summary import DEFAULT_FAIL_ON, KINDS, Flag, Side, Summary, format_value
+from .summary import DEFAULT_FAIL_ON, ID_UNITS, KINDS, Flag, Side, Summary, format_value
 
 FORMATS = ("plain", "github", "json")
 JSON_SCHEMA_VERSION = 1
@@ -116,7 +116,7 @@ def render_plain(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         status = "failing" if kind in fail_on else "informational"
         out.append("")
         out.append(f"== {machine}: {kind} ({len(flags)}, {status}) ==")
-        out.append(tabulate([_row(f) for f in flags], headers=_HEADERS, tablefmt="simple"))
+        out.append(tabulate([_row(f) for f in flags], headers=_HEADERS, tablefmt="simple", disable_numparse=True))
     return "\n".join(out) + "\n"
 
 
@@ -156,20 +156,15 @@ def render_github(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
 # ---------------------------------------------------------------------------- json
 
 
-def _num(v):
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return None
-    if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
-        return int(v)
-    return v
-
-
 def _side_record(side: Side, unit: str, kind: str) -> dict:
+    value = side.value
+    if value is not None and math.isfinite(value) and unit in ID_UNITS:
+        value = int(value)  # 48-bit ids: exact as JSON integers
+    elif value is not None and not math.isfinite(value):
+        value = None  # JSON has no NaN; status says why there is no value
     rec = {"commit": side.commit, "date": side.date, "env": side.env, "torch": side.torch,
-           "value": _num(side.value) if unit in ("kernel-id", "env-id", "input-id") else
-           (None if side.value is None or not math.isfinite(side.value) else side.value),
-           "status": side.status}
-    if unit in ("kernel-id", "env-id", "input-id"):
+           "value": value, "status": side.status}
+    if unit in ID_UNITS:
         rec["id"] = side.id
     if kind == "kernel":
         rec["kernels"] = side.kernels

@@ -28,6 +28,20 @@ UNITS = {
 }
 
 NAN = float("nan")
+SUBSET_VAR = "MATMUL_DRIFT_CASES"  # comma list of case ids: run only these (tests, quick nights)
+
+
+def selected_cases() -> tuple[str, ...]:
+    """The case ids to measure: all, or those named in $MATMUL_DRIFT_CASES."""
+    import os
+
+    raw = os.environ.get(SUBSET_VAR, "").strip()
+    if not raw:
+        return cases.CASE_IDS
+    wanted = tuple(c.strip() for c in raw.split(",") if c.strip())
+    for c in wanted:
+        cases.get(c)  # an unknown id fails loudly here, not as a silent empty run
+    return wanted
 
 
 def key(case: str, precision: str, device: str) -> str:
@@ -56,9 +70,10 @@ def track_values(m, root) -> dict:
     }
 
 
-def measure_all(case_ids=cases.CASE_IDS, precisions=cases.PRECISIONS, devices=cases.DEVICES, root=None, log=sys.stderr) -> dict:
+def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=cases.DEVICES, root=None, log=sys.stderr) -> dict:
     """Measure every combination; returns {key: values | {"skip": why} | {"error": text}}."""
     root = catalog.default_root() if root is None else root
+    case_ids = selected_cases() if case_ids is None else case_ids
     out = {}
     combos = [(c, p, d) for d in devices for c in case_ids for p in precisions]
     t0 = time.monotonic()
@@ -97,6 +112,8 @@ def timed_call(case: str, precision: str, device: str):
     from .measure import check_device, make_operands, operand_bits, precision_flags
     from .cases import storage_dtype
 
+    if case not in selected_cases():
+        raise NotImplementedError(f"not selected by ${SUBSET_VAR}")
     if device != "cpu":
         raise NotImplementedError("CUDA time is recorded by track_cuda_seconds with CUDA events")
     try:

@@ -299,8 +299,8 @@ class _Judge:
             if sb.version != sa.version:
                 flags.append(self._code_flag(pair, name, unit, sb, sa))
                 continue
-            if unit in ("env-id", "u-bound") or unit not in _RULES and unit != "input-id":
-                continue
+            if unit not in _RULES and unit != "input-id":
+                continue  # env-id and u-bound serve the others; unknown units are not judged
             ctx = _Ctx(self, pair, name, unit, sb, sa, *self.align(sb, sa))
             vb, va = ctx.take_b(sb.values), ctx.take_a(sa.values)
             fb, fa = ctx.take_b(sb.failed), ctx.take_a(sa.failed)
@@ -312,13 +312,12 @@ class _Judge:
 
             # A combination that starts or stops failing (null) cannot be compared by value.
             for i in np.nonzero((fb != fa) & comparable)[0]:
-                detail = "now fails (asv recorded null)" if fa[i] else "no longer fails"
+                detail = ("now fails (asv recorded null)" if fa[i] else
+                          f"no longer fails (now {'skipped' if math.isnan(va[i]) else 'ok'})")
                 flags.append(ctx.flag("failure", i, detail))
 
             both = np.isfinite(vb) & np.isfinite(va) & comparable
             if unit == "input-id":
-                if in_b is not None and in_a is not None and not inputs_comparable:
-                    continue  # input-id's own code changed; reported as 'code'
                 for i in np.nonzero(both & (vb != va))[0]:
                     flags.append(ctx.flag("input", i, f"inputs differ (checksum {hex_id(vb[i])} -> "
                                                       f"{hex_id(va[i])}); this combination is not compared"))
@@ -385,8 +384,15 @@ class _Ctx:
     def take_a(self, x: np.ndarray) -> np.ndarray:
         return x if self.ia is None else x[self.ia]
 
+    def jb(self, i: int) -> int:
+        """Index in the before series of aligned combination ``i``."""
+        return i if self.ib is None else int(self.ib[i])
+
+    def ja(self, i: int) -> int:
+        return i if self.ia is None else int(self.ia[i])
+
     def combo(self, i: int) -> tuple:
-        return self.judge.combos(self.sb.params)[i if self.ib is None else int(self.ib[i])]
+        return self.judge.combos(self.sb.params)[self.jb(i)]
 
     def env_ids(self, i: int) -> tuple[float, float]:
         """The env-ids of combination ``i`` on both sides (NaN where not recorded)."""
@@ -397,19 +403,17 @@ class _Ctx:
                 self.judge.on(_series_of_unit(self.pair.after, units, "env-id"), self.sa.params),
             )
         eb, ea = self._env
-        jb = i if self.ib is None else int(self.ib[i])
-        ja = i if self.ia is None else int(self.ia[i])
-        return (math.nan if eb is None else float(eb[jb]), math.nan if ea is None else float(ea[ja]))
+        return (math.nan if eb is None else float(eb[self.jb(i)]),
+                math.nan if ea is None else float(ea[self.ja(i)]))
 
-    def value(self, side: str, i: int) -> tuple[float | None, str]:
-        s, idx = (self.sb, self.ib) if side == "b" else (self.sa, self.ia)
-        j = i if idx is None else int(idx[i])
+    @staticmethod
+    def value(s: Series, j: int) -> tuple[float | None, str]:
         status = s.status(j)
         return (float(s.values[j]) if status == "ok" else None), status
 
     def flag(self, kind: str, i: int, detail: str) -> Flag:
-        vb, stb = self.value("b", i)
-        va, sta = self.value("a", i)
+        vb, stb = self.value(self.sb, self.jb(i))
+        va, sta = self.value(self.sa, self.ja(i))
         before, after = _side(self.pair.before, vb, stb), _side(self.pair.after, va, sta)
         if self.unit in ID_UNITS:
             before.id = None if vb is None else hex_id(vb)
@@ -494,21 +498,19 @@ def _timing(ctx: _Ctx, vb, va, both) -> list[Flag]:
     big = both & (vb > 0) & ((ratio > f) | (ratio < 1 / f))
     if not big.any():
         return []
-    sb, sa = ctx.sb.stats, ctx.sa.stats
-    apart = np.ones_like(big)
+    apart = np.ones(big.shape, dtype=bool)  # without stats the ratio alone decides
     how = np.full(big.shape, "no stats", dtype=object)
-    if sb is not None and sa is not None:
-        get = lambda s, k, take: take(s[k])
-        rb, ra = get(sb, "repeat", ctx.take_b), get(sa, "repeat", ctx.take_a)
-        # asv compare: with one sample (repeat 1) there is no interval, the factor alone decides.
-        multi = ~(rb == 1) & ~(ra == 1)
-        for lo_k, hi_k, label in (("ci_99_a", "ci_99_b", "99% CIs apart"), ("q_25", "q_75", "IQRs apart")):
-            blo, bhi = get(sb, lo_k, ctx.take_b), get(sb, hi_k, ctx.take_b)
-            alo, ahi = get(sa, lo_k, ctx.take_a), get(sa, hi_k, ctx.take_a)
-            have = multi & ~np.isnan(blo) & ~np.isnan(bhi) & ~np.isnan(alo) & ~np.isnan(ahi) & (how == "no stats")
-            sep = (bhi < alo) | (ahi < blo)
-            apart = np.where(have, sep, apart)
-            how = np.where(have, label, how)
+    if ctx.sb.stats is not None and ctx.sa.stats is not None:
+        b = {k: ctx.take_b(v) for k, v in ctx.sb.stats.items()}
+        a = {k: ctx.take_a(v) for k, v in ctx.sa.stats.items()}
+        # As asv compare: one sample (repeat 1) has no interval, so the factor alone decides.
+        judged = (b["repeat"] != 1) & (a["repeat"] != 1)
+        how[~judged] = "one sample"
+        for lo, hi, label in (("ci_99_a", "ci_99_b", "99% CIs apart"), ("q_25", "q_75", "IQRs apart")):
+            have = judged & ~(np.isnan(b[lo]) | np.isnan(b[hi]) | np.isnan(a[lo]) | np.isnan(a[hi]))
+            apart[have] = ((b[hi] < a[lo]) | (a[hi] < b[lo]))[have]
+            how[have] = label
+            judged &= ~have  # the IQR only where there is no CI
     flags = []
     for i in np.nonzero(big & apart)[0]:
         detail = (f"{format_value(vb[i], 'seconds')} -> {format_value(va[i], 'seconds')} "
@@ -524,15 +526,15 @@ _RULES = {"kernel-id": _kernel, "ulp": _ulp, "u": _accuracy, "seconds": _timing}
 
 
 def flatten(obj, prefix: str = "") -> dict[str, object]:
-    """Nested dicts as {dotted.key: leaf}; None counts as an empty dict (cuda: null)."""
+    """Nested dicts as {dotted.key: leaf}. None and {} add no key, so "cuda: null" against
+    "cuda: {runtime: 13.0}" reads "cuda.runtime: none -> 13.0"."""
     out: dict[str, object] = {}
     if isinstance(obj, dict):
         for k, v in obj.items():
             key = f"{prefix}.{k}" if prefix else str(k)
-            if isinstance(v, dict) or v is None:
-                sub = flatten(v, key)
-                out.update(sub if sub else {key: v})
-            else:
+            if isinstance(v, dict):
+                out.update(flatten(v, key))
+            elif v is not None:
                 out[key] = v
     return out
 
@@ -542,8 +544,6 @@ def _leaf(v) -> str:
         return "none"
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, dict) and not v:
-        return "none"
     if isinstance(v, list):
         return "[" + ", ".join(_leaf(x) for x in v) + "]"
     return str(v)

@@ -1,0 +1,193 @@
+"""`matmul-drift`: explain, summary (and, later, scan and nightly).
+
+Usage errors print one line and exit 2; nothing here prints a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import cases
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: one line on stderr, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        raise UsageError(message)
+
+
+def _progress(msg: str) -> None:
+    if sys.stderr.isatty():
+        print(f"matmul-drift: {msg}", file=sys.stderr, flush=True)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
+    return v
+
+
+def configure_explain(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--m", type=_positive)
+    p.add_argument("--k", type=_positive)
+    p.add_argument("--n", type=_positive)
+    p.add_argument("--case", help=f"a catalog case: {', '.join(cases.CASE_IDS)}")
+    p.add_argument("--a", type=Path, help="A as .npy or .pt: (M, K) or (K,)")
+    p.add_argument("--b", type=Path, help="B as .npy or .pt: (K, N)")
+    p.add_argument("--dtype", required=True, choices=cases.DTYPES)
+    p.add_argument("--device", default="cpu", choices=cases.DEVICES)
+    p.add_argument("--slice-n", type=_positive, help="compare A @ B[:, :n] with (A @ B)[:, :n]")
+    p.add_argument("--slice-m", type=_positive, help="compare A[:m] @ B with (A @ B)[:m]")
+    p.add_argument("--repeat", type=_positive, help="identical calls compared run to run (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _load_array(path: Path):
+    """A float array from .npy or .pt, as a torch tensor; UsageError if unreadable."""
+    import numpy as np
+    import torch
+
+    try:
+        if path.suffix == ".npy":
+            t = torch.from_numpy(np.load(path, allow_pickle=False))
+        elif path.suffix == ".pt":
+            t = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(t, torch.Tensor):
+                raise UsageError(f"{path}: expected one tensor, found {type(t).__name__}")
+        else:
+            raise UsageError(f"{path}: unknown file type (expected .npy or .pt)")
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"cannot read {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    if not t.is_floating_point():
+        raise UsageError(f"{path}: expected a floating-point array, found {t.dtype}")
+    return t
+
+
+def _file_case(args):
+    """Operands from --a/--b, rounded to --dtype, and an ad-hoc case describing them."""
+    import torch
+
+    from . import inputs
+    from .measure import make_operands, tensor_bits
+
+    a, b = _load_array(args.a), _load_array(args.b)
+    if a.dim() not in (1, 2) or b.dim() != 2:
+        raise UsageError(f"A must be (M, K) or (K,) and B (K, N); got A {tuple(a.shape)} and B {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[0]:
+        raise UsageError(f"shapes do not match: A {tuple(a.shape)} @ B {tuple(b.shape)} (K {a.shape[-1]} != {b.shape[0]})")
+    dt = getattr(torch, args.dtype)
+    a_bits, b_bits = tensor_bits(a.to(dt)), tensor_bits(b.to(dt))
+    m = 1 if a.dim() == 1 else a.shape[0]
+    shape = cases.Shape(m, b.shape[0], b.shape[1])
+    case = cases.Case(
+        f"files:{args.a.name}@{args.b.name}", "mv" if a.dim() == 1 else "mm", shape, shape, layout="strided",
+        forms=("as-is", "2d") if a.dim() == 1 else ("as-is",),
+    )
+    ops = make_operands(a_bits, b_bits, args.dtype, args.device, case)
+    nonneg = bool((a >= 0).all() and (b >= 0).all())
+    return case, ops, inputs.checksum(a_bits, b_bits), nonneg
+
+
+def run_explain(args) -> int:
+    from . import explain
+    from .measure import Unavailable, check_device, measure, measure_operands
+
+    given = [args.case is not None, any(v is not None for v in (args.m, args.k, args.n)), args.a is not None or args.b is not None]
+    if sum(given) != 1:
+        raise UsageError("give exactly one of --case ID, --m M --k K --n N, or --a A --b B")
+    if given[1] and None in (args.m, args.k, args.n):
+        raise UsageError("--m, --k and --n go together")
+    if given[2] and (args.a is None or args.b is None):
+        raise UsageError("--a and --b go together")
+    try:
+        case = cases.get(args.case) if given[0] else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if given[1]:
+        case = cases.adhoc(args.m, args.k, args.n)
+    try:
+        check_device(args.device, args.dtype)
+    except Unavailable as exc:
+        raise UsageError(str(exc)) from None
+    if given[2]:
+        case, ops, checksum, nonneg = _file_case(args)
+    shape = case.shape(args.device)
+    if args.slice_n is not None and args.slice_n > shape.n:
+        raise UsageError(f"--slice-n {args.slice_n} is larger than N = {shape.n}")
+    if args.slice_m is not None:
+        if case.op == "mv":
+            raise UsageError("--slice-m needs a 2-D A; this A is 1-D")
+        if args.slice_m > shape.m:
+            raise UsageError(f"--slice-m {args.slice_m} is larger than M = {shape.m}")
+    slice_n = (args.slice_n,) if args.slice_n else None
+    slice_m = (args.slice_m,) if args.slice_m else None
+    repeat = args.repeat
+    if given[1] and slice_n is None:
+        slice_n = (max(1, shape.n - 1),)  # one column fewer: the seed's question
+    if given[1] and slice_m is None and shape.m > 1:
+        slice_m = (1,)
+    _progress(f"measuring {case.id} in {args.dtype} on {args.device} ...")
+    if given[2]:
+        m = measure_operands(
+            ops, case=case, precision=args.dtype, device=args.device, checksum=checksum,
+            slice_n=slice_n or (), slice_m=slice_m or (), repeat=repeat or 3, nonnegative=nonneg,
+        )
+    else:
+        m = measure(case, args.dtype, args.device, slice_n=slice_n, slice_m=slice_m, repeat=repeat)
+    r = explain.report(m, args.slice_n, args.slice_m)
+    if args.json:
+        print(json.dumps(r, indent=2, allow_nan=False, default=float))
+    else:
+        print(explain.render(r))
+    return 1 if r["verdict"]["kind"] == "defect" else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
+    sub = p.add_subparsers(dest="command", parser_class=Parser)
+    configure_explain(sub.add_parser("explain", help="measure one shape: error, slice drift, kernels, verdict"))
+    try:
+        from . import cli_summary
+    except ImportError:
+        cli_summary = None
+    if cli_summary is not None:
+        cli_summary.configure(sub.add_parser("summary", help="flag kernel, accuracy and timing changes in asv history"))
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "explain":
+            return run_explain(args)
+        if args.command == "summary":
+            from . import cli_summary
+
+            return cli_summary.run(args)
+        parser.print_help()
+        return EXIT_USAGE
+    except UsageError as exc:
+        print(f"matmul-drift: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("matmul-drift: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The real asv on the real suite: `asv check`, and quick runs under spawn and forkserver."""
+
+import ast
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ASV = [sys.executable, "-m", "asv"]
+IGNORE = shutil.ignore_patterns(".git", ".asv", "html", "results", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis")
+
+
+def asv(*args, cwd, env=None, timeout=900):
+    p = subprocess.run([*ASV, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A committed copy of the working tree, so asv can resolve a commit hash."""
+    dst = tmp_path / "project"
+    shutil.copytree(ROOT, dst, ignore=IGNORE)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=dst, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=dst, check=True)
+    subprocess.run([*git, "commit", "-qm", "copy"], cwd=dst, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=dst, capture_output=True, text=True, check=True).stdout.strip()
+    env = dict(os.environ, HOME=str(tmp_path), MATMUL_DRIFT_CASES="square,skinny", MATMUL_DRIFT_CATALOG=str(dst / "results" / "catalog"))
+    rc, out = asv("machine", "--yes", "--machine", "testbox", cwd=dst, env=env)
+    assert rc == 0, out
+    return dst, head, env
+
+
+def test_asv_check():
+    rc, out = asv("check", "--python=same", cwd=ROOT)
+    assert rc == 0 and "No problems found" in out, out
+
+
+def _results(dst):
+    files = [p for p in (dst / "results" / "asv" / "testbox").glob("*.json") if p.name != "machine.json"]
+    assert len(files) == 1, files
+    data = json.loads(files[0].read_text())
+    cols = data["result_columns"]
+    bench = json.loads((dst / "results" / "asv" / "benchmarks.json").read_text())
+    out = {}
+    for name, row in data["results"].items():
+        res = dict(zip(cols, row))["result"]
+        params = bench[name]["params"]
+        import itertools
+
+        for combo, value in zip(itertools.product(*params), res):
+            out[(name, *(ast.literal_eval(p) for p in combo))] = value
+    return out
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_quick_run(project, method):
+    dst, head, env = project
+    bench = "track_error_u|track_kernel_id|track_slice_m_ulp|time_matmul"
+    rc, out = asv(
+        "run", "--python=same", "--quick", f"--set-commit-hash={head}", f"--launch-method={method}",
+        "--machine", "testbox", "--bench", bench, cwd=dst, env=env,
+    )
+    assert rc == 0, out[-3000:]
+    got = _results(dst)
+    err = got[("drift.Drift.track_error_u", "square", "float32", "cpu")]
+    assert isinstance(err, float) and 0 < err < 512  # measured, within γ_K
+    assert got[("drift.Drift.track_slice_m_ulp", "skinny", "float32", "cpu")] > 0
+    assert got[("timing.Time.time_matmul", "square", "float32", "cpu")] > 0
+    # CUDA combinations are skipped (NaN), not failed (null); so are unselected cases.
+    assert math.isnan(got[("drift.Drift.track_error_u", "square", "float32", "cuda")])
+    assert math.isnan(got[("timing.Time.time_matmul", "square", "float32", "cuda")])
+    assert math.isnan(got[("drift.Drift.track_error_u", "seed", "float32", "cpu")])
+    assert not any(v is None for v in got.values())  # nothing failed
+    kid = int(got[("drift.Drift.track_kernel_id", "square", "float32", "cpu")])
+    assert (dst / "results" / "catalog" / "kernels" / f"{kid:012x}.json").exists()

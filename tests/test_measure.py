@@ -1,0 +1,136 @@
+"""Metrics against known truths: exact products, the γ_K bound, independent drift sums."""
+
+import numpy as np
+import pytest
+import torch
+
+from matmul_drift import cases, catalog, kernels, measure, numerics, suite
+from matmul_drift.cases import Case, Shape
+
+CPU_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def cpu_suite(tmp_path_factory):
+    """The whole default CPU suite, measured once, as asv's setup_cache does."""
+    root = tmp_path_factory.mktemp("catalog")
+    got = suite.measure_all(devices=("cpu",), root=root, case_ids=cases.CASE_IDS)
+    return got, root
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_error_is_zero_on_exact_integers(dtype):
+    # Integers in [-2, 2] with K = 32: every partial sum is an integer below 2^7, exact in
+    # every dtype, so any correct kernel returns the exact product.
+    case = Case("exact", "mm", Shape(16, 32, 24), Shape(16, 32, 24), dist="int", slice_n=(5,), slice_m=(3,))
+    m = measure.measure(case, dtype, "cpu", with_kernels=False, timing=False)
+    assert m.error_u == 0.0
+    assert m.slice_n[0]["max_ulp"] == 0 and m.slice_m[0]["max_ulp"] == 0
+
+
+def test_error_within_gamma_bound_on_every_cpu_case(cpu_suite):
+    got, _ = cpu_suite
+    checked = 0
+    for key, values in got.items():
+        assert "error" not in values, (key, values)
+        if "skip" in values or np.isnan(values["gamma_k_u"]):
+            continue
+        assert values["error_u"] <= values["gamma_k_u"], key
+        checked += 1
+    assert checked >= 20  # most CPU cases carry a bound
+
+
+def test_cuda_and_tf32_are_skipped_on_cpu(cpu_suite):
+    got, _ = cpu_suite
+    assert "skip" in got[suite.key("square", "float32-tf32", "cpu")]
+    if not torch.cuda.is_available():
+        assert "skip" in suite.measure_all(case_ids=("square",), precisions=("float32",), devices=("cuda",))[
+            suite.key("square", "float32", "cuda")
+        ]
+
+
+def test_fp32_route_names_mkl_sgemm(cpu_suite):
+    got, root = cpu_suite
+    kid = got[suite.key("square", "float32", "cpu")]["kernel_id"]
+    entry = catalog.load(root, "kernels", kid)
+    assert entry["device"] == "cpu"
+    assert "aten::mm" in entry["full"]
+    assert any(k.startswith("MKL SGEMM(") for k in entry["full"]), entry
+
+
+def test_kernel_id_does_not_change_with_shape_alone(cpu_suite):
+    got, _ = cpu_suite
+    # square (512^3) and long-k (16 x 262144 x 16) take the same route: mm -> MKL SGEMM(N,N)
+    ids = {c: got[suite.key(c, "float32", "cpu")]["kernel_id"] for c in ("square", "long-k")}
+    assert ids["square"] == ids["long-k"]
+    small = measure.measure(cases.adhoc(64, 64, 64), "float32", "cpu", timing=False)
+    odd = measure.measure(cases.adhoc(200, 300, 100), "float32", "cpu", timing=False)
+    assert small.kernels["full"] == odd.kernels["full"]
+    # but a different routine does change it
+    dbl = measure.measure(cases.adhoc(64, 64, 64), "float64", "cpu", timing=False)
+    assert catalog.object_id(dbl.kernels["full"]) != catalog.object_id(small.kernels["full"])
+
+
+def test_slice_m_drift_where_mkl_changes_route_for_small_m():
+    # DESIGN.md: A 2048x4096 @ B 4096x1024 fp32; A[:1] @ B differs from (A @ B)[:1].
+    case = cases.get("batch-invariance")
+    m = measure.measure(case, "float32", "cpu", slice_m=(1,), repeat=1, timing=False)
+    got = m.slice_m[0]
+    assert got["max_ulp"] > 0
+    # Independent computation of the same drift with torch and numpy directly.
+    a_bits, b_bits, _ = measure.operand_bits(case, "float32", "cpu")
+    a = torch.from_numpy(a_bits.view(np.float32))
+    b = torch.from_numpy(b_bits.view(np.float32))
+    full = (a @ b)[:1].numpy().view(np.int32).astype(np.int64)
+    part = (a[:1] @ b).numpy().view(np.int32).astype(np.int64)
+    # all outputs here are positive, so the ulp distance is the difference of the bit patterns
+    assert got["max_ulp"] == int(np.abs(full - part).max())
+    assert got["frac_differ"] == pytest.approx(np.count_nonzero(full != part) / full.size)
+
+
+def test_error_u_against_independent_reference():
+    case = cases.adhoc(32, 512, 48)
+    m = measure.measure(case, "float16", "cpu", timing=False, with_kernels=False)
+    a_bits, b_bits, _ = measure.operand_bits(case, "float16", "cpu")
+    a = a_bits.view(np.float16).astype(np.float64)
+    b = b_bits.view(np.float16).astype(np.float64)
+    c = (torch.from_numpy(a_bits.view(np.float16)) @ torch.from_numpy(b_bits.view(np.float16))).double().numpy()
+    exact = a @ b  # numpy's float64 product of the rounded inputs, independent of torch
+    want = np.max(np.abs(c - exact) / (2.0**-11 * (np.abs(a) @ np.abs(b))))
+    assert m.error_u == pytest.approx(want, rel=1e-9)
+    assert m.error_u <= numerics.gamma_k_u(512, 2.0**-11)
+
+
+def test_seed_case_shape_and_slices():
+    c = cases.get("seed")
+    assert (c.cpu.m, c.cpu.k, c.cpu.n) == (1, 4096, 51000)
+    assert c.slice_n == (51000, 50000, 46000, 45999) and c.compare_cols == 45000
+    assert measure.operand_shapes(c, "cpu") == ((4096,), (4096, 51000))
+
+
+def test_normalised_names_from_fixture():
+    lines = [line.rstrip("\n").split("\t", 1) for line in open(_fixture()) if line[:1] not in ("#", "\n")]
+    cpu = [kernels.normalise_mkl(name) for tag, name in lines if tag == "cpu"]
+    assert cpu[0] == cpu[1] == cpu[2] == "MKL SGEMM(N,N) CNR:OFF NThr:2"  # sizes, pointers, times gone
+    assert cpu[3] == "MKL SGEMM(N,N) CNR:COMPATIBLE NThr:2"  # the CNR mode stays
+    full = {kernels.normalise_cuda(name) for tag, name in lines if tag != "cpu"}
+    assert "splitKreduce_kernel<__half,__half,__half,__half>" in full  # args and spaces gone
+    assert "nvjet_tst_320x128_64x3_2x1_v_badd_coopB_NNT" in full  # tile sizes are the route
+    assert "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm" in full
+
+
+def _fixture():
+    from pathlib import Path
+
+    here = Path(__file__).resolve()
+    for base in (here.parents[1] / "shared", here.parents[2] / "shared"):
+        if (base / "fixtures" / "kernel-names.txt").exists():
+            return base / "fixtures" / "kernel-names.txt"
+    pytest.skip("shared/fixtures/kernel-names.txt not found beside the checkout")
+
+
+def test_onednn_line_normalised():
+    line = ("onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx10_1_512_amx,undef,"
+            "src:bf16::blocked:ab::f0 wei:bf16::blocked:ab::f0 dst:bf16::blocked:ab::f0,attr-scratchpad:user,,64x256:256x128,0.156")
+    assert kernels.normalise_onednn(line) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16 wei:bf16 dst:bf16"
+    assert kernels.normalise_onednn("onednn_verbose,v1,info,cpu,runtime:OpenMP") is None

@@ -1,0 +1,615 @@
+"""The summary: which changes it flags, how it renders them, its exit status, and bad input."""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import asv_fixtures as F
+from matmul_drift import catalog, cli_summary, history, render, summary
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_RESULTS = REPO / "results"
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli_summary.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_json(capsys, *argv) -> tuple[int, dict, str]:
+    rc, out, err = run_cli(capsys, *argv, "--format", "json")
+    return rc, (json.loads(out) if out else None), err
+
+
+def flag_keys(doc: dict) -> set:
+    return {(f["kind"], f["benchmark"], tuple(sorted(f["params"].items()))) for f in doc["flags"]}
+
+
+def params_of(tree: F.Tree, i: int) -> tuple:
+    return tuple(sorted(tree.combos[i].items()))
+
+
+def assert_one_line_error(err: str, pattern: str) -> None:
+    lines = [ln for ln in err.splitlines() if "warning:" not in ln]
+    assert len(lines) == 1 and re.search(pattern, lines[0]), err
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def tree(tmp_path):
+    return F.write_tree(tmp_path / "results", n_commits=3)
+
+
+# ---------------------------------------------------------------------------- the mutation test
+
+
+def _mutate_latest(capsys, results_root: Path) -> None:
+    """From the latest run, derive a run of a new, later commit; unmutated it flags nothing;
+    with one kernel-id changed, one error_u x10 and one ulp 0 -> 3 it flags exactly those."""
+    h = history.read_history(results_root)
+    machine = sorted(h.runs)[0]
+    src = h.runs[machine][-1]
+    units = h.units()
+    by_unit = lambda unit: sorted(n for n in src.series if units.get(n) == unit)
+    base_data = F.load_results(src.path)
+    new_commit = "feedfacecafe" + "0" * 28
+    date = max(r.date for runs in h.runs.values() for r in runs) + F.DAY_MS
+    new = F.derive(base_data, new_commit, date)
+    F.write_results(src.path.parent, new)
+    args = [results_root, "--machine", machine, "--base", src.commit[:10], "--head", new_commit[:12]]
+
+    rc, doc, err = run_json(capsys, *args)
+    assert (rc, doc["flags"], doc["pairs"]) == (0, [], 1), err
+
+    # Pick three combinations (distinct where the data allows) that can carry each mutation.
+    used: set[int] = set()
+
+    def pick(bench: str, ok) -> int:
+        s = src.series[bench]
+        cands = [i for i in range(s.values.size) if s.status(i) == "ok" and ok(s.values[i])]
+        assert cands, f"no combination of {bench} fits the mutation"
+        i = next((c for c in cands if c not in used), cands[0])
+        used.add(i)
+        return i
+
+    kbench = by_unit("kernel-id")[0]
+    ki = pick(kbench, lambda v: True)
+    ubench = by_unit("u")[0]
+    ui = pick(ubench, lambda v: v > 0 and math.isfinite(v))
+    zero = [(b, i) for b in by_unit("ulp") for i in range(src.series[b].values.size)
+            if src.series[b].status(i) == "ok" and src.series[b].values[i] == 0]
+    assert zero, "no ulp series is 0 anywhere"
+    lbench, li = next(((b, i) for b, i in zero if i not in used), zero[0])
+
+    cat_dir = h.catalog.root
+    old_id = src.series[kbench].values[ki]
+    old = h.catalog.get("kernels", old_id) or {"device": "cpu"}
+    new_entry = dict(old, full=list(old.get("full") or []) + ["mutated_sgemm_kernel<float>"])
+    new_id = catalog.store(cat_dir, "kernels", new_entry)
+    F.set_value(new, kbench, ki, new_id)
+    F.set_value(new, ubench, ui, F.get_value(new, ubench, ui) * 10)
+    F.set_value(new, lbench, li, 3)
+    F.write_results(src.path.parent, new)
+
+    rc, doc, err = run_json(capsys, *args)
+    combo = lambda b, i: tuple(sorted(h.params_dict(b, src.series[b].params,
+                                                    _combo(src.series[b].params, i)).items()))
+    assert flag_keys(doc) == {
+        ("kernel", kbench, combo(kbench, ki)),
+        ("accuracy", ubench, combo(ubench, ui)),
+        ("invariance", lbench, combo(lbench, li)),
+    }, doc["flags"]
+    assert len(doc["flags"]) == 3 and rc == 1
+    kflag = next(f for f in doc["flags"] if f["kind"] == "kernel")
+    assert "mutated_sgemm_kernel<float>" in kflag["detail"]
+    assert kflag["after"]["kernels"] == new_entry and kflag["before"]["id"] == catalog.hex_id(old_id)
+    assert all(f["before"]["commit"] == src.commit and f["after"]["commit"] == new_commit
+               for f in doc["flags"])
+
+
+def _combo(params, i):
+    return list(itertools.product(*params))[i]
+
+
+def test_mutations_of_a_synthetic_history_are_flagged_exactly(capsys, tree):
+    _mutate_latest(capsys, tree.root)
+    # The whole history (not only base/head) has nothing else to flag either.
+    rc, doc, _ = run_json(capsys, tree.root)
+    assert rc == 1 and len(doc["flags"]) == 3
+    assert {f["kind"] for f in doc["flags"]} == {"kernel", "accuracy", "invariance"}
+    assert all(f["after"]["commit"].startswith("feedface") for f in doc["flags"])
+
+
+def _has_real_results() -> bool:
+    asv_dir = REAL_RESULTS / "asv"
+    return asv_dir.is_dir() and any(
+        p.name not in ("machine.json", "benchmarks.json") for p in asv_dir.glob("*/*.json"))
+
+
+def test_mutations_of_the_real_history_are_flagged_exactly(capsys, tmp_path):
+    if not _has_real_results():
+        pytest.skip("results/asv holds no results yet")
+    root = tmp_path / "results"
+    shutil.copytree(REAL_RESULTS / "asv", root / "asv")
+    if (REAL_RESULTS / "catalog").is_dir():
+        shutil.copytree(REAL_RESULTS / "catalog", root / "catalog")
+    _mutate_latest(capsys, root)
+
+
+# ---------------------------------------------------------------------------- each kind
+
+
+def test_untouched_history_flags_nothing(capsys, tree):
+    rc, doc, err = run_json(capsys, tree.root)
+    assert rc == 0 and doc["flags"] == [] and doc["failing"] == 0
+    # 3 commits x 2 envs: 2 commit pairs per env + 1 env pair per commit.
+    assert doc["pairs"] == 2 * 2 + 3
+    assert err == ""
+
+
+def _tree_with(tmp_path, change, n_commits=2, **kw) -> F.Tree:
+    """A tree whose last commit, first env, is changed by change(data, catalog_dir)."""
+    cat = tmp_path / "results" / "catalog"
+
+    def adjust(ci, ei, data):
+        if ci == n_commits - 1 and ei == 0:
+            change(data, cat)
+
+    return F.write_tree(tmp_path / "results", n_commits=n_commits, adjust=adjust, **kw)
+
+
+def _idx(case="square", dtype="float32", device="cpu", cases=("square", "tall"), devices=("cpu",)):
+    return [(c, d, v) for c in cases for d in F.DTYPES for v in devices].index((case, dtype, device))
+
+
+def test_kernel_change_shows_old_and_new_names(capsys, tmp_path):
+    i = _idx(dtype="float32")
+
+    def change(data, cat):
+        kid = catalog.store(cat, "kernels", {"device": "cpu", "full": [
+            "aten::matmul", "aten::mm", "MKL SGEMM(N,N) CNR:COMPATIBLE NThr:2"]})
+        F.set_value(data, F.KERNEL, i, kid)
+
+    tree = _tree_with(tmp_path, change)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    (f,) = doc["flags"]
+    assert rc == 1 and f["kind"] == "kernel" and f["params"] == tree.combos[i]
+    old_name = F.default_kernel_names()[1]  # float32 is the second (dtype, device) pair
+    assert f["detail"] == (f"full: aten::matmul, aten::mm, {old_name} -> "
+                           "aten::matmul, aten::mm, MKL SGEMM(N,N) CNR:COMPATIBLE NThr:2")
+    rc, out, _ = run_cli(capsys, tree.root, "--across", "commits")
+    assert "CNR:COMPATIBLE" in out and old_name in out and "synthetic: kernel" in out
+
+
+def test_invariance_lost_regained_and_growth(capsys, tmp_path):
+    # In the fixture slice_n is 2 ulp where the index is a multiple of 3, else 0; slice_m is 0.
+    lost, regained = _idx(dtype="float32"), _idx(dtype="float64")
+    grew, small = _idx(dtype="bfloat16"), _idx(case="tall", dtype="float64")
+
+    def change(data, cat):
+        F.set_value(data, F.SLICE_M, lost, 5)
+        for i, v in ((regained, 0.0), (grew, 7.0), (small, 3.0)):
+            F.set_value(data, F.SLICE_N, i, v)
+
+    tree = _tree_with(tmp_path, change)
+    base = F.load_results(tree.file(0, 0))["results"][F.SLICE_N][0]
+    assert base[regained] == base[grew] == base[small] == 2.0
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    got = {(f["kind"], f["benchmark"], f["params"]["case"], f["params"]["dtype"]): f["detail"]
+           for f in doc["flags"]}
+    assert got == {
+        ("invariance", F.SLICE_M, "square", "float32"): "invariance lost: 0 ulp -> 5 ulp",
+        ("invariance", F.SLICE_N, "square", "float64"): "invariance regained: 2 ulp -> 0 ulp",
+        ("ulp-growth", F.SLICE_N, "square", "bfloat16"): "drift grew 3.5x: 2 ulp -> 7 ulp",
+    }  # 2 -> 3 ulp is within the default growth factor of 2
+    assert rc == 1
+    # Growth alone is informational unless named.
+    rc, _, _ = run_cli(capsys, tree.root, "--fail-on", "ulp-growth", "--format", "json")
+    assert rc == 1
+    rc, _, _ = run_cli(capsys, tree.root, "--fail-on", "timing", "--format", "json")
+    assert rc == 0
+
+
+@pytest.mark.parametrize("factor,tolerance,flagged", [
+    (1.9, None, False), (2.1, None, True), (0.4, None, True), (0.6, None, False),
+    (3.0, "5", False), (6.0, "5", True),
+])
+def test_accuracy_tolerance(capsys, tmp_path, factor, tolerance, flagged):
+    i = _idx(dtype="float32")
+    tree = _tree_with(tmp_path, lambda d, t: F.set_value(d, F.ERROR_U, i, F.get_value(d, F.ERROR_U, i) * factor))
+    extra = ["--u-tolerance", tolerance] if tolerance else []
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits", *extra)
+    assert flag_keys(doc) == ({("accuracy", F.ERROR_U, params_of(tree, i))} if flagged else set())
+    assert rc == (1 if flagged else 0)
+
+
+def test_accuracy_crossing_the_gamma_bound_is_flagged_even_within_tolerance(capsys, tmp_path):
+    i = _idx(dtype="float32")
+    bound = F.K / (1 - F.K * 2.0**-24)
+
+    def change(data, cat):
+        F.set_value(data, F.ERROR_U, i, bound * 1.2)
+
+    def before(ci, ei, data):
+        F.set_value(data, F.ERROR_U, i, bound * 0.9 if ci == 0 else bound * 1.2)
+
+    tree = F.write_tree(tmp_path / "results", n_commits=2, torch_versions=("2.13.0",), adjust=before)
+    rc, doc, _ = run_json(capsys, tree.root)
+    (f,) = doc["flags"]
+    assert f["kind"] == "accuracy" and "now above the γ_K bound" in f["detail"] and rc == 1
+    # Vacuous bound (fp16: K u >= 1 gives NaN): no crossing, and 1.3x is within tolerance.
+    j = _idx(dtype="float16")
+    tree2 = F.write_tree(tmp_path / "r2", n_commits=2, torch_versions=("2.13.0",),
+                         adjust=lambda ci, ei, d: F.set_value(d, F.ERROR_U, j, 1e6 * (1.3 if ci else 1)))
+    rc, doc, _ = run_json(capsys, tree2.root)
+    assert doc["flags"] == [] and rc == 0
+
+
+def _set_time(data, i, value, ci_halfwidth):
+    F.set_value(data, F.TIME, i, value)
+    row = data["results"][F.TIME]
+    for k, v in (("stats_ci_99_a", value - ci_halfwidth), ("stats_ci_99_b", value + ci_halfwidth)):
+        row[F.COL[k]] = list(row[F.COL[k]])
+        row[F.COL[k]][i] = v
+
+
+def test_timing_needs_the_ratio_and_apart_intervals_and_is_informational(capsys, tmp_path):
+    i, j = _idx(dtype="float32"), _idx(dtype="float64")
+    t_i = 1e-3 * (1 + 0.1 * (i % 7))
+    t_j = 1e-3 * (1 + 0.1 * (j % 7))
+
+    def change(data, cat):
+        _set_time(data, i, t_i * 1.5, t_i * 0.03)  # 1.5x, CIs apart
+        _set_time(data, j, t_j * 1.5, t_j * 0.6)  # 1.5x, but noisy: CIs overlap
+
+    tree = _tree_with(tmp_path, change)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    assert flag_keys(doc) == {("timing", F.TIME, params_of(tree, i))}
+    assert "99% CIs apart" in doc["flags"][0]["detail"] and not doc["flags"][0]["failing"]
+    assert rc == 0
+    rc, _, _ = run_cli(capsys, tree.root, "--fail-on", "timing")
+    assert rc == 1
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits", "--time-factor", "1.6")
+    assert doc["flags"] == []
+
+
+def test_input_mismatch_is_reported_and_not_compared(capsys, tmp_path):
+    i = _idx(dtype="float32")
+
+    def change(data, cat):
+        F.set_value(data, F.INPUT, i, 12345)
+        F.set_value(data, F.ERROR_U, i, 100.0)  # would be an accuracy flag
+        F.set_value(data, F.KERNEL, i, 999)  # would be a kernel flag
+
+    tree = _tree_with(tmp_path, change)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    assert flag_keys(doc) == {("input", F.INPUT, params_of(tree, i))} and rc == 1
+    assert "not compared" in doc["flags"][0]["detail"]
+
+
+def test_benchmark_code_change_is_not_compared(capsys, tmp_path):
+    i = _idx(dtype="float32")
+
+    def change(data, cat):
+        F.set_version(data, F.ERROR_U, F.bench_version(F.ERROR_U, "v2"))
+        F.set_value(data, F.ERROR_U, i, 100.0)
+
+    tree = _tree_with(tmp_path, change)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    assert flag_keys(doc) == {("code", F.ERROR_U, ())}
+    assert "benchmark code changed" in doc["flags"][0]["detail"] and rc == 0
+
+
+def test_new_failure_is_reported_apart_from_skips(capsys, tmp_path):
+    i, j = _idx(dtype="float32"), _idx(dtype="float64")
+
+    def change(data, cat):
+        F.set_value(data, F.ERROR_U, i, None)
+        F.set_value(data, F.ERROR_U, j, math.nan)
+
+    tree = _tree_with(tmp_path, change)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    assert flag_keys(doc) == {("failure", F.ERROR_U, params_of(tree, i))}
+    assert doc["flags"][0]["after"]["status"] == "failed" and rc == 0
+
+
+def test_attribution_names_what_changed_in_the_environment(capsys, tmp_path):
+    i = _idx(dtype="float32")
+
+    def change(data, cat):
+        entry = F.env_entry("2.13.0")
+        entry["env_vars"] = {"MKL_CBWR": "COMPATIBLE"}
+        eid = catalog.store(cat, "env", entry)
+        for k in range(len(data["results"][F.ENV][0])):
+            if not math.isnan(F.get_value(data, F.ENV, k)):
+                F.set_value(data, F.ENV, k, eid)
+        F.set_value(data, F.ERROR_U, i, 10.0)
+
+    tree = _tree_with(tmp_path, change)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    (f,) = doc["flags"]
+    assert f["attribution"] == ["env_vars.MKL_CBWR: none -> COMPATIBLE"]
+    # Across torch versions at one commit, the version is what changed.
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "envs", "--fail-on", "none")
+    f = next(f for f in doc["flags"] if f["after"]["commit"] == tree.commits[1])
+    assert "torch.version: 2.13.0+cpu -> 2.14.1+cpu" in f["attribution"]
+    assert "env_vars.MKL_CBWR: COMPATIBLE -> none" in f["attribution"]
+    assert rc == 0
+
+
+def test_envs_axis_compares_torch_versions_at_one_commit(capsys, tmp_path):
+    i = _idx(dtype="float32")
+    tree = F.write_tree(tmp_path / "results", n_commits=2,
+                        adjust=lambda ci, ei, d: ei == 1 and F.set_value(d, F.ERROR_U, i, 50.0))
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "envs")
+    assert len(doc["flags"]) == 2 and doc["pairs"] == 2
+    for f in doc["flags"]:
+        assert (f["across"], f["before"]["torch"], f["after"]["torch"]) == ("envs", "2.13.0+cpu", "2.14.1+cpu")
+        assert "torch.version: 2.13.0+cpu -> 2.14.1+cpu" in f["attribution"]
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    assert doc["flags"] == [] and doc["pairs"] == 2
+
+
+def test_base_head_compares_only_those_commits(capsys, tmp_path):
+    i = _idx(dtype="float32")
+    tree = F.write_tree(tmp_path / "results", n_commits=4,
+                        adjust=lambda ci, ei, d: ci == 1 and F.set_value(d, F.ERROR_U, i, 50.0))
+    rc, doc, _ = run_json(capsys, tree.root, "--base", tree.commits[2][:7], "--head", tree.commits[3])
+    assert (rc, doc["flags"], doc["pairs"]) == (0, [], 2)
+    rc, doc, _ = run_json(capsys, tree.root, "--base", tree.commits[0][:7], "--head", tree.commits[1][:7])
+    assert rc == 1 and len(doc["flags"]) == 2  # one per environment
+
+
+def test_missing_catalog_entry_is_named_and_the_flag_kept(capsys, tmp_path):
+    i = _idx(dtype="float32")
+    tree = _tree_with(tmp_path, lambda d, t: F.set_value(d, F.KERNEL, i, 0xABCDEF012345))
+    rc, doc, err = run_json(capsys, tree.root, "--across", "commits")
+    assert rc == 1 and flag_keys(doc) == {("kernel", F.KERNEL, params_of(tree, i))}
+    assert "abcdef012345" in doc["flags"][0]["detail"]
+    warnings = [ln for ln in err.splitlines() if "warning" in ln]
+    assert len(warnings) == 1 and "kernels/abcdef012345" in warnings[0]
+
+
+# ---------------------------------------------------------------------------- bad input and usage
+
+
+def test_corrupt_file_is_named_and_the_rest_still_summarised(capsys, tmp_path):
+    i = _idx(dtype="float32")
+    tree = _tree_with(tmp_path, lambda d, t: F.set_value(d, F.ERROR_U, i, 50.0), n_commits=3)
+    bad = tree.file(0, 1)
+    bad.write_text(bad.read_text()[:1000])
+    rc, doc, err = run_json(capsys, tree.root)
+    assert rc == 1 and ("accuracy", F.ERROR_U, params_of(tree, i)) in flag_keys(doc)
+    assert f"warning: skipping {bad}" in err and "Traceback" not in err
+
+
+def test_results_of_another_format_version_are_named(capsys, tree):
+    old = tree.file(2, 1)
+    data = F.load_results(old)
+    data["version"] = 1
+    F.write_results(tree.machine_dir, data)
+    rc, doc, err = run_json(capsys, tree.root)
+    assert rc == 0 and re.search(rf"skipping {re.escape(str(old))}: asv results format version 1", err)
+
+
+@pytest.mark.parametrize("setup,argv,pattern", [
+    (lambda p: None, ["{root}/missing"], "does not exist"),
+    (lambda p: (p / "empty").mkdir(), ["{root}/empty"], "no asv results"),
+    (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--machine", "nope"],
+     "unknown machine 'nope'"),
+    (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--fail-on", "bogus"],
+     "unknown kind 'bogus'"),
+    (lambda p: F.write_tree(p / "results", n_commits=2), ["{root}/results", "--base", "0000000"],
+     "--base and --head go together"),
+    (lambda p: F.write_tree(p / "results", n_commits=2),
+     ["{root}/results", "--base", "0000000", "--head", "1111111"], "no results for commit '0000000'"),
+    (lambda p: F.write_tree(p / "results", n_commits=2),
+     ["{root}/results", "--base", "a", "--head", "b", "--across", "envs"], "--across envs does not apply"),
+    (lambda p: F.write_tree(p / "results", n_commits=2), ["{root}/results", "--u-tolerance", "0.5"],
+     "--u-tolerance must be a number >= 1"),
+])
+def test_usage_and_unreadable_input_exit_2_with_one_line(capsys, tmp_path, setup, argv, pattern):
+    setup(tmp_path)
+    rc, out, err = run_cli(capsys, *[a.format(root=tmp_path) for a in argv])
+    assert rc == 2 and out == ""
+    assert_one_line_error(err, re.escape(pattern))
+
+
+def test_argparse_errors_return_2(capsys, tree):
+    rc, out, err = run_cli(capsys, tree.root, "--format", "yaml")
+    assert rc == 2 and "invalid choice" in err and "Traceback" not in err
+
+
+def test_ambiguous_commit_prefix(capsys, tmp_path):
+    tree = F.write_tree(tmp_path / "results", n_commits=40)
+    firsts = {}
+    for c in tree.commits:
+        firsts.setdefault(c[0], []).append(c)
+    prefix = next(k for k, v in firsts.items() if len(v) > 1)
+    rc, _, err = run_cli(capsys, tree.root, "--base", prefix, "--head", tree.commits[0])
+    assert rc == 2
+    assert_one_line_error(err, f"commit '{prefix}' is ambiguous")
+
+
+def test_output_file(capsys, tmp_path):
+    tree = F.write_tree(tmp_path / "results", n_commits=2)
+    out_file = tmp_path / "summary.md"
+    rc, out, _ = run_cli(capsys, tree.root, "--format", "github", "--output", out_file)
+    assert rc == 0 and out == ""
+    assert out_file.read_text().startswith("### matmul-drift summary")
+
+
+# ---------------------------------------------------------------------------- rendering
+
+
+def _fixture_kernel_names() -> list[str]:
+    names = []
+    for p in (REPO / "tests" / "fixtures" / "kernel-names.txt", REPO.parent / "shared" / "fixtures" / "kernel-names.txt"):
+        if p.exists():
+            names = [ln.split("\t", 1)[1] for ln in p.read_text().splitlines()
+                     if ln and not ln.startswith("#") and "\t" in ln]
+            break
+    # Real names lack a few characters that must be escaped too; these carry them.
+    return names + ["gemm|split`k`<*>_tile", "x_y*z [link](http://e.com) @someone $a$ ~~s~~ &amp; \\|"]
+
+
+def test_github_markdown_keeps_every_kernel_name_intact(capsys, tmp_path):
+    names = _fixture_kernel_names()
+    # Enough cases that every name gets a combination of its own (tf32 on cpu is skipped: 5 of 6).
+    cases = tuple(f"c{k}" for k in range(len(names) // 5 + 1))
+
+    def adjust(ci, ei, data):
+        if ci == 1:
+            ok = [k for k in range(len(cases) * len(F.DTYPES)) if not math.isnan(F.get_value(data, F.KERNEL, k))]
+            for k, name in zip(ok, names):
+                kid = catalog.store(tmp_path / "results" / "catalog", "kernels",
+                                    {"device": "cpu", "full": ["aten::mm", name]})
+                F.set_value(data, F.KERNEL, k, kid)
+
+    tree = F.write_tree(tmp_path / "results", n_commits=2, cases=cases, torch_versions=("2.13.0",),
+                        kernel_names=names, adjust=adjust)
+    h = history.read_history(tree.root)
+    result = summary.summarise(h)
+    kernel_flags = [f for f in result.flags if f.kind == "kernel"]
+    assert {n for f in kernel_flags for n in names if n in f.detail} == set(names)
+    md = render.render_github(result)
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| benchmark")]
+    assert len(rows) == len(result.flags)
+    details = []
+    for ln in rows:
+        cells = ln.split(" | ")
+        assert ln.count("|") == len(render._HEADERS) + 1, ln  # no pipe leaks into a cell
+        body = ln.replace("<br>", "")
+        assert not re.search(r"[<>*_`\[\]~$@\\]", body), ln
+        details.append(html.unescape(cells[4].replace("<br>", "\n")))
+    assert details == [f.detail for f in result.flags]
+
+
+def test_json_records_follow_the_documented_schema(capsys, tmp_path):
+    i = _idx(dtype="float32")
+    tree = _tree_with(tmp_path, lambda d, t: F.set_value(d, F.ERROR_U, i, 50.0))
+    rc, doc, _ = run_json(capsys, tree.root)
+    assert set(doc) == {"version", "fail_on", "failing", "pairs", "machines", "flags"}
+    assert doc["fail_on"] == ["kernel", "invariance", "accuracy", "input"]
+    f = doc["flags"][0]
+    assert set(f) == {"kind", "failing", "machine", "across", "benchmark", "unit", "params", "before",
+                      "after", "detail", "attribution"}
+    assert set(f["before"]) == {"commit", "date", "env", "torch", "value", "status"}
+    assert f["params"] == {"case": "square", "dtype": "float32", "device": "cpu"}
+    assert f["after"]["value"] == 50.0 and isinstance(f["before"]["date"], int)
+    # Every key written is documented in the schema docstring the README copies.
+    for key in [*doc, *f, *f["before"], "id", "kernels"]:
+        assert f'"{key}":' in render.__doc__, key
+
+
+def test_plain_output_groups_by_machine_and_kind(capsys, tmp_path):
+    i = _idx(dtype="float32")
+
+    def change(data, cat):
+        F.set_value(data, F.ERROR_U, i, 50.0)
+        F.set_value(data, F.SLICE_M, i, 4.0)
+
+    tree = _tree_with(tmp_path, change)
+    rc, out, _ = run_cli(capsys, tree.root, "--across", "commits")
+    heads = re.findall(r"^== (.*) ==$", out, re.M)
+    assert heads == ["synthetic: invariance (1, failing)", "synthetic: accuracy (1, failing)"]
+    assert out.splitlines()[0].startswith("matmul-drift summary: 2 flags, 2 failing")
+
+
+# ---------------------------------------------------------------------------- no torch
+
+
+def test_summary_runs_where_torch_cannot_be_imported(tmp_path):
+    i = _idx(dtype="float32")
+    tree = _tree_with(tmp_path, lambda d, t: F.set_value(d, F.ERROR_U, i, 50.0))
+    code = textwrap.dedent(f"""
+        import importlib.abc, sys
+        class NoTorch(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is blocked in this test")
+        sys.meta_path.insert(0, NoTorch())
+        try:
+            import torch
+        except ImportError:
+            pass
+        else:
+            raise SystemExit("the block did not work")
+        from matmul_drift import cli_summary, history, summary, render
+        rc = cli_summary.main([{str(tree.root)!r}, "--format", "json"])
+        assert not [m for m in sys.modules if m == "torch" or m.startswith("torch.")]
+        print("EXIT", rc)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("EXIT 1")
+    assert '"kind": "accuracy"' in proc.stdout
+
+
+def test_runs_with_different_params_are_compared_on_the_common_combinations(capsys, tmp_path):
+    # The older run measured only 'square'; the newer adds 'tall'. Common combinations are
+    # compared (by parameter values, not by position), the new ones are not.
+    i_new = _idx(case="square", dtype="float32")
+    tree = _tree_with(tmp_path, lambda d, c: F.set_value(d, F.ERROR_U, i_new, 50.0))
+    data = F.load_results(tree.file(0, 0))
+    n = len(F.DTYPES)
+    for name, row in data["results"].items():
+        row[F.COL["params"]] = [["'square'"], *row[F.COL["params"]][1:]]
+        for k in ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75",
+                  "stats_number", "stats_repeat"):
+            if F.COL[k] < len(row) and row[F.COL[k]] is not None:
+                row[F.COL[k]] = row[F.COL[k]][:n]
+    # Reverse the dtypes of the old run, so that positions differ as well.
+    for name, row in data["results"].items():
+        row[F.COL["params"]][1] = row[F.COL["params"]][1][::-1]
+        for k in ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75",
+                  "stats_number", "stats_repeat"):
+            if F.COL[k] < len(row) and row[F.COL[k]] is not None:
+                row[F.COL[k]] = row[F.COL[k]][::-1]
+    F.write_results(tree.machine_dir, data)
+    rc, doc, err = run_json(capsys, tree.root, "--across", "commits")
+    assert flag_keys(doc) == {("accuracy", F.ERROR_U, params_of(tree, i_new))}, doc["flags"]
+    (f,) = doc["flags"]
+    assert f["before"]["value"] == pytest.approx(0.05 + 0.01 * (i_new % 13)) and f["after"]["value"] == 50.0
+    assert rc == 1 and err == ""
+
+
+def test_timing_without_intervals_falls_back_on_iqr_then_on_the_ratio(capsys, tmp_path):
+    devices = ("cpu", "cuda")
+    iqr, one = _idx(dtype="float32", devices=devices), _idx(dtype="float64", devices=devices)
+    cuda = _idx(dtype="float32", device="cuda", devices=devices)
+    t = lambda i: 1e-3 * (1 + 0.1 * (i % 7))
+
+    def change(data, cat):
+        row = data["results"][F.TIME]
+        for k in F.COL:
+            if k.startswith("stats_") and F.COL[k] < len(row):
+                row[F.COL[k]] = list(row[F.COL[k]])
+        F.set_value(data, F.TIME, iqr, t(iqr) * 1.3)  # CI dropped; IQRs (±1 %) apart
+        row[F.COL["stats_ci_99_a"]][iqr] = row[F.COL["stats_ci_99_b"]][iqr] = None
+        row[F.COL["stats_q_25"]][iqr], row[F.COL["stats_q_75"]][iqr] = t(iqr) * 1.29, t(iqr) * 1.31
+        F.set_value(data, F.TIME, one, t(one) * 1.3)  # one sample: the ratio alone
+        row[F.COL["stats_repeat"]][one] = 1
+        F.set_value(data, F.CUDA_SECONDS, cuda, F.get_value(data, F.CUDA_SECONDS, cuda) * 1.3)  # a track
+
+    tree = _tree_with(tmp_path, change, devices=devices)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    got = {(f["benchmark"], f["params"]["dtype"], f["params"]["device"]): f["detail"].rsplit("; ", 1)[1]
+           for f in doc["flags"]}
+    assert got == {(F.TIME, "float32", "cpu"): "IQRs apart)", (F.TIME, "float64", "cpu"): "one sample)",
+                   (F.CUDA_SECONDS, "float32", "cuda"): "no stats)"}
+    assert rc == 0
