@@ -5,7 +5,14 @@ each track_ reads one number back. This module does not import torch, so a spawn
 track_ process starts in a fraction of a second.
 """
 
+import os
+from pathlib import Path
+
 from matmul_drift import cases, suite
+
+# The catalog sits beside asv's results_dir (results/asv): the package may be installed
+# anywhere (an asv virtualenv), so the path is taken from this file, not from the package.
+CATALOG = os.environ.get("MATMUL_DRIFT_CATALOG") or str(Path(__file__).resolve().parents[1] / "results" / "catalog")
 
 
 class Drift:
@@ -14,7 +21,7 @@ class Drift:
     timeout = 1800  # setup_cache measures the whole catalog
 
     def setup_cache(self):
-        return suite.measure_all()
+        return suite.measure_all(root=CATALOG)
 
     def setup(self, cache, case, dtype, device):
         self.values = suite.lookup(cache, case, dtype, device)

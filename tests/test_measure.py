@@ -134,3 +134,12 @@ def test_onednn_line_normalised():
             "src:bf16::blocked:ab::f0 wei:bf16::blocked:ab::f0 dst:bf16::blocked:ab::f0,attr-scratchpad:user,,64x256:256x128,0.156")
     assert kernels.normalise_onednn(line) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16 wei:bf16 dst:bf16"
     assert kernels.normalise_onednn("onednn_verbose,v1,info,cpu,runtime:OpenMP") is None
+
+
+def test_torch_version_check():
+    suite.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": "virtualenv-py3.11-numpy-torch2.13.0-wheel"})
+    with pytest.raises(RuntimeError, match="names torch 2.14.1"):
+        suite.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": "virtualenv-py3.11-numpy-torch2.14.1-wheel"})
+    with pytest.raises(RuntimeError):
+        suite.check_torch("2.14.1", {"MATMUL_DRIFT_EXPECT_TORCH": "2.13.0"})
+    suite.check_torch("2.14.1", {})  # an existing environment names nothing

@@ -31,6 +31,44 @@ NAN = float("nan")
 SUBSET_VAR = "MATMUL_DRIFT_CASES"  # comma list of case ids: run only these (tests, quick nights)
 
 
+DEVICES_VAR = "MATMUL_DRIFT_DEVICES"  # comma list of devices to measure (a GPU check: cuda)
+TORCH_VAR = "MATMUL_DRIFT_EXPECT_TORCH"  # the torch version an `existing` environment must hold
+
+
+def selected_devices() -> tuple[str, ...]:
+    import os
+
+    raw = os.environ.get(DEVICES_VAR, "").strip()
+    wanted = tuple(d.strip() for d in raw.split(",") if d.strip()) or cases.DEVICES
+    bad = [d for d in wanted if d not in cases.DEVICES]
+    if bad:
+        raise ValueError(f"${DEVICES_VAR} names unknown devices: {', '.join(bad)}")
+    return wanted
+
+
+def expected_torch(env: dict | None = None) -> str | None:
+    """The torch version this asv environment names: $MATMUL_DRIFT_EXPECT_TORCH, else the
+    ``torch<version>`` part of $ASV_ENV_NAME (asv mangles ``2.13.0+cpu`` to ``2.13.0``)."""
+    import os
+    import re
+
+    env = os.environ if env is None else env
+    if env.get(TORCH_VAR):
+        return env[TORCH_VAR]
+    m = re.search(r"(?:^|-)torch([0-9][^-]*)", env.get("ASV_ENV_NAME", ""))
+    return m.group(1).lstrip("=") if m else None
+
+
+def check_torch(version: str, env: dict | None = None) -> None:
+    """Fail loudly when the running torch is not the one the environment names."""
+    want = expected_torch(env)
+    if want and version.split("+", 1)[0] != want.split("+", 1)[0]:
+        raise RuntimeError(
+            f"this environment names torch {want} but torch {version} is installed: "
+            "the project's own install must not replace the matrix's torch"
+        )
+
+
 def selected_cases() -> tuple[str, ...]:
     """The case ids to measure: all, or those named in $MATMUL_DRIFT_CASES."""
     import os
@@ -70,11 +108,15 @@ def track_values(m, root) -> dict:
     }
 
 
-def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=cases.DEVICES, root=None, log=sys.stderr) -> dict:
+def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=None, root=None, log=sys.stderr) -> dict:
     """Measure every combination; returns {key: values | {"skip": why} | {"error": text}}."""
     root = catalog.default_root() if root is None else root
     case_ids = selected_cases() if case_ids is None else case_ids
     out = {}
+    import torch
+
+    check_torch(torch.__version__)
+    devices = selected_devices() if devices is None else devices
     combos = [(c, p, d) for d in devices for c in case_ids for p in precisions]
     t0 = time.monotonic()
     for i, (c, p, d) in enumerate(combos, 1):
@@ -112,7 +154,10 @@ def timed_call(case: str, precision: str, device: str):
     from .measure import check_device, make_operands, operand_bits, precision_flags
     from .cases import storage_dtype
 
-    if case not in selected_cases():
+    import torch
+
+    check_torch(torch.__version__)
+    if case not in selected_cases() or device not in selected_devices():
         raise NotImplementedError(f"not selected by ${SUBSET_VAR}")
     if device != "cpu":
         raise NotImplementedError("CUDA time is recorded by track_cuda_seconds with CUDA events")
