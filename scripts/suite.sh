@@ -22,7 +22,9 @@ if [ -n "$existing" ] && [ "$force" != 1 ]; then
   echo "matmul-drift: results for commit ${commit:0:8} on $machine are already recorded ($existing); pass --force to replace them" >&2
   exit 1
 fi
-# asv saves results of an existing environment only with --set-commit-hash.
-$PY -m asv run --python=same --set-commit-hash="$commit" "${args[@]}"
+# asv saves results of an existing environment only with --set-commit-hash. `-E existing:same`,
+# not `--python=same`: asv 0.6.6 expands the torch matrix for the latter and runs the
+# whole suite once per matrix entry, in the same Python.
+$PY -m asv run -E existing:same --set-commit-hash="$commit" "${args[@]}"
 $PY -m asv publish
 echo "matmul-drift: results under results/asv/$machine, site under html/ (asv preview to serve it)"

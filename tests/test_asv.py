@@ -64,7 +64,7 @@ def test_quick_run(project, method):
     dst, head, env = project
     bench = "track_error_u|track_kernel_id|track_slice_m_ulp|time_matmul"
     rc, out = asv(
-        "run", "--python=same", "--quick", f"--set-commit-hash={head}", f"--launch-method={method}",
+        "run", "-E", "existing:same", "--quick", f"--set-commit-hash={head}", f"--launch-method={method}",
         "--machine", "testbox", "--bench", bench, cwd=dst, env=env,
     )
     assert rc == 0, out[-3000:]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from . import numerics
 from .measure import Measurement
 
 DRIFT_KEYS = ("max_ulp", "frac_differ", "max_u")
@@ -126,7 +125,3 @@ def render(r: dict) -> str:
 def _drift_cells(row: dict) -> list:
     return [row["max_ulp"], f"{row['frac_differ']:.4%}", _fmt(row["max_u"]), _fmt(row["max_abs"]), _fmt(row["ulp_at_max"])]
 
-
-def ulp_note(magnitude: float, dtype: str) -> str:
-    """'one float16 ulp at 1000 is 0.5'."""
-    return f"one {dtype} ulp at {magnitude:g} is {numerics.ulp_of(magnitude, dtype):g}"

@@ -59,7 +59,6 @@ class Measurement:
 
 # --- operands -------------------------------------------------------------------------
 
-TORCH_DTYPE_NAMES = {"float64": "float64", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 _INT_VIEW = {"float64": "int64", "float32": "int32", "float16": "int16", "bfloat16": "int16"}
 
 

@@ -151,7 +151,7 @@ def timed_call(case: str, precision: str, device: str):
 
     CUDA is timed with CUDA events inside ``measure_all`` instead (``cuda_seconds``).
     """
-    from .measure import check_device, make_operands, operand_bits, precision_flags
+    from .measure import check_device, make_operands, operand_bits
     from .cases import storage_dtype
 
     import torch
@@ -167,7 +167,4 @@ def timed_call(case: str, precision: str, device: str):
         raise NotImplementedError(str(exc)) from None
     c = cases.get(case)
     a, b, _ = operand_bits(c, storage_dtype(precision), device)
-    ops = make_operands(a, b, storage_dtype(precision), device, c)
-    flags = precision_flags(precision)
-    flags.__enter__()  # CPU precisions set no flags; kept for symmetry with measure
-    return ops.product
+    return make_operands(a, b, storage_dtype(precision), device, c).product  # CPU precisions set no flags
