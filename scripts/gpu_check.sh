@@ -17,7 +17,7 @@ machine=gpu-$($PY -c 'import torch; print(torch.cuda.get_device_name(0).split()[
 export MATMUL_DRIFT_DEVICES=cuda MATMUL_DRIFT_CATALOG="$OUT/catalog" PYTORCH_NVML_BASED_CUDA_CHECK=1
 $PY -m asv machine --yes --machine "$machine" >/dev/null
 # The CUDA suite: one setup_cache measures every case; the CPU combinations are skipped.
-timeout 330 $PY -m asv run --python=same --set-commit-hash="$(git rev-parse HEAD)" --machine "$machine" \
+timeout 330 $PY -m asv run -E existing:same --set-commit-hash="$(git rev-parse HEAD)" --machine "$machine" \
   --bench 'drift\.Drift' --launch-method forkserver --show-stderr
 mkdir -p "$OUT/results"
 cp -r results/asv/"$machine" "$OUT/results/" 2>/dev/null
