@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from . import atomic
 
 ID_HEX_DIGITS = 12
 KINDS = ("kernels", "env")
@@ -59,18 +60,7 @@ def store(root: Path | str, kind: str, obj) -> int:
     path = entry_path(root, kind, ident)
     if path.exists():
         return ident
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic.write_text(path, text + "\n")
     return ident
 
 

@@ -160,12 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     configure_explain(sub.add_parser("explain", help="measure one shape: error, slice drift, kernels, verdict"))
-    try:
-        from . import cli_summary
-    except ImportError:
-        cli_summary = None
-    if cli_summary is not None:
-        cli_summary.configure(sub.add_parser("summary", help="flag kernel, accuracy and timing changes in asv history"))
+    from . import cli_nightly, cli_summary
+
+    cli_summary.configure(sub.add_parser("summary", help="flag kernel, accuracy and timing changes in asv history"))
+    cli_nightly.configure(sub.add_parser("nightly", help="one night on one machine (or --merge): asv run, summary, site"))
     return p
 
 
@@ -179,6 +177,10 @@ def main(argv=None) -> int:
             from . import cli_summary
 
             return cli_summary.run(args)
+        if args.command == "nightly":
+            from . import cli_nightly
+
+            return cli_nightly.run(args)
         parser.print_help()
         return EXIT_USAGE
     except UsageError as exc:

@@ -1,0 +1,610 @@
+"""The nightly job: one night of one machine, and the merge of several machines' nights.
+
+A *results tree* is a worktree of the results branch (see resultsbranch.py)::
+
+    nights/<date>-<machine>.json        the environment of the Python under test (the night commit)
+    results/asv/<machine>/...           asv results, asv's own layout; results/asv/benchmarks.json
+    results/catalog/{kernels,env}/      catalog entries (catalog.py)
+    summaries/<date>-<machine>.{md,json}  the night against the machine's previous night
+    summaries/<date>-all.{md,json}      a merge: every machine's latest night against its previous
+    html/                               asv publish, plus drift.html (site.py); not committed
+    .nightly/                           lock, generated asv configs, staging; not committed
+
+A night: lock the tree; refuse if the night already has results (unless ``force``); describe
+the Python under test; commit the night file (its author date is the night, 00:00 UTC, which
+is where asv plots it); ``asv run`` in that Python as an existing environment with
+``--set-commit-hash`` into a staging directory; copy the results into the tree atomically;
+summarise against the previous night; commit the results and summary; ``asv publish``.
+asv itself writes non-atomically, so it never writes into the tree: a run that dies leaves
+every earlier file as it was. Commits are pushed at once when a remote is given.
+
+Numbers: dates are ``YYYY-MM-DD`` (UTC); asv dates are ms since the epoch; durations seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import atomic, history, render, resultsbranch, site, summary
+from .lock import Locked, TreeLock
+
+STATE = ".nightly"
+NIGHTS = "nights"
+SUMMARIES = "summaries"
+RESULTS = "results"  # asv's results in results/asv, the catalog in results/catalog
+_PROGRESS = re.compile(r"(·|\[ *[\d.]+%\] ·{1,3} )(?!=)")  # asv's step lines, not its tables
+MACHINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ALL = "all"  # the name of a merge's summary; no machine may take it
+_IMPORTED = ("results", "summaries", "nights")  # what a merge copies from a source tree
+
+
+class UsageError(Exception):
+    """Bad input or a refusal (an existing night, a locked tree): one line, exit status 2."""
+
+
+class NightError(Exception):
+    """The night could not be recorded or published: one line, exit status 1."""
+
+
+@dataclass
+class Options:
+    """One night (or one merge). ``tree`` is the results worktree, ``repo`` the project
+    checkout whose asv.conf.json and benchmarks/ are used."""
+
+    machine: str | None
+    date: str
+    tree: Path
+    repo: Path
+    python: str | None = None
+    branch: str = "results"
+    remote: str | None = None
+    force: bool = False
+    bench: list[str] = field(default_factory=list)
+    quick: bool = False
+    launch_method: str | None = None
+    publish: bool = True
+
+
+@dataclass
+class Report:
+    """What a night or a merge recorded. ``flags``/``failing`` count summary flags."""
+
+    commit: str | None
+    summary_md: Path
+    summary_json: Path
+    flags: int
+    failing: int
+    failed: list[str]
+    imported: list[Path]
+    published: bool
+
+
+def _log(msg: str) -> None:
+    print(f"matmul-drift nightly: {msg}", file=sys.stderr, flush=True)
+
+
+def today() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+
+
+def check_machine(name: str) -> str:
+    if not MACHINE_NAME.match(name or "") or name == ALL:
+        raise UsageError(f"machine name {name!r} must be 1-64 letters, digits, '.', '_' or '-' "
+                         f"(starting with a letter or digit), and not {ALL!r}")
+    return name
+
+
+def check_date(text: str) -> str:
+    try:
+        return datetime.strptime(text, "%Y-%m-%d").strftime("%Y-%m-%d")
+    except ValueError:
+        raise UsageError(f"--date {text!r} is not a date like 2026-01-31") from None
+
+
+# ---------------------------------------------------------------------------- the Python under test
+
+_DESCRIBE = r"""
+import json, os, sys
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # no CUDA context for the check
+import asv_runner, torch
+from matmul_drift import environment
+device = "cuda" if torch.cuda.is_available() else "cpu"
+print(json.dumps({"python": sys.version.split()[0], "device": device,
+                  "environment": environment.describe(device)}))
+"""
+
+
+def describe_python(python: str) -> dict:
+    """{"python": version, "device": "cpu"|"cuda", "environment": environment.describe(...)}
+    as the Python under test reports it. UsageError when it cannot (no torch, no project)."""
+    try:
+        p = subprocess.run([python, "-c", _DESCRIBE], capture_output=True, text=True, timeout=600)
+    except OSError as exc:
+        raise UsageError(f"cannot run {python}: {exc.strerror}") from None
+    except subprocess.TimeoutExpired:
+        raise NightError(f"{python} did not describe its environment within 600 s") from None
+    if p.returncode != 0:
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        raise UsageError(f"{python} cannot describe its torch environment "
+                         f"(it needs torch, asv and matmul-drift): {lines[-1] if lines else p.returncode}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def gpu_clocks() -> list[dict] | None:
+    """Clocks and limits per GPU from nvidia-smi (MHz, W), or None without nvidia-smi.
+    Recorded beside the night: a throttled or down-clocked GPU explains a slow night."""
+    fields = ("index", "name", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
+              "power.limit", "persistence_mode", "driver_version")
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        p = subprocess.run([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in p.stdout.splitlines() if line.strip()]
+
+
+def commit_message(night: dict) -> str:
+    """The night commit's message: torch version, its git hash, CUDA and the machine."""
+    env = night["environment"]
+    torch = env.get("torch") or {}
+    cuda = (env.get("cuda") or {}).get("runtime") or torch.get("cuda_build") or "none"
+    git = (torch.get("git") or "unknown")[:12]
+    lines = [f"night {night['date']} {night['machine']}: torch {torch.get('version')} (git {git}), "
+             f"CUDA {cuda}, machine {night['machine']}", "",
+             f"python: {night['python']} ({night['python_version']}), device {night['device']}"]
+    if env.get("cuda"):
+        c = env["cuda"]
+        lines.append(f"gpu: {c.get('gpu')}, driver {c.get('driver')}, cuBLAS {c.get('cublas')}")
+    for k, v in sorted((env.get("env_vars") or {}).items()):
+        lines.append(f"{k}={v}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- asv
+
+
+def asv_config(repo: Path, tree: Path, branch: str, results_dir: Path) -> dict:
+    """asv's config for the results tree: the project's, with the tree as the repository
+    (its branch is the commit axis), the project's benchmarks, and ``results_dir``."""
+    from asv import util
+
+    conf = util.load_json(str(repo / "asv.conf.json"), js_comments=True)
+    keep = ("version", "project", "project_url", "show_commit_url", "hash_length", "launch_method",
+            "default_benchmark_timeout", "regressions_thresholds", "regressions_first_commits")
+    out = {k: conf[k] for k in keep if k in conf}
+    url = out.get("project_url", "")
+    if "show_commit_url" not in out and url.startswith("https://github.com/"):
+        out["show_commit_url"] = url.rstrip("/") + "/commit/"  # the results branch lives there too
+    out.update({
+        "repo": str(tree), "dvcs": "git", "branches": [branch], "environment_type": "existing",
+        "benchmark_dir": str((repo / conf.get("benchmark_dir", "benchmarks")).resolve()),
+        "results_dir": str(results_dir), "html_dir": str(tree / "html"),
+    })
+    return out
+
+
+def _write_config(tree: Path, name: str, conf: dict) -> Path:
+    return atomic.write_text(tree / STATE / name, json.dumps(conf, indent=2) + "\n")
+
+
+def _asv(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | None = None) -> tuple[int, list[str]]:
+    """Run ``asv --config conf args``. With ``log``, asv's progress lines go to stderr as they
+    come (its result tables and benchmark output only to the ``log`` file).
+    Returns (exit status, last lines of output)."""
+    cmd = [sys.executable, "-m", "asv", "--config", str(conf), *args]
+    tail: list[str] = []
+    with open(log or os.devnull, "a", encoding="utf-8") as fh, subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8",
+            errors="replace", bufsize=1) as proc:
+        for line in proc.stdout:
+            fh.write(line)
+            if log is not None and _PROGRESS.match(line):
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            tail = (tail + [line.rstrip()])[-30:]
+    return proc.returncode, tail
+
+
+def _asv_env(tree: Path) -> dict:
+    return {**os.environ, "MATMUL_DRIFT_CATALOG": str(tree / RESULTS / "catalog"),
+            "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # forkserver: no CUDA before the fork
+
+
+# ---------------------------------------------------------------------------- moving results
+
+
+def _results_files(d: Path) -> list[Path]:
+    return sorted(p for p in d.glob("*.json") if p.name != "machine.json") if d.is_dir() else []
+
+
+def _write_benchmarks(path: Path, new: dict) -> None:
+    """Merge a run's benchmarks.json into ``path``: every benchmark either knows, the newer
+    description winning, so results of a benchmark since removed can still be read."""
+    old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    merged = {**(old or {}), **new}
+    if merged != old:
+        atomic.write_text(path, json.dumps(merged, indent=4, sort_keys=True) + "\n")
+
+
+def _backup(path: Path) -> Path:
+    """Keep a file about to be replaced (with --force) beside it, under a name no reader takes
+    for results ('.json' is not its suffix)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dst = path.with_name(f"{path.name}.replaced-{stamp}")
+    os.replace(path, dst)
+    return dst
+
+
+def import_night(staging: Path, results_dir: Path, machine: str, commit: str, force: bool) -> list[Path]:
+    """Copy one asv run's output from ``staging`` into ``results_dir``, each file atomically:
+    benchmarks.json (merged) first, then machine.json, then the results files, so a reader
+    never meets a result whose benchmark it cannot interpret. With ``force`` every result
+    already recorded for ``commit`` on ``machine`` is first moved aside (kept, not read).
+    Returns the results files written."""
+    files = _results_files(staging / machine)
+    if not files:
+        return []
+    dest = results_dir / machine
+    old = [p for p in _results_files(dest) if p.name.startswith(commit[:8])]
+    if old and not force:
+        raise UsageError(f"{old[0]} is already recorded; pass --force to replace it")
+    if (staging / "benchmarks.json").exists():
+        _write_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()))
+    if (staging / machine / "machine.json").exists():
+        atomic.copy(staging / machine / "machine.json", dest / "machine.json")
+    for p in old:
+        _log(f"replacing {p} (--force); the old file is kept as {_backup(p).name}")
+    return [atomic.copy(f, dest / f.name) for f in files]
+
+
+# ---------------------------------------------------------------------------- summaries
+
+
+def _ms_date(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d")
+
+
+def _commits(runs: list[history.Run]) -> list[str]:
+    return list(dict.fromkeys(r.commit for r in runs))  # runs are in night (date) order
+
+
+def latest(hist: history.History, machine: str, commit: str | None = None) -> tuple[str | None, str] | None:
+    """(previous night's commit or None, the night's commit) for ``machine``: ``commit``, or its
+    latest night when None. None if the machine has no readable results."""
+    commits = _commits(hist.runs.get(machine, []))
+    if not commits:
+        return None
+    head = commit if commit is not None else commits[-1]
+    if head not in commits:
+        return None
+    i = commits.index(head)
+    return (commits[i - 1] if i else None), head
+
+
+def _one_environment(hist: history.History, machine: str, commits: tuple[str, str]) -> None:
+    # asv names an existing environment after its Python's path, so a fresh venv each night
+    # is a new environment; a night is compared with the one before whichever Python each used.
+    runs = [r for r in hist.runs[machine] if r.commit in commits]
+    if len(runs) == 2 and runs[0].env_name != runs[1].env_name:
+        label = f"{runs[0].env_name} -> {runs[1].env_name}"
+        for r in runs:
+            r.env_name = label
+
+
+def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> summary.Summary:
+    """Each machine's night against its previous night, as one Summary over all of them."""
+    flags, npairs = [], 0
+    for machine, (prev, head) in sorted(pairs.items()):
+        if prev is None:
+            continue  # a machine's first night has nothing to compare with
+        _one_environment(hist, machine, (prev, head))
+        s = summary.summarise(hist, summary.Options(base=prev, head=head))
+        flags += [f for f in s.flags if f.machine == machine]
+        npairs += s.pairs
+    return summary.Summary(flags, npairs, sorted(pairs), list(dict.fromkeys(hist.warnings)))
+
+
+def failed_in(hist: history.History, machine: str, commit: str) -> list[str]:
+    """'benchmark param param ...' for each value asv recorded as failed (null) at ``commit``."""
+    return [f"{o.benchmark} {' '.join(o.params.values())}".strip()
+            for o in hist.observations(machine) if o.commit == commit and o.status == "failed"]
+
+
+def night_info(hist: history.History, machine: str, prev: str | None, head: str) -> dict:
+    """Plain facts about one machine's night for the summary and the site."""
+    run = next(r for r in hist.runs[machine] if r.commit == head)
+    before = next((r for r in hist.runs[machine] if r.commit == prev), None)
+    return {"machine": machine, "date": _ms_date(run.date), "commit": head, "torch": run.torch,
+            "previous": None if before is None else {"commit": prev, "date": _ms_date(before.date),
+                                                     "torch": before.torch},
+            "failed": failed_in(hist, machine, head)}
+
+
+def latest_nights(hist: history.History) -> tuple[dict[str, tuple[str | None, str]], list[dict]]:
+    """Every machine's latest night: {machine: (previous commit, commit)} and night_info of each."""
+    pairs = {m: p for m in sorted(hist.runs) if (p := latest(hist, m)) is not None}
+    return pairs, [night_info(hist, m, *p) for m, p in pairs.items()]
+
+
+def _failed_md(nights: list[dict], limit: int = 20) -> list[str]:
+    out = []
+    for n in nights:
+        if n["failed"]:
+            out += ["", f"#### {render.md_escape(n['machine'])}: {len(n['failed'])} benchmark values failed "
+                        f"on {n['date']} (asv recorded null; see the job log)", ""]
+            out += [f"- {render.md_escape(f)}" for f in n["failed"][:limit]]
+            if len(n["failed"]) > limit:
+                out.append(f"- ... and {len(n['failed']) - limit} more")
+    return out
+
+
+def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[dict]) -> tuple[Path, Path, str]:
+    """summaries/<name>.md (GitHub Markdown) and .json (render.py's schema plus "nights");
+    the Markdown also goes to $GITHUB_STEP_SUMMARY in GitHub Actions. Returns both paths
+    and the plain-text report."""
+    fail_on = summary.DEFAULT_FAIL_ON
+    md = "\n".join([*(f"- {render.md_escape(site.night_line(n))}" for n in nights), "",
+                    render.render_github(result, fail_on).rstrip(),
+                    *_failed_md(nights)]) + "\n"
+    doc = json.loads(render.render_json(result, fail_on))
+    doc["nights"] = nights
+    md_path = atomic.write_text(tree / SUMMARIES / f"{name}.md", md)
+    json_path = atomic.write_text(tree / SUMMARIES / f"{name}.json",
+                                  json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    step = os.environ.get("GITHUB_STEP_SUMMARY")
+    if os.environ.get("GITHUB_ACTIONS") == "true" and step:
+        with open(step, "a", encoding="utf-8") as fh:
+            fh.write(md + "\n")
+    return md_path, json_path, render.render_plain(result, fail_on)
+
+
+def _read(tree: Path) -> history.History:
+    try:
+        return history.read_history(tree / RESULTS)
+    except history.HistoryError as exc:
+        raise NightError(f"cannot read the results back: {exc}") from None
+
+
+def publish(tree: Path, repo: Path, branch: str) -> None:
+    """asv publish over the tree's results, then the drift page and local assets (site.py)."""
+    conf = _write_config(tree, "asv-publish.json", asv_config(repo, tree, branch, tree / RESULTS / "asv"))
+    rc, tail = _asv(conf, "publish", cwd=tree, env=_asv_env(tree), log=tree / STATE / "asv-publish.log")
+    if rc != 0:
+        raise NightError(f"asv publish failed: {tail[-1] if tail else rc}")
+    hist = _read(tree)
+    pairs, nights = latest_nights(hist)
+    for url in site.write(tree / "html", hist, compare(hist, pairs), nights):
+        _log(f"warning: the site loads {url} from the network")
+    _log(f"site: {tree / 'html' / 'index.html'} (and {site.PAGE})")
+
+
+# ---------------------------------------------------------------------------- one night
+
+
+def _lock(tree: Path) -> TreeLock:
+    try:
+        return TreeLock(tree / STATE / "lock").acquire()
+    except Locked as exc:
+        raise UsageError(f"another nightly run holds this results tree: {exc}") from None
+
+
+def _open_tree(o: Options) -> Path:
+    try:
+        return resultsbranch.ensure_tree(o.repo, o.tree, o.branch, o.remote)
+    except resultsbranch.GitError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _git(step: str, fn, *args):
+    try:
+        return fn(*args)
+    except resultsbranch.GitError as exc:
+        raise NightError(f"{step}: {exc}") from None
+
+
+def run_night(o: Options) -> Report:
+    """One night of ``o.machine`` with ``o.python``; see the module docstring."""
+    t0 = time.monotonic()
+    tree = _open_tree(o)
+    lock = _lock(tree)
+    try:
+        return _night(o, tree, t0)
+    finally:
+        lock.release()
+
+
+def _night(o: Options, tree: Path, t0: float) -> Report:
+    if o.remote:
+        _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote)
+    rel = f"{NIGHTS}/{o.date}-{o.machine}.json"
+    commit = resultsbranch.added_by(tree, rel) if (tree / rel).exists() else None
+    recorded = [p for p in _results_files(tree / RESULTS / "asv" / o.machine) if commit and p.name.startswith(commit[:8])]
+    if recorded and not o.force:
+        raise UsageError(f"night {o.date} on {o.machine} is already recorded ({recorded[0].relative_to(tree)}); "
+                         "pass --force to run it again and replace it")
+    if commit is None:
+        commit = _commit_night(o, tree, rel)
+    else:
+        _log(f"night {o.date} on {o.machine} has commit {commit[:12]}; "
+             + ("running it again (--force)" if recorded else "it has no results yet: running it"))
+    imported = _run_asv(o, tree, commit)
+
+    hist = _read(tree)
+    pair = latest(hist, o.machine, commit)
+    if pair is None:
+        raise NightError(f"the results of commit {commit[:12]} cannot be read back")
+    info = night_info(hist, o.machine, *pair)
+    result = compare(hist, {o.machine: pair})
+    md, js, plain = write_summary(tree, f"{o.date}-{o.machine}", result, [info])
+    sys.stdout.write(plain)
+    for w in result.warnings:
+        _log(f"warning: {w}")
+    failing = len(result.failing(summary.DEFAULT_FAIL_ON))
+    if info["failed"]:
+        _log(f"{len(info['failed'])} benchmark values failed (recorded as null), e.g. {info['failed'][0]}; "
+             f"asv's output: {_asv_log(tree, o)}")
+    msg = f"results {o.date} {o.machine}: {len(result.flags)} flags, {failing} failing, {len(info['failed'])} failed values"
+    _git("committing the results", resultsbranch.commit, tree, [RESULTS, SUMMARIES], msg)
+    if o.remote:
+        _git("pushing the results", resultsbranch.push, tree, o.branch, o.remote)
+    if o.publish:
+        publish(tree, o.repo, o.branch)
+    _log(f"night {o.date} on {o.machine} done in {time.monotonic() - t0:.0f} s; summary {md}")
+    return Report(commit, md, js, len(result.flags), failing, info["failed"], imported, o.publish)
+
+
+def _asv_log(tree: Path, o: Options) -> Path:
+    return tree / STATE / f"asv-{o.date}-{o.machine}.log"
+
+
+def _commit_night(o: Options, tree: Path, rel: str) -> str:
+    """Describe the Python under test into ``rel`` and commit it: the night's commit (pushed)."""
+    _log(f"describing {o.python} ...")
+    described = describe_python(o.python)
+    night = {"date": o.date, "machine": o.machine, "python": o.python, "python_version": described["python"],
+             "device": described["device"], "environment": described["environment"], "gpu_clocks": gpu_clocks(),
+             "started_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    atomic.write_text(tree / rel, json.dumps(night, indent=2, sort_keys=True) + "\n")
+    message = commit_message(night)
+    commit = _git("committing the night", resultsbranch.commit, tree, [rel], message, f"{o.date}T00:00:00+00:00")
+    if o.remote:
+        commit = _git("pushing the night", resultsbranch.push, tree, o.branch, o.remote)
+    _log(f"night commit {commit[:12]}: {message.splitlines()[0]}")
+    return commit
+
+
+def _run_asv(o: Options, tree: Path, commit: str) -> list[Path]:
+    """asv run in the Python under test into a staging directory, then the results into the
+    tree (import_night). A run that records nothing is a NightError; failed values are not."""
+    staging = tree / STATE / "staging" / f"{o.date}-{o.machine}-{int(time.time())}"
+    conf = _write_config(tree, "asv-run.json", asv_config(o.repo, tree, o.branch, staging))
+    env = _asv_env(tree)
+    rc, tail = _asv(conf, "machine", "--yes", "--machine", o.machine, cwd=tree, env=env)
+    if rc != 0:
+        raise NightError(f"asv machine failed: {tail[-1] if tail else rc}")
+    args = ["run", "-E", f"existing:{o.python}", f"--set-commit-hash={commit}", "--machine", o.machine,
+            "--show-stderr", *(a for b in o.bench for a in ("--bench", b))]
+    args += ["--quick"] if o.quick else []
+    args += ["--launch-method", o.launch_method] if o.launch_method else []
+    log = _asv_log(tree, o)
+    _log(f"asv {' '.join(args)} (full output in {log})")
+    rc, tail = _asv(conf, *args, cwd=tree, env=env, log=log)
+    imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
+    if not imported:
+        raise NightError(f"asv run recorded no results (exit status {rc}): {tail[-1] if tail else ''}; see {log}")
+    shutil.rmtree(staging, ignore_errors=True)
+    _log(f"results: {', '.join(str(p.relative_to(tree)) for p in imported)}"
+         + ("" if rc == 0 else f" (asv exit status {rc}: some benchmarks failed)"))
+    return imported
+
+
+# ---------------------------------------------------------------------------- merging machines
+
+
+def _source_files(src: Path) -> list[Path]:
+    return sorted(p for top in _IMPORTED for p in (src / top).rglob("*")
+                  if p.is_file() and not p.name.startswith(".tmp-"))
+
+
+def _rank(rel: Path) -> int:
+    # Catalog entries, then machine.json, then results, then summaries and nights: a reader
+    # never meets a result whose catalog entries or machine are missing.
+    if rel.parts[:2] == (RESULTS, "catalog"):
+        return 0
+    return 1 if rel.name == "machine.json" else 2 if rel.parts[0] == RESULTS else 3
+
+
+def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]], list[Path], list[str]]:
+    """(copies in writing order, benchmarks.json files, conflicts) for merging ``sources``
+    into ``tree``. A file the tree lacks is copied; an identical one skipped; a different one
+    is a conflict (and copied, after a backup, only with --force); machine.json is asv's
+    description of a machine, which asv itself rewrites on each run, so a newer one is copied."""
+    copies, benches, conflicts, seen = [], [], [], {}
+    for src in sources:
+        for f in _source_files(src):
+            rel = f.relative_to(src)
+            if rel.name == "benchmarks.json":
+                benches.append(f)
+                continue
+            data = f.read_bytes()
+            if rel in seen:
+                if seen[rel] != data and rel.name != "machine.json":
+                    conflicts.append(f"{rel} differs between sources")
+                continue
+            seen[rel] = data
+            dst = tree / rel
+            if dst.exists():
+                if dst.read_bytes() == data:
+                    continue
+                if rel.name != "machine.json":
+                    conflicts.append(f"{rel} differs from the recorded file")
+            copies.append((f, dst))
+    copies.sort(key=lambda c: _rank(c[1].relative_to(tree)))
+    return copies, benches, conflicts
+
+
+def run_merge(o: Options, sources: list[Path]) -> Report:
+    """Merge other trees (or artifacts laid out like one) into ``o.tree``; summarise every
+    machine's latest night against its previous one; publish."""
+    t0 = time.monotonic()
+    tree = _open_tree(o)
+    lock = _lock(tree)
+    try:
+        if o.remote:
+            _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote)
+        copies, benches, conflicts = plan_merge(tree, sources)
+        if conflicts and not o.force:
+            raise UsageError(f"{len(conflicts)} files conflict, nothing merged: {conflicts[0]}; "
+                             "pass --force to replace (the old files are kept beside)")
+        for f in benches:
+            _write_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()))
+        imported = []
+        for src, dst in copies:
+            if dst.exists() and dst.name != "machine.json":
+                _log(f"replacing {dst.relative_to(tree)}; the old file is kept as {_backup(dst).name}")
+            imported.append(atomic.copy(src, dst))
+        _log(f"merged {len(imported)} files from {len(sources)} sources")
+        hist = _read(tree)
+        _check_commits(tree, hist)
+        pairs, nights = latest_nights(hist)
+        result = compare(hist, pairs)
+        md, js, plain = write_summary(tree, f"{o.date}-{ALL}", result, nights)
+        sys.stdout.write(plain)
+        rels = [p.relative_to(tree).parts for p in imported]
+        machines = ", ".join(sorted({r[2] for r in rels if r[:2] == (RESULTS, "asv") and len(r) == 4}))
+        msg = (f"summary {o.date}: {len(result.flags)} flags on {len(pairs)} machines; merged "
+               f"{len(imported)} files from {len(sources)} sources" + (f" ({machines})" if machines else ""))
+        commit = _git("committing the merge", resultsbranch.commit, tree, [RESULTS, SUMMARIES, NIGHTS], msg)
+        if o.remote:
+            commit = _git("pushing the merge", resultsbranch.push, tree, o.branch, o.remote)
+        if o.publish:
+            publish(tree, o.repo, o.branch)
+        _log(f"merge done in {time.monotonic() - t0:.0f} s; summary {md}")
+        return Report(commit, md, js, len(result.flags), len(result.failing(summary.DEFAULT_FAIL_ON)),
+                      [f for n in nights for f in n["failed"]], imported, o.publish)
+    finally:
+        lock.release()
+
+
+def _check_commits(tree: Path, hist: history.History) -> None:
+    # asv publish plots a result only if its commit is on the branch; say so for any that is not.
+    line = set(resultsbranch.git(tree, "rev-list", "--first-parent", "HEAD").split())
+    for machine, runs in hist.runs.items():
+        for r in runs:
+            if r.commit not in line:
+                _log(f"warning: {r.path.relative_to(tree)} names commit {r.commit[:12]}, which is not on the "
+                     "results branch (was the night's push lost?); asv publish will leave it out")

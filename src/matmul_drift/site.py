@@ -1,0 +1,176 @@
+"""The published site's own parts, added to what ``asv publish`` wrote. Never imports torch.
+
+- ``drift.html``: the latest night's summary tables on each machine, the values that
+  failed, and the kernel names behind every kernel-id in the results, so a reader sees names
+  where asv's graphs show a number (asv prints an id as ``1.39e+14 kernel-id``; the page
+  lists that spelling beside the 12-hex id).
+- a link to it in the navigation bar of asv's ``index.html``;
+- local copies of the scripts and styles that asv's ``index.html`` loads from CDNs
+  (``site_vendor/README.txt`` says where each comes from), so the site also works
+  without network access.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import math
+import re
+from pathlib import Path
+
+from . import atomic, history, render, summary
+
+PAGE = "drift.html"
+VENDOR = Path(__file__).with_name("site_vendor")
+# CDN address in asv 0.6.6's index.html -> (local file, byte-identical to the CDN's file).
+# Identical files keep asv's integrity hash, so the browser itself checks that they are.
+CDN = {
+    "https://code.jquery.com/jquery-3.3.1.min.js": ("jquery-3.3.1.min.js", True),
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.min.js": ("jquery.flot.js", False),
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.time.min.js": ("jquery.flot.time.js", False),
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.selection.min.js": ("jquery.flot.selection.js", False),
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.categories.min.js": ("jquery.flot.categories.js", False),
+    "https://cdn.jsdelivr.net/npm/flot-orderbars@1.0.0/js/jquery.flot.orderBars.js": ("jquery.flot.orderBars.js", True),
+    "https://cdnjs.cloudflare.com/ajax/libs/stupidtable/1.0.1/stupidtable.min.js": ("stupidtable.min.js", False),
+    "https://cdnjs.cloudflare.com/ajax/libs/blueimp-md5/2.19.0/js/md5.min.js": ("md5.min.js", True),
+    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/js/bootstrap.min.js": ("bootstrap.min.js", True),
+    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/css/bootstrap.min.css": ("css/bootstrap.min.css", True),
+}
+_EXTERNAL = re.compile(r"<(?:script|link)\b[^>]*?(?:src|href)=\"(https?://[^\"]+)\"[^>]*>")
+_NAV_LINK = f'<li id="nav-li-drift"><a href="{PAGE}">Drift summary &amp; kernel names</a></li>'
+
+
+def localise(index_html: str) -> tuple[str, list[str]]:
+    """asv's index.html with CDN scripts and styles pointed at vendor/; also the addresses
+    still loaded from the network (none for asv 0.6.6)."""
+    for url, (local, identical) in CDN.items():
+        def swap(m: re.Match) -> str:
+            tag = m.group(0).replace(f'"{url}"', f'"vendor/{local}"')
+            return tag if identical else re.sub(r'\s+integrity="[^"]*"', "", tag)
+
+        index_html = re.sub(r"<(?:script|link)\b[^>]*?\"" + re.escape(url) + r"\"[^>]*>", swap, index_html)
+    return index_html, _EXTERNAL.findall(index_html)
+
+
+def add_link(index_html: str) -> str:
+    """index.html with a navigation-bar link to the drift page (once)."""
+    if _NAV_LINK in index_html:
+        return index_html
+    anchor = re.search(r'<li id="nav-li-regressions">.*?</li>', index_html, re.S)
+    if anchor:
+        return index_html[: anchor.end()] + "\n\t" + _NAV_LINK + index_html[anchor.end():]
+    return index_html.replace("</ul>", _NAV_LINK + "</ul>", 1)
+
+
+# ---------------------------------------------------------------------------- the page
+
+
+def kernel_ids(hist: history.History, latest: dict[str, str]) -> dict[int, list[str]]:
+    """Every kernel-id in the results -> where the latest night of each machine used it
+    ("machine: case dtype device"); ``latest`` maps machine -> that night's commit."""
+    out: dict[int, list[str]] = {}
+    units = hist.units()
+    for machine, runs in hist.runs.items():
+        for run in runs:
+            for name, s in run.series.items():
+                if units.get(name) != "kernel-id":
+                    continue
+                for combo, v in zip(itertools.product(*s.params), s.values):
+                    if not math.isfinite(v):
+                        continue
+                    uses = out.setdefault(int(v), [])
+                    if run.commit == latest.get(machine):
+                        params = " ".join(hist.params_dict(name, s.params, combo).values())
+                        uses.append(f"{machine}: {params}")
+    return out
+
+
+def night_line(n: dict) -> str:
+    """One line about a machine's night (a dict of nightly.night_info) and the one before."""
+    prev = n["previous"]
+    against = (f"against {prev['date']} ({prev['commit'][:8]}, torch {prev['torch']})" if prev
+               else "the first night: nothing to compare with")
+    return f"{n['machine']}: {n['date']} ({n['commit'][:8]}, torch {n['torch']}), {against}"
+
+
+def _e(text) -> str:
+    return html.escape(str(text)).replace("\n", "<br>")
+
+
+def _flag_tables(result: summary.Summary) -> list[str]:
+    if not result.flags:
+        return ["<p>No changes flagged.</p>"]
+    out = []
+    for machine, kind, flags in render._groups(result):
+        status = "failing" if kind in summary.DEFAULT_FAIL_ON else "informational"
+        out.append(f"<h3>{_e(machine)}: {_e(kind)} ({len(flags)}, {status})</h3>")
+        out.append('<table class="flags"><thead><tr>' + "".join(f"<th>{h}</th>" for h in render._HEADERS)
+                   + "</tr></thead><tbody>")
+        out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" for c in render._row(f)) + "</tr>" for f in flags]
+        out.append("</tbody></table>")
+    return out
+
+
+def _kernel_cell(entry) -> str:
+    if not isinstance(entry, dict):
+        return "<em>not in the catalog</em>"
+    parts = []
+    for key, names in entry.items():
+        if key == "device":
+            continue
+        items = names if isinstance(names, list) else [names]
+        parts.append(f"<b>{_e(key)}</b><ol>" + "".join(f"<li><code>{_e(n)}</code></li>" for n in items) + "</ol>")
+    return "".join(parts)
+
+
+def page(hist: history.History, result: summary.Summary, nights: list[dict]) -> str:
+    """drift.html: ``result`` is every machine's latest night against its previous one,
+    ``nights`` the facts nightly.night_info gives for each machine."""
+    latest = {n["machine"]: n["commit"] for n in nights}
+    out = [
+        "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<title>matmul-drift: the latest nights</title>", '<link rel="icon" href="swallow.ico">',
+        "<style>body{font-family:sans-serif;margin:1.5em;max-width:110em}table{border-collapse:collapse;"
+        "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;vertical-align:top;text-align:left}"
+        "th{background:#f3f3f3}code{font-size:90%}ol{margin:.2em 0 .4em 1.2em;padding:0}</style>",
+        "</head><body>", '<p><a href="index.html">&larr; the asv benchmarks</a></p>',
+        "<h1>matmul-drift: the latest night on each machine</h1>",
+        f'<p id="headline">{_e(render._headline(result, summary.DEFAULT_FAIL_ON))}.</p>',
+        '<h2 id="nights">Nights</h2><ul>',
+    ]
+    out += [f"<li>{_e(night_line(n))}</li>" for n in nights]
+    out += ["</ul>", '<h2 id="flags">Changes flagged</h2>', *_flag_tables(result)]
+    failed = [n for n in nights if n["failed"]]
+    if failed:
+        out.append('<h2 id="failed">Failed benchmark values</h2>')
+        for n in failed:
+            out.append(f"<h3>{_e(n['machine'])} ({len(n['failed'])})</h3><ul>"
+                       + "".join(f"<li><code>{_e(f)}</code></li>" for f in n["failed"]) + "</ul>")
+    out += ['<h2 id="kernels">Kernel names behind every kernel-id</h2>',
+            "<p>asv's graphs show a kernel-id as a number; its 12-hex spelling names the catalog entry "
+            "<code>results/catalog/kernels/&lt;id&gt;.json</code>.</p>",
+            '<table class="kernels"><thead><tr><th>kernel-id</th><th>as asv shows it</th><th>device</th>'
+            "<th>kernels (normalised)</th><th>used in the latest night by</th></tr></thead><tbody>"]
+    for ident, uses in sorted(kernel_ids(hist, latest).items()):
+        entry = hist.catalog.get("kernels", ident)
+        device = entry.get("device", "") if isinstance(entry, dict) else ""
+        out.append(f'<tr id="k-{ident:012x}"><td><code>{ident:012x}</code></td>'
+                   f"<td>{float(ident):.3g} kernel-id</td><td>{_e(device)}</td><td>{_kernel_cell(entry)}</td>"
+                   f"<td>{'<br>'.join(_e(u) for u in uses) or '&mdash;'}</td></tr>")
+    out += ["</tbody></table>", "</body></html>"]
+    return "\n".join(out) + "\n"
+
+
+def write(html_dir: Path | str, hist: history.History, result: summary.Summary, nights: list[dict]) -> list[str]:
+    """Add the drift page, its link and the local assets to the site asv published in
+    ``html_dir``. Returns the addresses index.html still loads from the network (none for
+    asv 0.6.6). Raises FileNotFoundError without asv's index.html."""
+    html_dir = Path(html_dir)
+    index = html_dir / "index.html"
+    text, external = localise(index.read_text(encoding="utf-8"))
+    for f in VENDOR.rglob("*"):
+        if f.is_file() and f.name != "README.txt":
+            atomic.copy(f, html_dir / "vendor" / f.relative_to(VENDOR))
+    atomic.write_text(html_dir / PAGE, page(hist, result, nights))
+    atomic.write_text(index, add_link(text))
+    return external

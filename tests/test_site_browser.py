@@ -1,0 +1,119 @@
+"""The published site in a real browser: headless Chromium on the merged site of
+test_nightly.py's world, served on localhost. Skips only where Chromium is absent and CI is
+not set; in CI (which installs chromium and chromium-driver) it always runs."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+
+import pytest
+
+from matmul_drift import history, site
+from test_nightly import build_world
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run")
+
+
+def _missing() -> str | None:
+    if not CHROMIUM or not DRIVER:
+        return "chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)"
+    import importlib.util
+
+    if importlib.util.find_spec("selenium") is None:
+        return "selenium is not installed (pip install selenium)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    why = _missing()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for flag in FLAGS:
+        opts.add_argument(flag)
+    opts.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium')}")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(world, base URL) with the merged tree's html/ served on 127.0.0.1."""
+    world = build_world(tmp_path_factory)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(world.tree("m") / "html"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield world, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def _wait(driver, script: str, timeout: float = 30):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
+
+
+def _errors(driver) -> list[dict]:
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_benchmark_list_and_a_drift_graph_render(browser, served):
+    world, url = served
+    browser.get(f"{url}/index.html#/summarylist")
+    rows = _wait(browser, "return document.querySelectorAll('#summarylist-body tbody tr').length")
+    assert rows > 100
+    assert "drift.Drift.track_error_u" in browser.find_element("id", "summarylist-body").text
+    assert _errors(browser) == []
+
+    (h1, _), (h2, _) = world.night_commits("a", "box-a")
+    # asv's parameter values are Python reprs: 'square', quotes included.
+    browser.get(f"{url}/index.html#drift.Drift.track_error_u?machine=box-a"
+                "&p-case=%27square%27&p-dtype=%27float32%27&p-device=%27cpu%27")
+    # The graph is drawn (flot's canvas) with one point per night, at the recorded values,
+    # and its commit range runs from the first night to the second.
+    _wait(browser, "return document.querySelectorAll('#main-graph canvas.flot-base').length")
+    series = _wait(browser, "var p = $('#main-graph').data('plot'); return p && p.getData().map(s => s.data)")
+    recorded = [o.value for o in history.read_history(world.tree("m") / "results", machine="box-a").observations()
+                if o.benchmark == "drift.Drift.track_error_u" and o.params == {"case": "square", "dtype": "float32",
+                                                                              "device": "cpu"}]
+    assert len(series) == 1 and [v for _, v in series[0]] == pytest.approx(recorded) and len(recorded) == 2
+    assert browser.execute_script("return document.getElementById('range').value") == f"{h1[:8]}..{h2[:8]}"
+    assert "error.html" not in browser.current_url  # asv sends a page whose scripts failed there
+    assert _errors(browser) == []
+
+
+def test_drift_page_shows_kernel_names_and_is_linked(browser, served):
+    world, url = served
+    browser.get(f"{url}/index.html")
+    link = _wait(browser, "return document.querySelector('#nav-li-drift a')")
+    link.click()
+    _wait(browser, f"return location.pathname.endsWith('/{site.PAGE}')")
+    kernels = browser.find_element("css selector", "table.kernels").text
+    assert "MKL SGEMM(N,N) CNR:OFF NThr:" in kernels and "MKL SGEMM(N,N) CNR:COMPATIBLE NThr:" in kernels
+    assert "kernel-id" in kernels and "box-b: square float32 cpu" in kernels
+    flags = browser.find_element("css selector", "table.flags").text
+    assert "Drift.track_kernel_id" in flags and "CNR:COMPATIBLE" in flags
+    assert "box-a" in browser.find_element("id", "nights").find_element("xpath", "following-sibling::ul").text
+    assert _errors(browser) == []
