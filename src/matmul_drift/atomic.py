@@ -19,6 +19,9 @@ def write_bytes(path: Path | str, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; these are ordinary shared files
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -1,4 +1,4 @@
-"""`matmul-drift`: explain, summary (and, later, scan and nightly).
+"""`matmul-drift`: explain, scan, summary, nightly.
 
 Usage errors print one line and exit 2; nothing here prints a traceback for bad input.
 """
@@ -160,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     configure_explain(sub.add_parser("explain", help="measure one shape: error, slice drift, kernels, verdict"))
-    from . import cli_nightly, cli_summary
+    from . import cli_nightly, cli_scan, cli_summary
 
+    cli_scan.configure(sub.add_parser("scan", help="vary one dimension: where do the kernels or the drift change?"))
     cli_summary.configure(sub.add_parser("summary", help="flag kernel, accuracy and timing changes in asv history"))
     cli_nightly.configure(sub.add_parser("nightly", help="one night on one machine (or --merge): asv run, summary, site"))
     return p
@@ -173,6 +174,10 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
         if args.command == "explain":
             return run_explain(args)
+        if args.command == "scan":
+            from . import cli_scan
+
+            return cli_scan.run(args)
         if args.command == "summary":
             from . import cli_summary
 

@@ -322,3 +322,75 @@ def time_call(fn, device: str, warmup: int = 3, reps: int = 10, flush_bytes: int
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
+
+
+# --- one point of a scan --------------------------------------------------------------
+# `scan` varies one dimension and measures each size the way measure_operands measures a
+# slice (same operands, same comparison, same route capture), so its numbers equal
+# explain's for the same shape, dtype and device.
+
+
+@dataclass
+class Top:
+    """The product at the top of a scan's range, on the host.
+
+    ``bits`` raw output bits, ``values`` the same in float64 (output units), ``c64`` the
+    float64 reference and ``absprod`` |A||B| (float64, output units).
+    """
+
+    bits: np.ndarray
+    values: np.ndarray
+    c64: np.ndarray
+    absprod: np.ndarray
+
+
+def top_product(ops: Operands, nonnegative: bool) -> Top:
+    """The full product of ``ops`` and its float64 reference, as measure_operands makes them."""
+    bits, values = _host(ops.product())
+    c64, absprod = reference(ops, nonnegative)
+    return Top(bits, values, c64, absprod)
+
+
+def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: str, device: str,
+               nonnegative: bool) -> dict:
+    """One scan point: the product at ``size`` of the varied dimension, plain data.
+
+    n: ``A @ B[:, :size]`` (B's columns as ``Operands.b_cols`` takes them) against the
+    first ``size`` columns of ``top``; m: ``A[:size] @ B`` against its first ``size``
+    rows; k: ``A[:, :size] @ B[:size]`` (A's prefix copied contiguous, so the point is an
+    ordinary GEMM of that shape) against its own float64 reference, with no drift.
+    Returns ``size``, ``kernels`` (the normalised route), ``kernel_id`` (12 hex digits of
+    the id of ``{"device", "full": kernels}``), ``error_u`` (u of ``dtype``), and
+    ``max_ulp`` (output ulps), ``frac_differ`` (a fraction) and ``max_u`` (u), which are
+    None for k.
+    """
+    if vary == "n":
+        b_n = ops.b_cols(size)
+        call = lambda: ops.product(ops.a, b_n)  # noqa: E731
+        cut = (Ellipsis, slice(0, size))
+    elif vary == "m":
+        a_m = ops.a[..., :size, :]
+        call = lambda: ops.product(a_m)  # noqa: E731
+        cut = (Ellipsis, slice(0, size), slice(None))
+    elif vary == "k":
+        sub = Operands(ops.a[..., :size].contiguous(), ops.b[..., :size, :], ops.op, ops.layout)
+        call = sub.product
+        cut = None
+    else:
+        raise ValueError(f"unknown dimension {vary!r}; expected n, m or k")
+    y_bits, y = _host(call())
+    if cut is None:
+        c64, absprod = reference(sub, nonnegative)
+        drift = {"max_ulp": None, "frac_differ": None, "max_u": None}
+    else:
+        c64, absprod = top.c64[cut], top.absprod[cut]
+        d = numerics.drift(top.bits[cut], y_bits, top.values[cut], y, absprod, dtype)
+        drift = {key: d[key] for key in ("max_ulp", "frac_differ", "max_u")}
+    names = kernels.route(call, device)
+    return {
+        "size": size,
+        "kernel_id": catalog.hex_id(catalog.object_id(kernel_entry(device, {"full": names}))),
+        "kernels": names,
+        "error_u": numerics.error_u(y, c64, absprod, dtype),
+        **drift,
+    }

@@ -1,0 +1,276 @@
+"""The search behind `matmul-drift scan`: where along one dimension do the kernels or the drift change?
+
+A point is a plain dict (``measure.scan_point``): ``size``, ``kernel_id``, ``kernels``,
+``error_u`` and, for n and m, ``max_ulp``, ``frac_differ`` and ``max_u``. Two points
+belong to the same region when their kernel-ids are equal and their drift is zero on
+both or non-zero on both (for k, where nothing is compared, the kernel-id alone).
+
+The search samples a coarse grid of spacing ``step``, then bisects every grid interval
+whose ends differ, down to adjacent integers, so every boundary it reports is exact.
+Its limit: a region narrower than ``step`` that lies between two grid points of the same
+region is never seen; a smaller ``step`` (1 is a dense sweep) tightens it.
+The search is deterministic given the points, so a scan resumes by replaying it over the
+points already recorded. No torch here: measuring is measure.py's, drawing scan_plot's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from . import atomic
+
+SCHEMA = "matmul-drift-scan/1"
+DIMS = ("m", "k", "n")
+PROCESS_BYTES = 512 << 20  # torch and its libraries, resident before any operand (measured: ~400 MiB)
+DEFAULT_INTERVALS = 200  # coarse grid intervals over the range: 201 points for any width ≥ 200
+
+
+class ScanError(ValueError):
+    """A scan that cannot start or continue as asked (bad range, mismatched record)."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """What a scan is: the varied dimension over ``lo..hi`` (both included, in elements),
+    the fixed dimensions (``None`` for the varied one), dtype, device, the coarse grid
+    spacing ``step`` (elements), the input seed and the environment's id (12 hex digits)."""
+
+    vary: str
+    lo: int
+    hi: int
+    m: int | None
+    k: int | None
+    n: int | None
+    dtype: str
+    device: str
+    step: int
+    seed: int
+    env_id: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """``LO:HI`` -> (lo, hi), both included; ScanError (one line) for anything else."""
+    parts = text.split(":")
+    if len(parts) != 2:
+        raise ScanError(f"expected LO:HI (two integers, both included), got {text!r}")
+    try:
+        lo, hi = (int(p.strip()) for p in parts)
+    except ValueError:
+        raise ScanError(f"expected two integers LO:HI, got {text!r}") from None
+    if lo < 1:
+        raise ScanError(f"sizes start at 1, got {text!r}")
+    if hi < lo:
+        raise ScanError(f"{lo}:{hi} is reversed; write {hi}:{lo}")
+    if hi == lo:
+        raise ScanError(f"{lo}:{hi} is empty: a scan needs at least two sizes")
+    return lo, hi
+
+
+def bytes_needed(vary: str, m: int, k: int, n: int, itemsize: int, device: str) -> tuple[int, int]:
+    """(host, device) bytes a scan needs at the top of its range (m, k, n), an estimate.
+
+    Inputs: drawn float32 values, their bits in the dtype and float64 copies for the
+    reference (one more copy of A for k's contiguous prefix). Outputs: bits, float64
+    values, the reference, and the temporaries of one comparison (about a dozen float64
+    arrays), plus the process itself. On CUDA the operands and the reference live on the GPU;
+    the host keeps the rest. Measured resident sizes stayed below it.
+    """
+    ins, outs = m * k + k * n, m * n
+    ref = 8 * ins + (itemsize * m * k if vary == "k" else 0)
+    host = PROCESS_BYTES + ins * (4 + itemsize) + outs * (2 * itemsize + 13 * 8)
+    if device == "cuda":
+        return host, ins * itemsize + ref + outs * (16 + 2 * itemsize)
+    return host + ref, 0
+
+
+def default_step(lo: int, hi: int) -> int:
+    """Grid spacing in elements: the range cut into DEFAULT_INTERVALS pieces (1 below that width)."""
+    return max(1, math.ceil((hi - lo) / DEFAULT_INTERVALS))
+
+
+def grid(lo: int, hi: int, step: int) -> list[int]:
+    """lo, lo + step, ..., and hi: the coarse sizes, ascending."""
+    sizes = list(range(lo, hi, step))
+    return sizes + [hi]
+
+
+def region_key(point: dict) -> tuple:
+    """What must match for two points to share a region: kernel-id and whether drift is zero."""
+    ulp = point.get("max_ulp")
+    return point["kernel_id"], None if ulp is None else ulp > 0
+
+
+def search(lo: int, hi: int, step: int, evaluate, known: dict[int, dict] | None = None) -> dict[int, dict]:
+    """Evaluate the coarse grid, then bisect every interval whose ends differ in region_key.
+
+    ``evaluate(size) -> point`` is called once per size not already in ``known``; the
+    result maps every evaluated size to its point. Intervals are bisected down to
+    adjacent integers, so every change between evaluated neighbours is an exact boundary.
+    """
+    points = dict(known or {})
+
+    def at(size: int) -> dict:
+        if size not in points:
+            points[size] = evaluate(size)
+        return points[size]
+
+    sizes = grid(lo, hi, step)
+    for size in sizes:
+        at(size)
+    todo = [(a, b) for a, b in zip(sizes, sizes[1:]) if region_key(points[a]) != region_key(points[b])]
+    todo.reverse()  # low sizes first
+    while todo:
+        a, b = todo.pop()
+        if b - a <= 1:
+            continue
+        mid = (a + b) // 2
+        at(mid)
+        halves = [(x, y) for x, y in ((a, mid), (mid, b)) if region_key(points[x]) != region_key(points[y])]
+        todo.extend(reversed(halves))
+    return points
+
+
+def _side(point: dict) -> dict:
+    keep = ("size", "kernel_id", "kernels", "max_ulp", "frac_differ", "max_u", "error_u")
+    return {key: point.get(key) for key in keep}
+
+
+def boundaries(points: dict[int, dict]) -> list[dict]:
+    """Every pair of evaluated neighbours that differ: ``lo``, ``hi`` and the point on each side.
+
+    After ``search`` these neighbours are adjacent integers; ``exact`` says so.
+    """
+    sizes = sorted(points)
+    out = []
+    for a, b in zip(sizes, sizes[1:]):
+        pa, pb = points[a], points[b]
+        if region_key(pa) != region_key(pb):
+            out.append({
+                "lo": a, "hi": b, "exact": b - a == 1,
+                "kernel_changed": pa["kernel_id"] != pb["kernel_id"],
+                "drift_changed": region_key(pa)[1] != region_key(pb)[1],
+                "before": _side(pa), "after": _side(pb),
+            })
+    return out
+
+
+def regions(points: dict[int, dict]) -> list[dict]:
+    """Runs of evaluated neighbours with one region_key, as ``lo..hi`` (sizes, both included).
+
+    A region ends where the next begins minus one. ``max_ulp``, ``max_u`` and
+    ``max_error_u`` are maxima over the region's evaluated points (None where not measured).
+    """
+    sizes = sorted(points)
+    out: list[dict] = []
+    for size in sizes:
+        p = points[size]
+        if out and region_key(points[out[-1]["lo"]]) == region_key(p):
+            r = out[-1]
+        else:
+            drift = region_key(p)[1]
+            r = {"lo": size, "hi": size, "kernel_id": p["kernel_id"], "kernels": p["kernels"],
+                 "drift": None if drift is None else ("non-zero" if drift else "zero"),
+                 "max_ulp": None, "max_u": None, "max_error_u": None, "points": 0}
+            out.append(r)
+        r["hi"] = size
+        r["points"] += 1
+        for key, value in (("max_ulp", p.get("max_ulp")), ("max_u", p.get("max_u")), ("max_error_u", p["error_u"])):
+            if value is not None:
+                r[key] = value if r[key] is None else max(r[key], value)
+    for r, nxt in zip(out, out[1:]):
+        r["hi"] = nxt["lo"] - 1  # after search the neighbours are adjacent: this is a no-op then
+    return out
+
+
+def record(params: Params, points: dict[int, dict], *, input_checksum: str, environment: dict,
+           sessions: list[dict], complete: bool) -> dict:
+    """The scan's JSON object: parameters, every evaluated point, the boundaries and regions.
+
+    ``evaluations`` counts the evaluated points over every session, ``dense_equivalent``
+    the sizes a dense sweep would evaluate (hi − lo + 1). ``sessions`` lists each run's
+    ``evaluated`` count, ``seconds`` (wall clock) and whether the scan was ``complete`` after it.
+    Boundaries and regions are listed once the scan is complete.
+    """
+    return {
+        "schema": SCHEMA,
+        "params": params.to_dict(),
+        "complete": complete,
+        "evaluations": len(points),
+        "dense_equivalent": params.hi - params.lo + 1,
+        "input_checksum": input_checksum,
+        "boundaries": boundaries(points) if complete else [],
+        "regions": regions(points) if complete else [],
+        "points": [points[s] for s in sorted(points)],
+        "sessions": sessions,
+        "environment": environment,
+    }
+
+
+def check_record(rec, params: Params) -> None:
+    """ScanError unless ``rec`` is a scan record of exactly the scan ``params`` describe."""
+    if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
+        raise ScanError(f"not a scan record (schema {SCHEMA} expected)")
+    recorded = rec.get("params") or {}
+    differ = [f"{key}: recorded {recorded.get(key)!r}, here {value!r}" for key, value in params.to_dict().items()
+              if recorded.get(key) != value]
+    if differ:
+        raise ScanError("the record is another scan; " + "; ".join(differ))
+
+
+def boundary_count(rec: dict) -> str:
+    """'1 boundary', '3 boundaries'."""
+    n = len(rec["boundaries"])
+    return f"{n} boundary" if n == 1 else f"{n} boundaries"
+
+
+def resume_points(rec: dict, params: Params, input_checksum: str) -> dict[int, dict]:
+    """The points of a recorded scan, if it is the scan ``params`` describe; ScanError if not."""
+    check_record(rec, params)
+    if rec.get("input_checksum") != input_checksum:
+        raise ScanError("the record's inputs differ from this scan's (input checksum)")
+    points = {}
+    for p in rec.get("points", []):
+        if not _well_formed(p, params):
+            raise ScanError(f"the record holds a malformed point: {str(p)[:80]}")
+        points[p["size"]] = p
+    return points
+
+
+def _well_formed(p, params: Params) -> bool:
+    number = (int, float)
+    return (isinstance(p, dict) and isinstance(p.get("size"), int) and params.lo <= p["size"] <= params.hi
+            and isinstance(p.get("kernel_id"), str) and isinstance(p.get("kernels"), list)
+            and isinstance(p.get("error_u"), number)
+            and (p.get("max_ulp") is None) == (params.vary == "k")
+            and (params.vary == "k" or all(isinstance(p.get(key), number) for key in ("max_ulp", "frac_differ", "max_u"))))
+
+
+def load(path: str) -> dict:
+    """A scan record from ``path``; ScanError (one line) if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise ScanError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ScanError(f"{path} is not JSON: {exc}") from None
+
+
+def dumps(rec: dict) -> str:
+    """A record as JSON text with one point per line: readable, diffable and quick to rewrite.
+
+    An overflowed product's error_u is written as Infinity (Python's json reads it back).
+    """
+    head = json.dumps({k: v for k, v in rec.items() if k != "points"}, indent=1)
+    points = ",\n".join(json.dumps(p) for p in rec["points"])
+    return f'{head[:-2]},\n "points": [\n{points}\n ]\n}}\n'
+
+
+def write_atomic(path: str, obj: dict) -> None:
+    """Write ``obj`` as JSON atomically: an interruption leaves the old file or the new one."""
+    atomic.write_text(path, dumps(obj))

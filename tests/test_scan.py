@@ -1,0 +1,323 @@
+"""`matmul-drift scan`: exact boundaries against dense sweeps, agreement with explain, cost,
+one-line errors, and a real Ctrl-C followed by --resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from matmul_drift import cases, catalog, cli, cli_scan, kernels, measure, scan
+
+ENTRY = [sys.executable, "-m", "matmul_drift.cli", "scan"]
+
+
+def scan_cli(capsys, *args):
+    """Run the scan in this process: (exit status, stdout, stderr)."""
+    rc = cli_scan.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def pairs(rec):
+    return [(b["lo"], b["hi"]) for b in rec["boundaries"]]
+
+
+# --- the search alone, on synthetic classes ---------------------------------------------
+
+
+def fake_point(size, cuts):
+    """A point whose region is the number of cuts at or below ``size``."""
+    region = sum(size >= c for c in cuts)
+    return {"size": size, "kernel_id": f"{region % 2}", "kernels": [str(region % 2)], "error_u": 0.5,
+            "max_ulp": region // 2 % 2, "frac_differ": 0.0, "max_u": 0.0}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 50), st.integers(2, 400), st.data())
+def test_search_finds_every_boundary_of_regions_at_least_a_step_wide(step, width, data):
+    lo, hi = 7, 7 + width
+    # starts of new regions, each region at least `step` wide: the grid must sample every one
+    cuts, at = [], lo
+    while True:
+        at += data.draw(st.integers(step, step + 40))
+        if at > hi:
+            break
+        cuts.append(at)
+    if cuts and hi - cuts[-1] + 1 < step:
+        cuts.pop()
+    calls = []
+    points = scan.search(lo, hi, step, lambda s: calls.append(s) or fake_point(s, cuts))
+    assert [b["hi"] for b in scan.boundaries(points)] == cuts
+    assert all(b["exact"] for b in scan.boundaries(points))
+    assert len(calls) == len(set(calls)) == len(points)  # nothing evaluated twice
+    # regions tile the range exactly
+    regs = scan.regions(points)
+    assert regs[0]["lo"] == lo and regs[-1]["hi"] == hi
+    assert all(a["hi"] + 1 == b["lo"] for a, b in zip(regs, regs[1:]))
+    # the search replays over its own points without evaluating anything: how --resume works
+    assert scan.search(lo, hi, step, lambda s: pytest.fail(f"re-evaluated {s}"), known=points) == points
+
+
+def test_a_region_narrower_than_the_step_can_be_missed():
+    # The documented limit: sizes 50..52 run another kernel, but the grid 1, 41, 81, 100 straddles them.
+    def narrow(s):
+        return {**fake_point(s, []), "kernel_id": "b" if 50 <= s <= 52 else "a"}
+
+    assert scan.boundaries(scan.search(1, 100, 40, narrow)) == []
+    points = scan.search(1, 100, 3, narrow)  # --step 3 puts a grid point at 52
+    assert pairs({"boundaries": scan.boundaries(points)}) == [(49, 50), (52, 53)]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("5:5", "empty"), ("10:2", "reversed"), ("1.5:3", "two integers"), ("a:b", "two integers"),
+    ("12", "LO:HI"), ("1:2:3", "LO:HI"), ("0:10", "start at 1"), ("-3:10", "start at 1"),
+])
+def test_parse_range_rejects(text, needle):
+    with pytest.raises(scan.ScanError, match=needle):
+        scan.parse_range(text)
+
+
+# --- real scans on the CPU ------------------------------------------------------------------
+
+KNOWN = {
+    # fp16 on this CPU: torch hands a GEMM to oneDNN once m*k*n > 16^3, below that its native loop
+    "fp16-route": dict(vary="n", lo=2, hi=200, fixed={"m": 1, "k": 64}, dtype="float16", step=16),
+    # fp32 MKL: A[:m] @ B differs from (A @ B)[:m] for small m, same SGEMM route
+    "fp32-drift": dict(vary="m", lo=1, hi=300, fixed={"k": 1024, "n": 256}, dtype="float32", step=32),
+}
+
+
+def dense_sweep(vary, lo, hi, fixed, dtype):
+    """Every size from lo to hi with plain torch: (route, drift non-zero?), and the boundaries."""
+    dims = {**fixed, vary: hi}
+    a_bits, b_bits, _ = measure.operand_bits(cases.adhoc(dims["m"], dims["k"], dims["n"]), dtype, "cpu")
+    a = measure.to_tensor(a_bits, dtype, "cpu")
+    b = measure.to_tensor(b_bits, dtype, "cpu")
+    full = measure.tensor_bits(a @ b)
+    classes = {}
+    for s in range(lo, hi + 1):
+        if vary == "n":
+            call, ref = (lambda s=s: a @ b[:, :s]), full[:, :s]
+        else:
+            call, ref = (lambda s=s: a[:s] @ b), full[:s]
+        moved = bool(np.any(measure.tensor_bits(call()) != ref))
+        classes[s] = (tuple(kernels.route(call, "cpu")), moved)
+    cuts = [(s - 1, s) for s in range(lo + 1, hi + 1) if classes[s] != classes[s - 1]]
+    return classes, cuts
+
+
+@pytest.mark.parametrize("name", KNOWN)
+def test_scan_finds_the_dense_sweeps_boundaries_exactly(name, capsys, tmp_path):
+    c = KNOWN[name]
+    classes, cuts = dense_sweep(c["vary"], c["lo"], c["hi"], c["fixed"], c["dtype"])
+    assert cuts, f"{name}: the dense sweep found no boundary on this machine"
+    widths = np.diff([c["lo"]] + [hi for _, hi in cuts] + [c["hi"] + 1])
+    step = min(c["step"], int(widths.min()))  # every region then holds a grid point
+    out = tmp_path / "scan.json"
+    plot = tmp_path / "scan.png"
+    fixed = [x for d, v in c["fixed"].items() for x in (f"--{d}", v)]
+    rc, text, err = scan_cli(capsys, "--vary", c["vary"], "--range", f"{c['lo']}:{c['hi']}", *fixed,
+                             "--dtype", c["dtype"], "--step", step, "--json", out, "--plot", plot)
+    assert rc == 0, err
+    rec = json.loads(out.read_text())
+    assert pairs(rec) == cuts
+    for b in rec["boundaries"]:
+        for side in ("before", "after"):
+            p = b[side]
+            assert (tuple(p["kernels"]), p["max_ulp"] > 0) == classes[p["size"]]
+    assert rec["complete"] and rec["evaluations"] == len(rec["points"]) < rec["dense_equivalent"] == c["hi"] - c["lo"] + 1
+    assert f"{cuts[0][0]} → {cuts[0][1]}" in text
+    head = plot.read_bytes()[:8]
+    assert head == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size < 200_000
+
+
+def test_12000_wide_scan_costs_at_most_5_percent(capsys, tmp_path):
+    out = tmp_path / "k.json"
+    rc, text, err = scan_cli(capsys, "--vary", "k", "--range", "1:12000", "--m", 1, "--n", 8,
+                             "--dtype", "float16", "--json", out)
+    assert rc == 0, err
+    rec = json.loads(out.read_text())
+    assert rec["dense_equivalent"] == 12000
+    assert rec["evaluations"] == len(rec["points"]) <= 0.05 * 12000
+    # the one route change, checked with plain tensors: native up to 512, oneDNN from 513
+    assert pairs(rec) == [(512, 513)]
+    a = torch.rand(1, 513, dtype=torch.float16)
+    b = torch.rand(513, 8, dtype=torch.float16)
+    assert kernels.route(lambda: a[:, :512].contiguous() @ b[:512], "cpu")[-1] == "native"
+    assert kernels.route(lambda: a @ b, "cpu")[-1].startswith("oneDNN")
+    assert f"{rec['evaluations']} evaluations for 12000 sizes" in text
+
+
+# --- scan and explain agree ----------------------------------------------------------------
+
+
+def explain_json(capsys, *args):
+    rc = cli.main(["explain", *map(str, args), "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def one_scan(capsys, tmp_path, *args):
+    out = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+    rc, _, err = scan_cli(capsys, *args, "--json", out)
+    assert rc == 0, err
+    return {p["size"]: p for p in json.loads(out.read_text())["points"]}
+
+
+def test_points_equal_explain_for_n_and_m(capsys, tmp_path):
+    pts = one_scan(capsys, tmp_path, "--vary", "n", "--range", "2:40", "--m", 1, "--k", 4096, "--dtype", "float32", "--step", 8)
+    moved = [s for s, p in pts.items() if p["max_ulp"] > 0]
+    assert moved, "no drifting point to compare"
+    for s in (moved[0], 40):
+        r = explain_json(capsys, "--m", 1, "--k", 4096, "--n", 40, "--slice-n", s, "--dtype", "float32")
+        row = next(x for x in r["slices"]["n"] if x["n"] == s)
+        assert {k: pts[s][k] for k in ("max_ulp", "frac_differ", "max_u")} == {k: row[k] for k in ("max_ulp", "frac_differ", "max_u")}
+        assert pts[s]["kernels"] == r["kernels"]["slice_n"]
+    assert pts[40]["error_u"] == r["error_u"]  # the top of the range is explain's full product
+    # an interior point's error_u against numpy's float64 product of the same rounded inputs
+    a_bits, b_bits, _ = measure.operand_bits(cases.adhoc(1, 4096, 40), "float32", "cpu")
+    a, b = a_bits.view(np.float32), b_bits.view(np.float32)
+    s = moved[0]
+    exact = a.astype(np.float64) @ b[:, :s].astype(np.float64)
+    got = (torch.from_numpy(a) @ torch.from_numpy(b)[:, :s]).double().numpy()
+    # both float64 references are within K·2^-53 (relative) of the truth: K·2^-29 in fp32 u
+    assert pts[s]["error_u"] == pytest.approx(np.max(np.abs(got - exact) / (2.0**-24 * exact)), abs=4096 * 2.0**-29)
+
+    pts = one_scan(capsys, tmp_path, "--vary", "m", "--range", "150:200", "--k", 1024, "--n", 256, "--dtype", "float32", "--step", 10)
+    for s in (150, 200):
+        r = explain_json(capsys, "--m", 200, "--k", 1024, "--n", 256, "--slice-m", s, "--dtype", "float32")
+        row = r["slice_m"]
+        assert {k: pts[s][k] for k in ("max_ulp", "frac_differ", "max_u")} == {k: row[k] for k in ("max_ulp", "frac_differ", "max_u")}
+        assert pts[s]["kernels"] == r["kernels"]["slice_m"]
+
+
+def test_points_equal_explain_for_k(capsys, tmp_path):
+    pts = one_scan(capsys, tmp_path, "--vary", "k", "--range", "670:700", "--m", 2, "--n", 3, "--dtype", "float16", "--step", 4)
+    a_bits, b_bits, _ = measure.operand_bits(cases.adhoc(2, 700, 3), "float16", "cpu")
+    assert pts[670]["kernel_id"] != pts[700]["kernel_id"]  # native below 2*k*3 = 4096, oneDNN above
+    for k in (670, 700):
+        np.save(tmp_path / "a.npy", a_bits.view(np.float16)[:, :k])
+        np.save(tmp_path / "b.npy", b_bits.view(np.float16)[:k])
+        r = explain_json(capsys, "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy", "--dtype", "float16")
+        assert pts[k]["error_u"] == r["error_u"]
+        assert pts[k]["kernels"] == r["kernels"]["full"] and pts[k]["kernel_id"] == r["kernel_id"]
+        assert pts[k]["max_ulp"] is None
+
+
+# --- bad input, Ctrl-C and --resume ----------------------------------------------------------
+
+BASE = ["--vary", "n", "--range", "2:40", "--m", "2", "--k", "32", "--dtype", "float32"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--vary", "n", "--range", "40:40", "--m", "2", "--k", "32", "--dtype", "float32"], "empty"),
+    (["--vary", "n", "--range", "40:2", "--m", "2", "--k", "32", "--dtype", "float32"], "reversed"),
+    (["--vary", "n", "--range", "2:4e4", "--m", "2", "--k", "32", "--dtype", "float32"], "two integers"),
+    (["--vary", "n", "--range", "2:10000000000", "--m", "100000", "--k", "100000", "--dtype", "float32"], "GiB"),
+    (["--vary", "n", "--range", "2:40", "--m", "2", "--dtype", "float32"], "needs --k"),
+    ([*BASE, "--n", "8"], "varied dimension"),
+    ([*BASE, "--plot", "x.svg"], "PNG"),
+    ([*BASE, "--resume", "/nonexistent/scan.json"], "no such file"),
+    ([*BASE, "--json", "/nonexistent/dir/scan.json"], "folder does not exist"),
+    ([*BASE, "--step", "0"], "at least 1"),
+    ([*BASE, "--vary", "q"], "invalid choice"),
+])
+def test_bad_input_one_line_exit_2(args, needle, capsys):
+    rc, out, err = scan_cli(capsys, *args)
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_gpu_is_one_line(capsys):
+    rc, out, err = scan_cli(capsys, *BASE, "--device", "cuda")
+    assert rc == 2 and "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
+
+
+def test_records_are_never_overwritten_and_resume_checks_parameters(capsys, tmp_path):
+    out = tmp_path / "s.json"
+    assert scan_cli(capsys, *BASE, "--json", out)[0] == 0
+    before = out.read_bytes()
+    rc, _, err = scan_cli(capsys, *BASE, "--json", out)
+    assert rc == 2 and "--resume" in err and out.read_bytes() == before
+    rc, _, err = scan_cli(capsys, *BASE[:-1], "float64", "--resume", out)
+    assert rc == 2 and "dtype: recorded 'float32', here 'float64'" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = scan_cli(capsys, *BASE, "--step", "3", "--resume", out)
+    assert rc == 2 and "step" in err
+    rc, text, err = scan_cli(capsys, *BASE, "--resume", out)  # complete: nothing to evaluate, same record
+    assert rc == 0 and "0 evaluated here" in err and out.read_bytes() == before
+    (tmp_path / "junk.json").write_text("{not json")
+    rc, _, err = scan_cli(capsys, *BASE, "--resume", tmp_path / "junk.json")
+    assert rc == 2 and "not JSON" in err
+
+
+def test_memory_estimate_refuses_before_drawing(capsys):
+    t0 = time.monotonic()
+    rc, _, err = scan_cli(capsys, "--vary", "m", "--range", "1:3000000", "--k", "100000", "--n", "8", "--dtype", "float32")
+    assert rc == 2 and "MemAvailable" in err and time.monotonic() - t0 < 5
+
+
+def test_ctrl_c_leaves_a_record_that_resume_finishes(tmp_path):
+    out = tmp_path / "scan.json"
+    args = ["--vary", "m", "--range", "1:1000", "--k", "1024", "--n", "256", "--dtype", "float32", "--step", "4", "--json", str(out)]
+    proc = subprocess.Popen([*ENTRY, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    seen = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists():
+            seen = len(json.loads(out.read_text())["points"])
+            if seen >= 5:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the scan ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and f"--resume {out}" in err
+    first = json.loads(out.read_text())  # valid JSON, by construction of the atomic write
+    assert not first["complete"] and first["evaluations"] >= seen
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".part")] == []
+
+    done = subprocess.run([*ENTRY, *args[:-2], "--resume", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    final = json.loads(out.read_text())
+    assert final["complete"] and len(final["sessions"]) == 2
+    by_size = {p["size"]: p for p in final["points"]}
+    assert all(by_size[p["size"]] == p for p in first["points"])  # nothing recorded was lost or changed
+    assert final["sessions"][0]["evaluated"] == first["evaluations"]
+    assert sum(s["evaluated"] for s in final["sessions"]) == final["evaluations"]  # nothing evaluated twice
+    p = final["params"]
+    assert scan.search(p["lo"], p["hi"], p["step"], lambda s: pytest.fail(f"missing {s}"), known=by_size) == by_size
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_points_equal_explain(capsys, tmp_path):
+    pts = one_scan(capsys, tmp_path, "--vary", "n", "--range", "4000:4100", "--m", 1, "--k", 4096,
+                   "--dtype", "float16", "--device", "cuda", "--step", 20)
+    for s in (4000, 4100):
+        r = explain_json(capsys, "--m", 1, "--k", 4096, "--n", 4100, "--slice-n", s, "--dtype", "float16", "--device", "cuda")
+        # explain lists a slice's kernels once each; a point keeps the launch order as it ran
+        assert pts[s]["max_ulp"] == r["slice_n"]["max_ulp"] and kernels.unique(pts[s]["kernels"]) == r["kernels"]["slice_n"]
+    assert catalog.hex_id(catalog.object_id({"device": "cuda", "full": pts[4100]["kernels"]})) == pts[4100]["kernel_id"]
+
+
+def test_resume_refuses_a_tampered_record(capsys, tmp_path):
+    out = tmp_path / "s.json"
+    assert scan_cli(capsys, *BASE, "--json", out)[0] == 0
+    rec = json.loads(out.read_text())
+    for tamper, needle in ((lambda r: r["points"][3].pop("kernel_id"), "malformed point"),
+                           (lambda r: r.update(input_checksum="0" * 64), "inputs differ")):
+        bad = json.loads(json.dumps(rec))
+        tamper(bad)
+        out.write_text(json.dumps(bad))
+        rc, _, err = scan_cli(capsys, *BASE, "--resume", out)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
