@@ -18,19 +18,10 @@ import sys
 import time
 
 from . import cases, scan
+from .cli import _positive  # one parser of positive sizes for every subcommand
 
 PROG = "matmul-drift scan"
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
-    return v
 
 
 def _range(text: str) -> tuple[int, int]:
