@@ -491,7 +491,7 @@ def test_github_markdown_keeps_every_kernel_name_intact(capsys, tmp_path):
     details = []
     for ln in rows:
         cells = ln.split(" | ")
-        assert ln.count("|") == len(render._HEADERS) + 1, ln  # no pipe leaks into a cell
+        assert ln.count("|") == len(render.HEADERS) + 1, ln  # no pipe leaks into a cell
         body = ln.replace("<br>", "")
         assert not re.search(r"[<>*_`\[\]~$@\\]", body), ln
         details.append(html.unescape(cells[4].replace("<br>", "\n")))

@@ -50,7 +50,7 @@ from .summary import DEFAULT_FAIL_ON, ID_UNITS, KINDS, Flag, Side, Summary, form
 
 FORMATS = ("plain", "github", "json")
 JSON_SCHEMA_VERSION = 1
-_HEADERS = ["benchmark", "params", "before", "after", "change", "attribution"]
+HEADERS = ["benchmark", "params", "before", "after", "change", "attribution"]
 
 
 def render(summary: Summary, fmt: str = "plain", fail_on=DEFAULT_FAIL_ON) -> str:
@@ -66,7 +66,7 @@ def render(summary: Summary, fmt: str = "plain", fail_on=DEFAULT_FAIL_ON) -> str
 # ---------------------------------------------------------------------------- shared
 
 
-def _groups(summary: Summary) -> list[tuple[str, str, list[Flag]]]:
+def groups(summary: Summary) -> list[tuple[str, str, list[Flag]]]:
     """(machine, kind, flags), machines in name order, kinds in KINDS order."""
     out: dict[tuple[str, str], list[Flag]] = {}
     for f in summary.flags:
@@ -75,7 +75,7 @@ def _groups(summary: Summary) -> list[tuple[str, str, list[Flag]]]:
     return [(m, k, fl) for (m, k), fl in sorted(out.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))]
 
 
-def _headline(summary: Summary, fail_on) -> str:
+def headline(summary: Summary, fail_on) -> str:
     failing = summary.failing(fail_on)
     machines = len(summary.machines)
     where = f"{summary.pairs} comparisons on {machines} machine{'s' if machines != 1 else ''}"
@@ -100,7 +100,7 @@ def _side_text(side: Side, unit: str) -> str:
     return f"{where}: {value}"
 
 
-def _row(f: Flag) -> list[str]:
+def row(f: Flag) -> list[str]:
     params = " ".join(f.params.values()) if f.params else "(all)"
     return [_short_bench(f.benchmark), params, _side_text(f.before, f.unit), _side_text(f.after, f.unit),
             f.detail, "\n".join(f.attribution)]
@@ -111,12 +111,12 @@ def _row(f: Flag) -> list[str]:
 
 def render_plain(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
     """Tables grouped by machine and kind, for a terminal."""
-    out = [f"matmul-drift summary: {_headline(summary, fail_on)}"]
-    for machine, kind, flags in _groups(summary):
+    out = [f"matmul-drift summary: {headline(summary, fail_on)}"]
+    for machine, kind, flags in groups(summary):
         status = "failing" if kind in fail_on else "informational"
         out.append("")
         out.append(f"== {machine}: {kind} ({len(flags)}, {status}) ==")
-        out.append(tabulate([_row(f) for f in flags], headers=_HEADERS, tablefmt="simple", disable_numparse=True))
+        out.append(tabulate([row(f) for f in flags], headers=HEADERS, tablefmt="simple", disable_numparse=True))
     return "\n".join(out) + "\n"
 
 
@@ -138,14 +138,14 @@ def md_escape(text: str) -> str:
 
 def render_github(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
     """Markdown for a job summary or an issue body (GitHub-flavoured tables)."""
-    out = ["### matmul-drift summary", "", md_escape(_headline(summary, fail_on)) + "."]
-    for machine, kind, flags in _groups(summary):
+    out = ["### matmul-drift summary", "", md_escape(headline(summary, fail_on)) + "."]
+    for machine, kind, flags in groups(summary):
         status = "failing" if kind in fail_on else "informational"
         out += ["", f"#### {md_escape(machine)}: {md_escape(kind)} ({len(flags)}, {status})", ""]
-        out.append("| " + " | ".join(_HEADERS) + " |")
-        out.append("|" + "---|" * len(_HEADERS))
+        out.append("| " + " | ".join(HEADERS) + " |")
+        out.append("|" + "---|" * len(HEADERS))
         for f in flags:
-            out.append("| " + " | ".join(md_escape(c) for c in _row(f)) + " |")
+            out.append("| " + " | ".join(md_escape(c) for c in row(f)) + " |")
     if summary.warnings:
         out += ["", "<details><summary>warnings</summary>", ""]
         out += [f"- {md_escape(w)}" for w in summary.warnings]
@@ -195,6 +195,6 @@ def render_json(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         "failing": len(summary.failing(fail_on)),
         "pairs": summary.pairs,
         "machines": list(summary.machines),
-        "flags": [flag_record(f, fail_on) for _, _, flags in _groups(summary) for f in flags],
+        "flags": [flag_record(f, fail_on) for _, _, flags in groups(summary) for f in flags],
     }
     return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"

@@ -101,12 +101,12 @@ def _flag_tables(result: summary.Summary) -> list[str]:
     if not result.flags:
         return ["<p>No changes flagged.</p>"]
     out = []
-    for machine, kind, flags in render._groups(result):
+    for machine, kind, flags in render.groups(result):
         status = "failing" if kind in summary.DEFAULT_FAIL_ON else "informational"
         out.append(f"<h3>{_e(machine)}: {_e(kind)} ({len(flags)}, {status})</h3>")
-        out.append('<table class="flags"><thead><tr>' + "".join(f"<th>{h}</th>" for h in render._HEADERS)
+        out.append('<table class="flags"><thead><tr>' + "".join(f"<th>{h}</th>" for h in render.HEADERS)
                    + "</tr></thead><tbody>")
-        out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" for c in render._row(f)) + "</tr>" for f in flags]
+        out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" for c in render.row(f)) + "</tr>" for f in flags]
         out.append("</tbody></table>")
     return out
 
@@ -135,7 +135,7 @@ def page(hist: history.History, result: summary.Summary, nights: list[dict]) -> 
         "th{background:#f3f3f3}code{font-size:90%}ol{margin:.2em 0 .4em 1.2em;padding:0}</style>",
         "</head><body>", '<p><a href="index.html">&larr; the asv benchmarks</a></p>',
         "<h1>matmul-drift: the latest night on each machine</h1>",
-        f'<p id="headline">{_e(render._headline(result, summary.DEFAULT_FAIL_ON))}.</p>',
+        f'<p id="headline">{_e(render.headline(result, summary.DEFAULT_FAIL_ON))}.</p>',
         '<h2 id="nights">Nights</h2><ul>',
     ]
     out += [f"<li>{_e(night_line(n))}</li>" for n in nights]
