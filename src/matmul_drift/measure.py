@@ -196,6 +196,27 @@ def _compare(x_bits, x, y_tensor, absprod, dtype, cut) -> dict:
     return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], absprod[cut], dtype)
 
 
+@dataclass
+class Top:
+    """The product at the top of a scan's range, on the host.
+
+    ``bits`` raw output bits, ``values`` the same in float64 (output units), ``c64`` the
+    float64 reference and ``absprod`` |A||B| (float64, output units).
+    """
+
+    bits: np.ndarray
+    values: np.ndarray
+    c64: np.ndarray
+    absprod: np.ndarray
+
+
+def top_product(ops: Operands, nonnegative: bool) -> Top:
+    """The full product of ``ops`` and its float64 reference, as measure_operands makes them."""
+    bits, values = _host(ops.product())
+    c64, absprod = reference(ops, nonnegative)
+    return Top(bits, values, c64, absprod)
+
+
 def measure_operands(
     ops: Operands,
     *,
@@ -215,9 +236,8 @@ def measure_operands(
     u = numerics.unit_roundoff(dtype)
     k = int(ops.a.shape[-1])
     with precision_flags(precision):
-        c = ops.product()
-        c_bits, c_val = _host(c)
-        c64, absprod = reference(ops, nonnegative)
+        top = top_product(ops, nonnegative)
+        c_bits, c_val, c64, absprod = top.bits, top.values, top.c64, top.absprod
         err = numerics.error_u(c_val, c64, absprod, dtype)
         kern = {"full": kernels.route(ops.product, device)} if with_kernels else {}
 
@@ -328,27 +348,6 @@ def time_call(fn, device: str, warmup: int = 3, reps: int = 10, flush_bytes: int
 # `scan` varies one dimension and measures each size the way measure_operands measures a
 # slice (same operands, same comparison, same route capture), so its numbers equal
 # explain's for the same shape, dtype and device.
-
-
-@dataclass
-class Top:
-    """The product at the top of a scan's range, on the host.
-
-    ``bits`` raw output bits, ``values`` the same in float64 (output units), ``c64`` the
-    float64 reference and ``absprod`` |A||B| (float64, output units).
-    """
-
-    bits: np.ndarray
-    values: np.ndarray
-    c64: np.ndarray
-    absprod: np.ndarray
-
-
-def top_product(ops: Operands, nonnegative: bool) -> Top:
-    """The full product of ``ops`` and its float64 reference, as measure_operands makes them."""
-    bits, values = _host(ops.product())
-    c64, absprod = reference(ops, nonnegative)
-    return Top(bits, values, c64, absprod)
 
 
 def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: str, device: str,
