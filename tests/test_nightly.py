@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from matmul_drift import history, nightly, site
+from matmul_drift import axis, history, nightly, resultsbranch, site
 from matmul_drift.lock import Locked, TreeLock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,11 +122,22 @@ def test_two_nights_end_to_end(world):
     nights = world.night_commits("a", "box-a")
     assert [s.split()[1] for _, s in nights] == ["2026-01-01", "2026-01-02"]  # two commits, in order
     (h1, s1), (h2, s2) = nights
+    # One commit per night and nothing else: the first night is the branch's root.
+    assert git(tree, "rev-list", "refs/heads/results").split() == [h2, h1]
     # The message names the torch version, its git hash, CUDA and the machine.
     assert s1 == (f"night 2026-01-01 box-a: torch {torch.__version__} (git {torch.version.git_version[:12]}), "
                   "CUDA none, machine box-a")
-    assert git(tree, "log", "-1", "--format=%ad", "--date=short", h2) == "2026-01-02"  # asv's x position
+    assert git(tree, "log", "-1", "--format=%ad", "--date=short", h2) == "2026-01-02"
     assert {h1, h2} <= set(git(world.remote, "rev-list", "results").split())  # pushed
+    # Each night's commit holds its environment, its results (keyed by asv's point for the
+    # night, axis.py's commit for the day) and its summary.
+    p1, p2 = axis.commit("2026-01-01"), axis.commit("2026-01-02")
+    for h, p, day in ((h1, p1, "2026-01-01"), (h2, p2, "2026-01-02")):
+        added = git(tree, "diff-tree", "--root", "--no-commit-id", "--name-only", "-r", h).splitlines()
+        assert {f"nights/{day}-box-a.json", f"summaries/{day}-box-a.md", f"summaries/{day}-box-a.json"} <= set(added)
+        results = [f for f in added if f.startswith("results/asv/box-a/") and not f.endswith("machine.json")]
+        assert len(results) == 1 and results[0].startswith(f"results/asv/box-a/{p[:8]}-existing-py_")
+        assert f"asv point: {p}" in git(tree, "log", "-1", "--format=%B", h)
 
     # The environment of each night, as the Python under test described it.
     n1 = json.loads((tree / "nights/2026-01-01-box-a.json").read_text())
@@ -134,20 +145,20 @@ def test_two_nights_end_to_end(world):
     assert n1["environment"]["torch"]["version"] == torch.__version__ and n1["python"] == PY
     assert "MKL_CBWR" not in n1["environment"]["env_vars"] and n2["environment"]["env_vars"]["MKL_CBWR"] == "COMPATIBLE"
 
-    # Results of both nights, one existing environment, keyed by the night commits.
+    # Results of both nights, one existing environment, at asv's two points.
     hist = history.read_history(tree / "results", machine="box-a")
     runs = hist.runs["box-a"]
-    assert [r.commit for r in runs] == [h1, h2]
+    assert [r.commit for r in runs] == [p1, p2]
     assert runs[0].env_name == runs[1].env_name and runs[0].env_name.startswith("existing-py_")
     vals = [{tuple(o.params.values()): o.value for o in hist.observations("box-a")
-             if o.commit == h and o.benchmark == "drift.Drift.track_error_u"} for h in (h1, h2)]
+             if o.commit == h and o.benchmark == "drift.Drift.track_error_u"} for h in (p1, p2)]
     key = ("square", "float32", "cpu")
     assert 0 < vals[0][key] < 512 and 0 < vals[1][key] < 512  # measured, within γ_K (K = 512)
     assert vals[0][key] != vals[1][key]  # CNR mode changed the bits
 
     # The summary compared the second night with the first and names the kernels.
     doc = json.loads((tree / "summaries/2026-01-02-box-a.json").read_text())
-    assert doc["nights"][0]["commit"] == h2 and doc["nights"][0]["previous"]["commit"] == h1
+    assert doc["nights"][0]["commit"] == p2 and doc["nights"][0]["previous"]["commit"] == p1
     kernel = [f for f in doc["flags"] if f["kind"] == "kernel" and f["params"] == dict(zip(("case", "dtype", "device"), key))]
     assert len(kernel) == 1
     assert any("CNR:OFF" in k for k in kernel[0]["before"]["kernels"]["full"])
@@ -165,7 +176,8 @@ def test_two_nights_end_to_end(world):
     rev = {h: int(r) for r, h in index["revision_to_hash"].items()}
     graph = next((tree / "html/graphs/branch-results/machine-box-a").rglob("drift.Drift.track_error_u.json"))
     points = json.loads(graph.read_text())
-    assert [p[0] for p in points] == [rev[h1], rev[h2]]
+    assert [p[0] for p in points] == [rev[p1], rev[p2]]
+    assert index["show_commit_url"] == f"{site.PAGE}#night-"  # a point opens its night on the drift page
     assert site.PAGE in (tree / "html/index.html").read_text()
 
 
@@ -192,8 +204,8 @@ def test_merge_two_machines_one_site_one_summary(world):
     index = json.loads((tree / "html/index.json").read_text())
     assert set(index["params"]["machine"]) == {"box-a", "box-b"}
     hashes = set(index["revision_to_hash"].values())
-    for clone, machine in (("a", "box-a"), ("b", "box-b")):
-        assert {h for h, _ in world.night_commits(clone, machine)} <= hashes
+    for machine, days in (("box-a", ("2026-01-01", "2026-01-02")), ("box-b", ("2026-01-02",))):
+        assert {axis.commit(d) for d in days} <= hashes
         assert list((tree / f"html/graphs/branch-results/machine-{machine}").rglob("drift.Drift.track_kernel_id.json"))
     page = (tree / "html" / site.PAGE).read_text()
     assert "box-a" in page and "box-b" in page and "CNR:COMPATIBLE" in page
@@ -202,7 +214,7 @@ def test_merge_two_machines_one_site_one_summary(world):
     assert any(f.startswith("results/asv/box-a/") and f.endswith(".json") and "machine" not in f for f in files)
     assert any(f.startswith("results/asv/box-b/") and f.endswith(".json") and "machine" not in f for f in files)
     assert "summaries/2026-01-02-all.json" in files
-    assert "warning" not in world.runs["merge"].stderr  # every night is on the branch's line
+    assert "warning" not in world.runs["merge"].stderr  # every result is at its night's axis commit
 
 
 def _wait_for(proc, needle: str, timeout: float) -> list[str]:
@@ -279,14 +291,14 @@ def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
 
 
 def test_tree_comes_back_after_a_ci_clean(tmp_path):
-    from matmul_drift import resultsbranch
-
     repo = tmp_path / "repo"
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     git(repo, "commit", "-q", "--allow-empty", "-m", "init")
     tree = resultsbranch.ensure_tree(repo, repo / "nightly", "results")
     assert (tree / ".gitignore").read_text() == resultsbranch.IGNORE
-    first = resultsbranch.head(tree)
+    assert not resultsbranch.born(tree) and sorted(p.name for p in tree.iterdir()) == [".git", ".gitignore"]
+    first = resultsbranch.commit(tree, [".gitignore"], "night 1")
+    assert git(tree, "rev-list", "HEAD").split() == [first]  # the first night is the root
     shutil.rmtree(tree)  # what `git clean -ffdx` does to it on a CI runner
     tree = resultsbranch.ensure_tree(repo, repo / "nightly", "results")
     assert resultsbranch.head(tree) == first
@@ -302,10 +314,11 @@ def test_commit_message_names_torch_git_cuda_machine():
            "env_vars": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}}
     night = {"date": "2026-01-05", "machine": "h100", "python": "/v/bin/python", "python_version": "3.11.9",
              "device": "cuda", "environment": env}
-    msg = nightly.commit_message(night)
+    msg = nightly.commit_message(night, "summary: 0 flags")
     assert msg.splitlines()[0] == ("night 2026-01-05 h100: torch 2.15.0.dev20260101+cu130 (git 0123456789ab), "
                                    "CUDA 13.0, machine h100")
-    assert "NVIDIA H100" in msg and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in msg
+    assert "NVIDIA H100" in msg and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in msg and "summary: 0 flags" in msg
+    assert f"asv point: {axis.commit('2026-01-05')}" in msg
 
 
 def _tree_with(root: Path, files: dict[str, bytes]) -> Path:
@@ -430,5 +443,54 @@ def test_slurm_task_and_merge_run_the_nightly(world, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     merged = tmp_path / "root/merge/nightly"
     assert json.loads((merged / "html/index.json").read_text())["params"]["machine"] == ["cpu-y"]
-    subjects = git(tmp_path / "root/results.git", "log", "--format=%s", "results").splitlines()
-    assert any(s.startswith("night ") and "machine cpu-y" in s for s in subjects)
+    # The task pushed nothing; the merge made the night's one commit, naming its torch build.
+    log = git(tmp_path / "root/results.git", "log", "--format=%s%n%b%x00", "results").split("\0")
+    assert len([c for c in log if c.strip()]) == 1
+    assert log[0].startswith("night ") and "cpu-y merged" in log[0].splitlines()[0] and "machine cpu-y" in log[0]
+
+
+# ---------------------------------------------------------------------------- asv's axis
+
+
+def test_axis_commits_are_what_git_makes(tmp_path):
+    # The hashes come from axis.py alone; git, given the same days, must make the same commits.
+    tip = axis.build(tmp_path / "axis.git", "2020-03-01", "results")
+    assert tip == axis.commit("2020-03-01")
+    log = git(tmp_path / "axis.git", "log", "--format=%H %ad %s", "--date=short", "results").splitlines()
+    assert len(log) == 61 and log[-1].split()[1:] == ["2020-01-01", "night", "2020-01-01"]
+    assert all(h == axis.commit(d) and s == f"night {d}" for h, d, s in (ln.split(" ", 2) for ln in log))
+    assert git(tmp_path / "axis.git", "ls-tree", "results") == ""  # empty commits
+    # It grows by the days it lacks and never shrinks.
+    assert axis.build(tmp_path / "axis.git", "2020-03-03", "results") == axis.commit("2020-03-03")
+    assert git(tmp_path / "axis.git", "rev-parse", "results~2") == tip
+    assert axis.build(tmp_path / "axis.git", "2020-02-01", "results") == axis.commit("2020-03-03")
+    assert axis.night_of(axis.commit("2020-02-29"), "2020-03-03") == "2020-02-29"
+    with pytest.raises(axis.AxisError, match="before 2020-01-01"):
+        axis.commit("2019-12-31")
+
+
+def test_no_push_tree_adopts_the_remote_and_keeps_its_files(tmp_path):
+    # A CI machine fetches the branch but never pushes; the merge job makes the night's commit.
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    repos = {}
+    for name in ("machine", "merge"):
+        repos[name] = tmp_path / name
+        git(tmp_path, "init", "-q", "-b", "main", str(repos[name]))
+        git(repos[name], "commit", "-q", "--allow-empty", "-m", "init")
+        git(repos[name], "remote", "add", "origin", str(remote))
+    mine = resultsbranch.ensure_tree(repos["machine"], repos["machine"] / "nightly", "results", "origin")
+    _tree_with(mine, {"results/asv/m/a.json": b"night 1", "results/asv/benchmarks.json": b"mine"})
+    local = resultsbranch.commit(mine, [".gitignore", "results"], "night 1 m")  # never pushed
+    merged = resultsbranch.ensure_tree(repos["merge"], repos["merge"] / "nightly", "results", "origin")
+    _tree_with(merged, {"results/asv/m/a.json": b"night 1", "results/asv/benchmarks.json": b"union",
+                        "results/asv/n/b.json": b"other machine"})
+    resultsbranch.commit(merged, [".gitignore", "results"], "night 1: m, n merged")
+    upstream = resultsbranch.push(merged, "results", "origin")
+    _tree_with(mine, {"results/asv/m/c.json": b"night 2, not committed"})
+    resultsbranch.sync(mine, "results", "origin", adopt=True)
+    assert resultsbranch.head(mine) == upstream
+    assert (mine / "results/asv/benchmarks.json").read_bytes() == b"union"  # the remote's wins
+    assert (mine / "results/asv/n/b.json").read_bytes() == b"other machine"
+    assert (mine / "results/asv/m/c.json").read_bytes() == b"night 2, not committed"  # kept
+    assert git(mine, "rev-parse", f"refs/nightly-unpushed/{local[:12]}") == local  # kept, not lost

@@ -5,6 +5,7 @@ not set; in CI (which installs chromium and chromium-driver) it always runs."""
 from __future__ import annotations
 
 import functools
+import json
 import http.server
 import os
 import shutil
@@ -12,7 +13,7 @@ import threading
 
 import pytest
 
-from matmul_drift import history, site
+from matmul_drift import axis, history, site
 from test_nightly import build_world
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -87,7 +88,7 @@ def test_benchmark_list_and_a_drift_graph_render(browser, served):
     assert "drift.Drift.track_error_u" in browser.find_element("id", "summarylist-body").text
     assert _errors(browser) == []
 
-    (h1, _), (h2, _) = world.night_commits("a", "box-a")
+    h1, h2 = axis.commit("2026-01-01"), axis.commit("2026-01-02")  # asv's points for the two nights
     # asv's parameter values are Python reprs: 'square', quotes included.
     browser.get(f"{url}/index.html#drift.Drift.track_error_u?machine=box-a"
                 "&p-case=%27square%27&p-dtype=%27float32%27&p-device=%27cpu%27")
@@ -116,4 +117,9 @@ def test_drift_page_shows_kernel_names_and_is_linked(browser, served):
     flags = browser.find_element("css selector", "table.flags").text
     assert "Drift.track_kernel_id" in flags and "CNR:COMPATIBLE" in flags
     assert "box-a" in browser.find_element("id", "nights").find_element("xpath", "following-sibling::ul").text
+    # A point's link (asv's show_commit_url + its commit) lands on that night's row.
+    main = json.loads((world.tree("m") / "html/index.json").read_text())
+    browser.get(f"{url}/{main['show_commit_url']}{axis.commit('2026-01-02')}")
+    row = _wait(browser, "return document.getElementById(location.hash.slice(1))")
+    assert "2026-01-02" in row.text and "machine box-a" in row.text
     assert _errors(browser) == []

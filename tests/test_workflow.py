@@ -51,7 +51,7 @@ def test_triggers_and_permissions(wf):
     assert on["schedule"][0]["cron"].split()[2:] == ["*", "*", "*"]  # every night
     assert wf["permissions"] == {}
     perms = {name: job.get("permissions") for name, job in wf["jobs"].items()}
-    assert perms == {"night": {"contents": "write"}, "merge": {"contents": "write"},
+    assert perms == {"night": {"contents": "read"}, "merge": {"contents": "write"},
                      "pages": {"pages": "write", "id-token": "write"}, "issue": {"issues": "write"}}
 
 
@@ -68,7 +68,7 @@ def test_night_job_on_each_gpu_runner(wf):
     assert "vars.TORCH_SPEC" in install["env"]["TORCH_SPEC"]
     assert "--index-url \"$TORCH_INDEX_URL\"" in install["run"] and "download.pytorch.org" not in install["run"]
     run = next(s for s in steps if s.get("name") == "Run the night")["run"]
-    assert "scripts/nightly.sh" in run and "--machine \"$MACHINE\"" in run and "--remote origin" in run
+    assert "scripts/nightly.sh" in run and "--machine \"$MACHINE\"" in run and "--remote origin --no-push" in run
     upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))
     assert "nightly/results/asv/${{ matrix.machine }}/" in upload["with"]["path"]
     assert "nightly/results/catalog/" in upload["with"]["path"]

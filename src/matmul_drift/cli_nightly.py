@@ -43,7 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the project checkout: its asv.conf.json and benchmarks/ (default: the one here)")
     parser.add_argument("--branch", default="results", help="the results branch (default: results)")
     parser.add_argument("--remote", metavar="NAME",
-                        help="git remote shared by several machines: fetch before, push each commit")
+                        help="git remote shared by several machines: fetch before, push the commit after")
+    parser.add_argument("--no-push", dest="push", action="store_false",
+                        help="fetch from --remote but push nothing (a CI matrix: the merge job commits the night)")
     parser.add_argument("--force", action="store_true",
                         help="run a night that already has results again (the old files are kept beside)")
     parser.add_argument("--no-publish", dest="publish", action="store_false", help="skip asv publish")
@@ -73,6 +75,8 @@ def options(args: argparse.Namespace) -> nightly.Options:
         if found is None:
             raise nightly.UsageError(f"--python {args.python}: no such executable")
         python = os.path.abspath(found)  # not resolved: a venv's python is a symlink to its base
+    if not args.push and not args.remote:
+        raise nightly.UsageError("--no-push needs --remote (what to fetch from)")
     for src in args.merge or []:
         if not src.is_dir():
             raise nightly.UsageError(f"--merge {src}: not a directory")
@@ -80,7 +84,7 @@ def options(args: argparse.Namespace) -> nightly.Options:
         machine=None if merging else nightly.check_machine(args.machine),
         date=nightly.check_date(args.date) if args.date else nightly.today(),
         tree=(args.tree or repo / "nightly").absolute(), repo=repo, python=python, branch=args.branch,
-        remote=args.remote, force=args.force, bench=args.bench, quick=args.quick,
+        remote=args.remote, push=args.push, force=args.force, bench=args.bench, quick=args.quick,
         launch_method=args.launch_method, publish=args.publish,
     )
 

@@ -2,21 +2,23 @@
 
 A *results tree* is a worktree of the results branch (see resultsbranch.py)::
 
-    nights/<date>-<machine>.json        the environment of the Python under test (the night commit)
+    nights/<date>-<machine>.json        the environment of the Python under test
     results/asv/<machine>/...           asv results, asv's own layout; results/asv/benchmarks.json
     results/catalog/{kernels,env}/      catalog entries (catalog.py)
     summaries/<date>-<machine>.{md,json}  the night against the machine's previous night
     summaries/<date>-all.{md,json}      a merge: every machine's latest night against its previous
     html/                               asv publish, plus drift.html (site.py); not committed
-    .nightly/                           lock, generated asv configs, staging; not committed
+    .nightly/                           lock, generated asv configs, staging, the axis; not committed
 
-A night: lock the tree; refuse if the night already has results (unless ``force``); describe
-the Python under test; commit the night file (its author date is the night, 00:00 UTC, which
-is where asv plots it); ``asv run`` in that Python as an existing environment with
-``--set-commit-hash`` into a staging directory; copy the results into the tree atomically;
-summarise against the previous night; commit the results and summary; ``asv publish``.
-asv itself writes non-atomically, so it never writes into the tree: a run that dies leaves
-every earlier file as it was. Commits are pushed at once when a remote is given.
+asv's commit axis is axis.py's derived chain with one commit per day (``.nightly/axis.git``,
+rebuilt on demand): results name the day's commit, which cannot be the commit that holds
+them. A night: lock the tree; refuse if the night already has results (unless ``force``);
+describe the Python under test; ``asv run`` in that Python as an existing environment with
+``--set-commit-hash`` (the day's axis commit) into a staging directory; copy the results
+into the tree atomically; summarise against the previous night; make the night's one commit
+(environment, results, summary; its author date is the night) and push it when a remote is
+given; ``asv publish``. asv itself writes non-atomically, so it never writes into the tree:
+a run that dies leaves every earlier file as it was.
 
 Numbers: dates are ``YYYY-MM-DD`` (UTC); asv dates are ms since the epoch; durations seconds.
 """
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import atomic, history, render, resultsbranch, site, summary
+from . import atomic, axis, history, render, resultsbranch, site, summary
 from .lock import Locked, TreeLock
 
 STATE = ".nightly"
@@ -67,6 +69,7 @@ class Options:
     python: str | None = None
     branch: str = "results"
     remote: str | None = None
+    push: bool = True
     force: bool = False
     bench: list[str] = field(default_factory=list)
     quick: bool = False
@@ -105,9 +108,13 @@ def check_machine(name: str) -> str:
 
 def check_date(text: str) -> str:
     try:
-        return datetime.strptime(text, "%Y-%m-%d").strftime("%Y-%m-%d")
+        night = datetime.strptime(text, "%Y-%m-%d").strftime("%Y-%m-%d")
+        axis.commit(night)
     except ValueError:
         raise UsageError(f"--date {text!r} is not a date like 2026-01-31") from None
+    except axis.AxisError as exc:
+        raise UsageError(f"--date: {exc}") from None
+    return night
 
 
 # ---------------------------------------------------------------------------- the Python under test
@@ -157,14 +164,22 @@ def gpu_clocks() -> list[dict] | None:
     return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in p.stdout.splitlines() if line.strip()]
 
 
-def commit_message(night: dict) -> str:
-    """The night commit's message: torch version, its git hash, CUDA and the machine."""
-    env = night["environment"]
+def night_title(night: dict) -> str:
+    """'night <date> <machine>: torch <version> (git <hash>), CUDA <version>, machine <machine>'."""
+    env = night.get("environment") or {}
     torch = env.get("torch") or {}
     cuda = (env.get("cuda") or {}).get("runtime") or torch.get("cuda_build") or "none"
     git = (torch.get("git") or "unknown")[:12]
-    lines = [f"night {night['date']} {night['machine']}: torch {torch.get('version')} (git {git}), "
-             f"CUDA {cuda}, machine {night['machine']}", "",
+    return (f"night {night['date']} {night['machine']}: torch {torch.get('version')} (git {git}), "
+            f"CUDA {cuda}, machine {night['machine']}")
+
+
+def commit_message(night: dict, outcome: str) -> str:
+    """The night's commit message: torch version, its git hash, CUDA and the machine; the
+    Python, GPU and settings; asv's point for the night; ``outcome`` (the summary's counts)."""
+    env = night["environment"]
+    lines = [night_title(night), "", outcome,
+             f"asv point: {axis.commit(night['date'])} (axis.py's commit for {night['date']})",
              f"python: {night['python']} ({night['python_version']}), device {night['device']}"]
     if env.get("cuda"):
         c = env["cuda"]
@@ -177,20 +192,29 @@ def commit_message(night: dict) -> str:
 # ---------------------------------------------------------------------------- asv
 
 
+def axis_repo(tree: Path, last: str, branch: str) -> Path:
+    """The tree's axis repository (axis.py), built up to the night ``last``."""
+    path = tree / STATE / "axis.git"
+    try:
+        axis.build(path, last, branch)
+    except axis.AxisError as exc:
+        raise NightError(f"cannot build asv's commit axis: {exc}") from None
+    return path
+
+
 def asv_config(repo: Path, tree: Path, branch: str, results_dir: Path) -> dict:
-    """asv's config for the results tree: the project's, with the tree as the repository
-    (its branch is the commit axis), the project's benchmarks, and ``results_dir``."""
+    """asv's config for the results tree: the project's, with the tree's axis repository
+    (its ``branch`` is the commit axis), the project's benchmarks, and ``results_dir``.
+    A point's link opens the drift page at that night."""
     from asv import util
 
     conf = util.load_json(str(repo / "asv.conf.json"), js_comments=True)
-    keep = ("version", "project", "project_url", "show_commit_url", "hash_length", "launch_method",
+    keep = ("version", "project", "project_url", "hash_length", "launch_method",
             "default_benchmark_timeout", "regressions_thresholds", "regressions_first_commits")
     out = {k: conf[k] for k in keep if k in conf}
-    url = out.get("project_url", "")
-    if "show_commit_url" not in out and url.startswith("https://github.com/"):
-        out["show_commit_url"] = url.rstrip("/") + "/commit/"  # the results branch lives there too
     out.update({
-        "repo": str(tree), "dvcs": "git", "branches": [branch], "environment_type": "existing",
+        "show_commit_url": f"{site.PAGE}#night-",
+        "repo": str(tree / STATE / "axis.git"), "dvcs": "git", "branches": [branch], "environment_type": "existing",
         "benchmark_dir": str((repo / conf.get("benchmark_dir", "benchmarks")).resolve()),
         "results_dir": str(results_dir), "html_dir": str(tree / "html"),
     })
@@ -381,13 +405,15 @@ def _read(tree: Path) -> history.History:
 
 def publish(tree: Path, repo: Path, branch: str) -> None:
     """asv publish over the tree's results, then the drift page and local assets (site.py)."""
+    hist = _read(tree)
+    dates = [_ms_date(r.date) for runs in hist.runs.values() for r in runs]
+    axis_repo(tree, max(dates, default=today()), branch)
     conf = _write_config(tree, "asv-publish.json", asv_config(repo, tree, branch, tree / RESULTS / "asv"))
     rc, tail = _asv(conf, "publish", cwd=tree, env=_asv_env(tree), log=tree / STATE / "asv-publish.log")
     if rc != 0:
         raise NightError(f"asv publish failed: {tail[-1] if tail else rc}")
-    hist = _read(tree)
     pairs, nights = latest_nights(hist)
-    for url in site.write(tree / "html", hist, compare(hist, pairs), nights):
+    for url in site.write(tree / "html", hist, compare(hist, pairs), nights, _recorded_nights(tree)):
         _log(f"warning: the site loads {url} from the network")
     _log(f"site: {tree / 'html' / 'index.html'} (and {site.PAGE})")
 
@@ -429,24 +455,25 @@ def run_night(o: Options) -> Report:
 
 def _night(o: Options, tree: Path, t0: float) -> Report:
     if o.remote:
-        _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote)
+        _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
+    point = axis.commit(o.date)
     rel = f"{NIGHTS}/{o.date}-{o.machine}.json"
-    commit = resultsbranch.added_by(tree, rel) if (tree / rel).exists() else None
-    recorded = [p for p in _results_files(tree / RESULTS / "asv" / o.machine) if commit and p.name.startswith(commit[:8])]
+    recorded = [p for p in _results_files(tree / RESULTS / "asv" / o.machine) if p.name.startswith(point[:8])]
     if recorded and not o.force:
         raise UsageError(f"night {o.date} on {o.machine} is already recorded ({recorded[0].relative_to(tree)}); "
                          "pass --force to run it again and replace it")
-    if commit is None:
-        commit = _commit_night(o, tree, rel)
-    else:
-        _log(f"night {o.date} on {o.machine} has commit {commit[:12]}; "
-             + ("running it again (--force)" if recorded else "it has no results yet: running it"))
-    imported = _run_asv(o, tree, commit)
+    if recorded:
+        _log(f"night {o.date} on {o.machine}: running it again (--force)")
+    elif (tree / rel).exists():
+        _log(f"night {o.date} on {o.machine} was started before and has no results yet: running it")
+    night = _describe_night(o, tree, rel)
+    axis_repo(tree, o.date, o.branch)
+    imported = _run_asv(o, tree, point)
 
     hist = _read(tree)
-    pair = latest(hist, o.machine, commit)
+    pair = latest(hist, o.machine, point)
     if pair is None:
-        raise NightError(f"the results of commit {commit[:12]} cannot be read back")
+        raise NightError(f"the results of night {o.date} (asv commit {point[:12]}) cannot be read back")
     info = night_info(hist, o.machine, *pair)
     result = compare(hist, {o.machine: pair})
     md, js, plain = write_summary(tree, f"{o.date}-{o.machine}", result, [info])
@@ -457,10 +484,12 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
     if info["failed"]:
         _log(f"{len(info['failed'])} benchmark values failed (recorded as null), e.g. {info['failed'][0]}; "
              f"asv's output: {_asv_log(tree, o)}")
-    msg = f"results {o.date} {o.machine}: {len(result.flags)} flags, {failing} failing, {len(info['failed'])} failed values"
-    _git("committing the results", resultsbranch.commit, tree, [RESULTS, SUMMARIES], msg)
-    if o.remote:
-        _git("pushing the results", resultsbranch.push, tree, o.branch, o.remote)
+    outcome = f"summary: {len(result.flags)} flags, {failing} failing, {len(info['failed'])} failed values"
+    commit = _git("committing the night", resultsbranch.commit, tree, [".gitignore", NIGHTS, RESULTS, SUMMARIES],
+                  commit_message(night, outcome), f"{o.date}T00:00:00+00:00")
+    if o.remote and o.push:
+        commit = _git("pushing the night", resultsbranch.push, tree, o.branch, o.remote)
+    _log(f"night commit {(commit or resultsbranch.head(tree))[:12]}: {night_title(night)}")
     if o.publish:
         publish(tree, o.repo, o.branch)
     _log(f"night {o.date} on {o.machine} done in {time.monotonic() - t0:.0f} s; summary {md}")
@@ -471,20 +500,28 @@ def _asv_log(tree: Path, o: Options) -> Path:
     return tree / STATE / f"asv-{o.date}-{o.machine}.log"
 
 
-def _commit_night(o: Options, tree: Path, rel: str) -> str:
-    """Describe the Python under test into ``rel`` and commit it: the night's commit (pushed)."""
+def _describe_night(o: Options, tree: Path, rel: str) -> dict:
+    """Describe the Python under test into ``rel`` (written atomically) and return it."""
     _log(f"describing {o.python} ...")
     described = describe_python(o.python)
     night = {"date": o.date, "machine": o.machine, "python": o.python, "python_version": described["python"],
              "device": described["device"], "environment": described["environment"], "gpu_clocks": gpu_clocks(),
              "started_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     atomic.write_text(tree / rel, json.dumps(night, indent=2, sort_keys=True) + "\n")
-    message = commit_message(night)
-    commit = _git("committing the night", resultsbranch.commit, tree, [rel], message, f"{o.date}T00:00:00+00:00")
-    if o.remote:
-        commit = _git("pushing the night", resultsbranch.push, tree, o.branch, o.remote)
-    _log(f"night commit {commit[:12]}: {message.splitlines()[0]}")
-    return commit
+    _log(night_title(night))
+    return night
+
+
+def _recorded_nights(tree: Path) -> list[dict]:
+    """Every night file of the tree, oldest first, with its axis commit as "point"."""
+    out = []
+    for p in sorted((tree / NIGHTS).glob("*.json")):
+        try:
+            n = json.loads(p.read_text(encoding="utf-8"))
+            out.append({**n, "point": axis.commit(n["date"]), "title": night_title(n)})
+        except (OSError, ValueError, KeyError, TypeError, axis.AxisError) as exc:
+            _log(f"warning: cannot read {p.relative_to(tree)}: {exc}")
+    return out
 
 
 def _run_asv(o: Options, tree: Path, commit: str) -> list[Path]:
@@ -565,7 +602,7 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
     lock = _lock(tree)
     try:
         if o.remote:
-            _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote)
+            _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
         copies, benches, conflicts = plan_merge(tree, sources)
         if conflicts and not o.force:
             raise UsageError(f"{len(conflicts)} files conflict, nothing merged: {conflicts[0]}; "
@@ -584,12 +621,9 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
         result = compare(hist, pairs)
         md, js, plain = write_summary(tree, f"{o.date}-{ALL}", result, nights)
         sys.stdout.write(plain)
-        rels = [p.relative_to(tree).parts for p in imported]
-        machines = ", ".join(sorted({r[2] for r in rels if r[:2] == (RESULTS, "asv") and len(r) == 4}))
-        msg = (f"summary {o.date}: {len(result.flags)} flags on {len(pairs)} machines; merged "
-               f"{len(imported)} files from {len(sources)} sources" + (f" ({machines})" if machines else ""))
-        commit = _git("committing the merge", resultsbranch.commit, tree, [RESULTS, SUMMARIES, NIGHTS], msg)
-        if o.remote:
+        commit = _git("committing the merge", resultsbranch.commit, tree, [".gitignore", RESULTS, SUMMARIES, NIGHTS],
+                      merge_message(o.date, result, len(pairs), imported), f"{o.date}T00:00:00+00:00")
+        if o.remote and o.push:
             commit = _git("pushing the merge", resultsbranch.push, tree, o.branch, o.remote)
         if o.publish:
             publish(tree, o.repo, o.branch)
@@ -600,11 +634,29 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
         lock.release()
 
 
+def merge_message(date: str, result: summary.Summary, machines: int, imported: list[Path]) -> str:
+    """The merge's commit message: the summary's counts, then each night it brought in, named
+    by torch version, git hash, CUDA and machine."""
+    nights = [json.loads(p.read_text(encoding="utf-8")) for p in imported if p.parent.name == NIGHTS]
+    failing = len(result.failing(summary.DEFAULT_FAIL_ON))
+    who = ", ".join(n["machine"] for n in nights)
+    counts = f"{len(result.flags)} flags, {failing} failing, on {machines} machines"
+    lines = [f"night {date}: {who} merged; {counts}" if nights else f"summary {date}: {counts}; no new night", ""]
+    lines += [night_title(n) for n in nights]
+    lines += [f"merged {len(imported)} files"]
+    return "\n".join(lines) + "\n"
+
+
 def _check_commits(tree: Path, hist: history.History) -> None:
-    # asv publish plots a result only if its commit is on the branch; say so for any that is not.
-    line = set(resultsbranch.git(tree, "rev-list", "--first-parent", "HEAD").split())
+    # asv publish plots a result only if its commit is the axis commit of its night; say so
+    # for any that is not (results made before the axis, or by hand).
     for machine, runs in hist.runs.items():
         for r in runs:
-            if r.commit not in line:
-                _log(f"warning: {r.path.relative_to(tree)} names commit {r.commit[:12]}, which is not on the "
-                     "results branch (was the night's push lost?); asv publish will leave it out")
+            night = _ms_date(r.date)
+            try:
+                on_axis = axis.commit(night) == r.commit
+            except axis.AxisError:
+                on_axis = False
+            if not on_axis:
+                _log(f"warning: {r.path.relative_to(tree)} names commit {r.commit[:12]}, which is not asv's "
+                     f"axis commit for {night}; asv publish will leave it out")

@@ -1,11 +1,10 @@
 """The results branch: a git branch (default ``results``) checked out as a worktree, in which
-each night is one commit, the point asv's commit axis plots.
+each night is one commit holding its environment, results and summary (asv's point for
+the night is on the derived axis of axis.py, not on this branch).
 
-asv's ``publish`` keeps a result only if its commit is on the first-parent chain of a
-configured branch, so the nights must form one line. One tree per machine is therefore
-synchronised with a shared remote before each night and pushes each commit at once; a
-push that loses a race is rebased onto the remote and retried (the night's own files
-never conflict). Every function takes paths and strings and returns plain values.
+A tree is synchronised with a shared remote before each night and pushes its commit at
+the end; a push that loses a race is rebased onto the remote and retried (the night's
+own files never conflict). Every function takes paths and strings and returns plain values.
 """
 
 from __future__ import annotations
@@ -60,9 +59,9 @@ def fetch(repo: Path | str, branch: str, remote: str) -> bool:
 def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | None = None) -> Path:
     """A worktree of ``repo`` at ``tree`` on ``branch``, created if absent.
 
-    The branch comes from ``remote`` if it has one, else it starts as a new root commit
-    holding only a .gitignore. An existing ``tree`` (not empty) must be a git work tree on
-    ``branch``: a worktree, or a clone of its own.
+    The branch comes from ``remote`` if it has one; else the worktree starts on the branch
+    unborn, so the first night's commit is the branch's root. An existing ``tree`` (not
+    empty) must be a git work tree on ``branch``: a worktree, or a clone of its own.
     """
     tree = Path(tree).absolute()
     if tree.exists() and (not tree.is_dir() or any(tree.iterdir())):  # git fills an empty directory
@@ -71,35 +70,53 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
         current = git(tree, "branch", "--show-current")
         if current != branch:
             raise GitError(f"{tree} is on branch {current or '(detached)'!r}, not {branch!r}")
-        return tree
-    has_local = _ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}")
-    if not has_local:
-        if remote is not None and fetch(repo, branch, remote):
-            git(repo, "branch", "--no-track", branch, f"refs/remotes/{remote}/{branch}")
-        else:
-            blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=repo, input=IGNORE,
-                                  capture_output=True, text=True, check=True).stdout.strip()
-            root = subprocess.run(["git", "mktree"], cwd=repo, input=f"100644 blob {blob}\t.gitignore\n",
-                                  capture_output=True, text=True, check=True).stdout.strip()
-            commit = git(repo, "commit-tree", root, "-m", f"{branch}: matmul-drift nightly results",
-                         env=_identity(repo))
-            git(repo, "branch", branch, commit)
+        return _ignore(tree)
     git(repo, "worktree", "prune")  # a worktree deleted by hand (a CI clean) is still registered
-    git(repo, "worktree", "add", "--quiet", str(tree), branch)
+    if not _ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}") and remote is not None:
+        if fetch(repo, branch, remote):
+            git(repo, "branch", "--no-track", branch, f"refs/remotes/{remote}/{branch}")
+    if _ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"):
+        git(repo, "worktree", "add", "--quiet", str(tree), branch)
+    else:
+        git(repo, "worktree", "add", "--quiet", "--detach", "--no-checkout", str(tree))
+        git(tree, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
+        git(tree, "read-tree", "--empty")
+    return _ignore(tree)
+
+
+def _ignore(tree: Path) -> Path:
+    if not (tree / ".gitignore").exists():
+        (tree / ".gitignore").write_text(IGNORE)
     return tree
 
 
-def sync(tree: Path | str, branch: str, remote: str) -> None:
-    """Bring ``tree`` up to ``remote``'s branch: fast-forward, or rebase local commits on it."""
+def born(tree: Path | str) -> bool:
+    """Whether the tree's branch has a commit yet."""
+    return _ok(tree, "rev-parse", "--verify", "--quiet", "HEAD")
+
+
+def sync(tree: Path | str, branch: str, remote: str, adopt: bool = False) -> None:
+    """Bring ``tree`` up to ``remote``'s branch: fast-forward, or rebase local commits on it.
+    With ``adopt`` (a tree that never pushes: its nights reach the branch through a merge)
+    local commits are not replayed: the branch takes the remote's, the old head is kept
+    under refs/nightly-unpushed/, and every file of the tree stays on disk."""
     if not fetch(tree, branch, remote):
         return
     upstream = f"refs/remotes/{remote}/{branch}"
-    if _ok(tree, "merge-base", "--is-ancestor", upstream, "HEAD"):
+    if born(tree) and _ok(tree, "merge-base", "--is-ancestor", upstream, "HEAD"):
         return  # nothing new there
-    if _ok(tree, "merge-base", "--is-ancestor", "HEAD", upstream):
+    if born(tree) and _ok(tree, "merge-base", "--is-ancestor", "HEAD", upstream):
         git(tree, "merge", "--quiet", "--ff-only", upstream)
-        return
-    _rebase(tree, upstream)
+    elif born(tree) and not adopt:
+        _rebase(tree, upstream)
+    else:
+        # Unborn (another machine made the branch first) or adopting: take the remote's
+        # branch; a file it also has takes its content, any other file stays as it was.
+        if born(tree):
+            git(tree, "update-ref", f"refs/nightly-unpushed/{head(tree)[:12]}", "HEAD")
+        git(tree, "update-ref", f"refs/heads/{branch}", upstream)
+        git(tree, "reset", "--quiet")
+        git(tree, "checkout", "--quiet", "--", ".")
 
 
 def _rebase(tree, upstream: str) -> None:
@@ -113,25 +130,19 @@ def _rebase(tree, upstream: str) -> None:
 
 def commit(tree: Path | str, paths: list[str], message: str, date: str | None = None) -> str | None:
     """Commit ``paths`` (relative to ``tree``) with ``message``; the new HEAD, or None when
-    nothing changed. ``date`` (ISO 8601) is the author date: asv plots a commit at it."""
+    nothing changed. ``date`` (ISO 8601) is the author date: the night it records."""
     git(tree, "add", "--all", "--", *(p for p in paths if (Path(tree) / p).exists()))
     if _ok(tree, "diff", "--cached", "--quiet"):
         return None
     env = _identity(tree)
     if date is not None:
-        env = {**env, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+        env = {**env, "GIT_AUTHOR_DATE": date}
     git(tree, "commit", "--quiet", "--no-verify", "-m", message, env=env)
     return head(tree)
 
 
 def head(tree: Path | str) -> str:
     return git(tree, "rev-parse", "HEAD")
-
-
-def added_by(tree: Path | str, relpath: str) -> str | None:
-    """The commit on HEAD's first-parent line that added ``relpath``, if any."""
-    out = git(tree, "log", "--first-parent", "--diff-filter=A", "--format=%H", "--", relpath)
-    return out.splitlines()[-1] if out else None
 
 
 def push(tree: Path | str, branch: str, remote: str, attempts: int = 5) -> str:

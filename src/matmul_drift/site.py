@@ -123,9 +123,24 @@ def _kernel_cell(entry) -> str:
     return "".join(parts)
 
 
-def page(hist: history.History, result: summary.Summary, nights: list[dict]) -> str:
+def _all_nights(recorded: list[dict]) -> list[str]:
+    # asv opens drift.html#night-<axis commit> for a point; the first row of each night holds it.
+    out = ['<h2 id="all-nights">Every night recorded</h2>',
+           '<table class="nights"><thead><tr><th>night</th><th>asv commit</th><th>machine, torch, CUDA</th>'
+           "</tr></thead><tbody>"]
+    seen = set()
+    for n in sorted(recorded, key=lambda n: (n["date"], n["machine"])):
+        anchor = "" if n["point"] in seen else f' id="night-{n["point"]}"'
+        seen.add(n["point"])
+        out.append(f"<tr{anchor}><td>{_e(n['date'])}</td><td><code>{n['point'][:8]}</code></td>"
+                   f"<td>{_e(n['title'])}</td></tr>")
+    return out + ["</tbody></table>"]
+
+
+def page(hist: history.History, result: summary.Summary, nights: list[dict], recorded: list[dict] = ()) -> str:
     """drift.html: ``result`` is every machine's latest night against its previous one,
-    ``nights`` the facts nightly.night_info gives for each machine."""
+    ``nights`` the facts nightly.night_info gives for each machine, ``recorded`` every
+    night file (with its axis commit as "point" and nightly.night_title as "title")."""
     latest = {n["machine"]: n["commit"] for n in nights}
     out = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -157,11 +172,12 @@ def page(hist: history.History, result: summary.Summary, nights: list[dict]) -> 
         out.append(f'<tr id="k-{ident:012x}"><td><code>{ident:012x}</code></td>'
                    f"<td>{float(ident):.3g} kernel-id</td><td>{_e(device)}</td><td>{_kernel_cell(entry)}</td>"
                    f"<td>{'<br>'.join(_e(u) for u in uses) or '&mdash;'}</td></tr>")
-    out += ["</tbody></table>", "</body></html>"]
+    out += ["</tbody></table>", *(_all_nights(list(recorded)) if recorded else []), "</body></html>"]
     return "\n".join(out) + "\n"
 
 
-def write(html_dir: Path | str, hist: history.History, result: summary.Summary, nights: list[dict]) -> list[str]:
+def write(html_dir: Path | str, hist: history.History, result: summary.Summary, nights: list[dict],
+          recorded: list[dict] = ()) -> list[str]:
     """Add the drift page, its link and the local assets to the site asv published in
     ``html_dir``. Returns the addresses index.html still loads from the network (none for
     asv 0.6.6). Raises FileNotFoundError without asv's index.html."""
@@ -171,6 +187,6 @@ def write(html_dir: Path | str, hist: history.History, result: summary.Summary, 
     for f in VENDOR.rglob("*"):
         if f.is_file() and f.name != "README.txt":
             atomic.copy(f, html_dir / "vendor" / f.relative_to(VENDOR))
-    atomic.write_text(html_dir / PAGE, page(hist, result, nights))
+    atomic.write_text(html_dir / PAGE, page(hist, result, nights, recorded))
     atomic.write_text(index, add_link(text))
     return external

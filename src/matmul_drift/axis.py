@@ -1,0 +1,118 @@
+"""asv's commit axis for the nightly job: one commit per calendar day, derived, never stored.
+
+asv plots a result at the commit its results file names, and the commit must be on a
+branch of the repository asv reads. A night's results cannot name the results-branch
+commit that stores them (the commit's hash depends on the results), so the axis is a
+separate chain: for each UTC day from EPOCH, an empty commit ``night YYYY-MM-DD`` dated
+that day 00:00 UTC, with fixed author and committer, whose parent is the day before.
+Every hash is a pure function of its date, so any machine computes the same point for
+the same night without talking to the others, and any tree can rebuild the chain from
+nothing (``build``). Several machines' nights of one day share that day's point.
+
+Dates are ``YYYY-MM-DD`` strings (UTC); timestamps are seconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from datetime import date, datetime, timedelta, timezone
+from functools import lru_cache
+from pathlib import Path
+
+EPOCH = date(2020, 1, 1)
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+IDENT = "matmul-drift nights <nights@matmul-drift.invalid>"
+
+
+class AxisError(Exception):
+    """A date off the axis, or git could not write it: one line."""
+
+
+def _day(text: str) -> date:
+    try:
+        d = date.fromisoformat(text)
+    except ValueError:
+        raise AxisError(f"{text!r} is not a date like 2026-01-31") from None
+    if d < EPOCH:
+        raise AxisError(f"the night {text} lies before {EPOCH}, where asv's nightly axis begins")
+    return d
+
+
+def _seconds(d: date) -> int:
+    return int(datetime(d.year, d.month, d.day, tzinfo=timezone.utc).timestamp())
+
+
+def message(d: date) -> str:
+    return f"night {d.isoformat()}\n"
+
+
+def _body(d: date, parent: str | None) -> bytes:
+    stamp = f"{IDENT} {_seconds(d)} +0000"
+    head = [f"tree {EMPTY_TREE}", *([f"parent {parent}"] if parent else []), f"author {stamp}", f"committer {stamp}"]
+    return ("\n".join(head) + "\n\n" + message(d)).encode()
+
+
+@lru_cache(maxsize=None)
+def _chain_to(d: date) -> str:
+    parent = None if d == EPOCH else _chain_to(d - timedelta(days=1))
+    body = _body(d, parent)
+    return hashlib.sha1(b"commit %d\0" % len(body) + body).hexdigest()
+
+
+def commit(night: str) -> str:
+    """The axis commit (40 hex) of the night ``night`` (YYYY-MM-DD)."""
+    d = _day(night)
+    for k in range((d - EPOCH).days + 1):  # warm the cache in order: no deep recursion
+        _chain_to(EPOCH + timedelta(days=k))
+    return _chain_to(d)
+
+
+def night_of(commit_hash: str, last: str) -> str | None:
+    """The night whose axis commit is ``commit_hash``, searching up to ``last``; None if none."""
+    d = _day(last)
+    commit(last)
+    return next(((EPOCH + timedelta(days=k)).isoformat() for k in range((d - EPOCH).days + 1)
+                 if _chain_to(EPOCH + timedelta(days=k)) == commit_hash), None)
+
+
+def _git(path: Path, *args: str, stdin: str | None = None) -> str:
+    p = subprocess.run(["git", *args], cwd=path, input=stdin, capture_output=True, text=True)
+    if p.returncode != 0:
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        raise AxisError(f"git {args[0]} in {path}: {lines[0] if lines else p.returncode}")
+    return p.stdout.strip()
+
+
+def build(path: Path | str, last: str, branch: str) -> str:
+    """A bare repository at ``path`` whose ``branch`` runs from EPOCH to the night ``last`` or
+    beyond (it never shrinks); only the days it lacks are written (git fast-import).
+    Returns the branch's tip."""
+    path = Path(path)
+    tip = commit(last)
+    if not (path / "objects").is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        _git(path, "init", "--quiet", "--bare")
+    have = _git(path, "for-each-ref", "--format=%(objectname)", f"refs/heads/{branch}")
+    start = EPOCH
+    if have:
+        if subprocess.run(["git", "merge-base", "--is-ancestor", tip, have], cwd=path).returncode == 0:
+            return have
+        known = night_of(have, last)
+        if known is not None:
+            start = date.fromisoformat(known) + timedelta(days=1)
+    stream, d = [], start
+    while d <= date.fromisoformat(last):
+        msg = message(d)
+        stamp = f"{IDENT} {_seconds(d)} +0000"
+        stream += [f"commit refs/heads/{branch}", f"author {stamp}", f"committer {stamp}",
+                   f"data {len(msg.encode())}", msg.rstrip("\n")]
+        if d == start:
+            stream.append(f"from {_chain_to(d - timedelta(days=1))}" if d > EPOCH else "deleteall")
+        stream.append("")
+        d += timedelta(days=1)
+    _git(path, "fast-import", "--quiet", "--force", stdin="\n".join(stream) + "\n")
+    made = _git(path, "rev-parse", f"refs/heads/{branch}")
+    if made != tip:  # git wrote other bytes than _body: the hashes above would be wrong
+        raise AxisError(f"git made axis commit {made[:12]} for {last}, expected {tip[:12]}")
+    return tip
