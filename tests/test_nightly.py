@@ -169,6 +169,7 @@ def test_two_nights_end_to_end(world):
     first = json.loads((tree / "summaries/2026-01-01-box-a.json").read_text())
     assert first["nights"][0]["previous"] is None and first["flags"] == []
     assert "CNR:COMPATIBLE" in world.runs["a2"].stdout  # the plain tables, printed
+    assert "fatal" not in world.runs["a2"].stderr  # git's own noise stays out of the log
     assert (world.base / "step-summary.md").read_text().strip() == md.strip()  # GitHub's job summary
 
     # asv publish made a site whose graph holds both nights as two points.

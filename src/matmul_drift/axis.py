@@ -96,7 +96,8 @@ def build(path: Path | str, last: str, branch: str) -> str:
     have = _git(path, "for-each-ref", "--format=%(objectname)", f"refs/heads/{branch}")
     start = EPOCH
     if have:
-        if subprocess.run(["git", "merge-base", "--is-ancestor", tip, have], cwd=path).returncode == 0:
+        behind = subprocess.run(["git", "merge-base", "--is-ancestor", tip, have], cwd=path, capture_output=True)
+        if behind.returncode == 0:
             return have
         known = night_of(have, last)
         if known is not None:
