@@ -15,10 +15,11 @@ Dates are ``YYYY-MM-DD`` strings (UTC); timestamps are seconds since the epoch.
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from datetime import date, datetime, timedelta, timezone
 from functools import lru_cache
 from pathlib import Path
+
+from .resultsbranch import GitError, git, ok
 
 EPOCH = date(2020, 1, 1)
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
@@ -39,16 +40,16 @@ def _day(text: str) -> date:
     return d
 
 
-def _seconds(d: date) -> int:
-    return int(datetime(d.year, d.month, d.day, tzinfo=timezone.utc).timestamp())
-
-
 def message(d: date) -> str:
     return f"night {d.isoformat()}\n"
 
 
+def _signature(d: date) -> str:
+    return f"{IDENT} {int(datetime(d.year, d.month, d.day, tzinfo=timezone.utc).timestamp())} +0000"
+
+
 def _body(d: date, parent: str | None) -> bytes:
-    stamp = f"{IDENT} {_seconds(d)} +0000"
+    stamp = _signature(d)
     head = [f"tree {EMPTY_TREE}", *([f"parent {parent}"] if parent else []), f"author {stamp}", f"committer {stamp}"]
     return ("\n".join(head) + "\n\n" + message(d)).encode()
 
@@ -76,44 +77,40 @@ def night_of(commit_hash: str, last: str) -> str | None:
                  if _chain_to(EPOCH + timedelta(days=k)) == commit_hash), None)
 
 
-def _git(path: Path, *args: str, stdin: str | None = None) -> str:
-    p = subprocess.run(["git", *args], cwd=path, input=stdin, capture_output=True, text=True)
-    if p.returncode != 0:
-        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        raise AxisError(f"git {args[0]} in {path}: {lines[0] if lines else p.returncode}")
-    return p.stdout.strip()
-
-
 def build(path: Path | str, last: str, branch: str) -> str:
     """A bare repository at ``path`` whose ``branch`` runs from EPOCH to the night ``last`` or
     beyond (it never shrinks); only the days it lacks are written (git fast-import).
     Returns the branch's tip."""
-    path = Path(path)
     tip = commit(last)
+    try:
+        return _build(Path(path), last, tip, branch)
+    except GitError as exc:
+        raise AxisError(f"{exc} (in {path})") from None
+
+
+def _build(path: Path, last: str, tip: str, branch: str) -> str:
     if not (path / "objects").is_dir():
         path.mkdir(parents=True, exist_ok=True)
-        _git(path, "init", "--quiet", "--bare")
-    have = _git(path, "for-each-ref", "--format=%(objectname)", f"refs/heads/{branch}")
+        git(path, "init", "--quiet", "--bare")
+    have = git(path, "for-each-ref", "--format=%(objectname)", f"refs/heads/{branch}")
     start = EPOCH
     if have:
-        behind = subprocess.run(["git", "merge-base", "--is-ancestor", tip, have], cwd=path, capture_output=True)
-        if behind.returncode == 0:
+        if ok(path, "merge-base", "--is-ancestor", tip, have):
             return have
         known = night_of(have, last)
         if known is not None:
             start = date.fromisoformat(known) + timedelta(days=1)
     stream, d = [], start
     while d <= date.fromisoformat(last):
-        msg = message(d)
-        stamp = f"{IDENT} {_seconds(d)} +0000"
+        msg, stamp = message(d), _signature(d)
         stream += [f"commit refs/heads/{branch}", f"author {stamp}", f"committer {stamp}",
                    f"data {len(msg.encode())}", msg.rstrip("\n")]
         if d == start:
             stream.append(f"from {_chain_to(d - timedelta(days=1))}" if d > EPOCH else "deleteall")
         stream.append("")
         d += timedelta(days=1)
-    _git(path, "fast-import", "--quiet", "--force", stdin="\n".join(stream) + "\n")
-    made = _git(path, "rev-parse", f"refs/heads/{branch}")
+    git(path, "fast-import", "--quiet", "--force", stdin="\n".join(stream) + "\n")
+    made = git(path, "rev-parse", f"refs/heads/{branch}")
     if made != tip:  # git wrote other bytes than _body: the hashes above would be wrong
         raise AxisError(f"git made axis commit {made[:12]} for {last}, expected {tip[:12]}")
     return tip

@@ -192,9 +192,13 @@ def commit_message(night: dict, outcome: str) -> str:
 # ---------------------------------------------------------------------------- asv
 
 
+def _axis_dir(tree: Path) -> Path:
+    return tree / STATE / "axis.git"
+
+
 def axis_repo(tree: Path, last: str, branch: str) -> Path:
     """The tree's axis repository (axis.py), built up to the night ``last``."""
-    path = tree / STATE / "axis.git"
+    path = _axis_dir(tree)
     try:
         axis.build(path, last, branch)
     except axis.AxisError as exc:
@@ -214,7 +218,7 @@ def asv_config(repo: Path, tree: Path, branch: str, results_dir: Path) -> dict:
     out = {k: conf[k] for k in keep if k in conf}
     out.update({
         "show_commit_url": f"{site.PAGE}#night-",
-        "repo": str(tree / STATE / "axis.git"), "dvcs": "git", "branches": [branch], "environment_type": "existing",
+        "repo": str(_axis_dir(tree)), "dvcs": "git", "branches": [branch], "environment_type": "existing",
         "benchmark_dir": str((repo / conf.get("benchmark_dir", "benchmarks")).resolve()),
         "results_dir": str(results_dir), "html_dir": str(tree / "html"),
     })
@@ -255,6 +259,11 @@ def _results_files(d: Path) -> list[Path]:
     return sorted(p for p in d.glob("*.json") if p.name != "machine.json") if d.is_dir() else []
 
 
+def _recorded(results_dir: Path, machine: str, commit: str) -> list[Path]:
+    """The results files ``machine`` has at ``commit`` (asv names them <commit8>-<env>.json)."""
+    return [p for p in _results_files(results_dir / machine) if p.name.startswith(commit[:8])]
+
+
 def _write_benchmarks(path: Path, new: dict) -> None:
     """Merge a run's benchmarks.json into ``path``: every benchmark either knows, the newer
     description winning, so results of a benchmark since removed can still be read."""
@@ -283,7 +292,7 @@ def import_night(staging: Path, results_dir: Path, machine: str, commit: str, fo
     if not files:
         return []
     dest = results_dir / machine
-    old = [p for p in _results_files(dest) if p.name.startswith(commit[:8])]
+    old = _recorded(results_dir, machine, commit)
     if old and not force:
         raise UsageError(f"{old[0]} is already recorded; pass --force to replace it")
     if (staging / "benchmarks.json").exists():
@@ -458,7 +467,7 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
         _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
     point = axis.commit(o.date)
     rel = f"{NIGHTS}/{o.date}-{o.machine}.json"
-    recorded = [p for p in _results_files(tree / RESULTS / "asv" / o.machine) if p.name.startswith(point[:8])]
+    recorded = _recorded(tree / RESULTS / "asv", o.machine, point)
     if recorded and not o.force:
         raise UsageError(f"night {o.date} on {o.machine} is already recorded ({recorded[0].relative_to(tree)}); "
                          "pass --force to run it again and replace it")

@@ -21,9 +21,9 @@ class GitError(Exception):
     """A git command failed; the message is its first line of error output."""
 
 
-def git(cwd: Path | str, *args: str, env: dict | None = None, check: bool = True) -> str:
-    """Run git in ``cwd``; stdout (stripped). Raises GitError with git's own message."""
-    p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+def git(cwd: Path | str, *args: str, env: dict | None = None, check: bool = True, stdin: str | None = None) -> str:
+    """Run git in ``cwd`` (``stdin`` its input); stdout (stripped). Raises GitError with git's own message."""
+    p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, input=stdin,
                        env={**os.environ, **(env or {}), "GIT_TERMINAL_PROMPT": "0"})
     if check and p.returncode != 0:
         lines = [ln for ln in (p.stderr or p.stdout).splitlines() if ln.strip()]
@@ -31,7 +31,8 @@ def git(cwd: Path | str, *args: str, env: dict | None = None, check: bool = True
     return p.stdout.strip()
 
 
-def _ok(cwd, *args) -> bool:
+def ok(cwd, *args) -> bool:
+    """Whether git succeeds in ``cwd`` (its output discarded)."""
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True).returncode == 0
 
 
@@ -65,17 +66,18 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
     """
     tree = Path(tree).absolute()
     if tree.exists() and (not tree.is_dir() or any(tree.iterdir())):  # git fills an empty directory
-        if not _ok(tree, "rev-parse", "--is-inside-work-tree") or toplevel(tree) != tree.resolve():
+        if not ok(tree, "rev-parse", "--is-inside-work-tree") or toplevel(tree) != tree.resolve():
             raise GitError(f"{tree} exists but is not a git work tree")
         current = git(tree, "branch", "--show-current")
         if current != branch:
             raise GitError(f"{tree} is on branch {current or '(detached)'!r}, not {branch!r}")
         return _ignore(tree)
     git(repo, "worktree", "prune")  # a worktree deleted by hand (a CI clean) is still registered
-    if not _ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}") and remote is not None:
-        if fetch(repo, branch, remote):
-            git(repo, "branch", "--no-track", branch, f"refs/remotes/{remote}/{branch}")
-    if _ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"):
+    has_branch = ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}")
+    if not has_branch and remote is not None and fetch(repo, branch, remote):
+        git(repo, "branch", "--no-track", branch, f"refs/remotes/{remote}/{branch}")
+        has_branch = True
+    if has_branch:
         git(repo, "worktree", "add", "--quiet", str(tree), branch)
     else:
         git(repo, "worktree", "add", "--quiet", "--detach", "--no-checkout", str(tree))
@@ -92,7 +94,7 @@ def _ignore(tree: Path) -> Path:
 
 def born(tree: Path | str) -> bool:
     """Whether the tree's branch has a commit yet."""
-    return _ok(tree, "rev-parse", "--verify", "--quiet", "HEAD")
+    return ok(tree, "rev-parse", "--verify", "--quiet", "HEAD")
 
 
 def sync(tree: Path | str, branch: str, remote: str, adopt: bool = False) -> None:
@@ -103,16 +105,17 @@ def sync(tree: Path | str, branch: str, remote: str, adopt: bool = False) -> Non
     if not fetch(tree, branch, remote):
         return
     upstream = f"refs/remotes/{remote}/{branch}"
-    if born(tree) and _ok(tree, "merge-base", "--is-ancestor", upstream, "HEAD"):
+    has_head = born(tree)
+    if has_head and ok(tree, "merge-base", "--is-ancestor", upstream, "HEAD"):
         return  # nothing new there
-    if born(tree) and _ok(tree, "merge-base", "--is-ancestor", "HEAD", upstream):
+    if has_head and ok(tree, "merge-base", "--is-ancestor", "HEAD", upstream):
         git(tree, "merge", "--quiet", "--ff-only", upstream)
-    elif born(tree) and not adopt:
+    elif has_head and not adopt:
         _rebase(tree, upstream)
     else:
         # Unborn (another machine made the branch first) or adopting: take the remote's
         # branch; a file it also has takes its content, any other file stays as it was.
-        if born(tree):
+        if has_head:
             git(tree, "update-ref", f"refs/nightly-unpushed/{head(tree)[:12]}", "HEAD")
         git(tree, "update-ref", f"refs/heads/{branch}", upstream)
         git(tree, "reset", "--quiet")
@@ -132,7 +135,7 @@ def commit(tree: Path | str, paths: list[str], message: str, date: str | None = 
     """Commit ``paths`` (relative to ``tree``) with ``message``; the new HEAD, or None when
     nothing changed. ``date`` (ISO 8601) is the author date: the night it records."""
     git(tree, "add", "--all", "--", *(p for p in paths if (Path(tree) / p).exists()))
-    if _ok(tree, "diff", "--cached", "--quiet"):
+    if ok(tree, "diff", "--cached", "--quiet"):
         return None
     env = _identity(tree)
     if date is not None:
@@ -149,7 +152,7 @@ def push(tree: Path | str, branch: str, remote: str, attempts: int = 5) -> str:
     """Push HEAD to ``remote``'s ``branch``; after a rejection, rebase onto it and retry.
     Returns HEAD as pushed (a rebase changes the hashes of the commits not yet pushed)."""
     for _ in range(attempts):
-        if _ok(tree, "push", "--quiet", remote, f"HEAD:refs/heads/{branch}"):
+        if ok(tree, "push", "--quiet", remote, f"HEAD:refs/heads/{branch}"):
             return head(tree)
         sync(tree, branch, remote)
     raise GitError(f"could not push {branch} to {remote} after {attempts} attempts")
