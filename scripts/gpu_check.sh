@@ -13,9 +13,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --
 $PY -c 'import torch' 2>/dev/null || $PY -m pip install --quiet torch
 $PY -m pip install --quiet --no-deps -e . && $PY -m pip install --quiet numpy tabulate asv==0.6.6 matplotlib
 $PY -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())'
-machine=gpu-$($PY -c 'import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())' 2>/dev/null || echo unknown)
+# Named after the hardware (CPU, ISA, cores, GPU model and count), registered for asv.
+machine=$($PY -m matmul_drift.cli machine --register 2>/dev/null)
 export MATMUL_DRIFT_DEVICES=cuda MATMUL_DRIFT_CATALOG="$OUT/catalog" PYTORCH_NVML_BASED_CUDA_CHECK=1
-$PY -m asv machine --yes --machine "$machine" >/dev/null
 # The CUDA suite: one setup_cache measures every case; the CPU combinations are skipped.
 timeout 240 $PY -m asv run -E existing:same --set-commit-hash="$(git rev-parse HEAD)" --machine "$machine" \
   --bench 'drift\.Drift' --launch-method forkserver --show-stderr

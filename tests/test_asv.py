@@ -59,10 +59,23 @@ def _results(dst):
     return out
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
-def test_quick_run(project, method):
+def _skinny_drifts() -> bool:
+    """Whether any A[:m] @ B (m = 1..7) differs from (A @ B)[:m] for skinny in fp32 here."""
+    import torch
+
+    from matmul_drift import cases, measure
+
+    a_bits, b_bits, _ = measure.operand_bits(cases.get("skinny"), "float32", "cpu")
+    a, b = measure.to_tensor(a_bits, "float32", "cpu"), measure.to_tensor(b_bits, "float32", "cpu")
+    full = a @ b
+    return any(not torch.equal(a[:m] @ b, full[:m]) for m in range(1, 8))
+
+
+# spawn starts a fresh interpreter (and imports torch) per benchmark and parameter: fewer benchmarks.
+@pytest.mark.parametrize("method,bench", [("forkserver", "track_error_u|track_kernel_id|track_slice_m_ulp|time_matmul"),
+                                          ("spawn", "track_error_u")])
+def test_quick_run(project, method, bench):
     dst, head, env = project
-    bench = "track_error_u|track_kernel_id|track_slice_m_ulp|time_matmul"
     rc, out = asv(
         "run", "-E", "existing:same", "--quick", f"--set-commit-hash={head}", f"--launch-method={method}",
         "--machine", "testbox", "--bench", bench, cwd=dst, env=env,
@@ -71,12 +84,15 @@ def test_quick_run(project, method):
     got = _results(dst)
     err = got[("drift.Drift.track_error_u", "square", "float32", "cpu")]
     assert isinstance(err, float) and 0 < err < 512  # measured, within γ_K
-    assert got[("drift.Drift.track_slice_m_ulp", "skinny", "float32", "cpu")] > 0
-    assert got[("timing.Time.time_matmul", "square", "float32", "cpu")] > 0
+    if "track_slice_m_ulp" in bench:
+        assert (got[("drift.Drift.track_slice_m_ulp", "skinny", "float32", "cpu")] > 0) == _skinny_drifts()
     # CUDA combinations are skipped (NaN), not failed (null); so are unselected cases.
+    if "time_matmul" in bench:
+        assert got[("timing.Time.time_matmul", "square", "float32", "cpu")] > 0
+        assert math.isnan(got[("timing.Time.time_matmul", "square", "float32", "cuda")])
     assert math.isnan(got[("drift.Drift.track_error_u", "square", "float32", "cuda")])
-    assert math.isnan(got[("timing.Time.time_matmul", "square", "float32", "cuda")])
     assert math.isnan(got[("drift.Drift.track_error_u", "seed", "float32", "cpu")])
     assert not any(v is None for v in got.values())  # nothing failed
-    kid = int(got[("drift.Drift.track_kernel_id", "square", "float32", "cpu")])
-    assert (dst / "results" / "catalog" / "kernels" / f"{kid:012x}.json").exists()
+    if "track_kernel_id" in bench:
+        kid = int(got[("drift.Drift.track_kernel_id", "square", "float32", "cpu")])
+        assert (dst / "results" / "catalog" / "kernels" / f"{kid:012x}.json").exists()

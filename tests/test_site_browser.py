@@ -123,3 +123,75 @@ def test_drift_page_shows_kernel_names_and_is_linked(browser, served):
     row = _wait(browser, "return document.getElementById(location.hash.slice(1))")
     assert "2026-01-02" in row.text and "machine box-a" in row.text
     assert _errors(browser) == []
+
+
+# ---------------------------------------------------------------------------- the main job's site
+
+
+@pytest.fixture(scope="module")
+def offline_browser(tmp_path_factory):
+    """Chromium that can reach 127.0.0.1 and nothing else: every other host name fails to resolve."""
+    why = _missing()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for flag in (*FLAGS, "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"):
+        opts.add_argument(flag)
+    opts.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-offline')}")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def served_main(tmp_path_factory):
+    """(project, base URL): the main job's own html/ (test_mainjob.py's copy) on 127.0.0.1."""
+    from test_mainjob import build_project
+
+    project = build_project(tmp_path_factory)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(project.path / "html"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield project, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_main_job_site_draws_both_builds_offline_and_names_kernels(offline_browser, served_main):
+    project, url = served_main
+    b = offline_browser
+    b.get(f"{url}/index.html#drift.Drift.track_error_u?machine={project.name}"
+          "&p-case=%27square%27&p-dtype=%27float32%27&p-device=%27cpu%27")
+    _wait(b, "return document.querySelectorAll('#main-graph canvas.flot-base').length")
+    series = _wait(b, "var p = $('#main-graph').data('plot'); return p && p.getData().map(s => s.data)")
+    runs = history.read_history(project.path / "results", machine=project.name).observations()
+    recorded = sorted(o.value for o in runs if o.benchmark == "drift.Drift.track_error_u"
+                      and o.params == {"case": "square", "dtype": "float32", "device": "cpu"})
+    # one line per torch build, holding every value recorded (test_mainjob.py may add commits)
+    assert len(series) == 2 and sorted(v for s in series for _, v in s) == pytest.approx(recorded)
+    assert "error.html" not in b.current_url
+    # nothing was loaded from anywhere but this server
+    hosts = b.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).host)")
+    assert hosts and set(hosts) == {url.split("//", 1)[1]}
+    assert _errors(b) == []
+
+    b.get(f"{url}/index.html")
+    _wait(b, "return document.querySelector('#nav-li-drift a')").click()
+    _wait(b, f"return location.pathname.endsWith('/{site.PAGE}')")
+    kernels = b.find_element("css selector", "table.kernels").text
+    assert "MKL SGEMM(N,N)" in kernels and "MKL DGEMM(N,N)" in kernels
+    assert f"{project.name}: square float32 cpu" in kernels
+    assert project.name in b.find_element("id", "nights").find_element("xpath", "following-sibling::ul").text
+    assert _errors(b) == []

@@ -502,7 +502,8 @@ def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     i = _idx(dtype="float32")
     tree = _tree_with(tmp_path, lambda d, t: F.set_value(d, F.ERROR_U, i, 50.0))
     rc, doc, _ = run_json(capsys, tree.root)
-    assert set(doc) == {"version", "fail_on", "failing", "pairs", "machines", "flags"}
+    assert set(doc) == {"version", "fail_on", "failing", "pairs", "machines", "flags", "different_hardware"}
+    assert doc["different_hardware"] == []
     assert doc["fail_on"] == ["kernel", "invariance", "accuracy", "input"]
     f = doc["flags"][0]
     assert set(f) == {"kind", "failing", "machine", "across", "benchmark", "unit", "params", "before",
@@ -613,3 +614,56 @@ def test_timing_without_intervals_falls_back_on_iqr_then_on_the_ratio(capsys, tm
     assert got == {(F.TIME, "float32", "cpu"): "IQRs apart)", (F.TIME, "float64", "cpu"): "one sample)",
                    (F.CUDA_SECONDS, "float32", "cuda"): "no stats)"}
     assert rc == 0
+
+
+# ---------------------------------------------------------------------------- hardware
+
+
+def _other_cpu(data: dict) -> None:
+    data["params"].update(cpu="AMD EPYC 9B14 96-Core Processor", isa="avx2 avx512f")
+    for i in range(len(data["results"][F.KERNEL][F.COL["result"]])):
+        if F.get_value(data, F.KERNEL, i) is not None and not math.isnan(F.get_value(data, F.KERNEL, i)):
+            F.set_value(data, F.KERNEL, i, F.get_value(data, F.KERNEL, i) + 1)  # other routes on that CPU
+
+
+def test_one_machine_name_on_two_hardwares_is_never_judged_as_one_history(tmp_path, capsys):
+    # A newcomer whose host has the committed history's name: commit 2 ran on another CPU,
+    # where every route differs. Nothing is flagged across the change; it is named instead.
+    root = tmp_path / "results"
+    tree = F.write_tree(root, machine="vm", n_commits=3, adjust=lambda ci, ei, d: ci == 2 and _other_cpu(d))
+    rc, doc, err = run_json(capsys, root)
+    assert rc == 0 and [f for f in doc["flags"] if f["kind"] != "timing"] == [], doc["flags"]
+    notes = doc["different_hardware"]
+    assert len(notes) == 1 and tree.commits[1][:8] in notes[0] and tree.commits[2][:8] in notes[0]
+    assert "AMD EPYC" in notes[0] and "different hardware" in notes[0]
+    # commits 0 -> 1 (one hardware) in two environments, and the torch builds at each commit
+    assert doc["pairs"] == 2 + 3
+    rc, out, _ = run_cli(capsys, root)
+    assert "== different hardware (1, not compared) ==" in out
+    rc, md, _ = run_cli(capsys, root, "--format", "github")
+    assert "different hardware (1, not compared)" in md
+
+
+def test_across_machines_compares_hardwares_only_when_asked(tmp_path, capsys):
+    root = tmp_path / "results"
+    F.write_tree(root, machine="box-a", n_commits=2)
+    F.write_tree(root, machine="box-b", n_commits=2, adjust=lambda ci, ei, d: _other_cpu(d))
+    rc, doc, _ = run_json(capsys, root)
+    assert rc == 0 and doc["different_hardware"] == [] and not [f for f in doc["flags"] if f["kind"] == "kernel"]
+    rc, doc, _ = run_json(capsys, root, "--across", "machines")
+    assert rc == 1 and doc["pairs"] == 2 * 2  # 2 commits x 2 torch builds, box-a against box-b
+    kernel = [f for f in doc["flags"] if f["kind"] == "kernel"]
+    assert kernel and all(f["machine"] == "box-a vs box-b" and f["across"] == "machines" for f in kernel)
+
+
+def test_at_keeps_what_one_commit_changed(tmp_path, capsys):
+    root = tmp_path / "results"
+    tree = F.write_tree(root, n_commits=3)
+    h = history.read_history(root)
+    pairs = summary.make_pairs(h, summary.Options(at=tree.commits[2][:10]))
+    got = sorted((p.across, p.before.commit, p.after.commit, p.after.env_name) for p in pairs)
+    assert got == sorted([("commits", tree.commits[1], tree.commits[2], e) for e in tree.env_names]
+                         + [("envs", tree.commits[2], tree.commits[2], tree.env_names[1])])
+    rc, _, err = run_cli(capsys, root, "--at", tree.commits[2][:10], "--base", tree.commits[0][:10],
+                         "--head", tree.commits[1][:10])
+    assert rc == 2 and "--at goes with neither" in err

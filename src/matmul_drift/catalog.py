@@ -81,3 +81,51 @@ def load(root: Path | str, kind: str, ident: int | float):
     if text_id(canonical(obj)) != int(ident):
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} does not match its id")
     return obj
+
+
+def parse_spelling(text: str) -> list[tuple[int, int]]:
+    """The id ranges [lo, hi] a spelling of an id can mean, as asv and this project print it:
+    12 hex digits (``9b9327e25992``), a decimal integer or float (``143656636881798.0``), or a
+    rounded float as asv's graphs show it (``1.9e+12``: every id that rounds to it).
+    ValueError if it is none of these."""
+    from decimal import Decimal, InvalidOperation
+
+    t = text.strip().lower()
+    out = []
+    if len(t) == ID_HEX_DIGITS and all(c in "0123456789abcdef" for c in t):
+        ident = int(t, 16)
+        out.append((ident, ident))
+        if not t.isdigit():
+            return out
+    try:
+        d = Decimal(t)
+    except InvalidOperation:
+        d = None
+    if d is None or not d.is_finite() or d < 0:
+        if out:
+            return out
+        raise ValueError(f"{text!r} is not an id: expected 12 hex digits, or a number as asv shows it")
+    exp = d.as_tuple().exponent
+    half = Decimal(10) ** exp / 2 if exp > 0 else Decimal(0)  # 1.9e+12 stands for [1.85e12, 1.95e12]
+    lo, hi = int((d - half).to_integral_value("ROUND_CEILING")), int((d + half).to_integral_value("ROUND_FLOOR"))
+    if exp <= 0 and d != d.to_integral_value():
+        raise ValueError(f"{text!r} is not an id: ids are whole numbers")
+    out.append((lo, hi))
+    return out
+
+
+def find(root: Path | str, text: str) -> list[tuple[str, int]]:
+    """(kind, id) of every stored entry that ``text`` (see parse_spelling) can name."""
+    ranges = parse_spelling(text)
+    found = []
+    for kind in KINDS:
+        folder = Path(root) / kind
+        names = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+        for stem in names:
+            try:
+                ident = int(stem, 16)
+            except ValueError:
+                continue
+            if len(stem) == ID_HEX_DIGITS and any(lo <= ident <= hi for lo, hi in ranges):
+                found.append((kind, ident))
+    return found

@@ -1,4 +1,4 @@
-"""`matmul-drift`: explain, scan, summary, nightly.
+"""`matmul-drift`: run (the main job), explain, scan, summary, nightly, catalog, machine.
 
 Usage errors print one line and exit 2; nothing here prints a traceback for bad input.
 """
@@ -159,13 +159,61 @@ def run_explain(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
+    from . import cli_nightly, cli_run, cli_scan, cli_summary
+
+    cli_run.configure(sub.add_parser("run", help="the main job: every torch build of the matrix, side by side, "
+                                                 "with asv on this machine; then the site and what changed"))
     configure_explain(sub.add_parser("explain", help="measure one shape: error, slice drift, kernels, verdict"))
-    from . import cli_nightly, cli_scan, cli_summary
 
     cli_scan.configure(sub.add_parser("scan", help="vary one dimension: where do the kernels or the drift change?"))
     cli_summary.configure(sub.add_parser("summary", help="flag kernel, accuracy and timing changes in asv history"))
     cli_nightly.configure(sub.add_parser("nightly", help="one night on one machine (or --merge): asv run, summary, site"))
+    cat = sub.add_parser("catalog", help="the kernel names or environment behind an id, as asv shows it")
+    cat.add_argument("id", metavar="ID", help="12 hex digits, or the number asv shows (143656636881798.0, 1.9e+12)")
+    cat.add_argument("--root", type=Path, help="the catalog (default: results/catalog of the checkout)")
+    mach = sub.add_parser("machine", help="this hardware's asv machine name, and what it is made of")
+    mach.add_argument("--register", action="store_true",
+                      help="also record it in ~/.asv-machine.json (as `asv machine --yes` does), for `asv run --machine NAME`")
     return p
+
+
+def run_catalog(args) -> int:
+    """Print every catalog entry the id can name; 2 when none does."""
+    from . import catalog
+
+    root = args.root or catalog.default_root()
+    try:
+        found = catalog.find(root, args.id)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not found:
+        raise UsageError(f"no catalog entry under {root} has the id {args.id}")
+    if len(found) > 1:
+        print(f"{args.id} can be any of {len(found)} entries (asv rounded it):")
+    for kind, ident in found:
+        try:
+            entry = catalog.load(root, kind, ident)
+        except catalog.MissingEntry as exc:
+            raise UsageError(str(exc)) from None
+        print(f"{kind} {catalog.hex_id(ident)} (asv: {float(ident):.1f}, {float(ident):.3g})")
+        if kind == "kernels" and isinstance(entry, dict):
+            for product, names in entry.items():
+                if product != "device":
+                    print(f"  {product} ({entry.get('device', '?')}):")
+                    print("".join(f"    {n}\n" for n in (names if isinstance(names, list) else [names])), end="")
+        else:
+            print("  " + json.dumps(entry, indent=2, sort_keys=True).replace("\n", "\n  "))
+    return 0
+
+
+def run_machine(register: bool) -> int:
+    """Print this hardware's machine name (stdout) and its fingerprint (stderr)."""
+    from . import machine
+
+    fp = machine.fingerprint()
+    print(machine.register(fp) if register else machine.name(fp))
+    print(json.dumps(fp, indent=2), file=sys.stderr)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -174,6 +222,14 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
         if args.command == "explain":
             return run_explain(args)
+        if args.command == "run":
+            from . import cli_run
+
+            return cli_run.run(args)
+        if args.command == "catalog":
+            return run_catalog(args)
+        if args.command == "machine":
+            return run_machine(args.register)
         if args.command == "scan":
             from . import cli_scan
 

@@ -24,9 +24,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--machine", metavar="NAME", help="only this asv machine")
     parser.add_argument("--across", choices=summary.ACROSS, default=None,
                         help="commits: neighbouring commits in one environment; envs: neighbouring "
-                             "torch versions at one commit; both (default)")
+                             "torch versions at one commit; both (default); machines: one commit and "
+                             "environment on two machines or hardwares (never compared otherwise)")
     parser.add_argument("--base", metavar="REF", help="compare only this commit (hash prefix) ...")
     parser.add_argument("--head", metavar="REF", help="... with this one, environment by environment")
+    parser.add_argument("--at", metavar="REF", help="only what changed at this commit: its torch builds "
+                        "side by side, and each against the machine's previous commit")
     parser.add_argument("--format", choices=render.FORMATS, default="plain",
                         help="plain tables (default), github Markdown, or json (schema: matmul_drift.render)")
     parser.add_argument("--fail-on", metavar="KINDS", default=None,
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         fail_on = summary.parse_fail_on(args.fail_on)
         options = summary.Options(
-            across=args.across or "both", base=args.base, head=args.head,
+            across=args.across or "both", base=args.base, head=args.head, at=args.at,
             u_tolerance=args.u_tolerance, ulp_growth=args.ulp_growth, time_factor=args.time_factor,
         )
         options.check()

@@ -16,7 +16,7 @@ import numpy as np
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_CHUNK = 1 << 22  # entries per block: bounds the temporaries to ~100 MB
+_CHUNK = 1 << 16  # entries per block: its two uint64 buffers (1 MiB) stay in L2
 
 BITS_DTYPE = {"float64": np.uint64, "float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
 DISTRIBUTIONS = ("uniform", "signed", "int")
@@ -28,11 +28,19 @@ def stream_key(seed: int, name: str) -> np.uint64:
     return np.uint64(int.from_bytes(digest[:8], "little"))
 
 
-def _splitmix(counter: np.ndarray, key: np.uint64) -> np.ndarray:
-    z = counter * _GOLDEN + key  # wraps mod 2^64, as intended
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+def _splitmix(counter: np.ndarray, key: np.uint64, tmp: np.ndarray | None = None) -> np.ndarray:
+    """splitmix64 of ``counter`` + key, in place (``counter`` is overwritten and returned)."""
+    z = counter
+    t = np.empty_like(z) if tmp is None else tmp[: z.size]
+    np.multiply(z, _GOLDEN, out=z)  # wraps mod 2^64, as intended
+    np.add(z, key, out=z)
+    for shift, mult in ((30, _M1), (27, _M2)):
+        np.right_shift(z, np.uint64(shift), out=t)
+        np.bitwise_xor(z, t, out=z)
+        np.multiply(z, mult, out=z)
+    np.right_shift(z, np.uint64(31), out=t)
+    np.bitwise_xor(z, t, out=z)
+    return z
 
 
 def draw(seed: int, name: str, shape: tuple[int, ...], dist: str = "uniform", int_range: int = 2) -> np.ndarray:
@@ -46,12 +54,16 @@ def draw(seed: int, name: str, shape: tuple[int, ...], dist: str = "uniform", in
     key = stream_key(seed, name)
     size = int(np.prod(shape, dtype=np.int64))
     out = np.empty(size, dtype=np.float32)
+    z, tmp = np.empty(_CHUNK, dtype=np.uint64), np.empty(_CHUNK, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for start in range(0, size, _CHUNK):
             stop = min(size, start + _CHUNK)
-            k = _splitmix(np.arange(start, stop, dtype=np.uint64), key) >> np.uint64(40)  # 24 bits
+            k = z[: stop - start]
+            k[:] = np.arange(start, stop, dtype=np.uint64)
+            _splitmix(k, key, tmp)
+            np.right_shift(k, np.uint64(40), out=k)  # 24 bits
             if dist == "uniform":
-                out[start:stop] = k.astype(np.float32) * np.float32(2.0**-24)
+                np.multiply(k, np.float32(2.0**-24), out=out[start:stop], casting="unsafe")
             elif dist == "signed":
                 out[start:stop] = (k.astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(2.0**-23)
             else:

@@ -162,8 +162,8 @@ def _pass_on_stderr(text: str) -> None:
         sys.stderr.write(rest)
 
 
-def cpu_route(fn) -> list[str]:
-    """Run ``fn`` once on the CPU and return its aten op chain plus the BLAS/oneDNN route.
+def cpu_route(fn) -> tuple[object, list[str]]:
+    """Run ``fn`` once on the CPU: (its result, its aten op chain plus the BLAS/oneDNN route).
 
     Where neither MKL nor oneDNN reports anything, the route is ``native``.
     """
@@ -175,7 +175,7 @@ def cpu_route(fn) -> list[str]:
             torch.backends.mkldnn.VERBOSE_ON
         ):
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                fn()
+                result = fn()
     _pass_on_stderr(box[2])
     text = box[1]
     banner = mkl_banner(text)
@@ -183,18 +183,18 @@ def cpu_route(fn) -> list[str]:
         _BANNER.append(banner)
     ops = unique(e.name for e in prof.events() if e.name.startswith("aten::") and e.name not in VIEW_OPS)
     route = unique(route_lines(text)) or ["native"]
-    return ops + route
+    return result, ops + route
 
 
-def cuda_kernels(fn) -> list[str]:
-    """Run ``fn`` once under torch.profiler and return the device kernels it launched, in order."""
+def cuda_kernels(fn) -> tuple[object, list[str]]:
+    """Run ``fn`` once under torch.profiler: (its result, the device kernels it launched, in order)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with captured_fds((2,)) as box:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fn()
+            result = fn()
             torch.cuda.synchronize()
     _pass_on_stderr(box[2])
     names = []
@@ -203,12 +203,18 @@ def cuda_kernels(fn) -> list[str]:
             names.append(normalise_cuda(e.name))
     # The profiler can list an event twice (launch and kernel): keep order, drop repeats in a row.
     out = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
-    return out or ["(no kernel)"]
+    return result, out or ["(no kernel)"]
+
+
+def traced(fn, device: str) -> tuple[object, list[str]]:
+    """(the result of one call of ``fn`` on ``device``, the normalised kernel list of that call).
+    The measured product and its route come from the same call: no second product is made."""
+    return cuda_kernels(fn) if device == "cuda" else cpu_route(fn)
 
 
 def route(fn, device: str) -> list[str]:
     """The normalised kernel list of one call of ``fn`` on ``device``."""
-    return cuda_kernels(fn) if device == "cuda" else cpu_route(fn)
+    return traced(fn, device)[1]
 
 
 def seen_mkl_banner() -> str | None:

@@ -82,12 +82,13 @@ def _draw(seed: int, name: str, shape: tuple[int, ...], dist: str) -> np.ndarray
     return values
 
 
-def operand_bits(case: Case, dtype: str, device: str, seed: int = SEED) -> tuple[np.ndarray, np.ndarray, str]:
-    """Bits of A and B (as stored) rounded to ``dtype``, and their checksum."""
+def operand_bits(case: Case, dtype: str, device: str, seed: int = SEED,
+                 with_checksum: bool = True) -> tuple[np.ndarray, np.ndarray, str]:
+    """Bits of A and B (as stored) rounded to ``dtype``, and their checksum ("" without)."""
     a_shape, b_shape = operand_shapes(case, device)
     a = inputs.round_bits(_draw(seed, f"{case.id}:A", a_shape, case.dist), dtype)
     b = inputs.round_bits(_draw(seed, f"{case.id}:B", b_shape, case.dist), dtype)
-    return a, b, inputs.checksum(a, b)
+    return a, b, inputs.checksum(a, b) if with_checksum else ""
 
 
 def to_tensor(bits: np.ndarray, dtype: str, device: str):
@@ -210,11 +211,20 @@ class Top:
     absprod: np.ndarray
 
 
-def top_product(ops: Operands, nonnegative: bool) -> Top:
-    """The full product of ``ops`` and its float64 reference, as measure_operands makes them."""
-    bits, values = _host(ops.product())
+def top_product(ops: Operands, nonnegative: bool, y=None) -> Top:
+    """The full product of ``ops`` (``y`` if already made) and its float64 reference, on the host."""
+    bits, values = _host(ops.product() if y is None else y)
     c64, absprod = reference(ops, nonnegative)
     return Top(bits, values, c64, absprod)
+
+
+def _call(call, device: str, routes: list | None):
+    """``call()``; its kernels are appended to ``routes`` when given (same call, not a second)."""
+    if routes is None:
+        return call()
+    y, names = kernels.traced(call, device)
+    routes += names
+    return y
 
 
 def measure_operands(
@@ -236,34 +246,32 @@ def measure_operands(
     u = numerics.unit_roundoff(dtype)
     k = int(ops.a.shape[-1])
     with precision_flags(precision):
-        top = top_product(ops, nonnegative)
+        full: list[str] | None = [] if with_kernels else None
+        top = top_product(ops, nonnegative, _call(ops.product, device, full))
+        kern = {"full": full} if with_kernels else {}
         c_bits, c_val, c64, absprod = top.bits, top.values, top.c64, top.absprod
         err = numerics.error_u(c_val, c64, absprod, dtype)
-        kern = {"full": kernels.route(ops.product, device)} if with_kernels else {}
+        routes_n: list[str] | None = [] if with_kernels else None
+        routes_m: list[str] | None = [] if with_kernels else None
 
-        slices_n, routes_n = [], []
+        slices_n = []
         for form in case.forms:
             a_form = ops.a.unsqueeze(0) if form == "2d" else ops.a
             for n in slice_n:
                 b_n = ops.b_cols(n)
                 call = lambda a_form=a_form, b_n=b_n: ops.product(a_form, b_n)  # noqa: E731
-                y = call()
+                y = _call(call, device, routes_n)
                 if form == "2d":
                     y = y.squeeze(0)
                 cols = min(n, case.compare_cols or n)
                 d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, cols)))
                 slices_n.append({"n": n, "form": form, "cols": cols, **d})
-                if with_kernels:
-                    routes_n += kernels.route(call, device)
         slices_m = []
-        routes_m = []
         for m in slice_m:
             a_m = ops.a[..., :m, :]
-            call = lambda a_m=a_m: ops.product(a_m)  # noqa: E731
-            d = _compare(c_bits, c_val, call(), absprod, dtype, (Ellipsis, slice(0, m), slice(None)))
+            y = _call(lambda a_m=a_m: ops.product(a_m), device, routes_m)
+            d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)))
             slices_m.append({"m": m, **d})
-            if with_kernels:
-                routes_m += kernels.route(call, device)
         if routes_n:
             kern["slice_n"] = kernels.unique(routes_n)
         if routes_m:
@@ -377,7 +385,8 @@ def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: s
         cut = None
     else:
         raise ValueError(f"unknown dimension {vary!r}; expected n, m or k")
-    y_bits, y = _host(call())
+    out, names = kernels.traced(call, device)
+    y_bits, y = _host(out)
     if cut is None:
         c64, absprod = reference(sub, nonnegative)
         drift = {"max_ulp": None, "frac_differ": None, "max_u": None}
@@ -385,7 +394,6 @@ def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: s
         c64, absprod = top.c64[cut], top.absprod[cut]
         d = numerics.drift(top.bits[cut], y_bits, top.values[cut], y, absprod, dtype)
         drift = {key: d[key] for key in ("max_ulp", "frac_differ", "max_u")}
-    names = kernels.route(call, device)
     return {
         "size": size,
         "kernel_id": catalog.hex_id(catalog.object_id(kernel_entry(device, {"full": names}))),

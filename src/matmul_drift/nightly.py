@@ -36,14 +36,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import atomic, axis, history, render, resultsbranch, site, summary
+from . import asvrun, atomic, axis, history, render, resultsbranch, site, summary
 from .lock import Locked, TreeLock
 
 STATE = ".nightly"
 NIGHTS = "nights"
 SUMMARIES = "summaries"
 RESULTS = "results"  # asv's results in results/asv, the catalog in results/catalog
-_PROGRESS = re.compile(r"(·|\[ *[\d.]+%\] ·{1,3} )(?!=)")  # asv's step lines, not its tables
 MACHINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ALL = "all"  # the name of a merge's summary; no machine may take it
 _IMPORTED = ("results", "summaries", "nights")  # what a merge copies from a source tree
@@ -226,25 +225,8 @@ def asv_config(repo: Path, tree: Path, branch: str, results_dir: Path) -> dict:
 
 
 def _write_config(tree: Path, name: str, conf: dict) -> Path:
-    return atomic.write_text(tree / STATE / name, json.dumps(conf, indent=2) + "\n")
+    return asvrun.write_config(tree / STATE / name, conf)
 
-
-def _asv(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | None = None) -> tuple[int, list[str]]:
-    """Run ``asv --config conf args``. With ``log``, asv's progress lines go to stderr as they
-    come (its result tables and benchmark output only to the ``log`` file).
-    Returns (exit status, last lines of output)."""
-    cmd = [sys.executable, "-m", "asv", "--config", str(conf), *args]
-    tail: list[str] = []
-    with open(log or os.devnull, "a", encoding="utf-8") as fh, subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8",
-            errors="replace", bufsize=1) as proc:
-        for line in proc.stdout:
-            fh.write(line)
-            if log is not None and _PROGRESS.match(line):
-                sys.stderr.write(line)
-                sys.stderr.flush()
-            tail = (tail + [line.rstrip()])[-30:]
-    return proc.returncode, tail
 
 
 def _asv_env(tree: Path) -> dict:
@@ -255,53 +237,14 @@ def _asv_env(tree: Path) -> dict:
 # ---------------------------------------------------------------------------- moving results
 
 
-def _results_files(d: Path) -> list[Path]:
-    return sorted(p for p in d.glob("*.json") if p.name != "machine.json") if d.is_dir() else []
-
-
-def _recorded(results_dir: Path, machine: str, commit: str) -> list[Path]:
-    """The results files ``machine`` has at ``commit`` (asv names them <commit8>-<env>.json)."""
-    return [p for p in _results_files(results_dir / machine) if p.name.startswith(commit[:8])]
-
-
-def _write_benchmarks(path: Path, new: dict) -> None:
-    """Merge a run's benchmarks.json into ``path``: every benchmark either knows, the newer
-    description winning, so results of a benchmark since removed can still be read."""
-    old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    merged = {**(old or {}), **new}
-    if merged != old:
-        atomic.write_text(path, json.dumps(merged, indent=4, sort_keys=True) + "\n")
-
-
-def _backup(path: Path) -> Path:
-    """Keep a file about to be replaced (with --force) beside it, under a name no reader takes
-    for results ('.json' is not its suffix)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    dst = path.with_name(f"{path.name}.replaced-{stamp}")
-    os.replace(path, dst)
-    return dst
-
-
 def import_night(staging: Path, results_dir: Path, machine: str, commit: str, force: bool) -> list[Path]:
-    """Copy one asv run's output from ``staging`` into ``results_dir``, each file atomically:
-    benchmarks.json (merged) first, then machine.json, then the results files, so a reader
-    never meets a result whose benchmark it cannot interpret. With ``force`` every result
-    already recorded for ``commit`` on ``machine`` is first moved aside (kept, not read).
-    Returns the results files written."""
-    files = _results_files(staging / machine)
-    if not files:
-        return []
-    dest = results_dir / machine
-    old = _recorded(results_dir, machine, commit)
-    if old and not force:
-        raise UsageError(f"{old[0]} is already recorded; pass --force to replace it")
-    if (staging / "benchmarks.json").exists():
-        _write_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()))
-    if (staging / machine / "machine.json").exists():
-        atomic.copy(staging / machine / "machine.json", dest / "machine.json")
-    for p in old:
-        _log(f"replacing {p} (--force); the old file is kept as {_backup(p).name}")
-    return [atomic.copy(f, dest / f.name) for f in files]
+    """asvrun.import_results for a night: every result ``machine`` has at ``commit`` is the
+    night's (its environment is named after the Python's path, which may change)."""
+    try:
+        return asvrun.import_results(staging, results_dir, machine, asvrun.recorded(results_dir, machine, commit),
+                                     force, _log)
+    except asvrun.AlreadyRecorded as exc:
+        raise UsageError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------- summaries
@@ -367,6 +310,14 @@ def night_info(hist: history.History, machine: str, prev: str | None, head: str)
             "failed": failed_in(hist, machine, head)}
 
 
+def night_line(n: dict) -> str:
+    """One line about a machine's night (a dict of nightly.night_info) and the one before."""
+    prev = n["previous"]
+    against = (f"against {prev['date']} ({prev['commit'][:8]}, torch {prev['torch']})" if prev
+               else "the first night: nothing to compare with")
+    return f"{n['machine']}: {n['date']} ({n['commit'][:8]}, torch {n['torch']}), {against}"
+
+
 def latest_nights(hist: history.History) -> tuple[dict[str, tuple[str | None, str]], list[dict]]:
     """Every machine's latest night: {machine: (previous commit, commit)} and night_info of each."""
     pairs = {m: p for m in sorted(hist.runs) if (p := latest(hist, m)) is not None}
@@ -390,7 +341,7 @@ def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[d
     the Markdown also goes to $GITHUB_STEP_SUMMARY in GitHub Actions. Returns both paths
     and the plain-text report."""
     fail_on = summary.DEFAULT_FAIL_ON
-    md = "\n".join([*(f"- {render.md_escape(site.night_line(n))}" for n in nights), "",
+    md = "\n".join([*(f"- {render.md_escape(night_line(n))}" for n in nights), "",
                     render.render_github(result, fail_on).rstrip(),
                     *_failed_md(nights)]) + "\n"
     doc = json.loads(render.render_json(result, fail_on))
@@ -418,11 +369,12 @@ def publish(tree: Path, repo: Path, branch: str) -> None:
     dates = [_ms_date(r.date) for runs in hist.runs.values() for r in runs]
     axis_repo(tree, max(dates, default=today()), branch)
     conf = _write_config(tree, "asv-publish.json", asv_config(repo, tree, branch, tree / RESULTS / "asv"))
-    rc, tail = _asv(conf, "publish", cwd=tree, env=_asv_env(tree), log=tree / STATE / "asv-publish.log")
+    rc, tail = asvrun.run(conf, "publish", cwd=tree, env=_asv_env(tree), log=tree / STATE / "asv-publish.log")
     if rc != 0:
         raise NightError(f"asv publish failed: {tail[-1] if tail else rc}")
     pairs, nights = latest_nights(hist)
-    for url in site.write(tree / "html", hist, compare(hist, pairs), nights, _recorded_nights(tree)):
+    runs = [{**n, "line": night_line(n)} for n in nights]
+    for url in site.write(tree / "html", hist, compare(hist, pairs), runs, _recorded_nights(tree)):
         _log(f"warning: the site loads {url} from the network")
     _log(f"site: {tree / 'html' / 'index.html'} (and {site.PAGE})")
 
@@ -467,7 +419,7 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
         _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
     point = axis.commit(o.date)
     rel = f"{NIGHTS}/{o.date}-{o.machine}.json"
-    recorded = _recorded(tree / RESULTS / "asv", o.machine, point)
+    recorded = asvrun.recorded(tree / RESULTS / "asv", o.machine, point)
     if recorded and not o.force:
         raise UsageError(f"night {o.date} on {o.machine} is already recorded ({recorded[0].relative_to(tree)}); "
                          "pass --force to run it again and replace it")
@@ -539,7 +491,7 @@ def _run_asv(o: Options, tree: Path, commit: str) -> list[Path]:
     staging = tree / STATE / "staging" / f"{o.date}-{o.machine}-{int(time.time())}"
     conf = _write_config(tree, "asv-run.json", asv_config(o.repo, tree, o.branch, staging))
     env = _asv_env(tree)
-    rc, tail = _asv(conf, "machine", "--yes", "--machine", o.machine, cwd=tree, env=env)
+    rc, tail = asvrun.run(conf, "machine", "--yes", "--machine", o.machine, cwd=tree, env=env)
     if rc != 0:
         raise NightError(f"asv machine failed: {tail[-1] if tail else rc}")
     args = ["run", "-E", f"existing:{o.python}", f"--set-commit-hash={commit}", "--machine", o.machine,
@@ -548,7 +500,7 @@ def _run_asv(o: Options, tree: Path, commit: str) -> list[Path]:
     args += ["--launch-method", o.launch_method] if o.launch_method else []
     log = _asv_log(tree, o)
     _log(f"asv {' '.join(args)} (full output in {log})")
-    rc, tail = _asv(conf, *args, cwd=tree, env=env, log=log)
+    rc, tail = asvrun.run(conf, *args, cwd=tree, env=env, log=log)
     imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
     if not imported:
         raise NightError(f"asv run recorded no results (exit status {rc}): {tail[-1] if tail else ''}; see {log}")
@@ -617,11 +569,11 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
             raise UsageError(f"{len(conflicts)} files conflict, nothing merged: {conflicts[0]}; "
                              "pass --force to replace (the old files are kept beside)")
         for f in benches:
-            _write_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()))
+            asvrun.merge_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()))
         imported = []
         for src, dst in copies:
             if dst.exists() and dst.name != "machine.json":
-                _log(f"replacing {dst.relative_to(tree)}; the old file is kept as {_backup(dst).name}")
+                _log(f"replacing {dst.relative_to(tree)}; the old file is kept as {asvrun.backup(dst).name}")
             imported.append(atomic.copy(src, dst))
         _log(f"merged {len(imported)} files from {len(sources)} sources")
         hist = _read(tree)

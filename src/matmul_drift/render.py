@@ -15,7 +15,8 @@ JSON schema (``--format json``), one document::
           "failing": true,          # kind is in fail_on
           "machine": "name",
           "across": "commits",      # commits: same env, neighbouring commits;
-                                    # envs: same commit, neighbouring torch versions
+                                    # envs: same commit, neighbouring torch versions;
+                                    # machines: same commit and env, two hardwares
           "benchmark": "drift.Drift.track_kernel_id",
           "unit": "kernel-id",      # asv unit of the benchmark (seconds, u, ulp, kernel-id, ...)
           "params": {"case": "square", "dtype": "float32", "device": "cpu"},
@@ -35,7 +36,9 @@ JSON schema (``--format json``), one document::
           "attribution": ["torch.version: 2.13.0+cpu -> 2.14.1+cu130"]
                                     # environment keys that differ between the two sides
         }
-      ]
+      ],
+      "different_hardware": ["..."] # neighbouring runs of one machine name on two hardwares:
+                                    # one line each, never judged
     }
 """
 
@@ -117,6 +120,9 @@ def render_plain(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         out.append("")
         out.append(f"== {machine}: {kind} ({len(flags)}, {status}) ==")
         out.append(tabulate([row(f) for f in flags], headers=HEADERS, tablefmt="simple", disable_numparse=True))
+    if summary.different_hardware:
+        out += ["", f"== different hardware ({len(summary.different_hardware)}, not compared) =="]
+        out += summary.different_hardware
     return "\n".join(out) + "\n"
 
 
@@ -146,6 +152,9 @@ def render_github(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         out.append("|" + "---|" * len(HEADERS))
         for f in flags:
             out.append("| " + " | ".join(md_escape(c) for c in row(f)) + " |")
+    if summary.different_hardware:
+        out += ["", f"#### different hardware ({len(summary.different_hardware)}, not compared)", ""]
+        out += [f"- {md_escape(n)}" for n in summary.different_hardware]
     if summary.warnings:
         out += ["", "<details><summary>warnings</summary>", ""]
         out += [f"- {md_escape(w)}" for w in summary.warnings]
@@ -196,5 +205,6 @@ def render_json(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         "pairs": summary.pairs,
         "machines": list(summary.machines),
         "flags": [flag_record(f, fail_on) for _, _, flags in groups(summary) for f in flags],
+        "different_hardware": list(summary.different_hardware),
     }
     return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"

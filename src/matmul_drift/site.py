@@ -1,9 +1,9 @@
 """The published site's own parts, added to what ``asv publish`` wrote. Never imports torch.
 
-- ``drift.html``: the latest night's summary tables on each machine, the values that
-  failed, and the kernel names behind every kernel-id in the results, so a reader sees names
-  where asv's graphs show a number (asv prints an id as ``1.39e+14 kernel-id``; the page
-  lists that spelling beside the 12-hex id).
+- ``drift.html``: what changed in the latest run (a night of the nightly job, or a run of
+  the main job) on each machine, the values that failed, and the kernel names behind every
+  kernel-id in the results, so a reader sees names where asv's graphs show a number (asv
+  prints an id as ``1.39e+14 kernel-id``; the page lists that spelling beside the 12-hex id).
 - a link to it in the navigation bar of asv's ``index.html``;
 - local copies of the scripts and styles that asv's ``index.html`` loads from CDNs
   (``site_vendor/README.txt`` says where each comes from), so the site also works
@@ -66,8 +66,8 @@ def add_link(index_html: str) -> str:
 
 
 def kernel_ids(hist: history.History, latest: dict[str, str]) -> dict[int, list[str]]:
-    """Every kernel-id in the results -> where the latest night of each machine used it
-    ("machine: case dtype device"); ``latest`` maps machine -> that night's commit."""
+    """Every kernel-id in the results -> where the latest run of each machine used it
+    ("machine: case dtype device"); ``latest`` maps machine -> that run's commit."""
     out: dict[int, list[str]] = {}
     units = hist.units()
     for machine, runs in hist.runs.items():
@@ -83,14 +83,6 @@ def kernel_ids(hist: history.History, latest: dict[str, str]) -> dict[int, list[
                         params = " ".join(hist.params_dict(name, s.params, combo).values())
                         uses.append(f"{machine}: {params}")
     return out
-
-
-def night_line(n: dict) -> str:
-    """One line about a machine's night (a dict of nightly.night_info) and the one before."""
-    prev = n["previous"]
-    against = (f"against {prev['date']} ({prev['commit'][:8]}, torch {prev['torch']})" if prev
-               else "the first night: nothing to compare with")
-    return f"{n['machine']}: {n['date']} ({n['commit'][:8]}, torch {n['torch']}), {against}"
 
 
 def _e(text) -> str:
@@ -137,25 +129,30 @@ def _all_nights(recorded: list[dict]) -> list[str]:
     return out + ["</tbody></table>"]
 
 
-def page(hist: history.History, result: summary.Summary, nights: list[dict], recorded: list[dict] = ()) -> str:
-    """drift.html: ``result`` is every machine's latest night against its previous one,
-    ``nights`` the facts nightly.night_info gives for each machine, ``recorded`` every
-    night file (with its axis commit as "point" and nightly.night_title as "title")."""
-    latest = {n["machine"]: n["commit"] for n in nights}
+def page(hist: history.History, result: summary.Summary, runs: list[dict], recorded: list[dict] = (),
+         title: str = "the latest night on each machine") -> str:
+    """drift.html: ``result`` is what changed in every machine's latest run, ``runs`` one dict
+    per machine (``machine``, ``commit``, ``line``: one line about the run, ``failed``: its
+    failed values), ``recorded`` every night file (with its axis commit as "point" and
+    nightly.night_title as "title"), for the nightly's table of nights."""
+    latest = {n["machine"]: n["commit"] for n in runs}
     out = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
-        "<title>matmul-drift: the latest nights</title>", '<link rel="icon" href="swallow.ico">',
+        f"<title>matmul-drift: {_e(title)}</title>", '<link rel="icon" href="swallow.ico">',
         "<style>body{font-family:sans-serif;margin:1.5em;max-width:110em}table{border-collapse:collapse;"
         "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;vertical-align:top;text-align:left}"
         "th{background:#f3f3f3}code{font-size:90%}ol{margin:.2em 0 .4em 1.2em;padding:0}</style>",
         "</head><body>", '<p><a href="index.html">&larr; the asv benchmarks</a></p>',
-        "<h1>matmul-drift: the latest night on each machine</h1>",
+        f"<h1>matmul-drift: {_e(title)}</h1>",
         f'<p id="headline">{_e(render.headline(result, summary.DEFAULT_FAIL_ON))}.</p>',
-        '<h2 id="nights">Nights</h2><ul>',
+        '<h2 id="nights">Runs</h2><ul>',
     ]
-    out += [f"<li>{_e(night_line(n))}</li>" for n in nights]
+    out += [f"<li>{_e(n['line'])}</li>" for n in runs]
     out += ["</ul>", '<h2 id="flags">Changes flagged</h2>', *_flag_tables(result)]
-    failed = [n for n in nights if n["failed"]]
+    if result.different_hardware:
+        out.append('<h2 id="hardware">Different hardware, not compared</h2><ul>'
+                   + "".join(f"<li>{_e(n)}</li>" for n in result.different_hardware) + "</ul>")
+    failed = [n for n in runs if n["failed"]]
     if failed:
         out.append('<h2 id="failed">Failed benchmark values</h2>')
         for n in failed:
@@ -163,9 +160,10 @@ def page(hist: history.History, result: summary.Summary, nights: list[dict], rec
                        + "".join(f"<li><code>{_e(f)}</code></li>" for f in n["failed"]) + "</ul>")
     out += ['<h2 id="kernels">Kernel names behind every kernel-id</h2>',
             "<p>asv's graphs show a kernel-id as a number; its 12-hex spelling names the catalog entry "
-            "<code>results/catalog/kernels/&lt;id&gt;.json</code>.</p>",
+            "<code>results/catalog/kernels/&lt;id&gt;.json</code> (<code>matmul-drift catalog ID</code> "
+            "prints it for either spelling).</p>",
             '<table class="kernels"><thead><tr><th>kernel-id</th><th>as asv shows it</th><th>device</th>'
-            "<th>kernels (normalised)</th><th>used in the latest night by</th></tr></thead><tbody>"]
+            "<th>kernels (normalised)</th><th>used in the latest run by</th></tr></thead><tbody>"]
     for ident, uses in sorted(kernel_ids(hist, latest).items()):
         entry = hist.catalog.get("kernels", ident)
         device = entry.get("device", "") if isinstance(entry, dict) else ""
@@ -176,17 +174,17 @@ def page(hist: history.History, result: summary.Summary, nights: list[dict], rec
     return "\n".join(out) + "\n"
 
 
-def write(html_dir: Path | str, hist: history.History, result: summary.Summary, nights: list[dict],
-          recorded: list[dict] = ()) -> list[str]:
-    """Add the drift page, its link and the local assets to the site asv published in
-    ``html_dir``. Returns the addresses index.html still loads from the network (none for
-    asv 0.6.6). Raises FileNotFoundError without asv's index.html."""
+def write(html_dir: Path | str, hist: history.History, result: summary.Summary, runs: list[dict],
+          recorded: list[dict] = (), title: str = "the latest night on each machine") -> list[str]:
+    """Add the drift page (see ``page``), its link and the local assets to the site asv
+    published in ``html_dir``. Returns the addresses index.html still loads from the network
+    (none for asv 0.6.6). Raises FileNotFoundError without asv's index.html."""
     html_dir = Path(html_dir)
     index = html_dir / "index.html"
     text, external = localise(index.read_text(encoding="utf-8"))
     for f in VENDOR.rglob("*"):
         if f.is_file() and f.name != "README.txt":
             atomic.copy(f, html_dir / "vendor" / f.relative_to(VENDOR))
-    atomic.write_text(html_dir / PAGE, page(hist, result, nights, recorded))
+    atomic.write_text(html_dir / PAGE, page(hist, result, runs, recorded, title))
     atomic.write_text(index, add_link(text))
     return external

@@ -1,9 +1,14 @@
 """Observations in, flags out: what changed between neighbouring runs. Never imports torch.
 
-Two runs are neighbours when they are on one machine and either
+Two runs are neighbours when they are on one machine and one hardware, and either
 - ``commits``: in one environment (asv env name), consecutive by commit date; or
 - ``envs``: at one commit, consecutive by torch version (numeric order).
-``--base/--head`` instead pairs each environment at base with the same one at head.
+``--base/--head`` instead pairs each environment at base with the same one at head, and
+``--at`` keeps only the pairs that end at one commit (what one run of the main job found).
+Runs of one machine name made on different hardware (asv's cpu, num_cpu, arch, isa and gpu
+params differ) are never judged against each other; each place where that happens is
+listed in ``different_hardware``. Only ``--across machines`` compares hardwares: the runs of
+one commit and one environment on two machines (or hardwares).
 
 Each benchmark series is judged by its asv unit (see DESIGN.md, "Units"):
 
@@ -38,11 +43,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .catalog import hex_id
+from . import machine as hardware
 from .history import History, Run, Series, version_key
 
 KINDS = ("kernel", "invariance", "accuracy", "input", "timing", "ulp-growth", "failure", "code")
 DEFAULT_FAIL_ON = frozenset({"kernel", "invariance", "accuracy", "input"})
-ACROSS = ("commits", "envs", "both")
+ACROSS = ("commits", "envs", "both", "machines")
 ID_UNITS = ("kernel-id", "env-id", "input-id")
 
 # Identical kernels on identical inputs give identical bits, so any change of error_u is a
@@ -66,6 +72,7 @@ class Options:
     across: str = "both"
     base: str | None = None
     head: str | None = None
+    at: str | None = None  # only the pairs that end at this commit (the main job's own run)
     u_tolerance: float = DEFAULT_U_TOLERANCE
     ulp_growth: float = DEFAULT_ULP_GROWTH
     time_factor: float = DEFAULT_TIME_FACTOR
@@ -75,8 +82,10 @@ class Options:
             raise UsageError(f"--across must be one of {', '.join(ACROSS)}, not {self.across!r}")
         if (self.base is None) != (self.head is None):
             raise UsageError("--base and --head go together")
-        if self.base is not None and self.across == "envs":
-            raise UsageError("--base/--head compare two commits; --across envs does not apply")
+        if self.base is not None and self.across in ("envs", "machines"):
+            raise UsageError(f"--base/--head compare two commits; --across {self.across} does not apply")
+        if self.at is not None and (self.base is not None or self.across == "machines"):
+            raise UsageError("--at goes with neither --base/--head nor --across machines")
         for name in ("u_tolerance", "ulp_growth", "time_factor"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 1):
@@ -125,6 +134,7 @@ class Summary:
     pairs: int
     machines: list[str]
     warnings: list[str]
+    different_hardware: list[str] = field(default_factory=list)  # neighbouring runs never judged
 
     def failing(self, fail_on) -> list[Flag]:
         return [f for f in self.flags if f.kind in fail_on]
@@ -163,14 +173,61 @@ def resolve_commit(history: History, prefix: str) -> str:
     return found[0]
 
 
+def _hardware_key(run: Run) -> tuple:
+    return tuple(run.env_params.get(k) for k in hardware.HARDWARE_PARAMS)
+
+
+def _hardware_text(run: Run) -> str:
+    p = run.env_params
+    gpu = p.get("gpu")
+    return ", ".join(str(x) for x in (p.get("cpu"), f"{p.get('num_cpu')} cpus", p.get("isa") and f"isa {p['isa']}",
+                                       gpu and gpu != "none" and f"gpu {gpu}") if x)
+
+
+def hardware_groups(history: History) -> dict[str, list[Run]]:
+    """Runs split by machine and then by hardware (asv's cpu, num_cpu, arch, isa, gpu params),
+    each list in history order. A machine whose runs all share one hardware keeps its name;
+    otherwise each group is labelled ``machine [hardware]``."""
+    out: dict[str, list[Run]] = {}
+    for machine, runs in history.runs.items():
+        by_hw: dict[tuple, list[Run]] = {}
+        for r in runs:
+            by_hw.setdefault(_hardware_key(r), []).append(r)
+        for group in by_hw.values():
+            out[machine if len(by_hw) == 1 else f"{machine} [{_hardware_text(group[0])}]"] = group
+    return out
+
+
+def hardware_changes(history: History) -> list[str]:
+    """One line for each place where a machine's runs change hardware: never judged."""
+    notes = []
+    for machine, runs in history.runs.items():
+        for a, b in zip(runs, runs[1:]):
+            if _hardware_key(a) != _hardware_key(b):
+                notes.append(f"{machine}: {a.commit[:8]} ({_hardware_text(a)}) and {b.commit[:8]} "
+                             f"({_hardware_text(b)}) are different hardware; not compared "
+                             "(--across machines compares runs of one commit and torch build on two hardwares)")
+    return list(dict.fromkeys(notes))
+
+
 def make_pairs(history: History, options: Options) -> list[Pair]:
-    """The (before, after) runs to compare, per machine, in history order."""
+    """The (before, after) runs to compare, per machine and hardware, in history order."""
     pairs: list[Pair] = []
+    groups = hardware_groups(history)
+    if options.across == "machines":
+        by_build: dict[tuple[str, str], list[tuple[str, Run]]] = {}
+        for label, runs in sorted(groups.items()):
+            for r in runs:
+                by_build.setdefault((r.commit, r.env_name), []).append((label, r))
+        for found in by_build.values():
+            pairs += [Pair(f"{la} vs {lb}", "machines", a, b) for (la, a), (lb, b) in zip(found, found[1:])]
+        return pairs
+
     if options.base is not None:
         base, head = resolve_commit(history, options.base), resolve_commit(history, options.head)
         if base == head:
             raise UsageError("--base and --head name the same commit")
-        for machine, runs in history.runs.items():
+        for machine, runs in groups.items():
             at_base = {r.env_name: r for r in runs if r.commit == base}
             at_head = {r.env_name: r for r in runs if r.commit == head}
             for env in sorted(at_base.keys() ^ at_head.keys()):
@@ -180,18 +237,22 @@ def make_pairs(history: History, options: Options) -> list[Pair]:
                 pairs.append(Pair(machine, "commits", at_base[env], at_head[env]))
         return pairs
 
-    for machine, runs in history.runs.items():
+    at = resolve_commit(history, options.at) if options.at is not None else None
+    for machine, runs in groups.items():
         if options.across in ("commits", "both"):
             by_env: dict[str, list[Run]] = {}
             for r in runs:  # already in date order
                 by_env.setdefault(r.env_name, []).append(r)
             for env_runs in by_env.values():
-                pairs += [Pair(machine, "commits", a, b) for a, b in zip(env_runs, env_runs[1:])]
+                pairs += [Pair(machine, "commits", a, b) for a, b in zip(env_runs, env_runs[1:])
+                          if at is None or b.commit == at]
         if options.across in ("envs", "both"):
             by_commit: dict[str, list[Run]] = {}
             for r in runs:
                 by_commit.setdefault(r.commit, []).append(r)
-            for commit_runs in by_commit.values():
+            for commit, commit_runs in by_commit.items():
+                if at is not None and commit != at:
+                    continue
                 commit_runs.sort(key=lambda r: (version_key(r.torch), r.env_name))
                 pairs += [Pair(machine, "envs", a, b) for a, b in zip(commit_runs, commit_runs[1:])]
     return pairs
@@ -205,6 +266,7 @@ def summarise(history: History, options: Options | None = None) -> Summary:
     options = options or Options()
     options.check()
     pairs = make_pairs(history, options)
+    notes = [] if options.across == "machines" else hardware_changes(history)
     judge = _Judge(history, options)
     flags: list[Flag] = []
     for pair in pairs:
@@ -212,7 +274,7 @@ def summarise(history: History, options: Options | None = None) -> Summary:
     order = {k: i for i, k in enumerate(KINDS)}
     flags.sort(key=lambda f: (f.machine, order[f.kind], f.benchmark, f.before.date, f.after.date,
                               version_key(f.after.torch), f.after.env))
-    return Summary(flags, len(pairs), sorted(history.runs), history.warnings)
+    return Summary(flags, len(pairs), sorted(history.runs), history.warnings, notes)
 
 
 def _series_of_unit(run: Run, units: dict[str, str], unit: str) -> Series | None:
@@ -356,7 +418,7 @@ class _Judge:
 
 def _asv_env(run: Run) -> dict:
     # Machine keys are the same on both sides of a pair; the rest is the environment.
-    skip = {"machine", "arch", "cpu", "num_cpu", "os", "ram"}
+    skip = {"machine", "os", "ram", *hardware.HARDWARE_PARAMS}
     return {k: v for k, v in run.env_params.items() if k not in skip}
 
 

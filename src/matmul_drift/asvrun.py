@@ -1,0 +1,110 @@
+"""asv as a child process, and its output moved into a results directory atomically.
+
+asv writes its results files and benchmarks.json in place, non-atomically, and rewrites
+benchmarks.json on every run. The nightly job and the main job therefore point asv at a
+staging directory and copy what it wrote into the real results directory here: each file
+by a temporary file and a rename, benchmarks.json merged and rewritten only when it
+changes, and a file about to be replaced (with --force) kept beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from . import atomic
+
+PROGRESS = re.compile(r"(·|\[ *[\d.]+%\] ·{1,3} )(?!=)")  # asv's step lines, not its tables
+
+
+class AlreadyRecorded(Exception):
+    """Results for this commit (and environment) exist and --force was not given."""
+
+
+def write_config(path: Path, conf: dict) -> Path:
+    """An asv config file, written atomically."""
+    return atomic.write_text(path, json.dumps(conf, indent=2) + "\n")
+
+
+def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | None = None,
+        progress: Callable[[str], None] | None = None) -> tuple[int, list[str]]:
+    """Run ``asv --config conf args``. With ``log``, asv's progress lines go to stderr as they
+    come (or to ``progress``), its result tables and benchmark output only to the ``log`` file.
+    Returns (exit status, the last 30 lines of output)."""
+    cmd = [sys.executable, "-m", "asv", "--config", str(conf), *args]
+    tail: list[str] = []
+    with open(log or os.devnull, "a", encoding="utf-8") as fh, subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8",
+            errors="replace", bufsize=1) as proc:
+        for line in proc.stdout:
+            fh.write(line)
+            if log is not None and PROGRESS.match(line):
+                if progress is not None:
+                    progress(line.rstrip("\n"))
+                else:
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            tail = (tail + [line.rstrip()])[-30:]
+    return proc.returncode, tail
+
+
+def results_files(d: Path) -> list[Path]:
+    """asv's results files in a machine folder (not machine.json)."""
+    return sorted(p for p in d.glob("*.json") if p.name != "machine.json") if d.is_dir() else []
+
+
+def recorded(results_dir: Path, machine: str, commit: str, env: str | None = None) -> list[Path]:
+    """The results files ``machine`` has at ``commit`` (asv names them <commit8>-<env>.json),
+    in environment ``env`` only when given."""
+    name = None if env is None else f"{commit[:8]}-{env}.json"
+    return [p for p in results_files(results_dir / machine)
+            if p.name.startswith(commit[:8]) and (name is None or p.name == name)]
+
+
+def merge_benchmarks(path: Path, new: dict) -> None:
+    """Merge a run's benchmarks.json into ``path``: every benchmark either knows, the newer
+    description winning, so results of a benchmark since removed can still be read. The file
+    is rewritten only when that changes it."""
+    old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    merged = {**(old or {}), **new}
+    if merged != old:
+        atomic.write_text(path, json.dumps(merged, indent=4, sort_keys=True) + "\n")
+
+
+def backup(path: Path) -> Path:
+    """Keep a file about to be replaced (with --force) beside it, under a name no reader takes
+    for results ('.json' is not its suffix)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dst = path.with_name(f"{path.name}.replaced-{stamp}")
+    os.replace(path, dst)
+    return dst
+
+
+def import_results(staging: Path, results_dir: Path, machine: str, old: list[Path], force: bool,
+                   log: Callable[[str], None]) -> list[Path]:
+    """Copy one asv run's output from ``staging`` into ``results_dir``, each file atomically:
+    benchmarks.json (merged) first, then machine.json, then the results files, so a reader
+    never meets a result whose benchmark it cannot interpret. ``old`` are the recorded files
+    this run replaces: AlreadyRecorded unless ``force``, else each is moved aside (kept, not
+    read). Returns the results files written ([] when asv wrote none)."""
+    files = results_files(staging / machine)
+    if not files:
+        return []
+    if old and not force:
+        raise AlreadyRecorded(f"{old[0]} is already recorded; pass --force to replace it")
+    if (staging / "benchmarks.json").exists():
+        merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()))
+    dest = results_dir / machine
+    if (staging / machine / "machine.json").exists():
+        new = (staging / machine / "machine.json").read_bytes()
+        if not (dest / "machine.json").exists() or (dest / "machine.json").read_bytes() != new:
+            atomic.copy(staging / machine / "machine.json", dest / "machine.json")
+    for p in old:
+        log(f"replacing {p} (--force); the old file is kept as {backup(p).name}")
+    return [atomic.copy(f, dest / f.name) for f in files]

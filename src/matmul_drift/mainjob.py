@@ -1,0 +1,288 @@
+"""The main job: every torch build of the project's matrix, side by side, on this machine.
+
+For each build (torch version) of ``asv.conf.json``'s matrix, or those asked for:
+
+1. refuse it if this commit already has its results on this machine (unless ``force``);
+2. ``asv run <commit>^!`` in asv's own virtualenv for that build (asv creates it once and
+   reuses it; its name, ``virtualenv-py3.11-...-torch2.13.0-wheel``, is the name plain
+   ``asv run`` gives it, so the two compare), with a config whose matrix holds that build
+   only, into a staging directory;
+3. copy the results into ``results/asv/<machine>/`` atomically (asvrun.import_results).
+
+A build that cannot be installed or run is one line naming it; the others go on. Then
+``asv publish`` into ``html/`` with the site's own parts (site.py: local scripts, the drift
+page with kernel names), and the summary of what this run found: the builds side by side
+at this commit, and each against this machine's previous commit in the same build.
+
+The machine is named after its hardware (machine.py), never after the host. Results for
+another machine, and files tracked in git, are never touched; benchmarks.json is rewritten
+only when the benchmarks changed.
+
+Numbers: durations in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import asvrun, history, machine, render, site, summary
+
+STATE = Path(".asv") / "main-job"  # staging, generated configs and logs; git ignores .asv/
+RESULTS = Path("results")
+_BUILD = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
+
+
+class UsageError(Exception):
+    """Bad input or nothing to do: one line, exit status 2."""
+
+
+class JobError(Exception):
+    """The results could not be published or read back: one line, exit status 1."""
+
+
+@dataclass
+class Options:
+    """One run of the main job. ``builds``: torch versions (None: the matrix's)."""
+
+    repo: Path
+    builds: list[str] | None = None
+    force: bool = False
+    bench: list[str] = field(default_factory=list)
+    quick: bool = False
+    launch_method: str | None = None
+    publish: bool = True
+    machine: str | None = None
+
+
+@dataclass
+class Outcome:
+    """One build: ``status`` is recorded, already recorded or failed; ``seconds`` its wall time."""
+
+    build: str
+    env: str
+    status: str
+    message: str = ""
+    files: list[Path] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    machine: str
+    commit: str
+    outcomes: list[Outcome]
+    summary: summary.Summary | None
+    seconds: float
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == "failed"]
+
+
+def log(msg: str) -> None:
+    print(f"matmul-drift run: {msg}", file=sys.stderr, flush=True)
+
+
+def project_config(repo: Path) -> dict:
+    from asv import util
+
+    try:
+        return util.load_json(str(repo / "asv.conf.json"), js_comments=True)
+    except Exception as exc:  # asv raises its own UserError for bad JSON
+        raise UsageError(f"cannot read {repo / 'asv.conf.json'}: {str(exc).splitlines()[0]}") from None
+
+
+def matrix_builds(conf: dict) -> list[str]:
+    """The torch versions of the config's matrix ("" means unpinned, kept as it is)."""
+    req = conf.get("matrix", {}).get("req", conf.get("matrix", {}))
+    builds = req.get("torch") if isinstance(req, dict) else None
+    if not isinstance(builds, list) or not builds:
+        raise UsageError("asv.conf.json's matrix names no torch versions (matrix.req.torch)")
+    return [str(b) for b in builds]
+
+
+def check_build(text: str) -> str:
+    """A torch version as pip takes it after ``torch==``; UsageError otherwise."""
+    b = text.strip()
+    if not _BUILD.match(b):
+        raise UsageError(f"torch build {text!r} is not a version (expected e.g. 2.13.0)")
+    return b
+
+
+def build_config(repo: Path, conf: dict, build: str, results_dir: Path) -> dict:
+    """The project's asv config with its matrix reduced to one torch build and every path
+    absolute (the generated file lives elsewhere); results go to ``results_dir``."""
+    out = json.loads(json.dumps(conf))
+    req = out.setdefault("matrix", {}).setdefault("req", {})
+    req["torch"] = [build]
+    for key, default in (("env_dir", ".asv/env"), ("benchmark_dir", "benchmarks"), ("html_dir", "html")):
+        out[key] = str((repo / out.get(key, default)).resolve())
+    out["repo"] = str((repo / out.get("repo", ".")).resolve())
+    out["results_dir"] = str(results_dir)
+    return out
+
+
+def env_name(conf: dict) -> str:
+    """The name asv gives the (single) environment of ``conf``."""
+    from asv import config, environment
+
+    c = config.Config.from_json(conf)
+    names = [e.name for e in environment.get_environments(c, None, verbose=False)]
+    if len(names) != 1:
+        raise UsageError(f"the matrix gives {len(names)} environments for one torch build; expected 1")
+    return names[0]
+
+
+def _git(repo: Path, *args: str) -> str:
+    p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise UsageError(f"git {' '.join(args)}: {(p.stderr.strip().splitlines() or ['failed'])[0]}")
+    return p.stdout.strip()
+
+
+def head_commit(repo: Path) -> str:
+    commit = _git(repo, "rev-parse", "HEAD")
+    dirty = _git(repo, "status", "--porcelain", "--", "src", "pyproject.toml")
+    if dirty:
+        log(f"warning: src/ has uncommitted changes; asv measures the package as committed at {commit[:8]}")
+    return commit
+
+
+def _install_error(logfile: Path) -> str:
+    """The line that says why a build failed, from asv's log: pip's first ERROR, else asv's."""
+    try:
+        text = logfile.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    for pattern in (r"ERROR: (No matching distribution.*)", r"ERROR: (Could not find a version.*)",
+                    r"ERROR: (Cannot install .*)", r"ERROR: (.*)", r"(Failure creating environment.*)",
+                    r"·+ (Error running .*)", r"(\S*Error: .*)"):
+        for line in text:
+            m = re.search(pattern, line)
+            if m:
+                return m.group(1).strip()
+    return ""
+
+
+def _progress(build: str):
+    def show(line: str) -> None:
+        print(f"[torch {build}] {line.strip()}", file=sys.stderr, flush=True)
+    return show
+
+
+def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Outcome:
+    """One torch build: asv run into staging, then the results into results/asv/<machine>/."""
+    t0 = time.monotonic()
+    state = o.repo / STATE
+    staging = state / "staging" / f"{build}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    bconf = build_config(o.repo, conf, build, staging)
+    env = env_name(bconf)
+    results_dir = o.repo / RESULTS / "asv"
+    old = asvrun.recorded(results_dir, name, commit, env)
+    if old and not o.force:
+        return Outcome(build, env, "already recorded", f"{old[0].relative_to(o.repo)}; pass --force to measure again")
+    path = asvrun.write_config(state / f"asv-torch-{build}.json", bconf)
+    logfile = state / f"asv-torch-{build}.log"
+    logfile.unlink(missing_ok=True)
+    args = ["run", f"{commit}^!", "--machine", name, "--show-stderr"]
+    args += [a for b in o.bench for a in ("--bench", b)]
+    args += ["--quick"] if o.quick else []
+    args += ["--launch-method", o.launch_method] if o.launch_method else []
+    log(f"torch {build}: asv {' '.join(args)} in {env} (log: {logfile.relative_to(o.repo)})")
+    envvars = {**os.environ, "MATMUL_DRIFT_CATALOG": str(o.repo / RESULTS / "catalog"),
+               "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # forkserver: no CUDA before the fork
+    rc, tail = asvrun.run(path, *args, cwd=o.repo, env=envvars, log=logfile, progress=_progress(build))
+    try:
+        files = asvrun.import_results(staging, results_dir, name, old, o.force, log)
+    except asvrun.AlreadyRecorded as exc:  # recorded meanwhile by another run
+        return Outcome(build, env, "already recorded", str(exc), seconds=time.monotonic() - t0)
+    shutil.rmtree(staging, ignore_errors=True)
+    seconds = time.monotonic() - t0
+    if not files:
+        why = _install_error(logfile) or (tail[-1] if tail else f"asv exit status {rc}")
+        return Outcome(build, env, "failed", f"{why} (see {logfile.relative_to(o.repo)})", seconds=seconds)
+    note = "" if rc == 0 else f" (asv exit status {rc}: some benchmark values failed; see the log)"
+    return Outcome(build, env, "recorded", ", ".join(str(f.relative_to(o.repo)) for f in files) + note,
+                   files, seconds)
+
+
+def read(repo: Path, name: str | None = None) -> history.History:
+    try:
+        return history.read_history(repo / RESULTS, machine=name)
+    except history.HistoryError as exc:
+        raise JobError(f"cannot read the results back: {exc}") from None
+
+
+def publish(repo: Path, conf: dict, name: str, commit: str) -> None:
+    """asv publish into html/, then the site's own parts: local scripts and the drift page
+    (every machine's latest commit against its previous one, and the kernel names)."""
+    path = asvrun.write_config(repo / STATE / "asv-publish.json",
+                               {**build_config(repo, conf, matrix_builds(conf)[0], repo / RESULTS / "asv"),
+                                "matrix": conf.get("matrix", {})})
+    rc, tail = asvrun.run(path, "publish", cwd=repo, log=repo / STATE / "asv-publish.log", progress=lambda _: None)
+    if rc != 0:
+        raise JobError(f"asv publish failed: {tail[-1] if tail else rc}")
+    hist = read(repo)
+    result, runs = latest_runs(hist)
+    html = Path(conf.get("html_dir", "html"))
+    html = html if html.is_absolute() else repo / html
+    for url in site.write(html, hist, result, runs, title="the latest run on each machine"):
+        log(f"warning: the site loads {url} from the network")
+
+
+def latest_runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
+    """Every machine's latest commit: the Summary of what changed there (--at), and one
+    plain dict per machine for the site (machine, commit, line, failed)."""
+    flags, pairs, notes, runs = [], 0, [], []
+    for name, machine_runs in sorted(hist.runs.items()):
+        if not machine_runs:
+            continue
+        head = machine_runs[-1].commit
+        one = history.History(hist.asv_dir, hist.catalog, hist.benchmarks, {name: hist.machines.get(name, {})},
+                              {name: machine_runs}, hist.warnings)
+        s = summary.summarise(one, summary.Options(at=head))
+        flags += s.flags
+        pairs += s.pairs
+        notes += s.different_hardware
+        builds = [r.torch or r.env_name for r in machine_runs if r.commit == head]
+        before = [r for r in machine_runs if r.commit != head and r.order_key < machine_runs[-1].order_key]
+        against = f"against {before[-1].commit[:8]}" if before else "its first recorded commit"
+        runs.append({"machine": name, "commit": head,
+                     "line": f"{name}: {head[:8]}, torch {', '.join(builds)}; {against}",
+                     "failed": [f"{o.benchmark} {' '.join(o.params.values())}".strip()
+                                for o in one.observations(name) if o.commit == head and o.status == "failed"]})
+    return summary.Summary(flags, pairs, sorted(hist.runs), list(dict.fromkeys(hist.warnings)), notes), runs
+
+
+def run(o: Options) -> Report:
+    """The main job; see the module docstring."""
+    t0 = time.monotonic()
+    conf = project_config(o.repo)
+    builds = [check_build(b) for b in (o.builds or matrix_builds(conf))]
+    commit = head_commit(o.repo)
+    name = o.machine or machine.register()
+    log(f"machine {name}; commit {commit[:8]}; torch builds {', '.join(builds)}")
+    outcomes = []
+    for build in builds:
+        out = run_build(o, conf, name, build, commit)
+        outcomes.append(out)
+        log(f"torch {build}: {out.status}: {out.message}" + (f" ({out.seconds:.0f} s)" if out.seconds else ""))
+    if all(x.status == "already recorded" for x in outcomes):
+        raise UsageError(f"every build is already recorded at {commit[:8]} on {name}; pass --force to measure again")
+    result = None
+    if any(x.status == "recorded" for x in outcomes):
+        if o.publish:
+            publish(o.repo, conf, name, commit)
+        hist = read(o.repo, name)
+        result = summary.summarise(hist, summary.Options(at=commit))
+        sys.stdout.write(render.render_plain(result))
+    return Report(name, commit, outcomes, result, time.monotonic() - t0)

@@ -1,0 +1,192 @@
+"""The main job for real: both torch builds of asv.conf.json's matrix (2.13.0 and 2.14.1), each
+in asv's own virtualenv, side by side, on a committed copy of this checkout (its committed
+results included), with `MATMUL_DRIFT_CASES=square` and `--bench 'Drift\\.'` to keep it short.
+
+asv's environments live in this checkout's .asv/env (made on first use: two torch installs
+from the local wheel store, about two minutes; reused afterwards), shared by the copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from matmul_drift import catalog, cli, history, machine, mainjob
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+BENCH = r"Drift\."
+IGNORE = shutil.ignore_patterns(".git", ".asv", "html", "nightly", ".slurm-nightly", ".venv", "__pycache__",
+                                "*.egg-info", ".pytest_cache", ".hypothesis", "*.replaced-*")
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+BUILDS = ("2.13.0", "2.14.1")
+
+
+def git(cwd, *args) -> str:
+    return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@dataclass
+class Project:
+    path: Path
+    env: dict
+    name: str
+    runs: dict = field(default_factory=dict)
+
+    def run(self, *args, **extra) -> subprocess.CompletedProcess:
+        """`matmul-drift run` as scripts/suite.sh runs it (which first pip-installs the project)."""
+        return subprocess.run([PY, "-m", "matmul_drift.cli", "run", "--bench", BENCH, *args], cwd=self.path,
+                              env={**self.env, **extra}, capture_output=True, text=True, timeout=1800)
+
+    def head(self) -> str:
+        return git(self.path, "rev-parse", "HEAD")
+
+    def files(self, commit: str | None = None) -> dict[str, Path]:
+        """{torch build: results file} of this machine at ``commit`` (default HEAD)."""
+        commit = commit or self.head()
+        out = {}
+        for p in (self.path / "results/asv" / self.name).glob(f"{commit[:8]}-*.json"):
+            out[json.loads(p.read_text())["params"]["torch"]] = p
+        return out
+
+
+_PROJECT: list[Project] = []
+
+
+def build_project(factory) -> Project:
+    """The copy, and the first run of the main job in it (see the module docstring)."""
+    if _PROJECT:
+        return _PROJECT[0]
+    base = factory.mktemp("mainjob")
+    proj = base / "proj"
+    shutil.copytree(ROOT, proj, ignore=IGNORE)
+    git(base, "init", "-q", "-b", "main", str(proj))
+    git(proj, "add", "-A")
+    git(proj, "commit", "-qm", "copy")
+    (ROOT / ".asv" / "env").mkdir(parents=True, exist_ok=True)
+    (proj / ".asv").mkdir()
+    (proj / ".asv" / "env").symlink_to(ROOT / ".asv" / "env")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MATMUL_DRIFT_", "MKL_", "TORCH_VERSION"))}
+    # HOME: asv keeps its machine file there; PYTHONPATH: the copy's own package drives the run.
+    env.update(HOME=str(base / "home"), MATMUL_DRIFT_CASES="square", PYTHONPATH=str(proj / "src"))
+    p = Project(proj, env, machine.name(machine.fingerprint()))
+    p.runs["first"] = p.run()
+    assert p.runs["first"].returncode == 0, p.runs["first"].stderr[-4000:]
+    _PROJECT.append(p)
+    return p
+
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory) -> Project:
+    return build_project(tmp_path_factory)
+
+
+def test_both_builds_side_by_side_in_asvs_own_environments(project):
+    files = project.files()
+    assert sorted(files) == list(BUILDS)
+    # the environment names plain `asv run` gives the project's matrix, one per build
+    from asv import config, environment
+
+    conf = config.Config.load(str(project.path / "asv.conf.json"))
+    names = sorted(e.name for e in environment.get_environments(conf, None, verbose=False))
+    assert sorted(json.loads(p.read_text())["env_name"] for p in files.values()) == names
+    assert all(f"torch{b}" in json.loads(files[b].read_text())["env_name"] for b in BUILDS)
+    # each build ran the torch it names (the env catalog entry says what was imported)
+    hist = history.read_history(project.path / "results", machine=project.name)
+    torch_ran = sorted(r.torch for r in hist.runs[project.name] if r.commit == project.head())
+    assert [t.split("+")[0] for t in torch_ran] == list(BUILDS)
+    # the machine is this hardware; its description says so
+    info = json.loads((project.path / "results/asv" / project.name / "machine.json").read_text())
+    assert info["machine"] == project.name and info["isa"] == machine.asv_entry(machine.fingerprint())["isa"]
+    # the site's torch column shows each build
+    index = json.loads((project.path / "html/index.json").read_text())
+    assert sorted(index["params"]["torch"]) == list(BUILDS)
+    assert project.name in index["params"]["machine"]
+
+
+def test_the_run_ends_with_what_it_found(project):
+    p = project.runs["first"]
+    # the builds side by side at this commit: one comparison, no flag on this CPU or else named
+    assert re.search(r"^matmul-drift summary: .* in 1 comparisons on 1 machine$", p.stdout, re.M), p.stdout
+    assert "done in" in p.stderr and "torch 2.13.0 recorded" in p.stderr and "torch 2.14.1 recorded" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_nothing_tracked_in_git_is_modified(project):
+    status = git(project.path, "status", "--porcelain", "--untracked-files=all")
+    changed = [ln for ln in status.splitlines() if not ln.startswith("??")]
+    assert changed == []
+    new = [ln[3:] for ln in status.splitlines()]
+    assert new and all(n.startswith((f"results/asv/{project.name}/", "results/catalog/")) for n in new), new
+
+
+def test_a_second_run_refuses_and_changes_nothing(project):
+    before = {p: p.read_bytes() for p in (project.path / "results").rglob("*") if p.is_file()}
+    p = project.run()
+    assert p.returncode == 2, p.stderr[-3000:]
+    errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "already recorded" in errors[0] and "--force" in errors[0]
+    assert {q: q.read_bytes() for q in (project.path / "results").rglob("*") if q.is_file()} == before
+
+
+def test_one_build_again_never_touches_the_other(project):
+    files = project.files()
+    other = files["2.13.0"].read_bytes()
+    replaced = files["2.14.1"].read_bytes()
+    p = project.run("--force", TORCH_VERSION="2.14.1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "torch 2.14.1 recorded" in p.stderr and "2.13.0" not in p.stderr.split("torch builds", 1)[1].splitlines()[0]
+    assert files["2.13.0"].read_bytes() == other  # never rewritten
+    kept = list(files["2.14.1"].parent.glob(files["2.14.1"].name + ".replaced-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == replaced  # the replaced file is kept beside
+
+
+def test_a_build_that_cannot_install_is_one_line_and_the_other_is_recorded(project):
+    conf = project.path / "asv.conf.json"
+    text = conf.read_text()
+    conf.write_text(text.replace('"torch": ["2.13.0", "2.14.1"]', '"torch": ["2.13.0", "9.9.9"]'))
+    git(project.path, "commit", "-qam", "a torch build that does not exist")
+    try:
+        p = project.run()
+    finally:
+        conf.write_text(text)
+        git(project.path, "commit", "-qam", "back")
+    assert p.returncode == 1
+    assert "Traceback" not in p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "torch 9.9.9" in errors[0] and "9.9.9" in errors[0].split("torch 9.9.9", 1)[1], errors
+    head = git(project.path, "rev-parse", "HEAD~1")
+    assert sorted(project.files(head)) == ["2.13.0"]
+    # the summary printed: 2.13.0 against this machine's previous commit (no second build here)
+    assert re.search(r"^matmul-drift summary: .* in 1 comparisons on 1 machine$", p.stdout, re.M), p.stdout
+
+
+def test_catalog_names_a_kernel_id_as_asv_shows_it(project, capsys):
+    hist = history.read_history(project.path / "results", machine=project.name)
+    value = next(o.value for o in hist.observations(project.name) if o.benchmark == "drift.Drift.track_kernel_id"
+                 and o.params == {"case": "square", "dtype": "float32", "device": "cpu"} and o.status == "ok")
+    root = project.path / "results/catalog"
+    names = catalog.load(root, "kernels", value)["full"]
+    for spelling in (f"{value:.1f}", f"{value:.3g}", f"{int(value):012x}", repr(value)):
+        assert cli.main(["catalog", spelling, "--root", str(root)]) == 0
+        out = capsys.readouterr().out
+        assert catalog.hex_id(value) in out and all(n in out for n in names)
+    assert cli.main(["catalog", "not-an-id", "--root", str(root)]) == 2
+    assert "is not an id" in capsys.readouterr().err
+
+
+def test_bad_input_is_one_line(project):
+    for args, needle in ((("--torch", "latest"),), "not a version"), ((("--machine", "a b"),), "machine"):
+        p = project.run(*args[0])
+        assert p.returncode == 2 and "Traceback" not in p.stderr
+        errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+        assert len(errors) == 1 and needle in errors[0], p.stderr
+    assert mainjob.check_build(" 2.14.1 ") == "2.14.1"
