@@ -4,16 +4,16 @@ import ast
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from checkout import committed_copy
+
 ROOT = Path(__file__).resolve().parents[1]
 ASV = [sys.executable, "-m", "asv"]
-IGNORE = shutil.ignore_patterns(".git", ".asv", "html", "results", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis")
 
 
 def asv(*args, cwd, env=None, timeout=900):
@@ -25,12 +25,7 @@ def asv(*args, cwd, env=None, timeout=900):
 def project(tmp_path):
     """A committed copy of the working tree, so asv can resolve a commit hash."""
     dst = tmp_path / "project"
-    shutil.copytree(ROOT, dst, ignore=IGNORE)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=dst, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=dst, check=True)
-    subprocess.run([*git, "commit", "-qm", "copy"], cwd=dst, check=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=dst, capture_output=True, text=True, check=True).stdout.strip()
+    head = committed_copy(dst)
     env = dict(os.environ, HOME=str(tmp_path), MATMUL_DRIFT_CASES="square,skinny", MATMUL_DRIFT_CATALOG=str(dst / "results" / "catalog"))
     rc, out = asv("machine", "--yes", "--machine", "testbox", cwd=dst, env=env)
     assert rc == 0, out

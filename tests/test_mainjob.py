@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -19,19 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from checkout import ROOT, committed_copy, git
+
 from matmul_drift import catalog, cli, history, machine, mainjob
 
-ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 BENCH = r"Drift\."
-IGNORE = shutil.ignore_patterns(".git", ".asv", "html", "nightly", ".slurm-nightly", ".venv", "__pycache__",
-                                "*.egg-info", ".pytest_cache", ".hypothesis", "*.replaced-*")
-GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
 BUILDS = ("2.13.0", "2.14.1")
-
-
-def git(cwd, *args) -> str:
-    return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
 @dataclass
@@ -67,10 +60,7 @@ def build_project(factory) -> Project:
         return _PROJECT[0]
     base = factory.mktemp("mainjob")
     proj = base / "proj"
-    shutil.copytree(ROOT, proj, ignore=IGNORE)
-    git(base, "init", "-q", "-b", "main", str(proj))
-    git(proj, "add", "-A")
-    git(proj, "commit", "-qm", "copy")
+    committed_copy(proj, results=True)
     (ROOT / ".asv" / "env").mkdir(parents=True, exist_ok=True)
     (proj / ".asv").mkdir()
     (proj / ".asv" / "env").symlink_to(ROOT / ".asv" / "env")

@@ -22,19 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from checkout import ROOT, committed_copy, git
+
 from matmul_drift import axis, history, nightly, resultsbranch, site
 from matmul_drift.lock import Locked, TreeLock
 
-ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 BENCH = r"Drift\."
-IGNORE = shutil.ignore_patterns(".git", ".asv", "html", "results", "nightly", ".slurm-nightly", ".venv",
-                                "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis")
-GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-
-
-def git(cwd, *args) -> str:
-    return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
 @dataclass
@@ -71,12 +65,7 @@ def build_world(factory) -> World:
         return _WORLD[0]
     base = factory.mktemp("nightly")
     proj = base / "proj"
-    shutil.copytree(ROOT, proj, ignore=IGNORE)
-    with open(proj / ".gitignore", "a") as fh:
-        fh.write("/nightly/\n")
-    git(base, "init", "-q", "-b", "main", str(proj))
-    git(proj, "add", "-A")
-    git(proj, "commit", "-qm", "copy")
+    committed_copy(proj)
     remote = base / "remote.git"
     git(base, "clone", "-q", "--bare", str(proj), str(remote))
     for name in "abm":

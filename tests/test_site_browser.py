@@ -4,6 +4,7 @@ not set; in CI (which installs chromium and chromium-driver) it always runs."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import http.server
@@ -32,8 +33,8 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def _chromium(profile, flags=FLAGS):
+    """A headless Chromium driven by selenium; fails in CI, skips elsewhere, where it is absent."""
     why = _missing()
     if why:
         if os.environ.get("CI"):
@@ -45,11 +46,31 @@ def browser(tmp_path_factory):
 
     opts = Options()
     opts.binary_location = CHROMIUM
-    for flag in FLAGS:
+    for flag in flags:
         opts.add_argument(flag)
-    opts.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium')}")
+    opts.add_argument(f"--user-data-dir={profile}")
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    return webdriver.Chrome(service=Service(DRIVER), options=opts)
+
+
+@contextlib.contextmanager
+def _serving(directory):
+    """The base URL of ``directory`` served on 127.0.0.1 for the duration."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = _chromium(tmp_path_factory.mktemp("chromium"))
     yield driver
     driver.quit()
 
@@ -58,16 +79,8 @@ def browser(tmp_path_factory):
 def served(tmp_path_factory):
     """(world, base URL) with the merged tree's html/ served on 127.0.0.1."""
     world = build_world(tmp_path_factory)
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    handler = functools.partial(Quiet, directory=str(world.tree("m") / "html"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield world, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with _serving(world.tree("m") / "html") as url:
+        yield world, url
 
 
 def _wait(driver, script: str, timeout: float = 30):
@@ -131,22 +144,8 @@ def test_drift_page_shows_kernel_names_and_is_linked(browser, served):
 @pytest.fixture(scope="module")
 def offline_browser(tmp_path_factory):
     """Chromium that can reach 127.0.0.1 and nothing else: every other host name fails to resolve."""
-    why = _missing()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    opts = Options()
-    opts.binary_location = CHROMIUM
-    for flag in (*FLAGS, "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"):
-        opts.add_argument(flag)
-    opts.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-offline')}")
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    driver = _chromium(tmp_path_factory.mktemp("chromium-offline"),
+                       (*FLAGS, "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"))
     yield driver
     driver.quit()
 
@@ -157,16 +156,8 @@ def served_main(tmp_path_factory):
     from test_mainjob import build_project
 
     project = build_project(tmp_path_factory)
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    handler = functools.partial(Quiet, directory=str(project.path / "html"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield project, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with _serving(project.path / "html") as url:
+        yield project, url
 
 
 def test_main_job_site_draws_both_builds_offline_and_names_kernels(offline_browser, served_main):

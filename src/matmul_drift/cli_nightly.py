@@ -64,11 +64,9 @@ def options(args: argparse.Namespace) -> nightly.Options:
     if not merging and (not args.python or not args.machine):
         raise nightly.UsageError("give --python PY and --machine NAME for a night, or --merge [SRC ...]")
     try:
-        repo = args.repo.resolve() if args.repo else resultsbranch.toplevel(Path.cwd())
-    except resultsbranch.GitError:
-        raise nightly.UsageError("not inside a git checkout of the project; pass --repo DIR") from None
-    if not (repo / "asv.conf.json").is_file():
-        raise nightly.UsageError(f"{repo} has no asv.conf.json; --repo names the project checkout")
+        repo = resultsbranch.project_checkout(args.repo)
+    except ValueError as exc:
+        raise nightly.UsageError(str(exc)) from None
     python = None
     if not merging:
         found = shutil.which(args.python)

@@ -43,11 +43,9 @@ def _minutes(seconds: float) -> str:
 
 def options(args: argparse.Namespace) -> mainjob.Options:
     try:
-        repo = args.repo.resolve() if args.repo else resultsbranch.toplevel(Path.cwd())
-    except resultsbranch.GitError:
-        raise mainjob.UsageError("not inside a git checkout of the project; pass --repo DIR") from None
-    if not (repo / "asv.conf.json").is_file():
-        raise mainjob.UsageError(f"{repo} has no asv.conf.json; --repo names the project checkout")
+        repo = resultsbranch.project_checkout(args.repo)
+    except ValueError as exc:
+        raise mainjob.UsageError(str(exc)) from None
     given = args.torch or ([os.environ["TORCH_VERSION"]] if os.environ.get("TORCH_VERSION") else [])
     builds = [b for t in given for b in t.split(",") if b.strip()]
     if args.machine is not None:

@@ -41,6 +41,18 @@ def toplevel(path: Path | str) -> Path:
     return Path(git(path, "rev-parse", "--show-toplevel"))
 
 
+def project_checkout(given: Path | None) -> Path:
+    """The project checkout (its asv.conf.json and benchmarks/): ``given``, else the git work
+    tree around the current directory. ValueError, one line, when it is not one."""
+    try:
+        repo = given.resolve() if given else toplevel(Path.cwd())
+    except GitError:
+        raise ValueError("not inside a git checkout of the project; pass --repo DIR") from None
+    if not (repo / "asv.conf.json").is_file():
+        raise ValueError(f"{repo} has no asv.conf.json; --repo names the project checkout")
+    return repo
+
+
 def _identity(cwd) -> dict:
     # CI runners have no git identity; a configured one wins.
     if git(cwd, "config", "user.name", check=False) and git(cwd, "config", "user.email", check=False):
