@@ -16,10 +16,11 @@ def git(cwd, *args) -> str:
     return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def committed_copy(dst: Path, *, results: bool = False) -> str:
-    """Copy the working tree (without run state, and without results/ unless ``results``) to
-    ``dst``, make it a git repository with one commit on main; returns that commit's hash."""
-    shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(*_STATE, *(() if results else ("results",))))
+def committed_copy(dst: Path, *, results: bool = False, leave_out: tuple[str, ...] = ()) -> str:
+    """Copy the working tree (without run state, without results/ unless ``results``, and
+    without files or folders named in ``leave_out``) to ``dst``, make it a git repository with
+    one commit on main; returns that commit's hash."""
+    shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(*_STATE, *leave_out, *(() if results else ("results",))))
     git(dst.parent, "init", "-q", "-b", "main", str(dst))
     git(dst, "add", "-A")
     git(dst, "commit", "-qm", "copy")

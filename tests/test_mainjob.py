@@ -1,6 +1,7 @@
 """The main job for real: both torch builds of asv.conf.json's matrix (2.13.0 and 2.14.1), each
 in asv's own virtualenv, side by side, on a committed copy of this checkout (its committed
-results included), with `MATMUL_DRIFT_CASES=square` and `--bench 'Drift\\.'` to keep it short.
+results included, but for this machine's own, so the first run is this machine's first), with
+`MATMUL_DRIFT_CASES=square` and `--bench 'Drift\\.'` to keep it short.
 
 asv's environments live in this checkout's .asv/env (made on first use: two torch installs
 from the local wheel store, about two minutes; reused afterwards), shared by the copy.
@@ -60,14 +61,15 @@ def build_project(factory) -> Project:
         return _PROJECT[0]
     base = factory.mktemp("mainjob")
     proj = base / "proj"
-    committed_copy(proj, results=True)
+    name = machine.name(machine.fingerprint())
+    committed_copy(proj, results=True, leave_out=(name,))  # other machines' history, none of this one's
     (ROOT / ".asv" / "env").mkdir(parents=True, exist_ok=True)
     (proj / ".asv").mkdir()
     (proj / ".asv" / "env").symlink_to(ROOT / ".asv" / "env")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MATMUL_DRIFT_", "MKL_", "TORCH_VERSION"))}
     # HOME: asv keeps its machine file there; PYTHONPATH: the copy's own package drives the run.
     env.update(HOME=str(base / "home"), MATMUL_DRIFT_CASES="square", PYTHONPATH=str(proj / "src"))
-    p = Project(proj, env, machine.name(machine.fingerprint()))
+    p = Project(proj, env, name)
     p.runs["first"] = p.run()
     assert p.runs["first"].returncode == 0, p.runs["first"].stderr[-4000:]
     _PROJECT.append(p)
@@ -106,6 +108,8 @@ def test_the_run_ends_with_what_it_found(project):
     p = project.runs["first"]
     # the builds side by side at this commit: one comparison, no flag on this CPU or else named
     assert re.search(r"^matmul-drift summary: .* in 1 comparisons on 1 machine$", p.stdout, re.M), p.stdout
+    first = git(project.path, "rev-list", "--max-parents=0", "HEAD")[:8]
+    assert re.search(rf"compared at {first}: torch 2\.13\.0\S* vs 2\.14\.1\S*; no earlier commit recorded", p.stdout)
     assert "done in" in p.stderr and "torch 2.13.0 recorded" in p.stderr and "torch 2.14.1 recorded" in p.stderr
     assert "Traceback" not in p.stderr
 
@@ -157,6 +161,8 @@ def test_a_build_that_cannot_install_is_one_line_and_the_other_is_recorded(proje
     assert sorted(project.files(head)) == ["2.13.0"]
     # the summary printed: 2.13.0 against this machine's previous commit (no second build here)
     assert re.search(r"^matmul-drift summary: .* in 1 comparisons on 1 machine$", p.stdout, re.M), p.stdout
+    before = git(project.path, "rev-parse", "HEAD~2")[:8]
+    assert re.search(rf"one torch build only; torch 2\.13\.0\S* at {before} vs {head[:8]}", p.stdout), p.stdout
 
 
 def test_catalog_names_a_kernel_id_as_asv_shows_it(project, capsys):

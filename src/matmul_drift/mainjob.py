@@ -263,6 +263,19 @@ def latest_runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
     return summary.Summary(flags, pairs, sorted(hist.runs), list(dict.fromkeys(hist.warnings)), notes), runs
 
 
+def compared(hist: history.History, commit: str) -> str:
+    """One line naming the comparisons ``summary --at commit`` makes on this machine."""
+    builds, earlier = [], []
+    for p in summary.make_pairs(hist, summary.Options(at=commit)):
+        if p.across == "envs":
+            builds.append(f"torch {p.before.torch} vs {p.after.torch}")
+        else:
+            earlier.append(f"torch {p.after.torch} at {p.before.commit[:8]} vs {commit[:8]}")
+    parts = builds or ["one torch build only"]
+    parts += earlier or ["no earlier commit recorded on this machine"]
+    return f"matmul-drift run: compared at {commit[:8]}: {'; '.join(parts)}"
+
+
 def run(o: Options) -> Report:
     """The main job; see the module docstring."""
     t0 = time.monotonic()
@@ -284,5 +297,6 @@ def run(o: Options) -> Report:
             publish(o.repo, conf, name, commit)
         hist = read(o.repo, name)
         result = summary.summarise(hist, summary.Options(at=commit))
+        print(compared(hist, commit))
         sys.stdout.write(render.render_plain(result))
     return Report(name, commit, outcomes, result, time.monotonic() - t0)
