@@ -667,3 +667,12 @@ def test_at_keeps_what_one_commit_changed(tmp_path, capsys):
     rc, _, err = run_cli(capsys, root, "--at", tree.commits[2][:10], "--base", tree.commits[0][:10],
                          "--head", tree.commits[1][:10])
     assert rc == 2 and "--at goes with neither" in err
+
+
+def test_hardware_params_of_any_json_type_are_compared_not_hashed(tmp_path, capsys):
+    # Found by the fuzzer: a results file whose params hold a list where asv writes a string.
+    root = tmp_path / "results"
+    F.write_tree(root, n_commits=2, adjust=lambda ci, ei, d: ci == 1 and d["params"].update(arch=[], num_cpu=2))
+    rc, doc, err = run_json(capsys, root)
+    assert rc == 0 and "Traceback" not in err
+    assert len(doc["different_hardware"]) == 1 and "different hardware" in doc["different_hardware"][0]

@@ -174,7 +174,8 @@ def resolve_commit(history: History, prefix: str) -> str:
 
 
 def _hardware_key(run: Run) -> tuple:
-    return tuple(run.env_params.get(k) for k in hardware.HARDWARE_PARAMS)
+    # repr: a results file may hold anything there (a list, a number); the key must hash
+    return tuple(repr(run.env_params.get(k)) for k in hardware.HARDWARE_PARAMS)
 
 
 def _hardware_text(run: Run) -> str:
