@@ -31,6 +31,7 @@ COL = {c: i for i, c in enumerate(RESULT_COLUMNS)}
 # name -> (unit, asv type); the benchmarks the summary reads.
 BENCHMARKS = {
     "drift.Drift.track_error_u": ("u", "track"),
+    "drift.Drift.track_nonfinite": ("count", "track"),
     "drift.Drift.track_gamma_k_u": ("u-bound", "track"),
     "drift.Drift.track_slice_n_ulp": ("ulp", "track"),
     "drift.Drift.track_slice_m_ulp": ("ulp", "track"),
@@ -42,6 +43,7 @@ BENCHMARKS = {
     "timing.Time.time_matmul": ("seconds", "time"),
 }
 ERROR_U = "drift.Drift.track_error_u"
+NONFINITE = "drift.Drift.track_nonfinite"
 GAMMA = "drift.Drift.track_gamma_k_u"
 SLICE_N = "drift.Drift.track_slice_n_ulp"
 SLICE_M = "drift.Drift.track_slice_m_ulp"
@@ -183,6 +185,7 @@ def write_tree(
         u = _U[dtype.split("-")[0]]
         nan = math.nan
         base[ERROR_U].append(nan if skipped else 0.05 + 0.01 * (i % 13))
+        base[NONFINITE].append(nan if skipped else 0.0)
         base[GAMMA].append(nan if skipped or K * u >= 1 else K / (1 - K * u))
         base[SLICE_N].append(nan if skipped else (2.0 if i % 3 == 0 else 0.0))
         base[SLICE_M].append(nan if skipped else 0.0)

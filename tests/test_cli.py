@@ -1,6 +1,8 @@
 """`matmul-drift explain`: its JSON contract, its verdicts and its one-line errors."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -91,17 +93,80 @@ def test_cuda_without_gpu_is_a_usage_error():
     assert rc == 2 and "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
 
 
+def _row(**kw):
+    return {"max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0, "max_abs": 0.0, "ulp_at_max": None,
+            "sign_changes": 0, "nonfinite_differ": 0, "beyond_bound": 0, **kw}
+
+
 def test_verdicts_from_hand_built_reports():
     base = {
-        "dtype": "float16", "gamma_k_u": 100.0, "error_u": 1.0, "run_to_run": {"repeat": 3, "max_ulp": 0, "max_u": 0.0},
+        "dtype": "float16", "gamma_k_u": 100.0, "error_u": 1.0, "run_to_run": {"repeat": 3, **_row()},
+        "error_entries": {"entries": 10, "of": 10, "zero_misses": 0, "subnormal": 0, "beyond_bound": 0},
+        "nonfinite": {"a": 0, "b": 0, "product": 0, "reference": 0, "overflow": 0, "spurious": 0, "mismatch": 0},
         "kernels": {"full": ["k1"], "slice_n": ["k2"], "slice_m": []},
-        "slices": {"n": [{"n": 5, "max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0, "max_abs": 0.0, "ulp_at_max": None}], "m": []},
+        "slices": {"n": [{"n": 5, **_row()}], "m": []},
     }
     assert explain.verdict(base)["kind"] == "bit-identical"
     drift = json.loads(json.dumps(base))
-    drift["slices"]["n"][0].update(max_ulp=1, max_u=1.02, max_abs=0.5, ulp_at_max=0.5, frac_differ=0.1)
+    drift["slices"]["n"][0].update(max_ulp=900, max_u=1.02, max_abs=0.5, ulp_at_max=0.5, frac_differ=0.1, sign_changes=2)
     v = explain.verdict(drift)
-    assert v["kind"] == "rounding" and "k2" in v["text"] and "1 ulp" in v["text"]
+    assert v["kind"] == "rounding" and "k2" in v["text"]
+    # max_u and the share of entries lead; one ulp count, with the sign changes called out
+    assert v["text"].startswith("rounding-level drift: slice_n n=5 moves 10% of entries by up to 1.02 u")
+    assert v["text"].count("ulp") == 1 and "900 ulp" in v["text"] and "2 entries change sign" in v["text"]
     bad = json.loads(json.dumps(base))
     bad["error_u"] = 101.0
+    bad["error_entries"]["beyond_bound"] = 1
     assert explain.verdict(bad)["kind"] == "defect"
+    far = json.loads(json.dumps(drift))
+    far["slices"]["n"][0].update(beyond_bound=3, max_u=250.0)
+    assert explain.verdict(far)["kind"] == "defect"
+    zero = json.loads(json.dumps(base))
+    zero["error_entries"]["zero_misses"] = 1
+    assert explain.verdict(zero)["kind"] == "defect"
+    nan_in = json.loads(json.dumps(base))
+    nan_in["nonfinite"].update(a=1, product=3, reference=3)
+    nan_in["slices"]["n"][0].update(frac_differ=0.1, nonfinite_differ=1)
+    assert explain.verdict(nan_in)["kind"] == "non-finite inputs"
+    over = json.loads(json.dumps(base))
+    over["nonfinite"].update(product=2, overflow=2)
+    over["error_u"] = None
+    v = explain.verdict(over)
+    assert v["kind"] == "overflow" and "65504" in v["text"]
+    # a real defect among the finite entries still wins over non-finite ones
+    nan_in["error_entries"]["beyond_bound"] = 1
+    assert explain.verdict(nan_in)["kind"] == "defect"
+
+
+def _mkl_route(a_path, b_path, contiguous: bool) -> str:
+    """The SGEMM transposes MKL itself prints for a direct A @ B on the loaded files, in a
+    fresh process (MKL_VERBOSE=1), parsed here rather than by the project's normaliser."""
+    load = ("lambda p: torch.from_numpy(np.load(p)) if p.endswith('.npy') "
+            "else torch.load(p, weights_only=True)")
+    code = (f"import numpy as np, torch; load = {load}; a, b = load({str(a_path)!r}), load({str(b_path)!r}); "
+            + ("a, b = a.contiguous(), b.contiguous(); " if contiguous else "") + "a @ b")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "MKL_VERBOSE": "1"})
+    calls = re.findall(r"MKL_VERBOSE SGEMM\(([NT]),([NT]),", p.stdout)
+    assert len(calls) == 1, p.stdout + p.stderr
+    return "SGEMM({},{})".format(*calls[0])
+
+
+@pytest.mark.parametrize("layout", ["as-stored", "contiguous"])
+def test_files_keep_their_layout_and_route(tmp_path, layout):
+    g = np.random.default_rng(7)
+    np.save(tmp_path / "a.npy", np.asfortranarray(g.random((48, 96), dtype=np.float32)))  # a transposed view
+    base = torch.from_numpy(g.random((40, 96), dtype=np.float32))
+    torch.save(base.t(), tmp_path / "b.pt")  # a .pt holding a transposed view: strides (1, 96)
+    rc, out, err = run("explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.pt"), "--dtype", "float32",
+                       "--slice-m", "5", "--layout", layout, "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    want = _mkl_route(tmp_path / "a.npy", tmp_path / "b.pt", contiguous=layout == "contiguous")
+    assert [k for k in r["kernels"]["full"] if "SGEMM" in k][0].startswith(f"MKL {want}")
+    if layout == "as-stored":
+        assert want == "SGEMM(T,T)"  # column-major A and B: MKL transposes both
+        assert r["layout"]["a"] == {"shape": [48, 96], "strides": [1, 48], "offset": 0, "order": "F"}
+        assert r["layout"]["b"]["strides"] == [1, 96]
+    else:
+        assert want == "SGEMM(N,N)" and r["layout"]["a"]["order"] == r["layout"]["b"]["order"] == "C"

@@ -1,6 +1,7 @@
 """Known truths for numerics: hand-built bit patterns and the unit roundoffs."""
 
 import numpy as np
+import torch
 import pytest
 
 from matmul_drift import numerics
@@ -87,4 +88,60 @@ def test_drift_and_error_normalisation():
     # |diff| = 2^-22 at 2.0; u·|A||B| = 2^-24 · 2 = 2^-23, so max_u = 2
     assert d["max_u"] == 2.0
     assert d["ulp_at_max"] == 2.0**-22
-    assert numerics.error_u(x, np.array([1.0, 2.0, 5.0]), absprod, "float32") == 0.0
+    e = numerics.error(x, np.array([1.0, 2.0, 5.0]), np.zeros(3), np.ones(3, bool), absprod, "float32")
+    assert e == {"error_u": 0.0, "entries": 2, "of": 3, "zero_misses": 0, "subnormal": 0, "beyond_bound": 0}
+
+
+def test_finite_max_of_each_dtype():
+    assert numerics.finite_max("float16") == 65504.0
+    assert numerics.finite_max("float32") == float(np.finfo(np.float32).max)
+    assert numerics.finite_max("float64") == float(np.finfo(np.float64).max)
+    assert numerics.finite_max("bfloat16") == float(torch.finfo(torch.bfloat16).max)
+
+
+def test_nonfinite_entries_are_drift_not_dropped():
+    # entry 0 agrees (NaN both sides, other payload); 1 turns finite -> inf; 2 NaN -> number;
+    # 3 changes sign near zero; 4 agrees
+    x = np.array([np.nan, 65504.0, np.nan, 2.0**-20, 1.0], dtype=np.float16)
+    y = np.array([-np.nan, np.inf, 3.0, -(2.0**-20), 1.0], dtype=np.float16)
+    absprod = np.array([1.0, 65504.0, 1.0, 2.0**-10, 1.0])
+    d = numerics.drift(x.view(np.uint16), y.view(np.uint16), x, y, absprod, "float16")
+    assert d["frac_differ"] == 3 / 5
+    assert d["nonfinite_differ"] == 2
+    assert d["sign_changes"] == 1
+    # finite pairs only: entry 3 is 2·2^-20 apart = 2^-19 over u·|A||B| = 2^-11·2^-10
+    assert d["max_u"] == 2.0**-19 / 2.0**-21
+    assert d["max_ulp"] == 2 * (2.0**-20 / 2.0**-24)  # subnormal steps of 2^-24 on each side
+
+
+def test_error_covers_finite_entries_and_counts_the_rest():
+    c = np.array([np.inf, np.nan, 1.0, np.inf, 2.0, 0.5])
+    hi = np.array([70000.0, np.nan, 1.0, 100.0, 2.0, 0.0])
+    finite = np.array([True, False, True, True, True, True])
+    absprod = np.array([70000.0, 1.0, 1.0, 100.0, 2.0, 0.0])
+    e = numerics.error(c, hi, np.zeros(6), finite, absprod, "float16")
+    assert e == {"error_u": 0.0, "entries": 2, "of": 6, "zero_misses": 1, "subnormal": 0, "beyond_bound": 0}
+    nf = numerics.nonfinite(c, hi, finite, "float16")
+    assert nf == {"product": 3, "reference": 1, "overflow": 1, "spurious": 1, "mismatch": 0}
+    nf = numerics.nonfinite(np.array([1.0, np.inf]), np.array([np.nan, -np.inf]), np.array([False, False]), "float16")
+    assert nf["mismatch"] == 2 and nf["reference"] == 2
+
+
+def test_bound_allows_underflow_but_not_more():
+    # fp16, K = 1: 3.07e-5 · -3.23e-5 = -9.9e-10 is below half fp16's smallest subnormal
+    # (2^-25): 0 is its correctly rounded value, 2^-24 / (u·|A||B|) ≈ 2048 u relative.
+    exact = -9.9e-10
+    e = numerics.error(np.array([-0.0]), np.array([exact]), np.zeros(1), np.ones(1, bool), np.array([-exact]),
+                       "float16", k=1)
+    assert e["error_u"] > 1000 and e["subnormal"] == 1 and e["beyond_bound"] == 0
+    assert numerics.underflow_step("float16") == 2.0**-25
+    # one subnormal step off at K = 1 exceeds γ_1·u·|A||B| + 2·η = 2^-24 (+ a hair): a defect
+    e = numerics.error(np.array([2.0**-24 + 2.0**-23]), np.array([2.0**-24]), np.zeros(1), np.ones(1, bool),
+                       np.array([2.0**-24]), "float16", k=1)
+    assert e["beyond_bound"] == 1
+    # a normal-range miss by 2 u at K = 1 is beyond γ_1 ≈ 1 u
+    e = numerics.error(np.array([1.0 + 2**-9]), np.array([1.0]), np.zeros(1), np.ones(1, bool), np.array([1.0]),
+                       "float16", k=1)
+    assert e["beyond_bound"] == 1 and e["error_u"] == 4.0
+    assert numerics.error(np.array([1.0]), np.array([1.0]), np.zeros(1), np.ones(1, bool), np.array([1.0]),
+                          "float16", k=4096)["beyond_bound"] == 0  # K·u ≥ 1: no bound, never beyond

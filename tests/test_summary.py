@@ -223,6 +223,15 @@ def test_invariance_lost_regained_and_growth(capsys, tmp_path):
     assert rc == 0
 
 
+def test_nonfinite_outputs_appearing_is_a_failing_flag(capsys, tmp_path):
+    i = _idx(dtype="float16")
+    tree = _tree_with(tmp_path, lambda data, cat: F.set_value(data, F.NONFINITE, i, 12))
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    assert [(f["kind"], f["params"]["dtype"], f["detail"]) for f in doc["flags"]] == [
+        ("nonfinite", "float16", "non-finite outputs 0 -> 12")]
+    assert rc == 1 and doc["failing"] == 1
+
+
 @pytest.mark.parametrize("factor,tolerance,flagged", [
     (1.9, None, False), (2.1, None, True), (0.4, None, True), (0.6, None, False),
     (3.0, "5", False), (6.0, "5", True),
@@ -504,7 +513,7 @@ def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     rc, doc, _ = run_json(capsys, tree.root)
     assert set(doc) == {"version", "fail_on", "failing", "pairs", "machines", "flags", "different_hardware"}
     assert doc["different_hardware"] == []
-    assert doc["fail_on"] == ["kernel", "invariance", "accuracy", "input"]
+    assert doc["fail_on"] == ["kernel", "invariance", "accuracy", "nonfinite", "input"]
     f = doc["flags"][0]
     assert set(f) == {"kind", "failing", "machine", "across", "benchmark", "unit", "params", "before",
                       "after", "detail", "attribution"}

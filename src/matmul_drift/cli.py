@@ -51,6 +51,9 @@ def configure_explain(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slice-n", type=_positive, help="compare A @ B[:, :n] with (A @ B)[:, :n]")
     p.add_argument("--slice-m", type=_positive, help="compare A[:m] @ B with (A @ B)[:m]")
     p.add_argument("--repeat", type=_positive, help="identical calls compared run to run (default 3)")
+    p.add_argument("--layout", choices=("as-stored", "contiguous"), default="as-stored",
+                   help="--a/--b files: keep the strides they were saved with (a Fortran-order .npy is a "
+                        "transposed view; a .pt view keeps its strides and offset), or copy them contiguous")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -78,28 +81,31 @@ def _load_array(path: Path):
 
 
 def _file_case(args):
-    """Operands from --a/--b, rounded to --dtype, and an ad-hoc case describing them."""
+    """Operands from --a/--b, rounded to --dtype with their layout kept (or made contiguous),
+    and an ad-hoc case describing them."""
     import torch
 
     from . import inputs
-    from .measure import make_operands, tensor_bits
+    from .measure import Operands, restride, tensor_bits
 
     a, b = _load_array(args.a), _load_array(args.b)
     if a.dim() not in (1, 2) or b.dim() != 2:
         raise UsageError(f"A must be (M, K) or (K,) and B (K, N); got A {tuple(a.shape)} and B {tuple(b.shape)}")
     if a.shape[-1] != b.shape[0]:
         raise UsageError(f"shapes do not match: A {tuple(a.shape)} @ B {tuple(b.shape)} (K {a.shape[-1]} != {b.shape[0]})")
-    dt = getattr(torch, args.dtype)
-    a_bits, b_bits = tensor_bits(a.to(dt)), tensor_bits(b.to(dt))
     m = 1 if a.dim() == 1 else a.shape[0]
+    empty = [f"{d} = 0" for d, v in (("M", m), ("K", b.shape[0]), ("N", b.shape[1])) if v == 0]
+    if empty:
+        raise UsageError(f"A {tuple(a.shape)} @ B {tuple(b.shape)} is empty ({', '.join(empty)}): nothing to measure"
+                         + (" (with K = 0 every output is exactly 0)" if "K = 0" in empty and len(empty) == 1 else ""))
+    dt = getattr(torch, args.dtype)
+    a_t, b_t = (restride(t, dt, args.device, args.layout == "as-stored") for t in (a, b))
     shape = cases.Shape(m, b.shape[0], b.shape[1])
     case = cases.Case(
         f"files:{args.a.name}@{args.b.name}", "mv" if a.dim() == 1 else "mm", shape, shape, layout="strided",
         forms=("as-is", "2d") if a.dim() == 1 else ("as-is",),
     )
-    ops = make_operands(a_bits, b_bits, args.dtype, args.device, case)
-    nonneg = bool((a >= 0).all() and (b >= 0).all())
-    return case, ops, inputs.checksum(a_bits, b_bits), nonneg
+    return case, Operands(a_t, b_t, case.op, case.layout), inputs.checksum(tensor_bits(a_t), tensor_bits(b_t))
 
 
 def run_explain(args) -> int:
@@ -124,7 +130,7 @@ def run_explain(args) -> int:
     except Unavailable as exc:
         raise UsageError(str(exc)) from None
     if given[2]:
-        case, ops, checksum, nonneg = _file_case(args)
+        case, ops, checksum = _file_case(args)
     shape = case.shape(args.device)
     if args.slice_n is not None and args.slice_n > shape.n:
         raise UsageError(f"--slice-n {args.slice_n} is larger than N = {shape.n}")
@@ -144,13 +150,13 @@ def run_explain(args) -> int:
     if given[2]:
         m = measure_operands(
             ops, case=case, precision=args.dtype, device=args.device, checksum=checksum,
-            slice_n=slice_n or (), slice_m=slice_m or (), repeat=repeat or 3, nonnegative=nonneg,
+            slice_n=slice_n or (), slice_m=slice_m or (), repeat=repeat or 3,
         )
     else:
         m = measure(case, args.dtype, args.device, slice_n=slice_n, slice_m=slice_m, repeat=repeat)
-    r = explain.report(m, args.slice_n, args.slice_m)
+    r = explain.report(m, args.slice_n, args.slice_m, layout=m.layout)
     if args.json:
-        print(json.dumps(r, indent=2, allow_nan=False, default=float))
+        print(json.dumps(r, indent=2, allow_nan=False))
     else:
         print(explain.render(r))
     return 1 if r["verdict"]["kind"] == "defect" else 0

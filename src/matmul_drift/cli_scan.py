@@ -179,7 +179,7 @@ def _run(args) -> int:
     sessions = list(rec.get("sessions", [])) if rec else []
     ops = measure.make_operands(a_bits, b_bits, args.dtype, args.device, case)
     del a_bits, b_bits
-    top = None if args.vary == "k" else measure.top_product(ops, nonnegative=True)
+    top = None if args.vary == "k" else measure.top_product(ops)
 
     progress = _Progress(len(scan.grid(lo, hi, step)), len(points))
     session = {"evaluated": 0, "seconds": 0.0, "complete": False}
@@ -197,7 +197,7 @@ def _run(args) -> int:
     stopped: list[int] = []
 
     def evaluate(size: int) -> dict:
-        p = measure.scan_point(ops, args.vary, size, top, dtype=args.dtype, device=args.device, nonnegative=True)
+        p = measure.scan_point(ops, args.vary, size, top, dtype=args.dtype, device=args.device)
         live[size] = p
         session["evaluated"] += 1
         save(live, complete=False)

@@ -6,11 +6,24 @@
 
 from __future__ import annotations
 
+import math
+
 from tabulate import tabulate
 
+from . import numerics
 from .measure import Measurement
 
-DRIFT_KEYS = ("max_ulp", "frac_differ", "max_u")
+DRIFT_KEYS = ("max_u", "frac_differ", "max_ulp", "sign_changes", "nonfinite_differ", "beyond_bound")
+LEGEND = (
+    "u: the unit roundoff of the output dtype ({u}); errors and drifts in u are |difference| / (u · Σ|a·b|).",
+    "ulp: the gap between neighbouring floats at a value; an ulp count is how many floats lie between two results.",
+    "γ_K: K·u / (1 − K·u), the worst error (in u) any order of summing K products can make; none where K·u ≥ 1.",
+)
+
+
+def _worst(row: dict) -> tuple:
+    max_u = math.inf if row["max_u"] is None else row["max_u"]  # None: made null, was inf
+    return (row["nonfinite_differ"], max_u, row["max_ulp"])
 
 
 def _pick(rows: list[dict], want: int | None, key: str) -> dict | None:
@@ -19,20 +32,28 @@ def _pick(rows: list[dict], want: int | None, key: str) -> dict | None:
         rows = [r for r in rows if r[key] == want]
     if not rows:
         return None
-    worst = max(rows, key=lambda r: (r["max_ulp"], r["max_u"]))
+    worst = max(rows, key=_worst)
     return {key: worst[key], **{k: worst[k] for k in DRIFT_KEYS}}
 
 
-def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = None) -> dict:
+def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = None, layout: dict | None = None) -> dict:
     """The JSON object of `explain --json`. Units: error_u, gamma_k_u and max_u in u of the
-    output dtype; max_ulp in output ulps; frac_differ a fraction; seconds per product."""
+    output dtype; max_ulp in output ulps; frac_differ a fraction; seconds per product.
+
+    Every value is RFC 8259 JSON: a non-finite number becomes null, and ``nulls`` maps its
+    path to the reason.
+    """
     out = {
         "case": m.case,
         "dtype": m.precision,
         "device": m.device,
         "shape": {"m": m.m, "k": m.k, "n": m.n, "batch": m.batch},
+        "layout": layout,
         "error_u": m.error_u,
+        "error_entries": m.error,
         "gamma_k_u": m.gamma_k_u,
+        "reference": m.reference,
+        "nonfinite": m.nonfinite,
         "slice_n": _pick(m.slice_n, slice_n, "n"),
         "slice_m": _pick(m.slice_m, slice_m, "m"),
         "run_to_run": dict(m.run_to_run),
@@ -48,44 +69,111 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
         "environment": m.environment,
         "env_id": f"{m.env_id:012x}",
     }
+    nulls: dict[str, str] = {}
+    if m.error_u is None:
+        nulls["error_u"] = "no entry is finite in both the product and the exact result, with 0 < Σ|a·b| < inf"
+    if m.gamma_k_u is None:
+        nulls["gamma_k_u"] = "K·u ≥ 1: the γ_K bound says nothing"
+    out = _finite(out, "", nulls)
+    out["nulls"] = nulls
     out["verdict"] = verdict(out)
     return out
 
 
-def verdict(r: dict) -> dict:
-    """One of ``bit-identical``, ``rounding`` or ``defect``, with a one-line reason.
+def _finite(obj, path: str, nulls: dict):
+    """``obj`` with every NaN or ±inf float replaced by None; ``nulls[path]`` says what it was."""
+    if isinstance(obj, dict):
+        return {k: _finite(v, f"{path}.{k}" if path else str(k), nulls) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v, f"{path}[{i}]", nulls) for i, v in enumerate(obj)]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        nulls[path] = f"was {obj}"
+        return None
+    return obj
 
-    A defect: error_u above γ_K, or two products further apart than 2·γ_K (each may be
-    γ_K from the truth). Where K·u ≥ 1 the bound says nothing and only drift is reported.
+
+def _drifts(r: dict) -> list[tuple[str, dict]]:
+    out = [("slice_n", row) for row in r["slices"]["n"]] + [("slice_m", row) for row in r["slices"]["m"]]
+    return out + [("run_to_run", r["run_to_run"])]
+
+
+def _where(name: str, row: dict) -> str:
+    return f"n={row['n']}" if "n" in row else f"m={row['m']}" if "m" in row else f"over {row['repeat']} calls"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.3g}%"
+
+
+def verdict(r: dict) -> dict:
+    """The judgement: ``defect`` (exit 1), ``non-finite inputs``, ``overflow``, ``rounding`` or
+    ``bit-identical``, with a one-line reason that leads with max_u and the share of entries.
+
+    A defect is found among entries finite on both sides only: an error beyond the γ_K
+    bound (γ_K·u·|A||B|, plus (K+1)·η for rounding below the normal range), a non-zero
+    output where every term is zero, or two products further apart than twice that (each
+    may be that far from the truth). Non-finite values never make a defect, nor
+    "bit-identical".
     """
-    gamma = r["gamma_k_u"]
-    drifts = [("slice_n", row) for row in r["slices"]["n"]] + [("slice_m", row) for row in r["slices"]["m"]]
-    drifts.append(("run_to_run", r["run_to_run"]))
-    if gamma is not None and r["error_u"] > gamma:
-        return {"kind": "defect", "text": f"DEFECT: error_u {r['error_u']:.4g} u exceeds the γ_K bound {gamma:.4g} u"}
-    too_far = [(name, row) for name, row in drifts if gamma is not None and row["max_u"] > 2 * gamma]
-    if too_far:
-        name, row = too_far[0]
-        return {"kind": "defect", "text": f"DEFECT: {name} drift {row['max_u']:.4g} u exceeds 2·γ_K = {2 * gamma:.4g} u"}
-    moved = [(name, row) for name, row in drifts if row["max_ulp"] > 0]
+    gamma, dt = r["gamma_k_u"], r["dtype"]
+    err, cover, nf = r["error_u"], r["error_entries"], r["nonfinite"]
+    over = f"over {cover['entries']} of {cover['of']} entries"
+    if cover["beyond_bound"]:
+        return {"kind": "defect", "text": f"DEFECT: {cover['beyond_bound']} entries have an error beyond the γ_K bound "
+                                          f"{gamma:.4g} u (error_u {_fmt(err)} u {over})"}
+    if cover["zero_misses"]:
+        return {"kind": "defect", "text": f"DEFECT: {cover['zero_misses']} outputs are non-zero where every product term is zero"}
+    for name, row in _drifts(r):
+        if row.get("beyond_bound"):
+            return {"kind": "defect", "text": f"DEFECT: {name} {_where(name, row)} moves {row['beyond_bound']} entries "
+                                              f"further than 2·γ_K = {2 * gamma:.4g} u (max_u {_fmt(row['max_u'])} u)"}
+    err_text = f"error_u {err:.3g} u {over}" if err is not None else f"no entry has a finite error ({over})"
+    if cover["subnormal"]:
+        err_text += f", {cover['subnormal']} of them below {dt}'s normal range, where rounding is absolute"
+    moved = [(name, row) for name, row in _drifts(r) if row["frac_differ"] > 0]
+    drift_text = _drift_text(r, moved)
+    if nf["a"] or nf["b"]:
+        return {"kind": "non-finite inputs", "text": (
+            f"non-finite inputs: A has {nf['a']} NaN or inf entries, B {nf['b']}; {nf['reference']} outputs are NaN or "
+            f"inf in the exact result and {nf['product']} in the product"
+            + (f" ({nf['mismatch']} of them not the exact result's NaN or inf)" if nf["mismatch"] else "")
+            + f"; {err_text}; {drift_text}")}
+    nonfinite_drift = [(name, row) for name, row in moved if row["nonfinite_differ"]]
+    if nf["overflow"] or nf["spurious"] or nonfinite_drift:
+        parts = []
+        if nf["overflow"]:
+            parts.append(f"{nf['overflow']} outputs are inf because the exact value is beyond {dt}'s largest finite "
+                         f"value {numerics.finite_max(dt):.6g}, so inf is the rounded result")
+        if nf["spurious"]:
+            parts.append(f"{nf['spurious']} outputs are NaN or inf although the exact value is finite and within "
+                         "range (an intermediate sum overflowed)")
+        for name, row in nonfinite_drift:
+            parts.append(f"{name} {_where(name, row)} turns {row['nonfinite_differ']} entries between finite and NaN/inf")
+        return {"kind": "overflow", "text": "overflow: " + "; ".join(parts) + f"; {err_text}; {drift_text}"}
     if not moved:
-        return {"kind": "bit-identical", "text": "bit-identical: every slice and every repeat gave the full product's bits"}
-    name, row = max(moved, key=lambda x: x[1]["max_ulp"])
-    where = f"n={row['n']}" if "n" in row else f"m={row['m']}" if "m" in row else f"{row['repeat']} calls"
+        return {"kind": "bit-identical",
+                "text": f"bit-identical: every slice and every repeat gave the full product's bits; {err_text}"}
+    name, row = max(moved, key=lambda x: _worst(x[1]))
     kind = r["kernels"].get(name) if name != "run_to_run" else None
     if kind and kind != r["kernels"]["full"]:
         extra = [k for k in kind if k not in r["kernels"]["full"]]
         why = f"a different kernel ran ({'; '.join(extra) or 'another order of the same kernels'})"
     else:
         why = "the same kernels ran, so the library summed in another order for this shape"
-    bound = f"within the bound (max drift {row['max_u']:.3g} u, 2·γ_K = {2 * gamma:.4g} u)" if gamma else (
-        f"K·u ≥ 1, so γ_K gives no bound; max drift {row['max_u']:.3g} u")
-    ulp = row.get("ulp_at_max")
-    size = f"; {row['max_abs']:.4g} = {row['max_abs'] / ulp:.3g} ulp of {r['dtype']} at that magnitude" if ulp else ""
-    return {
-        "kind": "rounding",
-        "text": f"rounding-level drift: {name} {where} differs by up to {row['max_ulp']} ulp{size}; {why}; {bound}",
-    }
+    bound = f"within the bound 2·γ_K = {2 * gamma:.4g} u" if gamma else "K·u ≥ 1, so γ_K gives no bound"
+    return {"kind": "rounding", "text": f"rounding-level drift: {drift_text}; {why}; {bound}; {err_text}"}
+
+
+def _drift_text(r: dict, moved: list) -> str:
+    """The worst drift in words: max_u and the share of entries first, one ulp count after."""
+    if not moved:
+        return "no drift between slices or repeats"
+    name, row = max(moved, key=lambda x: _worst(x[1]))
+    text = f"{name} {_where(name, row)} moves {_pct(row['frac_differ'])} of entries by up to {_fmt(row['max_u'])} u"
+    text += f" (at most {row['max_ulp']} ulp apart"
+    if row["sign_changes"]:
+        text += f"; {row['sign_changes']} entries change sign, so that count spans zero and says nothing of size"
+    return text + ")"
 
 
 def _fmt(x) -> str:
@@ -96,18 +184,35 @@ def _fmt(x) -> str:
     return str(x)
 
 
+def _seconds(s: dict | None) -> str:
+    if not s:
+        return "not timed"
+    text = (f"median {s['median']:.4g} s, IQR {s['iqr']:.3g} s over {s['runs']} runs of {s['calls_per_run']} "
+            f"calls, {s['threads']} threads")
+    return text + (" — NOISY (IQR/median > 0.1)" if s["noisy"] else "")
+
+
 def render(r: dict) -> str:
-    """Tables and the verdict as plain text."""
+    """Tables, the legend and the verdict as plain text."""
     s = r["shape"]
     shape = f"{s['batch']}×" if s["batch"] else ""
     shape += f"{s['m']}×{s['k']} @ {s['k']}×{s['n']}"
+    cover = r["error_entries"]
     head = [
         ["case", r["case"]], ["shape", shape], ["dtype", r["dtype"]], ["device", r["device"]],
-        ["error_u (u)", _fmt(r["error_u"])], ["γ_K bound (u)", _fmt(r["gamma_k_u"]) if r["gamma_k_u"] else "none (K·u ≥ 1)"],
-        ["run-to-run max ulp", f"{r['run_to_run']['max_ulp']} over {r['run_to_run']['repeat']} calls"],
-        ["seconds per product", _fmt(r["seconds"])], ["input checksum", r["input_checksum"][:16]],
+        ["error_u (u)", f"{_fmt(r['error_u'])} over {cover['entries']} of {cover['of']} entries"],
+        ["γ_K bound (u)", _fmt(r["gamma_k_u"]) if r["gamma_k_u"] else "none (K·u ≥ 1)"],
+        ["reference", f"{r['reference']['method']}, error ≤ {r['reference']['error_bound_u']:.2g} u"],
+        ["run-to-run", f"{_fmt(r['run_to_run']['max_u'])} u over {r['run_to_run']['repeat']} calls"],
+        ["seconds per product", _seconds(r["seconds"])], ["input checksum", r["input_checksum"][:16]],
         ["kernel-id", r["kernel_id"]], ["env-id", r["env_id"]],
     ]
+    if r.get("layout"):
+        head.insert(4, ["layout", ", ".join(f"{k} strides {v['strides']}" for k, v in r["layout"].items()
+                                            if isinstance(v, dict))])
+    nf = r["nonfinite"]
+    if any(nf.values()):
+        head.insert(5, ["non-finite", ", ".join(f"{k} {v}" for k, v in nf.items())])
     rows = []
     for row in r["slices"]["n"]:
         rows.append(["slice_n", row["n"], row.get("form", ""), row.get("cols", row["n"]), *_drift_cells(row)])
@@ -115,13 +220,16 @@ def render(r: dict) -> str:
         rows.append(["slice_m", row["m"], "", "", *_drift_cells(row)])
     parts = [tabulate(head, tablefmt="simple")]
     if rows:
-        parts.append(tabulate(rows, headers=["drift", "n/m", "A form", "cols", "max ulp", "frac differ", "max_u", "max |diff|", "ulp there"]))
+        parts.append(tabulate(rows, headers=["drift", "n/m", "A form", "cols", "max_u", "entries differ", "max ulp",
+                                             "sign changes", "non-finite", "max |diff|", "ulp there"]))
     kern = [[name, "\n".join(names)] for name, names in r["kernels"].items() if names]
     parts.append(tabulate(kern, headers=["product", "kernels (normalised)"]))
+    u = numerics.unit_roundoff(r["dtype"].split("-", 1)[0])
+    parts.append("\n".join(line.format(u=f"2^{round(math.log2(u))} = {u:.3g}") for line in LEGEND))
     parts.append(r["verdict"]["text"])
     return "\n\n".join(parts)
 
 
 def _drift_cells(row: dict) -> list:
-    return [row["max_ulp"], f"{row['frac_differ']:.4%}", _fmt(row["max_u"]), _fmt(row["max_abs"]), _fmt(row["ulp_at_max"])]
-
+    return [_fmt(row["max_u"]), f"{row['frac_differ']:.4%}", row["max_ulp"], row["sign_changes"],
+            row["nonfinite_differ"], _fmt(row["max_abs"]), _fmt(row["ulp_at_max"])]

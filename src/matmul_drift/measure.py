@@ -1,6 +1,6 @@
 """One case in, one Measurement out.
 
-Error against a float64 reference computed on the case's device, slice drift
+Error against the exact product (reference.py) computed on the case's device, slice drift
 (``slice_n``, ``slice_m``), run-to-run drift, the kernels that ran, the environment
 and the time. Inputs come from inputs.py, so the same case gives the same bits
 everywhere; their checksum travels with the result.
@@ -9,7 +9,6 @@ everywhere; their checksum travels with the result.
 from __future__ import annotations
 
 import functools
-import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -17,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import catalog, environment, inputs, kernels, numerics
+from .reference import Reference, exact_product
 from .cases import Case, storage_dtype
 
 SEED = 20261130  # the generator's seed: changing it changes every checksum
@@ -30,8 +30,11 @@ class Unavailable(Exception):
 class Measurement:
     """Everything measured for one case, precision and device.
 
-    error_u and every ``max_u`` are in units of u of the output dtype; ``max_ulp`` in
-    output-dtype ulps; ``seconds`` per product (CUDA events on CUDA, wall clock on CPU).
+    error_u and every ``max_u`` are in units of u of the output dtype (error_u None when
+    no entry is finite on both sides); ``max_ulp`` in output-dtype ulps; ``error`` says
+    which entries error_u covers, ``nonfinite`` counts NaN/inf by cause (numerics.nonfinite,
+    plus ``a`` and ``b`` for the inputs), ``reference`` names the exact reference's method;
+    ``seconds`` is time_call's dict (seconds per product, with its spread).
     """
 
     case: str
@@ -41,8 +44,11 @@ class Measurement:
     k: int
     n: int
     batch: int | None
-    error_u: float
+    error_u: float | None
     gamma_k_u: float | None
+    error: dict = field(default_factory=dict)
+    nonfinite: dict = field(default_factory=dict)
+    reference: dict = field(default_factory=dict)
     slice_n: list[dict] = field(default_factory=list)
     slice_m: list[dict] = field(default_factory=list)
     run_to_run: dict = field(default_factory=dict)
@@ -51,7 +57,8 @@ class Measurement:
     environment: dict = field(default_factory=dict)
     env_id: int = 0
     input_checksum: str = ""
-    seconds: float | None = None
+    seconds: dict | None = None
+    layout: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -172,6 +179,29 @@ class Operands:
         return view.contiguous() if self.layout == "copy" else view
 
 
+def restride(t, dtype, device: str, keep: bool = True):
+    """``t`` converted to ``dtype`` on ``device`` with its shape, strides and storage offset
+    kept (the layout decides the kernel: a transposed view runs SGEMM(T,…)), or contiguous
+    when ``keep`` is false or the strides overlap (stride 0 cannot be written)."""
+    import torch
+
+    if keep and t.numel() and all(st > 0 or sz == 1 for sz, st in zip(t.shape, t.stride())):
+        extent = t.storage_offset() + 1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride()))
+        out = torch.zeros(extent, dtype=dtype, device=device).as_strided(t.shape, t.stride(), t.storage_offset())
+        try:
+            out.copy_(t)
+            return out
+        except RuntimeError:  # strides that overlap some other way
+            pass
+    return t.to(device=device, dtype=dtype).contiguous()
+
+
+def describe_layout(t) -> dict:
+    """Shape, strides (elements), storage offset and order (C, F or strided) of a tensor."""
+    order = "C" if t.is_contiguous() else "F" if t.dim() == 2 and t.t().is_contiguous() else "strided"
+    return {"shape": list(t.shape), "strides": list(t.stride()), "offset": int(t.storage_offset()), "order": order}
+
+
 def make_operands(a_bits, b_bits, dtype: str, device: str, case: Case) -> Operands:
     a = to_tensor(a_bits, dtype, device)
     b = to_tensor(b_bits, dtype, device)
@@ -180,42 +210,43 @@ def make_operands(a_bits, b_bits, dtype: str, device: str, case: Case) -> Operan
     return Operands(a, b, case.op, case.layout)
 
 
-def reference(ops: Operands, nonnegative: bool):
-    """C64 and |A||B| in float64, on the operands' device, as host numpy arrays."""
-    a64, b64 = ops.a.double(), ops.b.double()
-    c64 = ops.product(a64, b64)
-    absprod = c64 if nonnegative else ops.product(a64.abs(), b64.abs())
-    return c64.cpu().numpy(), absprod.cpu().numpy()
+def reference(ops: Operands) -> Reference:
+    """The exact product of the operands (reference.py), on their device; host arrays."""
+    return exact_product(ops.product, ops.a, ops.b)
 
 
 def _host(t) -> tuple[np.ndarray, np.ndarray]:
     return tensor_bits(t), t.double().cpu().numpy()
 
 
-def _compare(x_bits, x, y_tensor, absprod, dtype, cut) -> dict:
+def _compare(x_bits, x, y_tensor, absprod, dtype, cut, k) -> dict:
     y_bits, y = _host(y_tensor)
-    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], absprod[cut], dtype)
+    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], absprod[cut], dtype, k)
 
 
 @dataclass
 class Top:
     """The product at the top of a scan's range, on the host.
 
-    ``bits`` raw output bits, ``values`` the same in float64 (output units), ``c64`` the
-    float64 reference and ``absprod`` |A||B| (float64, output units).
+    ``bits`` raw output bits, ``values`` the same in float64 (output units), ``ref`` the
+    exact reference (its ``absprod`` is |A||B|, float64, output units).
     """
 
     bits: np.ndarray
     values: np.ndarray
-    c64: np.ndarray
-    absprod: np.ndarray
+    ref: Reference
 
 
-def top_product(ops: Operands, nonnegative: bool, y=None) -> Top:
-    """The full product of ``ops`` (``y`` if already made) and its float64 reference, on the host."""
+def top_product(ops: Operands, y=None) -> Top:
+    """The full product of ``ops`` (``y`` if already made) and its exact reference, on the host."""
     bits, values = _host(ops.product() if y is None else y)
-    c64, absprod = reference(ops, nonnegative)
-    return Top(bits, values, c64, absprod)
+    return Top(bits, values, reference(ops))
+
+
+def _count_nonfinite(t) -> int:
+    import torch
+
+    return int((~torch.isfinite(t)).sum())
 
 
 def _call(call, device: str, routes: list | None):
@@ -237,7 +268,6 @@ def measure_operands(
     slice_n: tuple[int, ...] = (),
     slice_m: tuple[int, ...] = (),
     repeat: int = 3,
-    nonnegative: bool = False,
     with_kernels: bool = True,
     timing: bool = True,
 ) -> Measurement:
@@ -247,10 +277,12 @@ def measure_operands(
     k = int(ops.a.shape[-1])
     with precision_flags(precision):
         full: list[str] | None = [] if with_kernels else None
-        top = top_product(ops, nonnegative, _call(ops.product, device, full))
+        top = top_product(ops, _call(ops.product, device, full))
         kern = {"full": full} if with_kernels else {}
-        c_bits, c_val, c64, absprod = top.bits, top.values, top.c64, top.absprod
-        err = numerics.error_u(c_val, c64, absprod, dtype)
+        c_bits, c_val, ref, absprod = top.bits, top.values, top.ref, top.ref.absprod
+        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, absprod, dtype, k)
+        nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),
+                     **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype)}
         routes_n: list[str] | None = [] if with_kernels else None
         routes_m: list[str] | None = [] if with_kernels else None
 
@@ -264,23 +296,24 @@ def measure_operands(
                 if form == "2d":
                     y = y.squeeze(0)
                 cols = min(n, case.compare_cols or n)
-                d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, cols)))
+                d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, cols)), k)
                 slices_n.append({"n": n, "form": form, "cols": cols, **d})
         slices_m = []
         for m in slice_m:
             a_m = ops.a[..., :m, :]
             y = _call(lambda a_m=a_m: ops.product(a_m), device, routes_m)
-            d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)))
+            d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)), k)
             slices_m.append({"m": m, **d})
         if routes_n:
             kern["slice_n"] = kernels.unique(routes_n)
         if routes_m:
             kern["slice_m"] = kernels.unique(routes_m)
 
-        worst = {"max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0}
+        worst = {"max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0, "nonfinite_differ": 0, "sign_changes": 0,
+                 "beyond_bound": 0}
         for _ in range(max(repeat - 1, 0)):
-            d = _compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,))
-            if d["max_ulp"] >= worst["max_ulp"]:
+            d = _compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,), k)
+            if (d["frac_differ"], d["max_ulp"]) >= (worst["frac_differ"], worst["max_ulp"]):
                 worst = {key: d[key] for key in worst}
         run_to_run = {"repeat": repeat, **worst}
         seconds = time_call(ops.product, device) if timing else None
@@ -289,9 +322,11 @@ def measure_operands(
     s = case.shape(device)
     return Measurement(
         case=case.id, precision=precision, device=device, m=s.m, k=k, n=s.n, batch=s.batch,
-        error_u=err, gamma_k_u=numerics.gamma_k_u(k, u), slice_n=slices_n, slice_m=slices_m,
+        error_u=err.pop("error_u"), gamma_k_u=numerics.gamma_k_u(k, u), error=err, nonfinite=nonfinite,
+        reference=ref.describe(u), slice_n=slices_n, slice_m=slices_m,
         run_to_run=run_to_run, kernels=kern, kernel_id=catalog.object_id(kernel_entry(device, kern)),
         environment=env, env_id=catalog.object_id(env), input_checksum=checksum, seconds=seconds,
+        layout={"a": describe_layout(ops.a), "b": describe_layout(ops.b)},
     )
 
 
@@ -313,43 +348,62 @@ def measure(case: Case, precision: str, device: str, *, slice_n=None, slice_m=No
         slice_n=case.slice_n if slice_n is None else slice_n,
         slice_m=case.slice_m if slice_m is None else slice_m,
         repeat=case.repeat if repeat is None else repeat,
-        nonnegative=case.dist == "uniform", with_kernels=with_kernels, timing=timing,
+        with_kernels=with_kernels, timing=timing,
     )
 
 
 # --- time -----------------------------------------------------------------------------
 
 
-def time_call(fn, device: str, warmup: int = 3, reps: int = 10, flush_bytes: int = 256 << 20) -> float:
-    """Median seconds per call of ``fn``.
+NOISY = 0.1  # IQR / median above which a time is marked noisy
 
-    On CUDA as triton.testing.do_bench does: warm-up, an L2 flush (a 256 MiB write)
-    before every call, and CUDA events around the call alone. On the CPU the median
-    of wall-clock calls (the asv suite uses asv's own timer there).
+
+def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20) -> dict:
+    """Seconds per call of ``fn``, with its spread.
+
+    Returns ``median`` and ``iqr`` (seconds per call), ``runs`` (samples behind them),
+    ``calls_per_run``, ``threads`` (torch's CPU thread count), ``noisy`` (IQR/median above
+    0.1) and ``method``. On the CPU, torch.utils.benchmark's ``Timer.blocked_autorange``
+    at the process's own thread count, run long enough for at least 5 blocks. On CUDA as
+    triton.testing.do_bench does: warm-up, an L2 flush (a 256 MiB write) before every
+    call, and CUDA events around the call alone.
     """
-    if device != "cuda":
-        fn()
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
     import torch
 
-    cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        cache.zero_()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
+    threads = torch.get_num_threads()
+    if device != "cuda":
+        from torch.utils.benchmark import Timer
+
+        t0 = time.perf_counter()
+        fn()  # warm-up, and the cost of one call
+        once = time.perf_counter() - t0
+        timer = Timer("fn()", globals={"fn": fn}, num_threads=threads)
+        m = timer.blocked_autorange(min_run_time=max(0.2, 5 * once))
+        samples, per_run, method = list(m.times), m.number_per_run, "torch.utils.benchmark.Timer.blocked_autorange"
+    else:
+        cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            cache.zero_()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+        per_run, method = 1, "CUDA events, L2 flushed before each call"
+    return spread(samples, per_run, threads, method)
+
+
+def spread(samples: list[float], per_run: int, threads: int, method: str) -> dict:
+    """The dict of time_call from per-call samples (seconds)."""
+    q = np.quantile(np.asarray(samples, dtype=np.float64), [0.25, 0.5, 0.75])
+    median, iqr = float(q[1]), float(q[2] - q[0])
+    return {"median": median, "iqr": iqr, "runs": len(samples), "calls_per_run": per_run, "threads": threads,
+            "noisy": bool(median > 0 and iqr / median > NOISY), "method": method}
 
 
 # --- one point of a scan --------------------------------------------------------------
@@ -358,14 +412,13 @@ def time_call(fn, device: str, warmup: int = 3, reps: int = 10, flush_bytes: int
 # explain's for the same shape, dtype and device.
 
 
-def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: str, device: str,
-               nonnegative: bool) -> dict:
+def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: str, device: str) -> dict:
     """One scan point: the product at ``size`` of the varied dimension, plain data.
 
     n: ``A @ B[:, :size]`` (B's columns as ``Operands.b_cols`` takes them) against the
     first ``size`` columns of ``top``; m: ``A[:size] @ B`` against its first ``size``
     rows; k: ``A[:, :size] @ B[:size]`` (A's prefix copied contiguous, so the point is an
-    ordinary GEMM of that shape) against its own float64 reference, with no drift.
+    ordinary GEMM of that shape) against its own exact reference, with no drift.
     Returns ``size``, ``kernels`` (the normalised route), ``kernel_id`` (12 hex digits of
     the id of ``{"device", "full": kernels}``), ``error_u`` (u of ``dtype``), and
     ``max_ulp`` (output ulps), ``frac_differ`` (a fraction) and ``max_u`` (u), which are
@@ -388,16 +441,16 @@ def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: s
     out, names = kernels.traced(call, device)
     y_bits, y = _host(out)
     if cut is None:
-        c64, absprod = reference(sub, nonnegative)
+        ref = reference(sub)
         drift = {"max_ulp": None, "frac_differ": None, "max_u": None}
     else:
-        c64, absprod = top.c64[cut], top.absprod[cut]
-        d = numerics.drift(top.bits[cut], y_bits, top.values[cut], y, absprod, dtype)
+        ref = top.ref[cut]
+        d = numerics.drift(top.bits[cut], y_bits, top.values[cut], y, ref.absprod, dtype)
         drift = {key: d[key] for key in ("max_ulp", "frac_differ", "max_u")}
     return {
         "size": size,
         "kernel_id": catalog.hex_id(catalog.object_id(kernel_entry(device, {"full": names}))),
         "kernels": names,
-        "error_u": numerics.error_u(y, c64, absprod, dtype),
+        "error_u": numerics.error(y, ref.hi, ref.lo, ref.finite, ref.absprod, dtype)["error_u"],
         **drift,
     }

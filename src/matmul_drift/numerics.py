@@ -63,6 +63,29 @@ def ulp_distance(x_bits: np.ndarray, y_bits: np.ndarray, width: int) -> np.ndarr
         return np.where(same, np.maximum(xm, ym) - np.minimum(xm, ym), xm + ym)
 
 
+def finite_max(dtype: str) -> float:
+    """The largest finite value of ``dtype`` (output units): (2 − 2^(1−p)) · 2^emax."""
+    p, bias = MANTISSA_BITS[dtype] + 1, EXPONENT_BIAS[dtype]
+    return math.ldexp(2.0 - 2.0 ** (1 - p), bias)
+
+
+def underflow_step(dtype: str) -> float:
+    """η: half the smallest subnormal of ``dtype`` (output units), the absolute error one
+    rounding may add below the normal range, where u·|x| no longer bounds it."""
+    return 2.0 ** (1 - EXPONENT_BIAS[dtype] - MANTISSA_BITS[dtype] - 1)
+
+
+def allowance(absprod: np.ndarray, k: int, dtype: str) -> np.ndarray | None:
+    """The largest error a correct kernel may make per entry (output units):
+    γ_K·u·|A||B| + (K+1)·η, the γ_K bound with gradual underflow (K products and one final
+    rounding may each lose η; additions are exact there). None where K·u ≥ 1."""
+    u = unit_roundoff(dtype)
+    g = gamma_k_u(k, u)
+    if g is None:
+        return None
+    return g * u * np.asarray(absprod, dtype=np.float64) + (k + 1) * underflow_step(dtype)
+
+
 def drift(
     x_bits: np.ndarray,
     y_bits: np.ndarray,
@@ -70,51 +93,122 @@ def drift(
     y: np.ndarray,
     absprod: np.ndarray,
     dtype: str,
+    k: int | None = None,
 ) -> dict:
     """Drift between two products of one dtype.
 
     ``x_bits``/``y_bits`` are the raw bits, ``x``/``y`` the same values as float64 and
-    ``absprod`` is |A||B| in float64 for the same entries. Returns
-    ``max_ulp`` (int, output ulps), ``frac_differ`` (fraction of entries whose bits
-    differ after ±0 folding), ``max_u`` (max |x−y| / (u·|A||B|), entries with
-    |A||B| = 0 left out), ``max_abs`` (float, output units) and ``ulp_at_max`` (one ulp
-    of the dtype at the larger magnitude of the entry with the largest |x−y|).
+    ``absprod`` is |A||B| in float64 for the same entries. Two entries agree when their
+    bits are equal after ±0 folding, or both are NaN. Returns
+    ``frac_differ`` (fraction of entries that disagree, non-finite ones included),
+    ``nonfinite_differ`` (entries that disagree where either side is NaN or ±inf: a
+    finite value turned into inf, NaN into a number),
+    ``max_ulp`` (int, output ulps, over entries finite on both sides),
+    ``sign_changes`` (entries finite on both sides with opposite signs: their ulp count
+    spans zero and says nothing of size),
+    ``max_u`` (max |x−y| / (u·|A||B|) over entries finite on both sides with 0 < |A||B| < inf),
+    ``max_abs`` (float, output units, finite entries), ``ulp_at_max`` (one ulp of the
+    dtype at the larger magnitude of the entry with the largest |x−y|) and, given K,
+    ``beyond_bound``: finite entries further apart than twice ``allowance`` (each product
+    may be that far from the truth), which no correct pair of kernels can be.
     """
-    d = ulp_distance(x_bits, y_bits, WIDTH[dtype])
-    n = d.size
-    max_ulp = int(d.max()) if n else 0
-    frac = float(np.count_nonzero(d)) / n if n else 0.0
-    diff = np.abs(np.asarray(x, dtype=np.float64) - np.asarray(y, dtype=np.float64))
-    max_abs = float(np.nanmax(diff)) if n else 0.0
-    if n and max_abs > 0:
-        at = int(np.nanargmax(diff))
-        mag = max(abs(float(np.ravel(x)[at])), abs(float(np.ravel(y)[at])))
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    n = x.size
+    both_finite = np.isfinite(x) & np.isfinite(y)
+    same = (ulp_distance(x_bits, y_bits, WIDTH[dtype]) == 0) | (np.isnan(x) & np.isnan(y))
+    d = ulp_distance(x_bits[both_finite], y_bits[both_finite], WIDTH[dtype])
+    max_ulp = int(d.max()) if d.size else 0
+    diff = np.abs(x[both_finite] - y[both_finite])
+    max_abs = float(diff.max()) if diff.size else 0.0
+    if max_abs > 0:
+        at = int(np.argmax(diff))
+        mag = max(abs(float(x[both_finite][at])), abs(float(y[both_finite][at])))
         ulp_at_max = ulp_of(mag, dtype)
     else:
         ulp_at_max = None
     return {
         "max_ulp": max_ulp,
-        "frac_differ": frac,
-        "max_u": normalised_max(diff, absprod, unit_roundoff(dtype)),
+        "frac_differ": float(np.count_nonzero(~same)) / n if n else 0.0,
+        "nonfinite_differ": int(np.count_nonzero(~same & ~both_finite)),
+        "sign_changes": int(np.count_nonzero(both_finite & (np.signbit(x) != np.signbit(y)) & (x != 0) & (y != 0))),
+        "max_u": normalised_max(diff, np.asarray(absprod, dtype=np.float64)[both_finite], unit_roundoff(dtype)),
         "max_abs": max_abs,
         "ulp_at_max": ulp_at_max,
+        "beyond_bound": _beyond(diff, np.asarray(absprod, dtype=np.float64)[both_finite], k, dtype, 2.0),
     }
 
 
+def _beyond(absdiff: np.ndarray, absprod: np.ndarray, k: int | None, dtype: str, times: float) -> int:
+    """Entries whose absdiff exceeds ``times`` × allowance (0 without K, or where K·u ≥ 1)."""
+    allowed = None if k is None else allowance(absprod, k, dtype)
+    if allowed is None:
+        return 0
+    keep = np.isfinite(absprod)
+    return int(np.count_nonzero(absdiff[keep] > times * allowed[keep]))
+
+
 def normalised_max(absdiff: np.ndarray, absprod: np.ndarray, u: float) -> float:
-    """max of absdiff / (u·absprod) over entries with absprod > 0, in units of u (0.0 if none)."""
+    """max of absdiff / (u·absprod) over entries with 0 < absprod < inf, in units of u (0.0 if none)."""
     absdiff = np.asarray(absdiff, dtype=np.float64)
     absprod = np.asarray(absprod, dtype=np.float64)
-    keep = absprod > 0
+    keep = (absprod > 0) & np.isfinite(absprod)
     if not keep.any():
         return 0.0
     return float(np.max(absdiff[keep] / (u * absprod[keep])))
 
 
-def error_u(c: np.ndarray, c64: np.ndarray, absprod: np.ndarray, dtype: str) -> float:
-    """error_u = max |C − C64| / (u·(|A||B|)), in units of u of the output ``dtype``."""
+def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarray, absprod: np.ndarray,
+          dtype: str, k: int | None = None) -> dict:
+    """The error of a product C against the exact product hi + lo (double-double, float64).
+
+    Returns ``error_u`` = max |C − (hi + lo)| / (u·|A||B|) in u of the output ``dtype``
+    (None when no entry qualifies) and ``entries`` / ``of``: how many entries it covers
+    out of all. An entry is covered when C and the exact value are both finite (not NaN,
+    not inf, not beyond float64) and 0 < |A||B| < inf; entries with |A||B| = 0 are exact
+    zeros, and are covered by the count of non-zero ``zero_misses`` instead.
+    ``subnormal``: covered entries whose exact value is below the dtype's smallest normal
+    number, where error_u (relative to |A||B|) can be large for a correct kernel.
+    ``beyond_bound`` (given K): covered entries whose error exceeds ``allowance``.
+    """
     c = np.asarray(c, dtype=np.float64)
-    return normalised_max(np.abs(c - np.asarray(c64, dtype=np.float64)), absprod, unit_roundoff(dtype))
+    hi = np.asarray(hi, dtype=np.float64)
+    absprod = np.asarray(absprod, dtype=np.float64)
+    ok = np.isfinite(c) & np.asarray(exact_finite, dtype=bool) & np.isfinite(hi)
+    keep = ok & (absprod > 0) & np.isfinite(absprod)
+    diff = np.abs((c[keep] - hi[keep]) - np.asarray(lo, dtype=np.float64)[keep])
+    smallest_normal = 2.0 ** (1 - EXPONENT_BIAS[dtype])
+    return {
+        "error_u": float(np.max(diff / (unit_roundoff(dtype) * absprod[keep]))) if diff.size else None,
+        "entries": int(np.count_nonzero(keep)),
+        "of": int(c.size),
+        "zero_misses": int(np.count_nonzero(ok & (absprod == 0) & (c != 0))),
+        "subnormal": int(np.count_nonzero(np.abs(hi[keep]) < smallest_normal)),
+        "beyond_bound": _beyond(diff, absprod[keep], k, dtype, 1.0),
+    }
+
+
+def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: str) -> dict:
+    """Counts of non-finite outputs, by cause.
+
+    ``product``: entries of C that are NaN or ±inf; ``reference``: entries whose exact
+    value is NaN or ±inf (only non-finite inputs make one); ``overflow``: C is ±inf where
+    the exact value is finite but beyond the dtype's largest finite value, so inf is the
+    rounded result; ``spurious``: C is NaN or ±inf where the exact value is finite and
+    within range (an intermediate sum overflowed, or a kernel defect).
+    """
+    c = np.asarray(c, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    fin = np.asarray(exact_finite, dtype=bool)
+    bad = ~np.isfinite(c)
+    beyond = np.abs(hi) > finite_max(dtype)
+    return {
+        "product": int(np.count_nonzero(bad)),
+        "reference": int(np.count_nonzero(~fin)),
+        "overflow": int(np.count_nonzero(np.isinf(c) & fin & beyond)),
+        "spurious": int(np.count_nonzero(bad & fin & ~beyond)),
+        "mismatch": int(np.count_nonzero(~fin & ~((np.isnan(c) & np.isnan(hi)) | (c == hi)))),
+    }
 
 
 def ulp_of(x: float, dtype: str) -> float:

@@ -18,6 +18,7 @@ from .measure import Unavailable, kernel_entry, measure
 # track name -> unit; the asv benchmarks declare these, the summary reads them back.
 UNITS = {
     "error_u": "u",
+    "nonfinite": "count",
     "gamma_k_u": "u-bound",
     "slice_n_ulp": "ulp",
     "slice_m_ulp": "ulp",
@@ -97,7 +98,8 @@ def track_values(m, root) -> dict:
     eid = catalog.store(root, "env", m.environment)
     assert kid == m.kernel_id and eid == m.env_id
     return {
-        "error_u": m.error_u,
+        "error_u": NAN if m.error_u is None else m.error_u,
+        "nonfinite": float(m.nonfinite["product"]),
         "gamma_k_u": NAN if m.gamma_k_u is None else m.gamma_k_u,
         "slice_n_ulp": _worst(m.slice_n),
         "slice_m_ulp": _worst(m.slice_m),
@@ -105,7 +107,7 @@ def track_values(m, root) -> dict:
         "kernel_id": float(m.kernel_id),
         "env_id": float(m.env_id),
         "input_id": float(int(m.input_checksum[: catalog.ID_HEX_DIGITS], 16)),
-        "cuda_seconds": NAN if m.seconds is None or m.device != "cuda" else m.seconds,
+        "cuda_seconds": NAN if m.seconds is None or m.device != "cuda" else m.seconds["median"],
     }
 
 

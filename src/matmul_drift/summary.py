@@ -23,6 +23,7 @@ u           ``accuracy``: max/min of the two values exceeds ``u_tolerance``, or 
 seconds     ``timing``: the ratio exceeds ``time_factor`` and, where asv recorded stats
             for both sides (repeat > 1), the 99 % confidence intervals do not overlap
             (IQR where there is no CI); with no stats, the ratio alone decides.
+count       ``nonfinite``: the number of NaN or ±inf outputs changed.
 input-id    ``input``: the checksums of the rounded inputs differ; the combination is then
             not compared in any other series of that pair.
 env-id      never flagged by itself; attributes every flag (``attribution``).
@@ -46,8 +47,8 @@ from .catalog import hex_id
 from . import machine as hardware
 from .history import History, Run, Series, version_key
 
-KINDS = ("kernel", "invariance", "accuracy", "input", "timing", "ulp-growth", "failure", "code")
-DEFAULT_FAIL_ON = frozenset({"kernel", "invariance", "accuracy", "input"})
+KINDS = ("kernel", "invariance", "accuracy", "nonfinite", "input", "timing", "ulp-growth", "failure", "code")
+DEFAULT_FAIL_ON = frozenset({"kernel", "invariance", "accuracy", "nonfinite", "input"})
 ACROSS = ("commits", "envs", "both", "machines")
 ID_UNITS = ("kernel-id", "env-id", "input-id")
 
@@ -582,7 +583,12 @@ def _timing(ctx: _Ctx, vb, va, both) -> list[Flag]:
     return flags
 
 
-_RULES = {"kernel-id": _kernel, "ulp": _ulp, "u": _accuracy, "seconds": _timing}
+def _count(ctx: _Ctx, vb, va, both) -> list[Flag]:
+    return [ctx.flag("nonfinite", i, f"non-finite outputs {vb[i]:.0f} -> {va[i]:.0f}")
+            for i in np.nonzero(both & (vb != va))[0]]
+
+
+_RULES = {"kernel-id": _kernel, "ulp": _ulp, "u": _accuracy, "seconds": _timing, "count": _count}
 
 
 # ---------------------------------------------------------------------------- helpers

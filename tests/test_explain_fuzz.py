@@ -1,0 +1,279 @@
+"""`matmul-drift explain` on generated files, checked against this test's own arithmetic.
+
+Shapes (0 and 1 included), dtypes, magnitudes up to each dtype's largest value, NaN and inf
+positions, C or Fortran order, .npy or .pt. Every run must end with exit 0, 1 or 2 and no
+traceback; with --json it must print strict RFC 8259 JSON, whose numbers equal what this
+test computes with exact rationals (``fractions``) and plain Python/numpy from the rounded
+inputs and torch's own products of them, never with the project's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import struct
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import strategies as st
+
+from matmul_drift import cli
+
+U = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+F64_MAX = Fraction(float(np.finfo(np.float64).max))
+FMT = {"float64": ("<d", "<Q", 64), "float32": ("<f", "<I", 32)}
+
+
+def _strict(text: str):
+    def bad(token):
+        raise ValueError(f"not RFC 8259: {token}")
+
+    return json.loads(text, parse_constant=bad)
+
+
+def _run(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(args)  # an exception escaping here fails the test: that is a traceback
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _bits(x: float, dtype: str) -> int:
+    """The bit pattern of x in dtype, by struct (float16 via 'e', bfloat16 as float32's top half)."""
+    if dtype == "float16":
+        return struct.unpack("<H", struct.pack("<e", x))[0]
+    if dtype == "bfloat16":
+        return struct.unpack("<I", struct.pack("<f", x))[0] >> 16
+    f, i, _ = FMT[dtype]
+    return struct.unpack(i, struct.pack(f, x))[0]
+
+
+def _order(x: float, dtype: str) -> int:
+    width = 64 if dtype == "float64" else 32 if dtype == "float32" else 16
+    b = _bits(x, dtype)
+    sign = 1 << (width - 1)
+    return -(b & ~sign) if b & sign else b
+
+
+def _exact(a_row, b_col):
+    """IEEE semantics on exact terms: (value as Fraction | None, nonfinite as float | None)."""
+    terms_nan = pos = neg = False
+    total = Fraction(0)
+    for x, y in zip(a_row, b_col):
+        if math.isfinite(x) and math.isfinite(y):
+            total += Fraction(x) * Fraction(y)
+            continue
+        t = x * y  # a non-finite factor: Python's float gives IEEE's inf·0 = nan and signs
+        if math.isnan(t):
+            terms_nan = True
+        elif t > 0:
+            pos = True
+        else:
+            neg = True
+    if terms_nan or (pos and neg):
+        return None, math.nan
+    if pos or neg:
+        return None, math.inf if pos else -math.inf
+    return total, None
+
+
+def _independent(a, b, c, dtype):
+    """error_u, its coverage and the non-finite counts of C = a @ b, from first principles."""
+    u, big = U[dtype], float(torch.finfo(getattr(torch, dtype)).max)
+    tiny = Fraction(float(torch.finfo(getattr(torch, dtype)).tiny))  # smallest normal
+    eta = tiny * Fraction(u)  # half the smallest subnormal step
+    k = a.shape[-1]
+    gamma = None if k * u >= 1 else Fraction(k) * Fraction(u) / (1 - Fraction(k) * Fraction(u))
+    A = a.double().reshape(-1, a.shape[-1]).tolist()
+    B = b.double().tolist()
+    C = c.double().reshape(-1, b.shape[1]).tolist()
+    worst, covered, zero_misses, subnormal, beyond = None, 0, 0, 0, 0
+    nf = {"a": int((~torch.isfinite(a)).sum()), "b": int((~torch.isfinite(b)).sum()), "product": 0,
+          "reference": 0, "overflow": 0, "spurious": 0, "mismatch": 0}
+    for i, row in enumerate(A):
+        for j in range(len(B[0])):
+            col = [B[q][j] for q in range(len(B))]
+            val, special = _exact(row, col)
+            absprod = sum((abs(Fraction(x) * Fraction(y)) for x, y in zip(row, col)
+                           if math.isfinite(x) and math.isfinite(y)), Fraction(0))
+            cij = C[i][j]
+            nf["product"] += not math.isfinite(cij)
+            if val is None:
+                nf["reference"] += 1
+                nf["mismatch"] += not (math.isnan(cij) and math.isnan(special) or cij == special)
+                continue
+            past_max = abs(val) > Fraction(big)
+            nf["overflow"] += math.isinf(cij) and past_max
+            nf["spurious"] += (not math.isfinite(cij)) and not past_max
+            if not math.isfinite(cij) or abs(val) > F64_MAX:
+                continue
+            if absprod == 0:
+                zero_misses += cij != 0
+                continue
+            if absprod > F64_MAX:
+                continue
+            covered += 1
+            subnormal += abs(val) < tiny
+            if gamma is not None:
+                beyond += abs(Fraction(cij) - val) > gamma * absprod + (k + 1) * eta
+            e = float(abs(Fraction(cij) - val) / (Fraction(u) * absprod))
+            worst = e if worst is None else max(worst, e)
+    return worst, {"entries": covered, "of": len(A) * len(B[0]), "zero_misses": zero_misses,
+                   "subnormal": subnormal, "beyond_bound": beyond}, nf
+
+
+def _drift(x, y, absprod_src, dtype):
+    """max_ulp, frac_differ, max_u, sign_changes, nonfinite_differ of two products, by hand."""
+    u = U[dtype]
+    xs, ys = x.double().flatten().tolist(), y.double().flatten().tolist()
+    a_rows, b_cols = absprod_src
+    max_ulp, differ, nonfin, signs, max_u = 0, 0, 0, 0, 0.0
+    for idx, (p, q) in enumerate(zip(xs, ys)):
+        same = (math.isnan(p) and math.isnan(q)) or (_order(p, dtype) == _order(q, dtype))
+        differ += not same
+        if not (math.isfinite(p) and math.isfinite(q)):
+            nonfin += not same
+            continue
+        max_ulp = max(max_ulp, abs(_order(p, dtype) - _order(q, dtype)))
+        signs += p != 0 and q != 0 and (p < 0) != (q < 0)
+        row, col = a_rows[idx], b_cols[idx]
+        absprod = sum((abs(Fraction(s) * Fraction(t)) for s, t in zip(row, col) if math.isfinite(s) and math.isfinite(t)),
+                      Fraction(0))
+        if 0 < absprod <= F64_MAX:
+            max_u = max(max_u, float(abs(Fraction(p) - Fraction(q)) / (Fraction(u) * absprod)))
+    return {"max_ulp": max_ulp, "frac_differ": differ / len(xs) if xs else 0.0, "max_u": max_u,
+            "sign_changes": signs, "nonfinite_differ": nonfin}
+
+
+def _close(got, want, what):
+    if want is None:
+        assert got is None, what
+    else:
+        assert got is not None and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9), (what, got, want)
+
+
+@st.composite
+def problems(draw):
+    dtype = draw(st.sampled_from(list(U)))
+    m, k, n = (draw(st.sampled_from([0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])) for _ in range(3))
+    one_d = draw(st.booleans()) and m == 1
+    big = float(torch.finfo(getattr(torch, dtype)).max)
+    top = math.frexp(big)[1]
+    # from tiny to products beyond the dtype's max (2^(top/2) squared is about the max)
+    exponents = st.sampled_from([-40, -12, 0, 4, top // 4, top // 2 - 3, top // 2, top // 2 + 1])
+    scale_a, scale_b = 2.0 ** draw(exponents), 2.0 ** draw(exponents)
+    seed = draw(st.integers(0, 2**32 - 1))
+    g = np.random.default_rng(seed)
+    a = (g.standard_normal((m, k)) * scale_a).clip(-big, big)
+    b = (g.standard_normal((k, n)) * scale_b).clip(-big, big)
+    for arr in (a, b):
+        if arr.size and draw(st.integers(0, 3)) == 0:
+            flat = arr.reshape(-1)
+            for _ in range(draw(st.integers(1, 3))):
+                flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+    return {
+        "dtype": dtype, "a": a[0] if one_d else a, "b": b,
+        "order": draw(st.sampled_from(["C", "F"])), "suffix": draw(st.sampled_from([".npy", ".pt"])),
+        "store": draw(st.sampled_from(["float64", "float32"])),
+    }
+
+
+def _save(path, arr, p):
+    with np.errstate(over="ignore"):  # float64 beyond float32's range is stored as inf, on purpose
+        arr = np.asarray(arr, dtype=p["store"])
+    arr = np.asfortranarray(arr) if p["order"] == "F" else np.ascontiguousarray(arr)
+    if p["suffix"] == ".npy":
+        np.save(path, arr)
+    else:
+        torch.save(torch.from_numpy(arr), path)  # a Fortran array is a transposed view in torch
+
+
+def _like_file(path, dtype):
+    """What a user's `torch.from_numpy(np.load(path))` / `torch.load(path)` gives, in ``dtype``,
+    with its strides kept (as explain keeps them)."""
+    t = torch.from_numpy(np.load(path)) if path.suffix == ".npy" else torch.load(path, weights_only=True)
+    out = torch.empty_strided(t.shape, t.stride(), dtype=getattr(torch, dtype))
+    return out.copy_(t)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(p=problems())
+def test_explain_matches_an_independent_computation(p, tmp_path_factory):
+    d = tmp_path_factory.mktemp("fuzz")
+    pa, pb = d / f"a{p['suffix']}", d / f"b{p['suffix']}"
+    _save(pa, p["a"], p)
+    _save(pb, p["b"], p)
+    a1d = np.ndim(p["a"]) == 1
+    m = 1 if a1d else p["a"].shape[0]
+    k, n = p["b"].shape
+    args = ["explain", "--a", str(pa), "--b", str(pb), "--dtype", p["dtype"], "--json"]
+    if n > 1:
+        args += ["--slice-n", str(n - 1)]
+    if m > 1 and not a1d:
+        args += ["--slice-m", "1"]
+    note(f"a={[float(x).hex() for x in np.ravel(p['a'])]} b={[float(x).hex() for x in np.ravel(p['b'])]}")
+    rc, out, err = _run(args)
+    event(f"exit {rc}")
+    assert rc in (0, 1, 2), err
+    assert "Traceback" not in err and "Warning" not in err, err
+    if 0 in (m, k, n):
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "empty" in err, err
+        return
+    assert rc in (0, 1), err
+    r = _strict(out)
+    event(f"verdict {r['verdict']['kind']}")
+
+    dtype = p["dtype"]
+    a, b = _like_file(pa, dtype), _like_file(pb, dtype)
+    c = a @ b
+    want_err, want_cover, want_nf = _independent(a, b, c, dtype)
+    _close(r["error_u"], want_err, "error_u")
+    assert r["error_entries"] == want_cover
+    assert r["nonfinite"] == want_nf
+    u = U[dtype]
+    _close(r["gamma_k_u"], None if k * u >= 1 else k / (1 - k * u), "gamma_k_u")
+    assert r["layout"]["a"]["strides"] == list(a.stride()) and r["layout"]["b"]["strides"] == list(b.stride())
+
+    rows = a.double().reshape(-1, k).tolist()
+    cols = b.double().t().tolist()
+    if n > 1:
+        y = a @ b[:, : n - 1]
+        cut = c[..., : n - 1]
+        src = ([rows[i] for i in range(m) for _ in range(n - 1)], [cols[j] for _ in range(m) for j in range(n - 1)])
+        want = _drift(cut, y, src, dtype)
+        got = r["slice_n"]
+        for key, v in want.items():
+            _close(float(got[key]), float(v), f"slice_n.{key}")
+    if m > 1 and not a1d:
+        y = a[:1] @ b
+        src = ([rows[0]] * n, cols)
+        want = _drift(c[:1], y, src, dtype)
+        for key, v in want.items():
+            _close(float(r["slice_m"][key]), float(v), f"slice_m.{key}")
+
+    # exit 1 exactly when some finite entry breaks the bound; CPU kernels never should
+    defect = want_cover["beyond_bound"] > 0 or want_cover["zero_misses"] > 0
+    assert (rc == 1) == (r["verdict"]["kind"] == "defect")
+    assert not defect and rc == 0, r["verdict"]["text"]
+    if want_nf["a"] or want_nf["b"]:
+        assert r["verdict"]["kind"] == "non-finite inputs"
+    if want_nf["a"] or want_nf["b"] or want_nf["product"]:
+        assert r["verdict"]["kind"] not in ("bit-identical",)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_overflow_is_named_and_json_stays_valid(tmp_path, dtype):
+    big = float(torch.finfo(getattr(torch, dtype)).max)
+    a = np.full((2, 4), math.sqrt(big), dtype=np.float32)  # each term ≈ max: the sum of 4 is beyond it
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", a.T.copy())
+    rc, out, err = _run(["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--dtype", dtype, "--json"])
+    assert rc == 0 and "Traceback" not in err and "RuntimeWarning" not in err, err
+    r = _strict(out)
+    assert r["verdict"]["kind"] == "overflow"
+    assert r["nonfinite"]["overflow"] == 4 and r["error_u"] is None and "error_u" in r["nulls"]

@@ -1,0 +1,96 @@
+"""The exact reference against exact rational sums (fractions) and IEEE's rules for NaN/inf."""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from matmul_drift import reference
+
+F64_MAX = Fraction(float(np.finfo(np.float64).max))
+
+
+def _exact(a: np.ndarray, b: np.ndarray) -> list[list[Fraction]]:
+    return [[sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(row, col)), Fraction(0))
+             for col in b.T] for row in a]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_float64_reference_is_exact_to_its_bound(seed):
+    g = np.random.default_rng(seed)
+    for _ in range(25):
+        m, k, n = g.integers(1, 7, 3)
+        # magnitudes from 2^-1000 to 2^1000, mixed within a row: cancellation and wide spreads
+        a = g.standard_normal((m, k)) * 2.0 ** g.integers(-1000, 1000, (m, k)).astype(float) / 2**500
+        b = g.standard_normal((k, n)) * 2.0 ** g.integers(-20, 20, (k, n)).astype(float)
+        r = reference.exact_product(torch.matmul, torch.from_numpy(a), torch.from_numpy(b))
+        for i, row in enumerate(_exact(a, b)):
+            for j, want in enumerate(row):
+                absprod = sum(abs(Fraction(float(x)) * Fraction(float(y))) for x, y in zip(a[i], b[:, j]))
+                if abs(want) > F64_MAX:
+                    assert math.isinf(r.hi[i, j]) and r.finite[i, j]  # finite, but beyond float64
+                    continue
+                got = Fraction(float(r.hi[i, j])) + Fraction(float(r.lo[i, j]))
+                # below float64's range (|A||B| itself rounds to 0) only the subnormal step holds
+                slack = Fraction(2.0**-1074) if r.absprod[i, j] == 0 else 0
+                assert abs(got - want) <= Fraction(r.bound_rel) * absprod + slack, (i, j)
+        tiny = r.absprod[r.absprod > 0]
+        if r.exact and (tiny.size == 0 or tiny.min() >= 2.0**-960):
+            assert r.bound_rel < 2.0**-96  # 2^-104 per slice product, far below float64's u, unless lo is subnormal
+
+
+def test_cancellation_to_zero_and_exact_integers():
+    a = np.array([[1e300, 1.0, -1e300], [3.0, -4.0, 5.0]])
+    b = np.array([[1.0], [2.0**-60], [1.0]])
+    r = reference.exact_product(torch.matmul, torch.from_numpy(a), torch.from_numpy(b))
+    assert r.hi[0, 0] == 2.0**-60 and r.lo[0, 0] == 0.0  # float64's own product gives 0 here
+    assert r.hi[1, 0] == 3.0 - 4.0 * 2.0**-60 + 5.0 or (Fraction(r.hi[1, 0]) + Fraction(r.lo[1, 0])
+                                                          == Fraction(8) - Fraction(4, 2**60))
+
+
+def test_ops_mv_bmm_linear_match_exact_sums():
+    g = np.random.default_rng(3)
+    a1, b = g.standard_normal(9), g.standard_normal((9, 4))
+    r = reference.exact_product(torch.matmul, torch.from_numpy(a1), torch.from_numpy(b))
+    want = _exact(a1[None, :], b)[0]
+    assert [Fraction(float(h)) + Fraction(float(lo)) for h, lo in zip(r.hi, r.lo)] == pytest.approx(want, rel=1e-30)
+    a3, b3 = g.standard_normal((2, 3, 5)), g.standard_normal((2, 5, 4))
+    r = reference.exact_product(torch.matmul, torch.from_numpy(a3), torch.from_numpy(b3))
+    for t in range(2):
+        got = [[Fraction(float(r.hi[t, i, j])) + Fraction(float(r.lo[t, i, j])) for j in range(4)] for i in range(3)]
+        assert np.allclose(np.array(got, dtype=float), np.array(_exact(a3[t], b3[t]), dtype=float), rtol=1e-15)
+    w = torch.from_numpy(g.standard_normal((4, 5)))  # linear: B = W.t(), a transposed view
+    x = torch.from_numpy(g.standard_normal((3, 5)))
+    r = reference.exact_product(lambda p, q: torch.nn.functional.linear(p, q.t()), x, w.t())
+    assert np.allclose(r.hi, np.array(_exact(x.numpy(), w.numpy().T), dtype=float), rtol=1e-15)
+
+
+def test_nonfinite_follows_ieee_on_the_exact_terms():
+    inf, nan = math.inf, math.nan
+    a = np.array([[nan, 1.0], [inf, 1.0], [inf, -inf], [0.0, 1.0], [inf, 0.0]])
+    b = np.array([[1.0, 0.0, -2.0], [1.0, 1.0, 1.0]])
+    r = reference.exact_product(torch.matmul, torch.from_numpy(a), torch.from_numpy(b))
+    # each entry by numpy's own float arithmetic on the two terms
+    np.seterr(invalid="ignore")
+    for i in range(a.shape[0]):
+        for j in range(b.shape[1]):
+            want = a[i, 0] * b[0, j] + a[i, 1] * b[1, j]
+            got = r.hi[i, j]
+            assert (math.isnan(want) and math.isnan(got)) or want == got, (i, j, got, want)
+            assert r.finite[i, j] == math.isfinite(want)
+
+
+def test_blocks_of_columns_give_the_same_bits(monkeypatch):
+    g = np.random.default_rng(5)
+    for a, b in ((g.standard_normal((4, 5)), g.standard_normal((5, 11))),
+                 (g.standard_normal(5), g.standard_normal((5, 11))),
+                 (g.standard_normal((2, 3, 5)), g.standard_normal((2, 5, 11)))):
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+        whole = reference.exact_product(torch.matmul, a, b)
+        monkeypatch.setattr(reference, "CHUNK_BYTES", 8 * b.numel() // 11 * 3)  # 3 columns a block
+        blocks = reference.exact_product(torch.matmul, a, b)
+        monkeypatch.undo()
+        assert np.array_equal(whole.hi, blocks.hi) and np.array_equal(whole.lo, blocks.lo)
+        assert np.array_equal(whole.absprod, blocks.absprod) and whole.hi.shape == blocks.hi.shape
