@@ -390,7 +390,7 @@ class _Judge:
         return flags
 
     def _code_flag(self, pair: Pair, name: str, unit: str, sb: Series, sa: Series) -> Flag:
-        short = lambda v: "none" if v is None else v[:12]
+        short = lambda v: "none" if v is None else v[:12] if all(c in "0123456789abcdef" for c in v) else v  # noqa: E731  hashes cut, names whole
         return Flag(
             "code", pair.machine, pair.across, name, unit, {},
             _side(pair.before, None, "n/a"), _side(pair.after, None, "n/a"),
