@@ -95,7 +95,7 @@ def test_cuda_without_gpu_is_a_usage_error():
 
 def _row(**kw):
     return {"max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0, "max_abs": 0.0, "ulp_at_max": None,
-            "sign_changes": 0, "nonfinite_differ": 0, "beyond_bound": 0, **kw}
+            "sign_changes": 0, "nonfinite_differ": 0, "beyond_bound": 0, "max_u_entries": 1, **kw}
 
 
 def test_verdicts_from_hand_built_reports():

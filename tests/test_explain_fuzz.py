@@ -132,7 +132,7 @@ def _drift(x, y, absprod_src, dtype):
     u = U[dtype]
     xs, ys = x.double().flatten().tolist(), y.double().flatten().tolist()
     a_rows, b_cols = absprod_src
-    max_ulp, differ, nonfin, signs, max_u = 0, 0, 0, 0, 0.0
+    max_ulp, differ, nonfin, signs, max_u, covered = 0, 0, 0, 0, 0.0, 0
     for idx, (p, q) in enumerate(zip(xs, ys)):
         same = (math.isnan(p) and math.isnan(q)) or (_order(p, dtype) == _order(q, dtype))
         differ += not same
@@ -145,9 +145,10 @@ def _drift(x, y, absprod_src, dtype):
         absprod = sum((abs(Fraction(s) * Fraction(t)) for s, t in zip(row, col) if math.isfinite(s) and math.isfinite(t)),
                       Fraction(0))
         if 0 < absprod <= F64_MAX:
+            covered += 1
             max_u = max(max_u, float(abs(Fraction(p) - Fraction(q)) / (Fraction(u) * absprod)))
     return {"max_ulp": max_ulp, "frac_differ": differ / len(xs) if xs else 0.0, "max_u": max_u,
-            "sign_changes": signs, "nonfinite_differ": nonfin}
+            "sign_changes": signs, "nonfinite_differ": nonfin, "max_u_entries": covered}
 
 
 def _close(got, want, what):

@@ -13,7 +13,7 @@ from tabulate import tabulate
 from . import numerics
 from .measure import Measurement
 
-DRIFT_KEYS = ("max_u", "frac_differ", "max_ulp", "sign_changes", "nonfinite_differ", "beyond_bound")
+DRIFT_KEYS = ("max_u", "max_u_entries", "frac_differ", "max_ulp", "sign_changes", "nonfinite_differ", "beyond_bound")
 LEGEND = (
     "u: the unit roundoff of the output dtype ({u}); errors and drifts in u are |difference| / (u · Σ|a·b|).",
     "ulp: the gap between neighbouring floats at a value; an ulp count is how many floats lie between two results.",

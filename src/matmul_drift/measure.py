@@ -309,8 +309,8 @@ def measure_operands(
         if routes_m:
             kern["slice_m"] = kernels.unique(routes_m)
 
-        worst = {"max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0, "nonfinite_differ": 0, "sign_changes": 0,
-                 "beyond_bound": 0}
+        worst = {"max_ulp": 0, "max_u": 0.0, "max_u_entries": 0, "frac_differ": 0.0, "nonfinite_differ": 0,
+                 "sign_changes": 0, "beyond_bound": 0}
         for _ in range(max(repeat - 1, 0)):
             d = _compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,), k)
             if (d["frac_differ"], d["max_ulp"]) >= (worst["frac_differ"], worst["max_ulp"]):

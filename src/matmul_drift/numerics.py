@@ -106,7 +106,8 @@ def drift(
     ``max_ulp`` (int, output ulps, over entries finite on both sides),
     ``sign_changes`` (entries finite on both sides with opposite signs: their ulp count
     spans zero and says nothing of size),
-    ``max_u`` (max |x−y| / (u·|A||B|) over entries finite on both sides with 0 < |A||B| < inf),
+    ``max_u`` (max |x−y| / (u·|A||B|) over entries finite on both sides with 0 < |A||B| < inf;
+    ``max_u_entries`` says how many),
     ``max_abs`` (float, output units, finite entries), ``ulp_at_max`` (one ulp of the
     dtype at the larger magnitude of the entry with the largest |x−y|) and, given K,
     ``beyond_bound``: finite entries further apart than twice ``allowance`` (each product
@@ -133,6 +134,7 @@ def drift(
         "nonfinite_differ": int(np.count_nonzero(~same & ~both_finite)),
         "sign_changes": int(np.count_nonzero(both_finite & (np.signbit(x) != np.signbit(y)) & (x != 0) & (y != 0))),
         "max_u": normalised_max(diff, np.asarray(absprod, dtype=np.float64)[both_finite], unit_roundoff(dtype)),
+        "max_u_entries": _in_range(np.asarray(absprod, dtype=np.float64)[both_finite]),
         "max_abs": max_abs,
         "ulp_at_max": ulp_at_max,
         "beyond_bound": _beyond(diff, np.asarray(absprod, dtype=np.float64)[both_finite], k, dtype, 2.0),
@@ -146,6 +148,10 @@ def _beyond(absdiff: np.ndarray, absprod: np.ndarray, k: int | None, dtype: str,
         return 0
     keep = np.isfinite(absprod)
     return int(np.count_nonzero(absdiff[keep] > times * allowed[keep]))
+
+
+def _in_range(absprod: np.ndarray) -> int:
+    return int(np.count_nonzero((absprod > 0) & np.isfinite(absprod)))
 
 
 def normalised_max(absdiff: np.ndarray, absprod: np.ndarray, u: float) -> float:
