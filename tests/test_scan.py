@@ -361,3 +361,48 @@ def test_resume_refuses_a_tampered_record(capsys, tmp_path):
         out.write_text(json.dumps(bad))
         rc, _, err = scan_cli(capsys, *BASE, "--resume", out)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+# --- alignment classes, on synthetic routes -----------------------------------------------
+
+
+def periodic_point(size, limit, modulus, kernel_cut=None):
+    """Drift at sizes ≤ limit except multiples of modulus; kernels change at kernel_cut."""
+    kid = "k2" if kernel_cut and size >= kernel_cut else "k1"
+    return {"size": size, "kernel_id": kid, "kernels": [kid], "error_u": 0.5,
+            "max_ulp": int(size <= limit and size % modulus != 0), "frac_differ": 0.0, "max_u": 0.0}
+
+
+def test_classes_partition_every_range():
+    for lo, hi in ((1, 1), (1, 700), (45990, 46010), (3, 64)):
+        members = sorted(s for c in range(scan.CLASS_TOP + 1) for s in scan.class_members(lo, hi, c))
+        assert members == list(range(lo, hi + 1))
+        assert all(scan.size_class(s) == c for c in range(scan.CLASS_TOP + 1) for s in scan.class_members(lo, hi, c))
+    assert [scan.class_label(c) for c in range(6)] == ["odd", "≡ 2 mod 4", "≡ 4 mod 8", "≡ 8 mod 16",
+                                                        "≡ 16 mod 32", "≡ 0 mod 32"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3000), st.sampled_from([2, 4, 8, 16, 32]), st.one_of(st.none(), st.integers(2, 3000)),
+       st.integers(0, 2000))
+def test_class_search_sees_periodic_routes_exactly(limit, modulus, kernel_cut, lo):
+    hi = lo + 1 + 3000
+    lo += 1
+    evaluate = functools.partial(periodic_point, limit=limit, modulus=modulus, kernel_cut=kernel_cut)
+    points = scan.class_search(lo, hi, evaluate)
+    by_class = scan._by_class(points)
+    for size in range(lo, hi + 1):  # every size, evaluated or not, is stated as the truth
+        assert scan.state_at(points, size, by_class) == scan.region_key(evaluate(size)), size
+    assert len(points) <= 0.10 * (hi - lo + 1)  # 3001 sizes: within 10 %
+
+
+def test_pattern_reads_as_the_route_is():
+    points = scan.class_search(1, 700, functools.partial(periodic_point, limit=11, modulus=4))
+    assert [p["text"] for p in scan.pattern(points, 1, 700)] == [
+        "1..12: drift, except multiples of 4: no drift", "13..700: no drift"]
+    points = scan.class_search(1, 2048, lambda n: periodic_point(n, 10**9, 16) if n >= 1008 else periodic_point(n, 0, 1))
+    assert [p["text"] for p in scan.pattern(points, 1, 2048)] == [
+        "1..1008: no drift", "1009..2048: drift, except multiples of 16: no drift"]
+    wide = scan.class_search(1, 12000, functools.partial(periodic_point, limit=11, modulus=4, kernel_cut=513))
+    assert len(wide) <= 0.05 * 12000
+    assert [p["periodic"] for p in scan.pattern(wide, 1, 12000)] == [True, False, False]

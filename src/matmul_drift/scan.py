@@ -15,6 +15,7 @@ points already recorded. No torch here: measuring is measure.py's, drawing scan_
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -133,6 +134,131 @@ def search(lo: int, hi: int, step: int, evaluate, known: dict[int, dict] | None 
         halves = [(x, y) for x, y in ((a, mid), (mid, b)) if region_key(points[x]) != region_key(points[y])]
         todo.extend(reversed(halves))
     return points
+
+
+# --- alignment classes -------------------------------------------------------------------
+# Libraries pick kernels by alignment (fp16 tensor-core paths want multiples of 8; MKL's
+# small-m paths differ with m mod 4), so a route can depend on a size modulo a power of two
+# and never hold over a contiguous range. The search therefore runs once per class of sizes,
+# by the largest power of two dividing the size (up to 2^CLASS_TOP): odd, 2 mod 4, 4 mod 8,
+# 8 mod 16, 16 mod 32 and 0 mod 32. Each class is an arithmetic progression, searched and
+# bisected on its own, so each boundary is exact within its class.
+
+CLASS_TOP = 5
+CLASS_INTERVALS = 20  # coarse grid intervals per class when no --step is given
+
+
+def size_class(size: int) -> int:
+    """0 for odd sizes, c for sizes ≡ 2^c mod 2^(c+1), CLASS_TOP for multiples of 2^CLASS_TOP."""
+    return min((size & -size).bit_length() - 1, CLASS_TOP)
+
+
+def class_label(c: int) -> str:
+    """'odd', '≡ 2 mod 4', ..., '≡ 0 mod 32'."""
+    if c == 0:
+        return "odd"
+    if c == CLASS_TOP:
+        return f"≡ 0 mod {2 ** CLASS_TOP}"
+    return f"≡ {2 ** c} mod {2 ** (c + 1)}"
+
+
+def class_members(lo: int, hi: int, c: int) -> range:
+    """The sizes of class ``c`` in lo..hi (both included), ascending."""
+    spacing = 2 ** (c + 1) if c < CLASS_TOP else 2 ** CLASS_TOP
+    offset = 2 ** c if c < CLASS_TOP else 0
+    first = lo + (offset - lo) % spacing
+    return range(first, hi + 1, spacing)
+
+
+def class_search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = None, step: int | None = None,
+                 intervals: int = CLASS_INTERVALS) -> dict[int, dict]:
+    """``search`` once per alignment class. Within a class the coarse grid takes every
+    ``step // spacing``-th member (``step`` in sizes; 1 is a dense sweep), or by default cuts
+    the class into ``intervals`` pieces; differing neighbours are bisected down to adjacent
+    members. ``evaluate(size)`` is called once per size not already in ``known``."""
+    points = dict(known or {})
+
+    def at(size: int) -> dict:
+        if size not in points:
+            points[size] = evaluate(size)
+        return points[size]
+
+    for c in range(CLASS_TOP + 1):
+        members = class_members(lo, hi, c)
+        if not members:
+            continue
+        last = len(members) - 1
+        idx_step = max(1, step // members.step) if step else max(1, math.ceil(last / intervals))
+        search(0, last, idx_step, lambda i, members=members: at(members[i]))  # `at` caches by size
+    return points
+
+
+def state_at(points: dict[int, dict], size: int, by_class: dict[int, list[int]] | None = None) -> tuple:
+    """The region_key the search implies at ``size``: that of its class's evaluated neighbours
+    (after class_search, neighbours that differ are adjacent members, so they agree here)."""
+    by_class = by_class or _by_class(points)
+    sizes = by_class[size_class(size)]
+    i = bisect.bisect_left(sizes, size)
+    return region_key(points[sizes[min(i, len(sizes) - 1)]])
+
+
+def _by_class(points: dict[int, dict]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {c: [] for c in range(CLASS_TOP + 1)}
+    for s in sorted(points):
+        out[size_class(s)].append(s)
+    return out
+
+
+def _class_set(classes: set[int], absent: set[int] = frozenset()) -> str:
+    """Words for a set of classes: 'multiples of 4', 'sizes not divisible by 8', or a list.
+    Classes with no size in the segment (``absent``) may be counted in or out."""
+    for c in range(1, CLASS_TOP + 1):
+        for target, words in ((set(range(c, CLASS_TOP + 1)), f"multiples of {2 ** c}"),
+                              (set(range(c)), f"sizes not divisible by {2 ** c}")):
+            if classes <= target <= classes | absent:
+                return words
+    return ", ".join(class_label(c) for c in sorted(classes))
+
+
+def pattern(points: dict[int, dict], lo: int, hi: int) -> list[dict]:
+    """The range as segments in which each class keeps one state; a segment whose classes
+    differ is periodic and says so: ``lo``, ``hi``, ``states`` ([{classes, kernel_id,
+    drift}], the most common first) and ``text`` ('1..11: drift, except multiples of 4: no drift')."""
+    by_class = _by_class(points)
+    segments: list[dict] = []
+    for size in range(lo, hi + 1):
+        c, key = size_class(size), state_at(points, size, by_class)
+        seg = segments[-1] if segments else None
+        if seg is None or seg["by_class"].get(c, key) != key:
+            seg = {"lo": size, "hi": size, "by_class": {}, "count": {}}
+            segments.append(seg)
+        seg["by_class"][c] = key
+        seg["hi"] = size
+        seg["count"][key] = seg["count"].get(key, 0) + 1
+    several = len({k[0] for k in (region_key(p) for p in points.values())}) > 1
+    out = []
+    for seg in segments:
+        groups: dict[tuple, set[int]] = {}
+        for c, key in seg["by_class"].items():
+            groups.setdefault(key, set()).add(c)
+        order = sorted(groups, key=lambda k: -seg["count"][k])
+        states = [{"classes": [class_label(c) for c in sorted(groups[k])], "kernel_id": k[0],
+                   "drift": None if k[1] is None else ("non-zero" if k[1] else "zero")} for k in order]
+        text = f"{seg['lo']}..{seg['hi']}: {_state_words(order[0], several)}"
+        if len(order) > 1:
+            absent = set(range(CLASS_TOP + 1)) - set(seg["by_class"])
+            text += ", except " + "; ".join(f"{_class_set(groups[k], absent)}: {_state_words(k, several)}"
+                                            for k in order[1:])
+        out.append({"lo": seg["lo"], "hi": seg["hi"], "periodic": len(order) > 1, "states": states, "text": text})
+    return out
+
+
+def _state_words(key: tuple, several_kernels: bool) -> str:
+    kernel, drift = key
+    words = [] if drift is None else ["drift" if drift else "no drift"]
+    if several_kernels or drift is None:
+        words.append(f"kernels {kernel}")
+    return " with ".join(words) if len(words) == 2 else words[0]
 
 
 def _side(point: dict) -> dict:
