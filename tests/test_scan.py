@@ -143,29 +143,86 @@ def sweep_with(kind):
     pytest.fail("no candidate sweep has a boundary on this machine: " + "; ".join(map(str, SWEEPS)))
 
 
-@pytest.mark.parametrize("kind", ["route", "drift"])
-def test_scan_finds_the_dense_sweeps_boundaries_exactly(kind, capsys, tmp_path):
-    c, classes, cuts = sweep_with(kind)
-    widths = np.diff([c["lo"]] + [hi for _, hi in cuts] + [c["hi"] + 1])
-    step = min(c["step"], int(widths.min()))  # every region then holds a grid point
-    out = tmp_path / "scan.json"
-    plot = tmp_path / "scan.png"
+def scan_state(rec, size):
+    """(kernels, drift non-zero?) that a complete scan record states for ``size``, from the
+    region of its alignment class that holds it."""
+    label = scan.class_label(scan.size_class(size))
+    r = next(r for r in rec["regions"] if r["class"] == label and r["lo"] <= size <= r["hi"])
+    return tuple(r["kernels"]), r["drift"] == "non-zero"
+
+
+def class_safe_step(truth, lo, hi, most):
+    """The largest --step (≤ most) at which every run of one state within every class holds a
+    grid point, so the scan must see every flip of the dense sweep."""
+    step = most
+    for c in range(scan.CLASS_TOP + 1):
+        members = list(scan.class_members(lo, hi, c))
+        runs, start = [], 0
+        for i in range(1, len(members) + 1):
+            if i == len(members) or truth[members[i]] != truth[members[i - 1]]:
+                runs.append(i - start)
+                start = i
+        if len(runs) > 1:
+            step = min(step, 2 ** min(c + 1, scan.CLASS_TOP) * min(runs))
+    return max(1, step)
+
+
+def run_scan(capsys, tmp_path, c, *extra):
+    out = tmp_path / f"scan{len(list(tmp_path.iterdir()))}.json"
     fixed = [x for d, v in c["fixed"].items() for x in (f"--{d}", v)]
     rc, text, err = scan_cli(capsys, "--vary", c["vary"], "--range", f"{c['lo']}:{c['hi']}", *fixed,
-                             "--dtype", c["dtype"], "--step", step, "--json", out, "--plot", plot)
+                             "--dtype", c["dtype"], "--json", out, *extra)
     assert rc == 0, err
-    rec = json.loads(out.read_text())
-    assert pairs(rec) == cuts, c
+    return json.loads(out.read_text()), text
+
+
+@pytest.mark.parametrize("kind", ["route", "drift"])
+def test_scan_states_the_dense_sweep_at_every_size(kind, capsys, tmp_path):
+    c, truth, cuts = sweep_with(kind)
+    step = class_safe_step(truth, c["lo"], c["hi"], c["step"])
+    plot = tmp_path / "scan.png"
+    rec, text = run_scan(capsys, tmp_path, c, "--step", step, "--plot", plot)
+    for size in range(c["lo"], c["hi"] + 1):  # every flip of the dense sweep is found
+        assert scan_state(rec, size) == truth[size], (size, c)
     for b in rec["boundaries"]:
+        assert b["exact"]
         for side in ("before", "after"):
             p = b[side]
-            assert (tuple(p["kernels"]), p["max_ulp"] > 0) == classes[p["size"]]
+            assert (tuple(p["kernels"]), p["max_ulp"] > 0) == truth[p["size"]]
     assert rec["complete"] and rec["evaluations"] == len(rec["points"]) <= rec["dense_equivalent"] == c["hi"] - c["lo"] + 1
-    if step > 1:
-        assert rec["evaluations"] < rec["dense_equivalent"]
-    assert f"{cuts[0][0]} → {cuts[0][1]}" in text
+    assert any(seg["text"] in text for seg in rec["pattern"])
     head = plot.read_bytes()[:8]
     assert head == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size < 200_000
+
+
+# Ranges where a route may depend on the size modulo a power of two (cheap to sweep densely).
+PERIODIC = (
+    dict(vary="n", lo=960, hi=1100, fixed={"m": 1, "k": 4096}, dtype="float32"),
+    dict(vary="m", lo=1, hi=48, fixed={"k": 2048, "n": 512}, dtype="float32"),
+    dict(vary="m", lo=1, hi=64, fixed={"k": 4096, "n": 1024}, dtype="float32"),
+    dict(vary="n", lo=1, hi=160, fixed={"m": 1, "k": 4096}, dtype="float32"),
+    dict(vary="n", lo=1, hi=128, fixed={"m": 4, "k": 1024}, dtype="float32"),
+)
+
+
+def periodic(truth, lo, hi):
+    """True when some size's state differs from both neighbours' (which agree): a pattern no
+    contiguous region describes."""
+    return any(truth[s - 1] == truth[s + 1] != truth[s] for s in range(lo + 1, hi))
+
+
+def test_periodic_routes_are_found_at_every_size(capsys, tmp_path):
+    measured = [(c, dense_sweep(**c)[0]) for c in PERIODIC]
+    chosen = [(c, t) for c, t in measured if periodic(t, c["lo"], c["hi"])][:2]
+    if len(chosen) < 2:  # this machine has fewer periodic ranges: check ranges with any flip
+        chosen += [(c, t) for c, t in measured if (c, t) not in chosen and len(set(t.values())) > 1][: 2 - len(chosen)]
+    assert chosen, "no candidate range has any flip on this machine: " + "; ".join(map(str, PERIODIC))
+    for c, truth in chosen:
+        rec, text = run_scan(capsys, tmp_path, c)  # the default grid: 20 intervals per class
+        for size in range(c["lo"], c["hi"] + 1):
+            assert scan_state(rec, size) == truth[size], (size, c)
+        if periodic(truth, c["lo"], c["hi"]):
+            assert any(seg["periodic"] for seg in rec["pattern"]) and "except" in text
 
 
 def test_12000_wide_scan_costs_at_most_5_percent(capsys, tmp_path):
@@ -184,11 +241,12 @@ def test_12000_wide_scan_costs_at_most_5_percent(capsys, tmp_path):
     route = lambda k: kernels.route(lambda: a[:, :k].contiguous() @ b[:k], "cpu")  # noqa: E731
     rng = np.random.default_rng(12000)
     for r in rec["regions"]:
-        unseen = [int(x) for x in rng.integers(r["lo"], r["hi"] + 1, size=3)]
+        members = [k for k in range(r["lo"], r["hi"] + 1) if scan.class_label(scan.size_class(k)) == r["class"]]
+        unseen = [members[int(i)] for i in rng.integers(0, len(members), size=3)]
         for k in (r["lo"], r["hi"], *unseen):
             assert route(k) == r["kernels"], (k, r)
-    for lo, hi in pairs(rec):
-        assert hi == lo + 1 and route(lo) != route(hi)
+    for bd in rec["boundaries"]:
+        assert bd["exact"] and route(bd["lo"]) != route(bd["hi"])
 
 
 # --- scan and explain agree ----------------------------------------------------------------
@@ -295,6 +353,11 @@ def test_records_are_never_overwritten_and_resume_checks_parameters(capsys, tmp_
     assert rc == 2 and "step" in err
     rc, text, err = scan_cli(capsys, *BASE, "--resume", out)  # complete: nothing to evaluate, same record
     assert rc == 0 and "0 evaluated here" in err and out.read_bytes() == before
+    old = json.loads(before)
+    old["schema"] = "matmul-drift-scan/1"  # a record from the single-grid search
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    rc, _, err = scan_cli(capsys, *BASE, "--resume", tmp_path / "old.json")
+    assert rc == 2 and "before alignment classes" in err and len(err.strip().splitlines()) == 1
     (tmp_path / "junk.json").write_text("{not json")
     rc, _, err = scan_cli(capsys, *BASE, "--resume", tmp_path / "junk.json")
     assert rc == 2 and "not JSON" in err
@@ -336,7 +399,8 @@ def test_ctrl_c_leaves_a_record_that_resume_finishes(tmp_path):
     assert final["sessions"][0]["evaluated"] == first["evaluations"]
     assert sum(s["evaluated"] for s in final["sessions"]) == final["evaluations"]  # nothing evaluated twice
     p = final["params"]
-    assert scan.search(p["lo"], p["hi"], p["step"], lambda s: pytest.fail(f"missing {s}"), known=by_size) == by_size
+    assert scan.class_search(p["lo"], p["hi"], lambda s: pytest.fail(f"missing {s}"), known=by_size,
+                             step=p["step"]) == by_size
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -42,8 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", required=True, choices=cases.DTYPES)
     parser.add_argument("--device", default="cpu", choices=cases.DEVICES)
     parser.add_argument("--step", type=_positive, metavar="S",
-                        help="coarse grid spacing (default: the range in 200 pieces); a region narrower "
-                             "than S can be missed, --step 1 is a dense sweep")
+                        help="coarse grid spacing in sizes within each alignment class (default: each class "
+                             "in 20 pieces); a route changing inside a class between grid points can be "
+                             "missed, --step 1 is a dense sweep")
     parser.add_argument("--json", metavar="FILE", help="write every point, boundary and region here, "
                         "after every point (refuses an existing FILE: use --resume)")
     parser.add_argument("--resume", metavar="FILE", help="continue the scan recorded in FILE (same "
@@ -159,7 +160,7 @@ def _run(args) -> int:
     lo, hi = args.range
     dims = _dims(args)
     path = _check_paths(args)
-    step = args.step or scan.default_step(lo, hi)
+    step = args.step or 0  # 0: each class's grid cut into scan.CLASS_INTERVALS pieces
     try:
         measure.check_device(args.device, args.dtype)
     except measure.Unavailable as exc:
@@ -181,7 +182,7 @@ def _run(args) -> int:
     del a_bits, b_bits
     top = None if args.vary == "k" else measure.top_product(ops)
 
-    progress = _Progress(len(scan.grid(lo, hi, step)), len(points))
+    progress = _Progress(scan.grid_count(lo, hi, step), len(points))
     session = {"evaluated": 0, "seconds": 0.0, "complete": False}
     sessions.append(session)
     t0 = time.monotonic()
@@ -216,7 +217,7 @@ def _run(args) -> int:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        points = scan.search(lo, hi, step, evaluate, known=points)
+        points = scan.class_search(lo, hi, evaluate, known=points, step=step)
     except KeyboardInterrupt:
         where = f"{path} holds them: continue with --resume {path}" if path else "nothing was recorded (--json FILE keeps a resumable record)"
         progress.close(f"interrupted after {session['evaluated']} evaluations; {where}")
@@ -239,7 +240,7 @@ def _run(args) -> int:
 
 
 def render(result: dict) -> str:
-    """The regions and boundaries of a complete scan record as plain-text tables."""
+    """The pattern, the regions and boundaries of each class of a complete scan record, as text."""
     from tabulate import tabulate
 
     p = result["params"]
@@ -248,31 +249,35 @@ def render(result: dict) -> str:
     n_eval, dense = result["evaluations"], result["dense_equivalent"]
     head = (f"scan of {p['vary']} over {p['lo']}..{p['hi']} ({fixed}), {p['dtype']} on {p['device']}: "
             f"{n_eval} evaluations for {dense} sizes ({n_eval / dense:.1%} of a dense sweep), "
-            f"{scan.boundary_count(result)}")
-    headers = ["sizes", "width", "kernel-id", "kernels"] + (["drift", "max ulp", "max_u"] if drift else []) + ["max error_u", "points"]
+            f"{scan.boundary_count(result)} within the alignment classes")
+    pattern = "\n".join(f"  {p['vary']} {seg['text']}" for seg in result["pattern"])
+    headers = ["class", "sizes", "kernel-id", "kernels"] + (["drift", "max ulp", "max_u"] if drift else []) + ["max error_u", "points"]
     rows = []
-    for r in result["regions"]:
+    for r in sorted(result["regions"], key=lambda r: (r["lo"], r["class"])):
         cells = [r["drift"], _num(r["max_ulp"]), _num(r["max_u"])] if drift else []
-        rows.append([f"{r['lo']}..{r['hi']}", r["hi"] - r["lo"] + 1, r["kernel_id"], "\n".join(r["kernels"]),
+        rows.append([r["class"], f"{r['lo']}..{r['hi']}", r["kernel_id"], "\n".join(r["kernels"]),
                      *cells, _num(r["max_error_u"]), r["points"]])
-    parts = [head, tabulate(rows, headers=headers)]
+    parts = [head, "What holds where:\n" + pattern, tabulate(rows, headers=headers)]
     if result["boundaries"]:
         brows = []
         for b in result["boundaries"]:
             before, after = b["before"], b["after"]
             change = " and ".join(w for w, c in (("kernels", b["kernel_changed"]), ("drift", b["drift_changed"])) if c)
-            brows.append([f"{b['lo']} → {b['hi']}", change, "\n".join(before["kernels"]),
+            brows.append([b["class"], f"{b['lo']} → {b['hi']}", change, "\n".join(before["kernels"]),
                           "(same)" if before["kernels"] == after["kernels"] else "\n".join(after["kernels"]),
                           _side(before, drift), _side(after, drift)])
         what = "drift" if drift else "error_u"
-        parts.append(tabulate(brows, headers=["boundary", "change", "kernels before", "kernels after",
+        parts.append(tabulate(brows, headers=["class", "boundary", "change", "kernels before", "kernels after",
                                               f"{what} before", f"{what} after"]))
     if p["step"] == 1:
-        parts.append("Every size was evaluated (a dense sweep): these are all the boundaries in the range.")
+        parts.append("Every size was evaluated (a dense sweep): this is what holds at every size of the range.")
     else:
-        parts.append(f"Coarse grid every {p['step']}, then bisection to adjacent sizes: every boundary above is exact, "
-                     f"but a region narrower than {p['step']} can lie unseen between two grid points; "
-                     f"--step S tightens this (--step 1 is a dense sweep).")
+        grid = f"every {p['step']} sizes" if p["step"] else f"{scan.CLASS_INTERVALS} intervals"
+        parts.append(f"Each alignment class ({', '.join(result['classes'])}) was searched on its own coarse grid "
+                     f"({grid} per class), then bisected to adjacent members: every boundary above is exact within "
+                     "its class, and routes that depend on the size modulo 2 to 32 show as patterns. Not seen: a "
+                     "route that changes at a single size inside a class, between two of its grid points; "
+                     "--step S tightens the grid (--step 1 is a dense sweep).")
     return "\n\n".join(parts)
 
 

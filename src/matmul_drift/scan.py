@@ -5,10 +5,13 @@ A point is a plain dict (``measure.scan_point``): ``size``, ``kernel_id``, ``ker
 belong to the same region when their kernel-ids are equal and their drift is zero on
 both or non-zero on both (for k, where nothing is compared, the kernel-id alone).
 
-The search samples a coarse grid of spacing ``step``, then bisects every grid interval
-whose ends differ, down to adjacent integers, so every boundary it reports is exact.
-Its limit: a region narrower than ``step`` that lies between two grid points of the same
-region is never seen; a smaller ``step`` (1 is a dense sweep) tightens it.
+Sizes are split into alignment classes by the largest power of two dividing them (odd,
+2 mod 4, 4 mod 8, 8 mod 16, 16 mod 32, 0 mod 32). Within each class the search samples a
+coarse grid, then bisects every grid interval whose ends differ down to adjacent members
+of the class, so every boundary is exact within its class, and a route that depends on the
+size modulo 2, 4, 8, 16 or 32 is seen as a pattern across classes. Its limit: a route that
+changes at a single size inside a class, between two grid points of that class, is never
+seen; a smaller ``step`` (1 is a dense sweep) tightens it.
 The search is deterministic given the points, so a scan resumes by replaying it over the
 points already recorded. No torch here: measuring is measure.py's, drawing scan_plot's.
 """
@@ -22,10 +25,9 @@ from dataclasses import asdict, dataclass
 
 from . import atomic
 
-SCHEMA = "matmul-drift-scan/1"
+SCHEMA = "matmul-drift-scan/2"  # /1: one grid over all sizes, before alignment classes
 DIMS = ("m", "k", "n")
 PROCESS_BYTES = 512 << 20  # torch and its libraries, resident before any operand (measured: ~400 MiB)
-DEFAULT_INTERVALS = 200  # coarse grid intervals over the range: 201 points for any width ≥ 200
 
 
 class ScanError(ValueError):
@@ -75,29 +77,22 @@ def parse_range(text: str) -> tuple[int, int]:
 def bytes_needed(vary: str, m: int, k: int, n: int, itemsize: int, device: str) -> tuple[int, int]:
     """(host, device) bytes a scan needs at the top of its range (m, k, n), an estimate.
 
-    Inputs: drawn float32 values, their bits in the dtype and float64 copies for the
-    reference (one more copy of A for k's contiguous prefix). Outputs: bits, float64
+    Inputs: drawn float32 values, their bits in the dtype and the exact reference's float64
+    copies (one more copy of A for k's contiguous prefix). Outputs: bits, float64
     values, the reference, and the temporaries of one comparison (about a dozen float64
     arrays), plus the process itself. On CUDA the operands and the reference live on the GPU;
     the host keeps the rest. Measured resident sizes stayed below it.
     """
+    from .reference import CHUNK_BYTES
+
     ins, outs = m * k + k * n, m * n
-    ref = 8 * ins + (itemsize * m * k if vary == "k" else 0)
+    # the exact reference holds about six float64 copies of A (scaled, slices, remainder) and
+    # of B, which it takes in blocks of columns of CHUNK_BYTES
+    ref = 6 * 8 * m * k + min(6 * 8 * k * n, 6 * CHUNK_BYTES) + (itemsize * m * k if vary == "k" else 0)
     host = PROCESS_BYTES + ins * (4 + itemsize) + outs * (2 * itemsize + 13 * 8)
     if device == "cuda":
         return host, ins * itemsize + ref + outs * (16 + 2 * itemsize)
     return host + ref, 0
-
-
-def default_step(lo: int, hi: int) -> int:
-    """Grid spacing in elements: the range cut into DEFAULT_INTERVALS pieces (1 below that width)."""
-    return max(1, math.ceil((hi - lo) / DEFAULT_INTERVALS))
-
-
-def grid(lo: int, hi: int, step: int) -> list[int]:
-    """lo, lo + step, ..., and hi: the coarse sizes, ascending."""
-    sizes = list(range(lo, hi, step))
-    return sizes + [hi]
 
 
 def region_key(point: dict) -> tuple:
@@ -120,7 +115,7 @@ def search(lo: int, hi: int, step: int, evaluate, known: dict[int, dict] | None 
             points[size] = evaluate(size)
         return points[size]
 
-    sizes = grid(lo, hi, step)
+    sizes = list(range(lo, hi, step)) + [hi]
     for size in sizes:
         at(size)
     todo = [(a, b) for a, b in zip(sizes, sizes[1:]) if region_key(points[a]) != region_key(points[b])]
@@ -261,6 +256,40 @@ def _state_words(key: tuple, several_kernels: bool) -> str:
     return " with ".join(words) if len(words) == 2 else words[0]
 
 
+def grid_count(lo: int, hi: int, step: int | None, intervals: int = CLASS_INTERVALS) -> int:
+    """How many sizes the coarse grids of class_search hold (bisection comes on top)."""
+    total = 0
+    for c in range(CLASS_TOP + 1):
+        last = len(class_members(lo, hi, c)) - 1
+        if last >= 0:
+            idx = max(1, step // (2 ** min(c + 1, CLASS_TOP))) if step else max(1, math.ceil(last / intervals))
+            total += len(range(0, last, idx)) + 1 if last else 1
+    return total
+
+
+def class_boundaries(points: dict[int, dict]) -> list[dict]:
+    """``boundaries`` within each class: neighbouring evaluated members that differ, with
+    ``class`` (its label); ``exact`` when they are adjacent members of the class."""
+    out = []
+    for c, sizes in _by_class(points).items():
+        spacing = 2 ** min(c + 1, CLASS_TOP)
+        for b in boundaries({s: points[s] for s in sizes}):
+            out.append({"class": class_label(c), **b, "exact": b["hi"] - b["lo"] == spacing})
+    return sorted(out, key=lambda b: (b["hi"], b["lo"]))
+
+
+def class_regions(points: dict[int, dict]) -> list[dict]:
+    """``regions`` within each class, with ``class``; ``lo``..``hi`` are members of the class."""
+    out = []
+    for c, sizes in _by_class(points).items():
+        spacing = 2 ** min(c + 1, CLASS_TOP)
+        regs = regions({s: points[s] for s in sizes})
+        for r, nxt in zip(regs, regs[1:]):
+            r["hi"] = nxt["lo"] - spacing
+        out += [{"class": class_label(c), **r} for r in regs]
+    return out
+
+
 def _side(point: dict) -> dict:
     keep = ("size", "kernel_id", "kernels", "max_ulp", "frac_differ", "max_u", "error_u")
     return {key: point.get(key) for key in keep}
@@ -320,7 +349,8 @@ def record(params: Params, points: dict[int, dict], *, input_checksum: str, envi
     ``evaluations`` counts the evaluated points over every session, ``dense_equivalent``
     the sizes a dense sweep would evaluate (hi − lo + 1). ``sessions`` lists each run's
     ``evaluated`` count, ``seconds`` (wall clock) and whether the scan was ``complete`` after it.
-    Boundaries and regions are listed once the scan is complete.
+    Once the scan is complete it lists the ``pattern`` (segments of the range, periodic ones
+    by class), and the ``boundaries`` and ``regions`` of each alignment class.
     """
     return {
         "schema": SCHEMA,
@@ -329,8 +359,10 @@ def record(params: Params, points: dict[int, dict], *, input_checksum: str, envi
         "evaluations": len(points),
         "dense_equivalent": params.hi - params.lo + 1,
         "input_checksum": input_checksum,
-        "boundaries": boundaries(points) if complete else [],
-        "regions": regions(points) if complete else [],
+        "classes": [class_label(c) for c in range(CLASS_TOP + 1)],
+        "pattern": pattern(points, params.lo, params.hi) if complete else [],
+        "boundaries": class_boundaries(points) if complete else [],
+        "regions": class_regions(points) if complete else [],
         "points": [points[s] for s in sorted(points)],
         "sessions": sessions,
         "environment": environment,
@@ -339,6 +371,9 @@ def record(params: Params, points: dict[int, dict], *, input_checksum: str, envi
 
 def check_record(rec, params: Params) -> None:
     """ScanError unless ``rec`` is a scan record of exactly the scan ``params`` describe."""
+    if isinstance(rec, dict) and rec.get("schema") == "matmul-drift-scan/1":
+        raise ScanError("the record is from before alignment classes (matmul-drift-scan/1): its sizes were chosen "
+                        "on one grid and cannot be resumed by this search; start a new scan")
     if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
         raise ScanError(f"not a scan record (schema {SCHEMA} expected)")
     recorded = rec.get("params") or {}
@@ -371,7 +406,7 @@ def _well_formed(p, params: Params) -> bool:
     number = (int, float)
     return (isinstance(p, dict) and isinstance(p.get("size"), int) and params.lo <= p["size"] <= params.hi
             and isinstance(p.get("kernel_id"), str) and isinstance(p.get("kernels"), list)
-            and isinstance(p.get("error_u"), number)
+            and (p.get("error_u") is None or isinstance(p.get("error_u"), number))
             and (p.get("max_ulp") is None) == (params.vary == "k")
             and (params.vary == "k" or all(isinstance(p.get(key), number) for key in ("max_ulp", "frac_differ", "max_u"))))
 
@@ -388,12 +423,9 @@ def load(path: str) -> dict:
 
 
 def dumps(rec: dict) -> str:
-    """A record as JSON text with one point per line: readable, diffable and quick to rewrite.
-
-    An overflowed product's error_u is written as Infinity (Python's json reads it back).
-    """
-    head = json.dumps({k: v for k, v in rec.items() if k != "points"}, indent=1)
-    points = ",\n".join(json.dumps(p) for p in rec["points"])
+    """A record as JSON text with one point per line: readable, diffable and quick to rewrite."""
+    head = json.dumps({k: v for k, v in rec.items() if k != "points"}, indent=1, allow_nan=False)
+    points = ",\n".join(json.dumps(p, allow_nan=False) for p in rec["points"])
     return f'{head[:-2]},\n "points": [\n{points}\n ]\n}}\n'
 
 

@@ -30,15 +30,24 @@ def plot(result: dict, path: str) -> None:
     sizes = [q["size"] for q in points]
     colours = {}
     fig, ax = plt.subplots(figsize=(10, 4.2), dpi=100)
+    # One horizontal stripe per alignment class (odd at the bottom, 0 mod 32 at the top):
+    # a route that depends on the size modulo 2..32 shows as stripes that differ.
+    rows = {label: i for i, label in enumerate(result["classes"])}
+    height = 1 / len(rows)
     for r in result["regions"]:
         first = r["kernel_id"] not in colours
         colour = colours.setdefault(r["kernel_id"], f"C{len(colours) % 10}")
-        ax.axvspan(r["lo"] - 0.5, r["hi"] + 0.5, color=colour, alpha=0.22, lw=0,
-                   hatch=_HATCH if r["drift"] == "non-zero" else None,
+        row = rows[r["class"]]
+        half = 2 ** min(row + 1, scan.CLASS_TOP) / 2  # half the class's spacing: its stripe has no gaps
+        ax.axvspan(max(r["lo"] - half, p["lo"] - 0.5), min(r["hi"] + half, p["hi"] + 0.5), ymin=row * height, ymax=(row + 1) * height, color=colour,
+                   alpha=0.22, lw=0, hatch=_HATCH if r["drift"] == "non-zero" else None,
                    label=_label(r["kernel_id"], r["kernels"]) if first else None)
-    ax.plot(sizes, [q["error_u"] for q in points], ".", color="0.25", ms=3, label="error_u (u), left axis")
+    for label, row in rows.items():
+        ax.annotate(label, (0, (row + 0.5) * height), xycoords="axes fraction", xytext=(3, 0),
+                    textcoords="offset points", fontsize=6, va="center", color="0.35")
+    ax.plot(sizes, [math.nan if q["error_u"] is None else q["error_u"] for q in points], ".", color="0.25", ms=3, label="error_u (u), left axis")
     ax.set_ylabel("error_u (u of the output dtype)")
-    top = max([q["error_u"] for q in points if math.isfinite(q["error_u"])] + [1e-9]) * 1.15
+    top = max([q["error_u"] for q in points if q["error_u"] is not None and math.isfinite(q["error_u"])] + [1e-9]) * 1.15
     ax.set_ylim(-0.04 * top, top)  # a little below 0, so points at 0 stay visible
     handles, labels = ax.get_legend_handles_labels()
     if p["vary"] != "k":
@@ -50,9 +59,9 @@ def plot(result: dict, path: str) -> None:
         ax2.set_ylim(-0.04 * top, top)  # zero level with the left axis's
         handles.append(line)
         labels.append(line.get_label())
-    for b in result["boundaries"]:
-        ax.axvline(b["lo"] + 0.5, color="k", ls="--", lw=0.8)
-        ax.annotate(f"{b['lo']}→{b['hi']}", (b["lo"] + 0.5, 1), xycoords=("data", "axes fraction"),
+    for seg in result["pattern"][1:]:  # where the pattern changes
+        ax.axvline(seg["lo"] - 0.5, color="k", ls="--", lw=0.8)
+        ax.annotate(f"{seg['lo']}", (seg["lo"] - 0.5, 1), xycoords=("data", "axes fraction"),
                     xytext=(3, -12), textcoords="offset points", fontsize=8)
     if any(r["drift"] == "non-zero" for r in result["regions"]):
         from matplotlib.patches import Patch
