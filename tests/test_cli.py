@@ -33,6 +33,9 @@ def test_explain_json_contract():
     assert len(r["input_checksum"]) == 64
     assert r["environment"]["torch"]["version"] == torch.__version__
     assert r["verdict"]["kind"] in ("bit-identical", "rounding")
+    t = r["seconds"]
+    assert t["runs"] >= 5 and t["threads"] == torch.get_num_threads() and 0 < t["median"] < 1
+    assert t["iqr"] >= 0 and t["noisy"] == (t["iqr"] / t["median"] > 0.1)
 
 
 def test_gamma_null_when_ku_at_least_one():

@@ -356,6 +356,7 @@ def measure(case: Case, precision: str, device: str, *, slice_n=None, slice_m=No
 
 
 NOISY = 0.1  # IQR / median above which a time is marked noisy
+BLOCK_SECONDS, MIN_RUNS, MIN_SECONDS = 0.02, 5, 0.2  # CPU: blocks of calls long against the timer's overhead
 
 
 def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20) -> dict:
@@ -363,8 +364,9 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20) -> 
 
     Returns ``median`` and ``iqr`` (seconds per call), ``runs`` (samples behind them),
     ``calls_per_run``, ``threads`` (torch's CPU thread count), ``noisy`` (IQR/median above
-    0.1) and ``method``. On the CPU, torch.utils.benchmark's ``Timer.blocked_autorange``
-    at the process's own thread count, run long enough for at least 5 blocks. On CUDA as
+    0.1) and ``method``. On the CPU, torch.utils.benchmark's ``Timer`` at the process's own
+    thread count, in blocks of calls of about 20 ms (as blocked_autorange, but never fewer
+    than 5 blocks, so the IQR means something; blocked_autorange may take one). On CUDA as
     triton.testing.do_bench does: warm-up, an L2 flush (a 256 MiB write) before every
     call, and CUDA events around the call alone.
     """
@@ -374,12 +376,13 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20) -> 
     if device != "cuda":
         from torch.utils.benchmark import Timer
 
-        t0 = time.perf_counter()
-        fn()  # warm-up, and the cost of one call
-        once = time.perf_counter() - t0
         timer = Timer("fn()", globals={"fn": fn}, num_threads=threads)
-        m = timer.blocked_autorange(min_run_time=max(0.2, 5 * once))
-        samples, per_run, method = list(m.times), m.number_per_run, "torch.utils.benchmark.Timer.blocked_autorange"
+        once = timer.timeit(1).times[0]  # warm-up, and the cost of one call
+        per_run = max(1, min(10_000, int(BLOCK_SECONDS / max(once, 1e-9))))
+        samples: list[float] = []
+        while len(samples) < MIN_RUNS or sum(samples) * per_run < MIN_SECONDS:
+            samples.append(timer.timeit(per_run).times[0])
+        method = "torch.utils.benchmark.Timer.timeit in blocks of about 20 ms, at least 5 blocks and 0.2 s"
     else:
         cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
         for _ in range(3):
