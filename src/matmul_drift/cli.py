@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from . import cases
+from .cli_scan import _positive  # one parser of positive sizes for every subcommand
 
 EXIT_USAGE = 2
 
@@ -27,16 +28,6 @@ class Parser(argparse.ArgumentParser):
 def _progress(msg: str) -> None:
     if sys.stderr.isatty():
         print(f"matmul-drift: {msg}", file=sys.stderr, flush=True)
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
-    return v
 
 
 def configure_explain(p: argparse.ArgumentParser) -> None:
@@ -256,6 +247,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("matmul-drift: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `matmul-drift ... | head`: the reader left; no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

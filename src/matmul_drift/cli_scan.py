@@ -1,8 +1,8 @@
 """`matmul-drift scan`: where along one dimension do the kernels or the drift change?
 
 Varies n, m or k over LO:HI with the other two fixed, measures each size the way
-`explain` measures a slice, and bisects between coarse grid points down to exact
-boundaries. Prints a table of regions and boundaries; --json FILE keeps every evaluated
+`explain` measures a slice, and searches each alignment class down to exact boundaries
+(scan.py; the driver is scan_run.py: this module parses and renders). Prints a table of regions and boundaries; --json FILE keeps every evaluated
 point (rewritten atomically after each one, so --resume FILE continues an interrupted
 scan); --plot FILE.png draws it. Exit status: 0, 2 for bad input (one line), 130 after
 Ctrl-C and 143 after SIGTERM (the record kept either way).
@@ -13,15 +13,21 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import signal
 import sys
-import time
 
 from . import cases, scan
-from .cli import _positive  # one parser of positive sizes for every subcommand
 
 PROG = "matmul-drift scan"
-ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
+    return v
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -90,58 +96,6 @@ def _dims(args) -> dict:
     return {**given, args.vary: hi}
 
 
-def _available(device: str) -> tuple[int | None, int | None]:
-    """Bytes available on the host (MemAvailable) and, on CUDA, free on the GPU; None if unknown."""
-    host = None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    host = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    gpu = None
-    if device == "cuda":
-        import torch
-
-        gpu = torch.cuda.mem_get_info()[0]
-    return host, gpu
-
-
-def _check_memory(vary: str, dims: dict, dtype: str, device: str) -> None:
-    need_host, need_gpu = scan.bytes_needed(vary, dims["m"], dims["k"], dims["n"], ITEMSIZE[dtype], device)
-    host, gpu = _available(device)
-    for need, have, where in ((need_host, host, "memory available (MemAvailable)"), (need_gpu, gpu, "GPU memory free")):
-        if have is not None and need > have:
-            raise _Fail(f"the top of the range, m={dims['m']} k={dims['k']} n={dims['n']} in {dtype}, needs about "
-                        f"{need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of {where}")
-
-
-class _Progress:
-    """A progress bar on stderr while it is a terminal; a closing line always."""
-
-    def __init__(self, n_grid: int, known: int):
-        self.n_grid, self.known, self.done, self.t0 = n_grid, known, 0, time.monotonic()
-        self.tty = sys.stderr.isatty()
-
-    def tick(self, size: int) -> None:
-        self.done += 1
-        if not self.tty:
-            return
-        seen = self.known + self.done
-        if seen <= self.n_grid:
-            filled = 30 * seen // self.n_grid
-            text = f"[{'#' * filled}{'.' * (30 - filled)}] grid {seen}/{self.n_grid}"
-        else:
-            text = f"[{'#' * 30}] grid done, bisecting: {seen - self.n_grid} more"
-        print(f"\r{PROG}: {text} (at {size}, {time.monotonic() - self.t0:.0f} s)\x1b[K", end="", file=sys.stderr, flush=True)
-
-    def close(self, line: str) -> None:
-        if self.tty:
-            print("\r\x1b[K", end="", file=sys.stderr)
-        print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the scan for parsed ``args``; returns the exit status."""
     try:
@@ -155,87 +109,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args) -> int:
-    from . import catalog, environment, measure
+    from . import scan_run
 
     lo, hi = args.range
-    dims = _dims(args)
+    _dims(args)
     path = _check_paths(args)
-    step = args.step or 0  # 0: each class's grid cut into scan.CLASS_INTERVALS pieces
-    try:
-        measure.check_device(args.device, args.dtype)
-    except measure.Unavailable as exc:
-        raise _Fail(str(exc)) from None
-    _check_memory(args.vary, dims, args.dtype, args.device)
-    env = environment.describe(args.device)  # no MKL banner: it is not known before a product
-    params = scan.Params(args.vary, lo, hi, args.m, args.k, args.n, args.dtype, args.device, step,
-                         measure.SEED, catalog.hex_id(catalog.object_id(env)))
-    rec = scan.load(path) if args.resume else None
-    if rec is not None:
-        scan.check_record(rec, params)  # before drawing inputs, which can take minutes
-
-    # Inputs as explain draws them for this shape: uniform [0, 1), as the seed.
-    case = cases.adhoc(dims["m"], dims["k"], dims["n"])
-    a_bits, b_bits, checksum = measure.operand_bits(case, args.dtype, args.device)
-    points = scan.resume_points(rec, params, checksum) if rec else {}
-    sessions = list(rec.get("sessions", [])) if rec else []
-    ops = measure.make_operands(a_bits, b_bits, args.dtype, args.device, case)
-    del a_bits, b_bits
-    top = None if args.vary == "k" else measure.top_product(ops)
-
-    progress = _Progress(scan.grid_count(lo, hi, step), len(points))
-    session = {"evaluated": 0, "seconds": 0.0, "complete": False}
-    sessions.append(session)
-    t0 = time.monotonic()
-
-    def save(all_points: dict, complete: bool) -> None:
-        session["seconds"] = round(time.monotonic() - t0, 3)
-        session["complete"] = complete
-        if path:
-            scan.write_atomic(path, scan.record(params, all_points, input_checksum=checksum, environment=env,
-                                                sessions=sessions, complete=complete))
-
-    live = dict(points)
-    stopped: list[int] = []
-
-    def evaluate(size: int) -> dict:
-        p = measure.scan_point(ops, args.vary, size, top, dtype=args.dtype, device=args.device)
-        live[size] = p
-        session["evaluated"] += 1
-        save(live, complete=False)
-        progress.tick(size)
-        if stopped:
-            raise KeyboardInterrupt
-        return p
-
-    def stop(signum, frame):
-        # Ctrl-C (or `timeout`'s SIGTERM) lets the point in hand finish and be recorded, so
-        # nothing is cut in the middle (a product, a file write, the captured stdout); a
-        # second signal stops at once.
-        if stopped:
-            raise KeyboardInterrupt
-        stopped.append(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        points = scan.class_search(lo, hi, evaluate, known=points, step=step)
-    except KeyboardInterrupt:
-        where = f"{path} holds them: continue with --resume {path}" if path else "nothing was recorded (--json FILE keeps a resumable record)"
-        progress.close(f"interrupted after {session['evaluated']} evaluations; {where}")
-        return 128 + (stopped[0] if stopped else signal.SIGINT)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if session["evaluated"] or (rec and not rec.get("complete")):
-        save(points, complete=True)
-    result = scan.record(params, points, input_checksum=checksum, environment=env, sessions=sessions, complete=True)
-    progress.close(f"{session['evaluated']} evaluated here, {result['evaluations']} in all, "
-                   f"for {result['dense_equivalent']} sizes; {scan.boundary_count(result)}"
-                   + (f"; record in {path}" if path else ""))
-    print(render(result))
+    fixed = {d: getattr(args, d) for d in scan.DIMS}
+    out = scan_run.run(args.vary, lo, hi, fixed, args.dtype, args.device, args.step or 0, path,
+                       resume=bool(args.resume), prog=PROG)
+    print(f"{PROG}: {out.message}", file=sys.stderr, flush=True)
+    if out.record is None:
+        return out.status
+    print(render(out.record))
     if args.plot:
         from . import scan_plot
 
-        scan_plot.plot(result, args.plot)
+        scan_plot.plot(out.record, args.plot)
     return 0
 
 

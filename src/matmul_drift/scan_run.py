@@ -1,0 +1,145 @@
+"""The scan driver: check memory, draw the inputs, measure every size the search asks for,
+keep the record after every point, resume it, and stop cleanly on Ctrl-C or SIGTERM.
+
+The search itself is scan.py's, one point's measurement measure.py's; parsing arguments
+and rendering stay in cli_scan.py. ``run`` returns an Outcome (plain data).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from . import cases, scan
+
+ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass
+class Outcome:
+    """How a scan ended: ``status`` 0 (complete), 130 or 143 (interrupted, the record kept);
+    ``record`` the complete scan record (None when interrupted); ``message`` its closing line."""
+
+    status: int
+    record: dict | None
+    message: str
+
+
+def available(device: str) -> tuple[int | None, int | None]:
+    """Bytes available on the host (MemAvailable) and, on CUDA, free on the GPU; None if unknown."""
+    host = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    host = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    gpu = None
+    if device == "cuda":
+        import torch
+
+        gpu = torch.cuda.mem_get_info()[0]
+    return host, gpu
+
+
+def check_memory(vary: str, dims: dict, dtype: str, device: str) -> None:
+    """ScanError (one line) when the top of the range needs more memory than there is."""
+    need_host, need_gpu = scan.bytes_needed(vary, dims["m"], dims["k"], dims["n"], ITEMSIZE[dtype], device)
+    host, gpu = available(device)
+    for need, have, where in ((need_host, host, "memory available (MemAvailable)"), (need_gpu, gpu, "GPU memory free")):
+        if have is not None and need > have:
+            raise scan.ScanError(f"the top of the range, m={dims['m']} k={dims['k']} n={dims['n']} in {dtype}, needs "
+                                 f"about {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of {where}")
+
+
+def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step: int, path: str | None,
+        resume: bool, prog: str = "matmul-drift scan") -> Outcome:
+    """Scan ``vary`` over lo..hi with the ``fixed`` dimensions ({"m": .., "k": .., "n": ..},
+    the varied one None). ``step`` 0 is the default grid. With ``path`` the record is
+    written there after every point (``resume``: continued from it). ScanError for bad input."""
+    from tqdm import tqdm
+
+    from . import catalog, environment, measure
+
+    dims = {**fixed, vary: hi}
+    try:
+        measure.check_device(device, dtype)
+    except measure.Unavailable as exc:
+        raise scan.ScanError(str(exc)) from None
+    check_memory(vary, dims, dtype, device)
+    env = environment.describe(device)  # no MKL banner: it is not known before a product
+    params = scan.Params(vary, lo, hi, fixed["m"], fixed["k"], fixed["n"], dtype, device, step,
+                         measure.SEED, catalog.hex_id(catalog.object_id(env)))
+    rec = scan.load(path) if resume else None
+    if rec is not None:
+        scan.check_record(rec, params)  # before drawing inputs, which can take minutes
+
+    # Inputs as explain draws them for this shape: uniform [0, 1), as the seed.
+    case = cases.adhoc(dims["m"], dims["k"], dims["n"])
+    a_bits, b_bits, checksum = measure.operand_bits(case, dtype, device)
+    points = scan.resume_points(rec, params, checksum) if rec else {}
+    sessions = list(rec.get("sessions", [])) if rec else []
+    ops = measure.make_operands(a_bits, b_bits, dtype, device, case)
+    del a_bits, b_bits
+    top = None if vary == "k" else measure.top_product(ops)
+
+    grid = scan.grid_count(lo, hi, step)
+    bar = tqdm(total=max(grid, len(points)), initial=len(points), desc=prog, unit="size", file=sys.stderr,
+               disable=not sys.stderr.isatty(), leave=False)
+    session = {"evaluated": 0, "seconds": 0.0, "complete": False}
+    sessions.append(session)
+    t0 = time.monotonic()
+
+    def save(all_points: dict, complete: bool) -> None:
+        session["seconds"] = round(time.monotonic() - t0, 3)
+        session["complete"] = complete
+        if path:
+            scan.write_atomic(path, scan.record(params, all_points, input_checksum=checksum, environment=env,
+                                                sessions=sessions, complete=complete))
+
+    live = dict(points)
+    stopped: list[int] = []
+
+    def evaluate(size: int) -> dict:
+        p = measure.scan_point(ops, vary, size, top, dtype=dtype, device=device)
+        live[size] = p
+        session["evaluated"] += 1
+        save(live, complete=False)
+        if len(live) > bar.total:  # the grid is done: bisecting
+            bar.total = len(live)
+        bar.set_postfix_str(f"at {size}", refresh=False)
+        bar.update(1)
+        if stopped:
+            raise KeyboardInterrupt
+        return p
+
+    def stop(signum, frame):
+        # Ctrl-C (or `timeout`'s SIGTERM) lets the point in hand finish and be recorded, so
+        # nothing is cut in the middle (a product, a file write, the captured stdout); a
+        # second signal stops at once.
+        if stopped:
+            raise KeyboardInterrupt
+        stopped.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        points = scan.class_search(lo, hi, evaluate, known=points, step=step)
+    except KeyboardInterrupt:
+        bar.close()
+        where = (f"{path} holds them: continue with --resume {path}" if path
+                 else "nothing was recorded (--json FILE keeps a resumable record)")
+        return Outcome(128 + (stopped[0] if stopped else signal.SIGINT), None,
+                       f"interrupted after {session['evaluated']} evaluations; {where}")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    bar.close()
+    if session["evaluated"] or (rec and not rec.get("complete")):
+        save(points, complete=True)
+    result = scan.record(params, points, input_checksum=checksum, environment=env, sessions=sessions, complete=True)
+    return Outcome(0, result, f"{session['evaluated']} evaluated here, {result['evaluations']} in all, "
+                              f"for {result['dense_equivalent']} sizes; {scan.boundary_count(result)}"
+                              + (f"; record in {path}" if path else ""))
