@@ -93,4 +93,5 @@ def test_blocks_of_columns_give_the_same_bits(monkeypatch):
         blocks = reference.exact_product(torch.matmul, a, b)
         monkeypatch.undo()
         assert np.array_equal(whole.hi, blocks.hi) and np.array_equal(whole.lo, blocks.lo)
-        assert np.array_equal(whole.absprod, blocks.absprod) and whole.hi.shape == blocks.hi.shape
+        # |A||B| is an ordinary float64 GEMM (a normaliser, not exact): its bits may follow the route
+        assert np.allclose(whole.absprod, blocks.absprod, rtol=8 * 2.0**-53, atol=0) and whole.hi.shape == blocks.hi.shape
