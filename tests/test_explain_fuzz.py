@@ -151,11 +151,11 @@ def _drift(x, y, absprod_src, dtype):
             "sign_changes": signs, "nonfinite_differ": nonfin, "max_u_entries": covered}
 
 
-def _close(got, want, what):
+def _close(got, want, what, slack=0.0):
     if want is None:
         assert got is None, what
     else:
-        assert got is not None and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9), (what, got, want)
+        assert got is not None and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9 + slack), (what, got, want)
 
 
 @st.composite
@@ -233,7 +233,8 @@ def test_explain_matches_an_independent_computation(p, tmp_path_factory):
     a, b = _like_file(pa, dtype), _like_file(pb, dtype)
     c = a @ b
     want_err, want_cover, want_nf = _independent(a, b, c, dtype)
-    _close(r["error_u"], want_err, "error_u")
+    # within what the reference itself may be off (0 for float64's exact one)
+    _close(r["error_u"], want_err, "error_u", slack=2 * r["reference"]["error_bound_u"])
     assert r["error_entries"] == want_cover
     assert r["nonfinite"] == want_nf
     u = U[dtype]
