@@ -100,11 +100,13 @@ def _ldexp(x, e):
     """x · 2^e for an integer tensor e, in steps of at most 2^±1000 so no factor overflows."""
     import torch
 
-    e = e.to(torch.float64)
+    e = e.to(torch.float64)  # e is per row or column: small beside x
     for _ in range(3):  # |e| < 3000 always: exponents of two float64 row maxima plus ρ
         step = e.clamp(-1000, 1000)
         x = x * torch.exp2(step)
         e = e - step
+        if not bool((e != 0).any()):
+            break
     return x
 
 
