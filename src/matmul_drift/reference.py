@@ -139,8 +139,9 @@ def exact_product(product, a, b) -> Reference:
     return _exact_block(product, a, b)
 
 
-def _float64_gemm(product, a, b) -> Reference:
-    """One float64 GEMM of inputs narrower than float64, with IEEE's NaN/inf rules applied."""
+def _finite_parts(a, b):
+    """a and b in float64, the same with NaN/±inf set to 0 (the finite terms, which the
+    product is built from), and whether there was nothing to zero."""
     import torch
 
     a64, b64 = a.double(), b.double()
@@ -148,6 +149,14 @@ def _float64_gemm(product, a, b) -> Reference:
     clean = bool(a_ok.all()) and bool(b_ok.all())
     af = a64 if clean else torch.where(a_ok, a64, 0.0)
     bf = b64 if clean else torch.where(b_ok, b64, 0.0)
+    return a64, b64, af, bf, clean
+
+
+def _float64_gemm(product, a, b) -> Reference:
+    """One float64 GEMM of inputs narrower than float64, with IEEE's NaN/inf rules applied."""
+    import torch
+
+    a64, b64, af, bf, clean = _finite_parts(a, b)
     hi = product(af, bf)
     absprod = product(af.abs(), bf.abs())
     finite = torch.ones_like(hi, dtype=torch.bool)
@@ -162,11 +171,7 @@ def _float64_gemm(product, a, b) -> Reference:
 def _exact_block(product, a, b) -> Reference:
     import torch
 
-    a64, b64 = a.double(), b.double()
-    a_ok, b_ok = torch.isfinite(a64), torch.isfinite(b64)
-    clean = bool(a_ok.all()) and bool(b_ok.all())
-    af = a64 if clean else torch.where(a_ok, a64, 0.0)
-    bf = b64 if clean else torch.where(b_ok, b64, 0.0)
+    a64, b64, af, bf, clean = _finite_parts(a, b)
     absprod = product(af.abs(), bf.abs())
 
     # Rows of A and columns of B scaled to max < 1 by powers of two (exact), so neither
