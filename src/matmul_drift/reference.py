@@ -66,11 +66,19 @@ def rho(k: int) -> int:
     return math.ceil((53 + math.ceil(math.log2(max(k, 1)))) / 2)
 
 
-def _pow2_scale(x, dim: int):
+def _abs_max(x, dim: int):
+    """max|x| per row (dim=-1) or column (dim=-2): max(amax, −amin), two reductions that
+    read x in place, cheaper than x.abs() first."""
+    import torch
+
+    return torch.maximum(x.amax(dim=dim, keepdim=True), -x.amin(dim=dim, keepdim=True))
+
+
+def _pow2_scale(x, dim: int, mu=None):
     """Per row (dim=-1) or column (dim=-2) exponent e with max|x| < 2^e (0 where all zero)."""
     import torch
 
-    mu = x.abs().amax(dim=dim, keepdim=True)
+    mu = _abs_max(x, dim) if mu is None else mu
     e = torch.frexp(mu).exponent
     return torch.where(mu > 0, e, torch.zeros_like(e))
 
@@ -81,12 +89,14 @@ def _split(x, dim: int, r: int) -> tuple[list, object]:
 
     out, rest = [], x
     one = torch.ones((), dtype=x.dtype, device=x.device)
-    while len(out) < MAX_SLICES and bool((rest != 0).any()):
-        e = _pow2_scale(rest, dim)
-        sigma = torch.ldexp(one, (e + r).to(x.dtype))
-        hi = (rest + sigma) - sigma  # the leading 53 − ρ bits relative to the row's max
-        out.append(hi)
-        rest = rest - hi  # exact
+    while len(out) < MAX_SLICES and rest.numel():
+        mu = _abs_max(rest, dim)
+        if not bool((mu > 0).any()):
+            break
+        sigma = torch.ldexp(one, (_pow2_scale(rest, dim, mu) + r).to(x.dtype))
+        part = (rest + sigma).sub_(sigma)  # the leading 53 − ρ bits relative to the row's max
+        out.append(part)
+        rest = rest - part if rest is x else rest.sub_(part)  # exact; x itself is kept
     return out, rest
 
 
@@ -110,7 +120,9 @@ def _ldexp(x, e):
     return x
 
 
-CHUNK_BYTES = 256 << 20  # B's float64 copies per block of columns: the split holds several at once
+# B's float64 bytes per block of columns. Small blocks reuse freed heap memory; blocks of
+# 256 MB were served fresh pages by the kernel each time and took twice as long on the seed.
+CHUNK_BYTES = 8 << 20
 
 
 def exact_product(product, a, b) -> Reference:
@@ -128,15 +140,28 @@ def exact_product(product, a, b) -> Reference:
         raise ValueError(f"operands differ in dtype: {a.dtype} and {b.dtype}")
     if str(a.dtype) != "torch.float64":
         return _float64_gemm(product, a, b)
+    r = rho(int(a.shape[-1]))
+    sa = _sliced(a, -1, r)  # once: every block of B's columns meets the same rows of A
     n, per_col = int(b.shape[-1]), 8 * max(1, b.numel() // max(1, int(b.shape[-1])))
     step = max(1, CHUNK_BYTES // per_col)
     if n > step:
-        parts = [_exact_block(product, a, b[..., j:j + step]) for j in range(0, n, step)]
+        parts = [_exact_block(product, sa, _sliced(b[..., j:j + step], -2, r)) for j in range(0, n, step)]
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=-1)  # noqa: E731
         return Reference(cat("hi"), cat("lo"), cat("finite"), cat("absprod"),
                          tuple(max(p.slices[i] for p in parts) for i in (0, 1)),
                          all(p.exact for p in parts), max(p.bound_rel for p in parts))
-    return _exact_block(product, a, b)
+    return _exact_block(product, sa, _sliced(b, -2, r))
+
+
+def all_finite(t) -> bool:
+    """Whether no entry of t is NaN or ±inf: min and max propagate both, in one fast pass
+    (torch.isfinite over the seed's 209 M entries takes ten times as long)."""
+    import torch
+
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
 
 
 def _finite_parts(a, b):
@@ -145,10 +170,9 @@ def _finite_parts(a, b):
     import torch
 
     a64, b64 = a.double(), b.double()
-    a_ok, b_ok = torch.isfinite(a64), torch.isfinite(b64)
-    clean = bool(a_ok.all()) and bool(b_ok.all())
-    af = a64 if clean else torch.where(a_ok, a64, 0.0)
-    bf = b64 if clean else torch.where(b_ok, b64, 0.0)
+    clean = all_finite(a64) and all_finite(b64)
+    af = a64 if clean else torch.where(torch.isfinite(a64), a64, 0.0)
+    bf = b64 if clean else torch.where(torch.isfinite(b64), b64, 0.0)
     return a64, b64, af, bf, clean
 
 
@@ -168,19 +192,42 @@ def _float64_gemm(product, a, b) -> Reference:
                      (0, 0), False, bound, "float64-gemm")
 
 
-def _exact_block(product, a, b) -> Reference:
+@dataclass
+class _Sliced:
+    """One float64 operand made ready for Ozaki's product: ``x64`` as given, ``absf`` the
+    absolute value of its finite part, ``scaled`` that finite part times 2^-e per row or
+    column (max < 1), ``slices`` and ``rest`` of ``scaled`` (``whole``: rest is all zero),
+    ``clean`` whether it had no NaN/inf."""
+
+    x64: object
+    absf: object
+    scaled: object
+    e: object
+    slices: list
+    rest: object
+    whole: bool
+    clean: bool
+
+
+def _sliced(x, dim: int, r: int) -> _Sliced:
     import torch
 
-    a64, b64, af, bf, clean = _finite_parts(a, b)
-    absprod = product(af.abs(), bf.abs())
-
+    x64 = x.double()
+    clean = all_finite(x64)
+    xf = x64 if clean else torch.where(torch.isfinite(x64), x64, 0.0)
     # Rows of A and columns of B scaled to max < 1 by powers of two (exact), so neither
     # Ozaki's σ nor a slice product can overflow; undone on the result.
-    ea, eb = _pow2_scale(af, -1), _pow2_scale(bf, -2)
-    a_s, b_s = _ldexp(af, -ea), _ldexp(bf, -eb)
-    r = rho(int(a64.shape[-1]))
-    sa, rest_a = _split(a_s, -1, r)
-    sb, rest_b = _split(b_s, -2, r)
+    e = _pow2_scale(xf, dim)
+    scaled = _ldexp(xf, -e)
+    slices, rest = _split(scaled, dim, r)
+    return _Sliced(x64, xf.abs(), scaled, e, slices, rest, not bool((rest != 0).any()), clean)
+
+
+def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
+    import torch
+
+    a_s, b_s, sa, sb, rest_a, rest_b = a.scaled, b.scaled, a.slices, b.slices, a.rest, b.rest
+    absprod = product(a.absf, b.absf)
     hi = product(a_s, b_s) * 0.0 if not (sa and sb) else None  # A or B all zero
     lo = None if hi is None else torch.zeros_like(hi)
     for x in sa:  # largest slices first
@@ -192,7 +239,7 @@ def _exact_block(product, a, b) -> Reference:
                 hi, err = _two_sum(hi, p)
                 lo = lo + err
     hi, lo = _two_sum(hi, lo)
-    exact = not (bool((rest_a != 0).any()) or bool((rest_b != 0).any()))
+    exact = a.whole and b.whole
     bound = 2.0**-104 * (len(sa) * len(sb) + 2)  # Sum2 over the slice products
     if not exact:  # MAX_SLICES ran out: bound what the slices left out, relative to |A||B|
         left = product(rest_a.abs(), b_s.abs()) + product(a_s.abs(), rest_b.abs())
@@ -200,12 +247,12 @@ def _exact_block(product, a, b) -> Reference:
         bound += float((left / torch.where(whole > 0, whole, 1.0)).max())
 
     # e_i + e_j in the output's shape: (…, M, 1) + (…, 1, N), or for a 1-D A, (1,) + (N,)
-    scale = ea + (eb.squeeze(-2) if a64.dim() == 1 else eb)
+    scale = a.e + (b.e.squeeze(-2) if a.x64.dim() == 1 else b.e)
     hi, lo = _ldexp(hi, scale), _ldexp(lo, scale)
     lo = torch.where(torch.isfinite(hi), lo, 0.0)  # beyond float64's range: hi is ±inf alone
     finite = torch.ones_like(hi, dtype=torch.bool)
-    if not clean:
-        hi, finite = _nonfinite(product, a64, b64, hi)
+    if not (a.clean and b.clean):
+        hi, finite = _nonfinite(product, a.x64, b.x64, hi)
         lo = torch.where(finite, lo, 0.0)
     absprod = absprod.cpu().numpy()
     tiny = absprod[absprod > 0]

@@ -86,9 +86,9 @@ def bytes_needed(vary: str, m: int, k: int, n: int, itemsize: int, device: str) 
     from .reference import CHUNK_BYTES
 
     ins, outs = m * k + k * n, m * n
-    # the exact reference holds about six float64 copies of A (scaled, slices, remainder) and
-    # of B, which it takes in blocks of columns of CHUNK_BYTES
-    ref = 6 * 8 * m * k + min(6 * 8 * k * n, 6 * CHUNK_BYTES) + (itemsize * m * k if vary == "k" else 0)
+    # the exact reference holds about seven float64 copies of A (as given, |A|, scaled, slices,
+    # remainder) and of B, which it takes in blocks of columns of CHUNK_BYTES
+    ref = 7 * 8 * m * k + min(7 * 8 * k * n, 7 * CHUNK_BYTES) + (itemsize * m * k if vary == "k" else 0)
     host = PROCESS_BYTES + ins * (4 + itemsize) + outs * (2 * itemsize + 13 * 8)
     if device == "cuda":
         return host, ins * itemsize + ref + outs * (16 + 2 * itemsize)
