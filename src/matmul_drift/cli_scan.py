@@ -52,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "in 20 pieces); a route changing inside a class between grid points can be "
                              "missed, --step 1 is a dense sweep")
     parser.add_argument("--json", metavar="FILE", help="write every point, boundary and region here, "
-                        "after every point (refuses an existing FILE: use --resume)")
+                        "once a second and at the end (refuses an existing FILE: use --resume)")
     parser.add_argument("--resume", metavar="FILE", help="continue the scan recorded in FILE (same "
                         "parameters) and write it back there")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the regions and the drift (matplotlib)")
@@ -165,7 +165,8 @@ def render(result: dict) -> str:
         parts.append(f"Each alignment class ({', '.join(result['classes'])}) was searched on its own coarse grid "
                      f"({grid} per class), then bisected to adjacent members: every boundary above is exact within "
                      "its class, and routes that depend on the size modulo 2 to 32 show as patterns. Not seen: a "
-                     "route that changes at a single size inside a class, between two of its grid points; "
+                     "route that changes at a single size inside a class, between two of its grid points, or a "
+                     "size whose drift vanishes only because these inputs round alike there; "
                      "--step S tightens the grid (--step 1 is a dense sweep).")
     return "\n\n".join(parts)
 

@@ -1,5 +1,5 @@
 """The scan driver: check memory, draw the inputs, measure every size the search asks for,
-keep the record after every point, resume it, and stop cleanly on Ctrl-C or SIGTERM.
+keep the record (at most a second behind), resume it, and stop cleanly on Ctrl-C or SIGTERM.
 
 The search itself is scan.py's, one point's measurement measure.py's; parsing arguments
 and rendering stay in cli_scan.py. ``run`` returns an Outcome (plain data).
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from . import cases, scan
 
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+SAVE_EVERY_S = 1.0  # the --json record is rewritten at most this often while scanning (seconds)
 
 
 @dataclass
@@ -59,7 +60,7 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
         resume: bool, prog: str = "matmul-drift scan") -> Outcome:
     """Scan ``vary`` over lo..hi with the ``fixed`` dimensions ({"m": .., "k": .., "n": ..},
     the varied one None). ``step`` 0 is the default grid. With ``path`` the record is
-    written there after every point (``resume``: continued from it). ScanError for bad input."""
+    written there once a second and at the end (``resume``: continued from it). ScanError for bad input."""
     from tqdm import tqdm
 
     from . import catalog, environment, measure
@@ -102,12 +103,17 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
 
     live = dict(points)
     stopped: list[int] = []
+    saved = [time.monotonic()]
 
     def evaluate(size: int) -> dict:
         p = measure.scan_point(ops, vary, size, top, dtype=dtype, device=device)
         live[size] = p
         session["evaluated"] += 1
-        save(live, complete=False)
+        # Rewriting the whole record after every point is quadratic: a dense 12,000-size sweep
+        # spent most of its time writing. Once a second bounds both the cost and what a kill loses.
+        if stopped or time.monotonic() - saved[0] >= SAVE_EVERY_S:
+            save(live, complete=False)
+            saved[0] = time.monotonic()
         if len(live) > bar.total:  # the grid is done: bisecting
             bar.total = len(live)
         bar.set_postfix_str(f"at {size}", refresh=False)
@@ -129,6 +135,8 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
         points = scan.class_search(lo, hi, evaluate, known=points, step=step)
     except KeyboardInterrupt:
         bar.close()
+        if path and session["evaluated"]:
+            save(live, complete=False)  # the points since the last write (each is whole)
         where = (f"{path} holds them: continue with --resume {path}" if path
                  else "nothing was recorded (--json FILE keeps a resumable record)")
         return Outcome(128 + (stopped[0] if stopped else signal.SIGINT), None,
