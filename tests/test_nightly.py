@@ -260,6 +260,130 @@ def test_killed_mid_run_then_a_failing_night(world):
     assert run.series["drift.Drift.track_error_u"].failed.all()
 
 
+# A reference-transaction hook runs inside git while it holds its locks (index.lock, the
+# branch's ref lock): killing the whole process group from there is a real SIGKILL during
+# `git commit` or during `git rebase`, as a lost node would leave them.
+_KILL_HOOK = """#!/bin/sh
+read -r _ _ ref || true
+busy=false
+for d in rebase-merge rebase-apply; do [ -d "$(git rev-parse --git-path $d)" ] && busy=true; done
+case "$MATMUL_DRIFT_KILL_GIT:$1:$busy" in
+  commit:prepared:false) case "$ref" in HEAD|refs/heads/*) kill -KILL 0 ;; esac ;;
+  rebase:committed:true) [ "$ref" = HEAD ] && kill -KILL 0 ;;  # HEAD just detached onto the remote's
+esac
+exit 0
+"""
+
+
+def test_killed_at_every_step_that_writes_then_the_next_run_recovers(world, tmp_path):
+    # Its own remote and clone, so the other tests' trees and remote stay as they were.
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "clone", "-q", "--bare", str(world.remote), str(remote))
+    k, other = tmp_path / "k", tmp_path / "other"
+    for clone in (k, other):
+        git(tmp_path, "clone", "-q", str(remote), str(clone))
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "reference-transaction").write_text(_KILL_HOOK)
+    (hooks / "reference-transaction").chmod(0o755)
+    tree = k / "nightly"
+    args = ("--python", PY, "--machine", "box-r", "--date", "2026-01-04", "--bench", BENCH, "--remote", "origin",
+            "--no-publish")
+
+    def night(timeout=600, **extra):
+        p = subprocess.run(["bash", "scripts/nightly.sh", *args], cwd=k, env={**world.env, **extra},
+                           capture_output=True, text=True, timeout=timeout, start_new_session=True)
+        assert "Traceback" not in p.stderr, p.stderr[-3000:]
+        return p
+
+    def commits_of_the_night(where) -> int:
+        log = git(where, "log", "--format=%s", "refs/heads/results") if where != remote else \
+            git(remote, "log", "--format=%s", "results")
+        return sum(s.startswith("night 2026-01-04 box-r:") for s in log.splitlines())
+
+    # 1. Killed after the results were copied into the tree, before anything was committed.
+    p = night(MATMUL_DRIFT_KILL_AT="copied")
+    assert p.returncode == -signal.SIGKILL or p.returncode == 128 + signal.SIGKILL, p.stderr[-2000:]
+    pending = json.loads((tree / ".nightly/pending.json").read_text())
+    assert pending["stage"] == "copied" and all((tree / f).is_file() for f in pending["files"])
+    assert commits_of_the_night(tree) == 0
+
+    # 2. The next run is killed inside `git commit`, holding index.lock and the branch's lock.
+    git(k, "config", "core.hooksPath", str(hooks))
+    p = night(timeout=300, MATMUL_DRIFT_KILL_GIT="commit")
+    assert p.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), p.stderr[-2000:]
+    assert "killed after its results were copied" in p.stderr
+    # git holds HEAD.lock and the branch's ref lock at that moment (index.lock too, earlier on)
+    locks = [Path(tree, git(tree, "rev-parse", "--git-path", n))
+             for n in ("index.lock", "HEAD.lock", "refs/heads/results.lock")]
+    assert any(p.is_file() for p in locks) and commits_of_the_night(tree) == 0
+    git(k, "config", "--unset", "core.hooksPath")
+
+    # 3. The next run removes the stale locks, commits the night and is killed before its push.
+    p = night(timeout=300, MATMUL_DRIFT_KILL_AT="committed")
+    assert p.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), p.stderr[-2000:]
+    assert "recovered: removed" in p.stderr and not any(p.exists() for p in locks)
+    assert commits_of_the_night(tree) == 1 and commits_of_the_night(remote) == 0
+    assert not (tree / ".nightly/pending.json").exists()
+
+    # 4. Meanwhile another machine pushes; the next run must rebase, and is killed in the rebase.
+    theirs = other / "nightly"
+    resultsbranch.ensure_tree(other, theirs, "results", "origin")
+    _tree_with(theirs, {"notes/other-machine.txt": b"pushed while box-r was down"})
+    resultsbranch.commit(theirs, ["notes"], "another machine's commit")
+    resultsbranch.push(theirs, "results", "origin")
+    git(k, "config", "core.hooksPath", str(hooks))
+    p = night(timeout=300, MATMUL_DRIFT_KILL_GIT="rebase")
+    assert p.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), p.stderr[-2000:]
+    assert git(tree, "branch", "--show-current") == ""  # detached, mid-rebase
+    git(k, "config", "--unset", "core.hooksPath")
+
+    # 5. The next run aborts the rebase, rebases again, pushes, and says the night is complete.
+    p = night(timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "recovered: aborted a rebase" in p.stderr and "completed what a killed run left" in p.stderr
+    assert git(tree, "branch", "--show-current") == "results"
+    assert commits_of_the_night(tree) == 1 and commits_of_the_night(remote) == 1  # one commit per night
+    assert git(tree, "rev-parse", "HEAD") == git(remote, "rev-parse", "results")
+    assert (tree / "notes/other-machine.txt").is_file()
+    assert resultsbranch.uncommitted(tree, ["nights", "results", "summaries"]) == []
+    hist = history.read_history(tree / "results", machine="box-r")
+    assert not hist.warnings and len(hist.runs["box-r"]) == 1
+    # And a later run of the same night is refused as recorded, changing nothing.
+    before = snapshot(tree)
+    p = night(timeout=120)
+    assert p.returncode == 2 and "already recorded" in p.stderr and snapshot(tree) == before
+
+
+def test_a_night_killed_while_copying_is_set_aside_and_run_again(tmp_path):
+    # Unit level: the pending state says "copying", one of two files made it; nothing is lost.
+    tree = tmp_path / "tree"
+    git(tmp_path, "init", "-q", "-b", "results", str(tree))
+    _tree_with(tree, {"nights/2026-01-05-m.json": json.dumps({"date": "2026-01-05", "machine": "m"}).encode(),
+                      "results/asv/m/abcd1234-env.json": b"{}"})
+    (tree / ".nightly").mkdir()
+    (tree / ".nightly/pending.json").write_text(json.dumps({
+        "stage": "copying", "date": "2026-01-05", "machine": "m", "point": "abcd1234" * 5,
+        "files": ["results/asv/m/abcd1234-env.json", "results/asv/m/abcd1234-env2.json"]}))
+    assert nightly._finish_pending(tree) is None
+    assert not (tree / ".nightly/pending.json").exists()
+    assert not (tree / "results/asv/m/abcd1234-env.json").exists()
+    kept = list((tree / "results/asv/m").glob("abcd1234-env.json.replaced-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == b"{}"
+
+
+def test_repair_removes_stale_locks_and_aborts_a_rebase(tmp_path):
+    repo = tmp_path / "r"
+    git(tmp_path, "init", "-q", "-b", "results", str(repo))
+    git(repo, "commit", "-q", "--allow-empty", "-m", "one")
+    assert resultsbranch.repair(repo, "results") == []
+    Path(repo, ".git/index.lock").write_text("")
+    Path(repo, ".git/refs/heads/results.lock").write_text("")
+    done = resultsbranch.repair(repo, "results")
+    assert len(done) == 2 and all("killed" in d for d in done)
+    assert not Path(repo, ".git/index.lock").exists() and not Path(repo, ".git/refs/heads/results.lock").exists()
+
+
 # ---------------------------------------------------------------------------- the parts
 
 

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -88,6 +89,13 @@ class Report:
     failed: list[str]
     imported: list[Path]
     published: bool
+
+
+def _checkpoint(step: str) -> None:
+    """Fault injection for the kill tests: MATMUL_DRIFT_KILL_AT=<step> makes this process
+    SIGKILL itself here (steps: copied, committed), as a lost node or the OOM killer would."""
+    if os.environ.get("MATMUL_DRIFT_KILL_AT") == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _log(msg: str) -> None:
@@ -415,11 +423,27 @@ def run_night(o: Options) -> Report:
 
 
 def _night(o: Options, tree: Path, t0: float) -> Report:
+    # Everything that can fail on the tree runs here, before asv (which can take hours).
+    for line in _git("repairing the results tree", resultsbranch.repair, tree, o.branch):
+        _log(f"recovered: {line}")
+    finished = _finish_pending(tree)
+    pushed = 0
     if o.remote:
         _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
+        pushed = _git("checking what is unpushed", resultsbranch.unpushed, tree, o.branch, o.remote) if o.push else 0
+        if pushed:
+            _git("pushing what an earlier run left unpushed", resultsbranch.push, tree, o.branch, o.remote)
+            _log(f"recovered: pushed {pushed} commit(s) an earlier run made and did not push")
     point = axis.commit(o.date)
     rel = f"{NIGHTS}/{o.date}-{o.machine}.json"
     recorded = asvrun.recorded(tree / RESULTS / "asv", o.machine, point)
+    if recorded and not o.force and (finished == (o.date, o.machine) or pushed):
+        # The night was killed after its results were copied, or after its commit: it is
+        # now committed (and pushed); what is left is to publish.
+        _log(f"night {o.date} on {o.machine} is recorded: completed what a killed run left")
+        if o.publish:
+            publish(tree, o.repo, o.branch)
+        return _report(tree, o.date, o.machine, resultsbranch.head(tree), [], o.publish)
     if recorded and not o.force:
         raise UsageError(f"night {o.date} on {o.machine} is already recorded ({recorded[0].relative_to(tree)}); "
                          "pass --force to run it again and replace it")
@@ -430,31 +454,93 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
     night = _describe_night(o, tree, rel)
     axis_repo(tree, o.date, o.branch)
     imported = _run_asv(o, tree, point)
+    commit = _record(tree, night, point, imported)
+    if o.remote and o.push:
+        commit = _git("pushing the night", resultsbranch.push, tree, o.branch, o.remote)
+    _log(f"night commit {(commit or resultsbranch.head(tree))[:12]}: {night_title(night)}")
+    if o.publish:
+        publish(tree, o.repo, o.branch)
+    report = _report(tree, o.date, o.machine, commit, imported, o.publish)
+    _log(f"night {o.date} on {o.machine} done in {time.monotonic() - t0:.0f} s; summary {report.summary_md}")
+    return report
 
+
+def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> str | None:
+    """Summarise a night whose results are in the tree, and make its one commit: its own
+    files only (an earlier night's leftovers are not swept in). Clears the pending state."""
+    date, machine = night["date"], night["machine"]
     hist = _read(tree)
-    pair = latest(hist, o.machine, point)
+    pair = latest(hist, machine, point)
     if pair is None:
-        raise NightError(f"the results of night {o.date} (asv commit {point[:12]}) cannot be read back")
-    info = night_info(hist, o.machine, *pair)
-    result = compare(hist, {o.machine: pair})
-    md, js, plain = write_summary(tree, f"{o.date}-{o.machine}", result, [info])
+        raise NightError(f"the results of night {date} (asv commit {point[:12]}) cannot be read back")
+    info = night_info(hist, machine, *pair)
+    result = compare(hist, {machine: pair})
+    _, _, plain = write_summary(tree, f"{date}-{machine}", result, [info])
     sys.stdout.write(plain)
     for w in result.warnings:
         _log(f"warning: {w}")
     failing = len(result.failing(summary.DEFAULT_FAIL_ON))
     if info["failed"]:
         _log(f"{len(info['failed'])} benchmark values failed (recorded as null), e.g. {info['failed'][0]}; "
-             f"asv's output: {_asv_log(tree, o)}")
+             f"asv's output: {tree / STATE / f'asv-{date}-{machine}.log'}")
     outcome = f"summary: {len(result.flags)} flags, {failing} failing, {len(info['failed'])} failed values"
-    commit = _git("committing the night", resultsbranch.commit, tree, [".gitignore", NIGHTS, RESULTS, SUMMARIES],
-                  commit_message(night, outcome), f"{o.date}T00:00:00+00:00")
-    if o.remote and o.push:
-        commit = _git("pushing the night", resultsbranch.push, tree, o.branch, o.remote)
-    _log(f"night commit {(commit or resultsbranch.head(tree))[:12]}: {night_title(night)}")
-    if o.publish:
-        publish(tree, o.repo, o.branch)
-    _log(f"night {o.date} on {o.machine} done in {time.monotonic() - t0:.0f} s; summary {md}")
-    return Report(commit, md, js, len(result.flags), failing, info["failed"], imported, o.publish)
+    own = [".gitignore", f"{NIGHTS}/{date}-{machine}.json", f"{RESULTS}/catalog", f"{RESULTS}/asv/benchmarks.json",
+           f"{RESULTS}/asv/{machine}/machine.json", f"{SUMMARIES}/{date}-{machine}.md",
+           f"{SUMMARIES}/{date}-{machine}.json", f":(glob){RESULTS}/asv/{machine}/{point[:8]}-*"]
+    commit = _git("committing the night", resultsbranch.commit, tree, own, commit_message(night, outcome),
+                  f"{date}T00:00:00+00:00")
+    _pending_path(tree).unlink(missing_ok=True)
+    _checkpoint("committed")
+    return commit
+
+
+def _report(tree: Path, date: str, machine: str, commit: str | None, imported: list[Path], published: bool) -> Report:
+    md, js = tree / SUMMARIES / f"{date}-{machine}.md", tree / SUMMARIES / f"{date}-{machine}.json"
+    doc = json.loads(js.read_text(encoding="utf-8"))
+    failed = [f for n in doc.get("nights", []) for f in n.get("failed", [])]
+    return Report(commit, md, js, len(doc.get("flags", [])), int(doc.get("failing", 0)), failed, imported, published)
+
+
+# A night's results reach the tree in two steps that a kill can separate from its commit:
+# .nightly/pending.json says which night is between them, and what it copied.
+
+
+def _pending_path(tree: Path) -> Path:
+    return tree / STATE / "pending.json"
+
+
+def _set_pending(tree: Path, stage: str, night: dict, point: str, files: list[str]) -> None:
+    atomic.write_text(_pending_path(tree), json.dumps({"stage": stage, "date": night["date"], "machine": night["machine"],
+                                                       "point": point, "files": files}) + "\n")
+
+
+def _finish_pending(tree: Path) -> tuple[str, str] | None:
+    """Finish what a killed night left between copying its results and committing them.
+    Copied in full: summarise and commit it (its own commit), and return (date, machine).
+    Copied in part: set the copied results aside (kept, not read), so the night runs again."""
+    path = _pending_path(tree)
+    if not path.exists():
+        return None
+    try:
+        p = json.loads(path.read_text(encoding="utf-8"))
+        date, machine, point, stage, files = p["date"], p["machine"], p["point"], p["stage"], list(p["files"])
+        night = json.loads((tree / NIGHTS / f"{date}-{machine}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        path.unlink()
+        _log(f"warning: ignored {path.relative_to(tree)}, which cannot be read ({exc})")
+        return None
+    results = [tree / f for f in files if (tree / f).is_file()]
+    if stage == "copied" and len(results) == len(files):
+        _log(f"recovered: night {date} on {machine} was killed after its results were copied; committing it")
+        _record(tree, night, point, results)
+        return date, machine
+    loose = [f for f in files if f in set(resultsbranch.uncommitted(tree, files))]
+    for f in loose:
+        asvrun.backup(tree / f)
+    path.unlink()
+    _log(f"recovered: night {date} on {machine} was killed while its results were copied; "
+         f"{len(loose)} file(s) set aside (*.replaced-*), the night runs again")
+    return None
 
 
 def _asv_log(tree: Path, o: Options) -> Path:
@@ -501,7 +587,12 @@ def _run_asv(o: Options, tree: Path, commit: str) -> list[Path]:
     log = _asv_log(tree, o)
     _log(f"asv {' '.join(args)} (full output in {log})")
     rc, tail = asvrun.run(conf, *args, cwd=tree, env=env, log=log)
+    night = {"date": o.date, "machine": o.machine}
+    dest = Path(RESULTS) / "asv" / o.machine
+    _set_pending(tree, "copying", night, commit, [str(dest / f.name) for f in asvrun.results_files(staging / o.machine)])
     imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
+    _set_pending(tree, "copied", night, commit, [str(p.relative_to(tree)) for p in imported])
+    _checkpoint("copied")
     if not imported:
         raise NightError(f"asv run recorded no results (exit status {rc}): {tail[-1] if tail else ''}; see {log}")
     shutil.rmtree(staging, ignore_errors=True)

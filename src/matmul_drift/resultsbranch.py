@@ -80,7 +80,7 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
     if tree.exists() and (not tree.is_dir() or any(tree.iterdir())):  # git fills an empty directory
         if not ok(tree, "rev-parse", "--is-inside-work-tree") or toplevel(tree) != tree.resolve():
             raise GitError(f"{tree} exists but is not a git work tree")
-        current = git(tree, "branch", "--show-current")
+        current = git(tree, "branch", "--show-current") or rebasing(tree)  # repair() aborts that rebase
         if current != branch:
             raise GitError(f"{tree} is on branch {current or '(detached)'!r}, not {branch!r}")
         return _ignore(tree)
@@ -102,6 +102,56 @@ def _ignore(tree: Path) -> Path:
     if not (tree / ".gitignore").exists():
         (tree / ".gitignore").write_text(IGNORE)
     return tree
+
+
+def repair(tree: Path | str, branch: str) -> list[str]:
+    """Undo what a killed git left in ``tree``: stale lock files (index, HEAD, the branch's
+    ref, packed-refs) and an interrupted rebase (aborted: the branch is as it was before).
+    The caller holds the tree's own lock, so no git of another run can be working here.
+    Returns one line per repair made."""
+    done = []
+    for name in ("index.lock", "HEAD.lock", f"refs/heads/{branch}.lock", "packed-refs.lock"):
+        path = Path(tree, git(tree, "rev-parse", "--git-path", name))
+        if path.is_file():
+            path.unlink()
+            done.append(f"removed {name}, left by a git that was killed")
+    if rebasing(tree) or any(Path(tree, git(tree, "rev-parse", "--git-path", d)).is_dir()
+                             for d in ("rebase-merge", "rebase-apply")):
+        p = subprocess.run(["git", "rebase", "--abort"], cwd=tree, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise GitError(f"an interrupted rebase in {tree} could not be aborted: "
+                           f"{(p.stderr.strip().splitlines() or ['?'])[0]}")
+        done.append(f"aborted a rebase that was killed; {branch} is as it was before it")
+    return done
+
+
+def rebasing(tree: Path | str) -> str:
+    """The branch an interrupted rebase in ``tree`` was rebasing ('' when none)."""
+    for d in ("rebase-merge", "rebase-apply"):
+        name = Path(tree, git(tree, "rev-parse", "--git-path", f"{d}/head-name"))
+        if name.is_file():
+            return name.read_text().strip().removeprefix("refs/heads/")
+    return ""
+
+
+def unpushed(tree: Path | str, branch: str, remote: str) -> int:
+    """How many commits of HEAD ``remote``'s branch (as last fetched) lacks (all of them if
+    it has no such branch; 0 on an unborn branch)."""
+    if not born(tree):
+        return 0
+    upstream = f"refs/remotes/{remote}/{branch}"
+    if not ok(tree, "rev-parse", "--verify", "--quiet", upstream):
+        return int(git(tree, "rev-list", "--count", "HEAD"))
+    return int(git(tree, "rev-list", "--count", f"{upstream}..HEAD"))
+
+
+def uncommitted(tree: Path | str, paths: list[str]) -> list[str]:
+    """Which of ``paths`` (relative to ``tree``) differ from HEAD or are untracked."""
+    p = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "-z", "--", *paths],
+                       cwd=tree, capture_output=True, text=True)  # not git(): it strips the status column
+    if p.returncode != 0:
+        raise GitError(f"git status: {(p.stderr.strip().splitlines() or ['?'])[0]}")
+    return [entry[3:] for entry in p.stdout.split("\0") if entry[3:]]
 
 
 def born(tree: Path | str) -> bool:
@@ -144,9 +194,12 @@ def _rebase(tree, upstream: str) -> None:
 
 
 def commit(tree: Path | str, paths: list[str], message: str, date: str | None = None) -> str | None:
-    """Commit ``paths`` (relative to ``tree``) with ``message``; the new HEAD, or None when
-    nothing changed. ``date`` (ISO 8601) is the author date: the night it records."""
-    git(tree, "add", "--all", "--", *(p for p in paths if (Path(tree) / p).exists()))
+    """Commit ``paths`` (relative to ``tree``, or ":(glob)" pathspecs) with ``message``; the new
+    HEAD, or None when nothing changed. ``date`` (ISO 8601) is the author date: the night it records."""
+    # A plain path that does not exist is left out (git add refuses it unless tracked); a
+    # ":(glob)" pathspec is given as is: it also stages the deletion of a file moved aside.
+    specs = [p for p in paths if p.startswith(":(glob)") or (Path(tree) / p).exists()]
+    git(tree, "add", "--all", "--", *specs)
     if ok(tree, "diff", "--cached", "--quiet"):
         return None
     env = _identity(tree)
