@@ -544,6 +544,32 @@ def test_slurm_submit_moves_each_task_to_its_partition(tmp_path):
     assert "--dependency=afterany:4242" in calls[4] and "NIGHTLY_MERGE=1" in calls[4]
 
 
+def test_slurm_task_stops_in_one_line_when_its_pull_fails(tmp_path):
+    # The task's clone exists and its origin is gone: the pull fails, and the night must not
+    # run on the stale code (set -e does not apply inside $(...), where the clone once ran).
+    for name in ("sbatch", "scontrol"):
+        _stub(tmp_path / "bin", name, "exit 0")
+    _stub(tmp_path / "bin", "nvidia-smi", "echo 'GPU 0: stub'")
+    _stub(tmp_path / "bin", "python-under-test", f"touch {tmp_path / 'night-ran'}")
+    root, gone = tmp_path / "root", tmp_path / "gone"
+    committed_copy(gone)
+    git(tmp_path, "clone", "-q", str(gone), str(root / "gpu-x"))
+    shutil.rmtree(gone)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "MATMUL_DRIFT_REPO": str(gone),
+           "MATMUL_DRIFT_MACHINES": "gpu-x", "MATMUL_DRIFT_PYTHON": str(tmp_path / "bin/python-under-test"),
+           "NIGHTLY_ROOT": str(root), "SLURM_ARRAY_TASK_ID": "0"}
+    for extra in ({}, {"NIGHTLY_MERGE": "1"}):
+        if extra:  # the merge's clone, made before its origin went away
+            git(tmp_path, "clone", "-q", str(root / "gpu-x"), str(root / "merge"))
+            git(root / "merge", "remote", "set-url", "origin", str(gone))
+        p = subprocess.run(["bash", str(ROOT / "scripts/slurm-nightly.sbatch")], env={**env, **extra},
+                           capture_output=True, text=True, timeout=60)
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip() and "GPU 0" not in ln]
+        assert p.returncode == 1 and len(lines) == 1, p.stderr
+        assert lines[0].startswith("slurm-nightly: error: cannot update") and "git pull" in lines[0]
+        assert not (tmp_path / "night-ran").exists()
+
+
 def test_slurm_task_and_merge_run_the_nightly(world, tmp_path):
     _stub(tmp_path / "bin", "nvidia-smi", "echo 'GPU 0: stub'")
     env = {**world.env, "PATH": f"{tmp_path / 'bin'}:{world.env['PATH']}", "SLURM_SUBMIT_DIR": str(world.proj),
