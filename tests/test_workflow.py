@@ -79,7 +79,7 @@ def test_merge_publish_and_issue(wf):
     merge = jobs["merge"]
     assert merge["needs"] == "night" and "ubuntu" in merge["runs-on"]
     runs = "\n".join(s.get("run", "") for s in merge["steps"])
-    assert "scripts/nightly.sh --merge" in runs and "--remote origin" in runs
+    assert "scripts/nightly.sh" in runs and "--merge" in runs and "--remote origin" in runs
     assert any(s.get("uses", "").startswith("actions/upload-pages-artifact") and s["with"]["path"] == "nightly/html"
                for s in merge["steps"])
     assert jobs["pages"]["needs"] == "merge" and jobs["pages"]["environment"]["name"] == "github-pages"
@@ -98,3 +98,24 @@ def test_scripts_parse_and_pass_shellcheck(script):
         pytest.skip("shellcheck is not installed")
     p = subprocess.run(["shellcheck", str(ROOT / script)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout
+
+
+def _step(wf: dict, job: str, name: str) -> dict:
+    return next(s for s in wf["jobs"][job]["steps"] if s.get("name") == name)
+
+
+@pytest.mark.parametrize("force", ["true", "false", ""])
+def test_force_flows_from_the_night_to_the_merge(wf, tmp_path, force):
+    # Each step's own script, run by bash with its env as GitHub would set it for this input,
+    # against a scripts/nightly.sh that records its arguments.
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts/nightly.sh").write_text('printf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    for job, name in (("night", "Run the night"), ("merge", "Merge every machine, summarise, build the site")):
+        step = _step(wf, job, name)
+        assert step["env"]["FORCE"] == "${{ inputs.force }}"
+        out = tmp_path / f"{job}.args"
+        env = {**os.environ, "FORCE": force, "ARGS_OUT": str(out), "RUNNER_TEMP": str(tmp_path), "UNDER_TEST": "/u",
+               "MACHINE": "h100", "NIGHTLY_BENCH": ""}
+        p = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert ("--force" in out.read_text().split()) == (force == "true"), (job, out.read_text())
