@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from . import atomic
+from . import atomic, bounded
 
 ID_HEX_DIGITS = 12
 KINDS = ("kernels", "env")
@@ -72,7 +72,7 @@ def load(root: Path | str, kind: str, ident: int | float):
     """The object stored under ``ident``; MissingEntry names the hex id if absent or unreadable."""
     path = entry_path(root, kind, ident)
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        text = bounded.read_bytes(path, root).decode("utf-8").strip()
         obj = json.loads(text)
     except FileNotFoundError:
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is missing ({path})") from None

@@ -33,11 +33,13 @@ from typing import Iterator
 
 import numpy as np
 
+from . import bounded
 from . import catalog as _catalog
 
 RESULTS_API_VERSION = 2  # asv.results.Results.api_version
 BENCHMARKS_API_VERSION = 2  # asv.benchmarks.Benchmarks.api_version
 _SKIP_FILES = {"machine.json", "benchmarks.json"}
+MAX_COMBINATIONS = 1 << 20  # parameter combinations in one results row (the suite has 108)
 _KNOWN_COLUMNS = {
     "result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
     "stats_q_25", "stats_q_75", "stats_number", "stats_repeat", "samples", "profile",
@@ -296,7 +298,17 @@ def read_history(
     warnings: list[str] = []
     benchmarks = _read_benchmarks(asv_dir, warnings)
 
-    machine_dirs = sorted(d for d in _subdirs(asv_dir) if _has_json(d))
+    machine_dirs = []
+    for d in sorted(_subdirs(asv_dir)):
+        try:
+            if d.is_symlink() and not bounded.inside(d, asv_dir):
+                warnings.append(f"skipping {d}: a symlink out of {asv_dir}; not followed")
+                continue
+        except bounded.Refused as exc:
+            warnings.append(f"skipping {d}: {exc}")
+            continue
+        if _has_json(d):
+            machine_dirs.append(d)
     if not machine_dirs:
         raise HistoryError(f"no asv results under {asv_dir}")
     machines: dict[str, dict] = {}
@@ -318,11 +330,11 @@ def read_history(
     for name, d in dirs_by_machine.items():
         runs = []
         for entry in sorted(os.scandir(d), key=lambda e: e.name):
-            if not entry.name.endswith(".json") or entry.name in _SKIP_FILES or not entry.is_file():
-                continue
+            if not entry.name.endswith(".json") or entry.name in _SKIP_FILES:
+                continue  # anything else named .json (a FIFO, a link) is refused below, with a warning
             p = Path(entry.path)
             try:
-                run = read_results_file(p, name, interned)
+                run = read_results_file(p, name, interned, warnings)
             except (BadFile, ValueError, TypeError, KeyError, IndexError, AttributeError,
                     OverflowError, RecursionError, OSError) as exc:
                 # UnicodeDecodeError and json.JSONDecodeError are ValueErrors.
@@ -339,7 +351,7 @@ def read_history(
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, BadFile):
+    if isinstance(exc, (BadFile, bounded.Refused)):
         return str(exc)
     if isinstance(exc, UnicodeDecodeError):
         return "not UTF-8 text"
@@ -352,9 +364,17 @@ def _reason(exc: BaseException) -> str:
 
 def _subdirs(p: Path) -> list[Path]:
     try:
-        return [Path(e.path) for e in os.scandir(p) if e.is_dir()]
+        entries = list(os.scandir(p))
     except OSError as exc:
         raise HistoryError(f"cannot list {p}: {exc.strerror}") from None
+    out = []
+    for e in entries:
+        try:
+            if e.is_dir():
+                out.append(Path(e.path))
+        except OSError:  # a symlink loop is no directory
+            pass
+    return out
 
 
 def _has_json(d: Path) -> bool:
@@ -364,19 +384,18 @@ def _has_json(d: Path) -> bool:
         return False
 
 
-def _load_json(path: Path):
-    with open(path, "rb") as fh:
-        return json.loads(fh.read().decode("utf-8"))
+def _load_json(path: Path, root: Path):
+    return json.loads(bounded.read_bytes(path, root).decode("utf-8"))
 
 
 def _read_benchmarks(asv_dir: Path, warnings: list[str]) -> dict[str, Benchmark]:
     path = asv_dir / "benchmarks.json"
-    if not path.exists():
+    if not os.path.lexists(path):  # a broken or looping symlink is there: the reader refuses it
         if not any((d / "machine.json").exists() for d in _subdirs(asv_dir)):
             raise HistoryError(f"no asv results under {asv_dir}")
         raise HistoryError(f"{path} is missing; it says which unit each benchmark has")
     try:
-        data = _load_json(path)
+        data = _load_json(path, asv_dir)
     except (OSError, ValueError, RecursionError) as exc:
         raise HistoryError(f"cannot read {path}: {_reason(exc)}") from None
     if not isinstance(data, dict):
@@ -407,7 +426,7 @@ def _read_benchmarks(asv_dir: Path, warnings: list[str]) -> dict[str, Benchmark]
 def _read_machine(d: Path, warnings: list[str]) -> dict | None:
     path = d / "machine.json"
     try:
-        info = _load_json(path)
+        info = _load_json(path, d.parent)
         if not isinstance(info, dict) or not isinstance(info.get("machine"), str):
             raise BadFile("no machine name")
     except FileNotFoundError:
@@ -425,13 +444,15 @@ def _is_params(params) -> bool:
     )
 
 
-def read_results_file(path: Path, machine: str, interned: dict | None = None) -> Run:
+def read_results_file(path: Path, machine: str, interned: dict | None = None,
+                      warnings: list[str] | None = None) -> Run:
     """One asv results file as a Run. Raises BadFile (or a ValueError) naming what is wrong.
 
     ``interned`` lets equal param lists share one tuple, so the judge can align two
-    series by identity instead of by value.
+    series by identity instead of by value. A value of the wrong type where a number
+    belongs (JSON true, a string) is skipped (read as asv's NaN) with a line in ``warnings``.
     """
-    d = _load_json(path)
+    d = _load_json(path, path.parent.parent)
     if not isinstance(d, dict):
         raise BadFile("not a JSON object")
     if d.get("version") != RESULTS_API_VERSION:
@@ -463,11 +484,13 @@ def read_results_file(path: Path, machine: str, interned: dict | None = None) ->
     if interned is None:
         interned = {}
 
-    series = {}
+    series, odd = {}, []
     for name, row in rows.items():
         if not isinstance(row, list):
             raise BadFile(f"{name}: row is not a list")
-        series[name] = _read_row(name, row, col, interned)
+        series[name] = _read_row(name, row, col, interned, odd)
+    if odd and warnings is not None:
+        warnings.append(f"{path}: {len(odd)} values are not numbers, skipped (e.g. {odd[0]})")
     return Run(machine, commit, env_name, int(date), env_params, path, series)
 
 
@@ -476,15 +499,17 @@ def _column(row: list, col: dict, key: str):
     return row[i] if i is not None and i < len(row) else None
 
 
-def _read_row(name: str, row: list, col: dict, interned: dict) -> Series:
+def _read_row(name: str, row: list, col: dict, interned: dict, odd: list[str]) -> Series:
     params = _column(row, col, "params")
     if params is None:
         params = []
     if not _is_params(params):
         raise BadFile(f"{name}: params are not lists of strings")
+    n = math.prod(len(p) for p in params)
+    if n > MAX_COMBINATIONS:  # a few hundred bytes of params can name 10^8 combinations
+        raise BadFile(f"{name}: params give {n} combinations, more than {MAX_COMBINATIONS}")
     key = tuple(tuple(p) for p in params)
     params_t = interned.setdefault(key, key)
-    n = math.prod(len(p) for p in params_t)
     version = _column(row, col, "version")
     if version is not None and not isinstance(version, str):
         raise BadFile(f"{name}: version is not a string")
@@ -494,19 +519,22 @@ def _read_row(name: str, row: list, col: dict, interned: dict) -> Series:
         # asv compresses an all-null column to null: every combination failed.
         values, failed = np.full(n, np.nan), np.ones(n, dtype=bool)
     else:
-        values, failed = _floats(name, "result", result, n)
+        values, failed = _floats(name, "result", result, n, odd=odd)
 
     stats = None
     if any(_column(row, col, k) is not None for k in _STATS):
         stats = {}
         for k in _STATS:
             v = _column(row, col, k)
-            stats[k[6:]] = np.full(n, np.nan) if v is None else _floats(name, k, v, n, nulls=False)[0]
+            stats[k[6:]] = np.full(n, np.nan) if v is None else _floats(name, k, v, n, nulls=False, odd=odd)[0]
     return Series(params_t, version, values, failed, stats)
 
 
-def _floats(name: str, column: str, lst, n: int, nulls: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask or None)."""
+def _floats(name: str, column: str, lst, n: int, nulls: bool = True,
+            odd: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask or None).
+    An entry that is neither a number nor null (true, "1.5", a list) becomes NaN, and its
+    description is appended to ``odd``: numpy alone would read true as 1 and "1.5" as 1.5."""
     if not isinstance(lst, list) or len(lst) != n:
         raise BadFile(f"{name}: {column} has {len(lst) if isinstance(lst, list) else 'no'} entries, "
                       f"params give {n}")
@@ -517,10 +545,13 @@ def _floats(name: str, column: str, lst, n: int, nulls: bool = True) -> tuple[np
         failed = np.fromiter((v is None for v in lst), dtype=bool, count=n)
     else:
         failed = np.zeros(n, dtype=bool)
-    # numpy turns null into NaN; garbage raises ValueError/TypeError, nested lists change the shape.
-    values = np.array(lst, dtype=np.float64)
-    if values.shape != (n,):
-        raise BadFile(f"{name}: {column} is not a flat list of numbers")
+    bad = [i for i, v in enumerate(lst) if v is not None and type(v) not in (int, float)]
+    if bad:
+        if odd is not None:
+            odd += [f"{name} {column}[{i}] = {json.dumps(lst[i])[:40]}" for i in bad]
+        skip = set(bad)
+        lst = [math.nan if i in skip else v for i, v in enumerate(lst)]
+    values = np.array(lst, dtype=np.float64)  # numpy turns null into NaN
     return values, failed
 
 
