@@ -443,12 +443,12 @@ def _tree_with(root: Path, files: dict[str, bytes]) -> Path:
 
 
 def test_plan_merge_copies_new_skips_same_flags_conflicts(tmp_path):
-    tree = _tree_with(tmp_path / "tree", {"results/asv/a/x.json": b"1", "results/asv/a/machine.json": b"m1",
-                                          "results/catalog/env/e.json": b"e"})
+    tree = _tree_with(tmp_path / "tree", {"results/asv/a/x.json": b"1", "results/asv/a/machine.json": b'"m1"',
+                                          "results/catalog/env/e.json": b'"e"'})
     src = _tree_with(tmp_path / "src", {
         "results/asv/a/x.json": b"1",  # the same: skipped
-        "results/asv/a/machine.json": b"m2",  # asv's machine description: updated
-        "results/asv/b/y.json": b"2", "results/catalog/kernels/k.json": b"k",  # new
+        "results/asv/a/machine.json": b'"m2"',  # asv's machine description: updated
+        "results/asv/b/y.json": b"2", "results/catalog/kernels/k.json": b'"k"',  # new
         "results/asv/benchmarks.json": b"{}", "summaries/d-b.md": b"s", "notes.txt": b"ignored",
     })
     copies, benches, conflicts = nightly.plan_merge(tree, [src])
@@ -456,7 +456,7 @@ def test_plan_merge_copies_new_skips_same_flags_conflicts(tmp_path):
     assert rels == ["results/catalog/kernels/k.json", "results/asv/a/machine.json", "results/asv/b/y.json",
                     "summaries/d-b.md"]  # catalog first, results before summaries
     assert [b.name for b in benches] == ["benchmarks.json"] and conflicts == []
-    clash = _tree_with(tmp_path / "clash", {"results/asv/a/x.json": b"other"})
+    clash = _tree_with(tmp_path / "clash", {"results/asv/a/x.json": b'"other"'})
     copies, _, conflicts = nightly.plan_merge(tree, [clash])
     assert conflicts == ["results/asv/a/x.json differs from the recorded file"] and len(copies) == 1
 
@@ -634,3 +634,50 @@ def test_no_push_tree_adopts_the_remote_and_keeps_its_files(tmp_path):
     assert (mine / "results/asv/n/b.json").read_bytes() == b"other machine"
     assert (mine / "results/asv/m/c.json").read_bytes() == b"night 2, not committed"  # kept
     assert git(mine, "rev-parse", f"refs/nightly-unpushed/{local[:12]}") == local  # kept, not lost
+
+
+def _merge_target(tmp_path) -> nightly.Options:
+    proj = tmp_path / "proj"
+    git(tmp_path, "init", "-q", "-b", "main", str(proj))
+    (proj / "asv.conf.json").write_text("{}")
+    git(proj, "add", "-A")
+    git(proj, "commit", "-qm", "p")
+    return nightly.Options(machine=None, date="2026-01-05", tree=proj / "nightly", repo=proj, publish=False)
+
+
+GOOD_NIGHT = {"date": "2026-01-05", "machine": "m", "environment": {}}
+
+
+@pytest.mark.parametrize("night,why", [
+    (b"{}", "do not match its name"),
+    (b"[1, 2]", "not a JSON object"),
+    (json.dumps(GOOD_NIGHT).encode()[:20], "not valid JSON"),
+    (json.dumps({**GOOD_NIGHT, "environment": "cpu"}).encode(), "environment is not a JSON object"),
+    (json.dumps({**GOOD_NIGHT, "date": "2026-13-01"}).encode(), "do not match its name"),
+])
+def test_a_malformed_night_file_stops_the_merge_before_anything_is_copied(tmp_path, night, why):
+    o = _merge_target(tmp_path)
+    src = _tree_with(tmp_path / "src", {"results/asv/m/machine.json": b'{"machine": "m"}',
+                                        "results/asv/m/abcd1234-env.json": b"{}",
+                                        "nights/2026-01-05-m.json": night})
+    with pytest.raises(nightly.UsageError, match=why) as exc:
+        nightly.run_merge(o, [src])
+    assert "\n" not in str(exc.value) and "nothing merged" in str(exc.value)
+    assert not (o.tree / "results").exists() and not (o.tree / "nights").exists()
+
+
+@pytest.mark.parametrize("how", ["symlink", "fifo"])
+def test_a_merge_copies_no_symlink_and_no_fifo(tmp_path, how):
+    o = _merge_target(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the results branch")
+    src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
+    (src / "results/catalog/env").mkdir(parents=True)
+    target = src / "results/catalog/env/0123456789ab.json"
+    if how == "symlink":
+        target.symlink_to(secret)
+    else:
+        os.mkfifo(target)
+    with pytest.raises(nightly.UsageError, match="symlink" if how == "symlink" else "not a regular file"):
+        nightly.run_merge(o, [src])
+    assert not (o.tree / "results").exists()

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import asvrun, atomic, axis, history, render, resultsbranch, site, summary
+from . import asvrun, atomic, axis, bounded, history, render, resultsbranch, site, summary
 from .lock import Locked, TreeLock
 
 STATE = ".nightly"
@@ -605,8 +605,41 @@ def _run_asv(o: Options, tree: Path, commit: str) -> list[Path]:
 
 
 def _source_files(src: Path) -> list[Path]:
-    return sorted(p for top in _IMPORTED for p in (src / top).rglob("*")
-                  if p.is_file() and not p.name.startswith(".tmp-"))
+    """The files a merge takes from ``src``: regular files only. A symlink (whose target
+    could be anything on the machine) or a FIFO or device is a UsageError, before anything
+    is copied."""
+    out = []
+    for top in _IMPORTED:
+        for dirpath, dirnames, filenames in os.walk(src / top):  # does not descend into symlinked folders
+            for name in sorted(dirnames + filenames):
+                p = Path(dirpath) / name
+                if p.is_symlink():
+                    raise UsageError(f"--merge {src}: {p.relative_to(src)} is a symlink; a merge copies "
+                                     "regular files only, nothing merged")
+                if name in filenames and not name.startswith(".tmp-"):
+                    if not p.is_file():
+                        raise UsageError(f"--merge {src}: {p.relative_to(src)} is not a regular file, nothing merged")
+                    out.append(p)
+    return sorted(out)
+
+
+def check_night_file(rel: Path, data: bytes) -> None:
+    """UsageError (one line) unless ``data`` is a night file: a JSON object whose date and
+    machine match its name and whose environment is an object."""
+    try:
+        night = json.loads(data.decode("utf-8"))
+        if not isinstance(night, dict):
+            raise ValueError("not a JSON object")
+        date, machine = night.get("date"), night.get("machine")
+        if not isinstance(date, str) or not isinstance(machine, str) or rel.name != f"{date}-{machine}.json":
+            raise ValueError("its date and machine do not match its name")
+        check_date(date)
+        check_machine(machine)
+        if not isinstance(night.get("environment"), dict):
+            raise ValueError("its environment is not a JSON object")
+    except (ValueError, UsageError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        reason = "not valid JSON (truncated?)" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise UsageError(f"malformed night file {rel}: {reason}; nothing merged") from None
 
 
 def _rank(rel: Path) -> int:
@@ -626,10 +659,22 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
     for src in sources:
         for f in _source_files(src):
             rel = f.relative_to(src)
+            try:
+                data = bounded.read_bytes(f, src)
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"--merge {src}: cannot read {rel}: {exc}; nothing merged") from None
+            if rel.parts[0] == NIGHTS:
+                check_night_file(rel, data)
+            elif rel.suffix == ".json":
+                try:
+                    doc = json.loads(data.decode("utf-8"))
+                except ValueError:
+                    raise UsageError(f"--merge {src}: {rel} is not valid JSON (truncated?); nothing merged") from None
+                if rel.name == "benchmarks.json" and not isinstance(doc, dict):
+                    raise UsageError(f"--merge {src}: {rel} is not a JSON object; nothing merged")
             if rel.name == "benchmarks.json":
                 benches.append(f)
                 continue
-            data = f.read_bytes()
             if rel in seen:
                 if seen[rel] != data and rel.name != "machine.json":
                     conflicts.append(f"{rel} differs between sources")
