@@ -499,12 +499,21 @@ def test_github_markdown_keeps_every_kernel_name_intact(capsys, tmp_path):
     assert len(rows) == len(result.flags)
     details = []
     for ln in rows:
-        cells = ln.split(" | ")
-        assert ln.count("|") == len(render.HEADERS) + 1, ln  # no pipe leaks into a cell
-        body = ln.replace("<br>", "")
-        assert not re.search(r"[<>*_`\[\]~$@\\]", body), ln
-        details.append(html.unescape(cells[4].replace("<br>", "\n")))
+        cells = re.split(r"(?<!\\) \| ", ln)
+        assert len(re.findall(r"(?<!\\)\|", ln)) == len(render.HEADERS) + 1, ln  # no pipe leaks into a cell
+        for cell in cells[1:]:
+            if cell.startswith("`"):  # a name GitHub would link: inert code, pipes escaped
+                assert re.fullmatch(r"(`+) .* \1( <br>(`+) .* \3)*", cell.rstrip(" |")), cell
+            else:
+                assert not re.search(r"[<>*_`\[\]~$@\\]", cell.replace("<br>", "")), ln
+        d = cells[4]
+        if d.startswith("`"):
+            d = "\n".join(re.sub(r"^(`+) (.*) \1$", r"\2", part).replace("\\|", "|") for part in d.split("<br>"))
+        else:
+            d = html.unescape(d.replace("<br>", "\n"))
+        details.append(d)
     assert details == [f.detail for f in result.flags]
+    assert any(ln.count("`") for ln in rows)  # the name with a URL is a code span
 
 
 def test_json_records_follow_the_documented_schema(capsys, tmp_path):
@@ -685,3 +694,24 @@ def test_hardware_params_of_any_json_type_are_compared_not_hashed(tmp_path, caps
     rc, doc, err = run_json(capsys, root)
     assert rc == 0 and "Traceback" not in err
     assert len(doc["different_hardware"]) == 1 and "different hardware" in doc["different_hardware"][0]
+
+
+def test_control_and_bidi_characters_are_escaped_in_every_output(tmp_path):
+    evil = "gemm\u202eKCATTA\u202c\x1b[31m\x07\u2066x\u2069\x85\nnext line"
+
+    def adjust(ci, ei, data):
+        if ci == 1:
+            kid = catalog.store(tmp_path / "results" / "catalog", "kernels", {"device": "cpu", "full": ["aten::mm", evil]})
+            F.set_value(data, F.KERNEL, 0, kid)
+
+    tree = F.write_tree(tmp_path / "results", n_commits=2, torch_versions=("2.13.0",), adjust=adjust)
+    result = summary.summarise(history.read_history(tree.root))
+    assert any(evil in f.detail for f in result.flags)
+    raw = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+    plain, md, js = render.render_plain(result), render.render_github(result), render.render_json(result)
+    for text in (plain, md, js):
+        assert not raw.search(text), repr(text[:200])
+    assert "\\u202e" in plain and "&#92;u202e" in md  # shown as text (the backslash an entity in Markdown)
+    assert "\\u000anext line" in plain  # the name's newline is shown, not made
+    doc = json.loads(js)
+    assert any(evil in f["detail"] for f in doc["flags"])  # JSON escapes: the same data back

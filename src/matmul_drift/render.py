@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from tabulate import tabulate
 
@@ -103,10 +104,23 @@ def _side_text(side: Side, unit: str) -> str:
     return f"{where}: {value}"
 
 
+# Control characters (C0 but newline, C1) and the bidirectional controls that reorder what a
+# reader sees ("Trojan Source") in names that come from results trees: shown as \uXXXX.
+_INVISIBLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text, newlines: bool = False) -> str:
+    """``text`` with every control and bidi character written as \\uXXXX (newlines too,
+    unless ``newlines``), so a name shows as what it is in any output."""
+    out = _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", str(text))
+    return out if newlines else out.replace("\n", "\\u000a")
+
+
 def row(f: Flag) -> list[str]:
-    params = " ".join(f.params.values()) if f.params else "(all)"
-    return [_short_bench(f.benchmark), params, _side_text(f.before, f.unit), _side_text(f.after, f.unit),
-            f.detail, "\n".join(f.attribution)]
+    params = " ".join(visible(v) for v in f.params.values()) if f.params else "(all)"
+    return [visible(_short_bench(f.benchmark)), params, visible(_side_text(f.before, f.unit), newlines=True),
+            visible(_side_text(f.after, f.unit), newlines=True), visible(f.detail),
+            "\n".join(visible(a) for a in f.attribution)]
 
 
 # ---------------------------------------------------------------------------- plain
@@ -118,11 +132,11 @@ def render_plain(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
     for machine, kind, flags in groups(summary):
         status = "failing" if kind in fail_on else "informational"
         out.append("")
-        out.append(f"== {machine}: {kind} ({len(flags)}, {status}) ==")
+        out.append(f"== {visible(machine)}: {kind} ({len(flags)}, {status}) ==")
         out.append(tabulate([row(f) for f in flags], headers=HEADERS, tablefmt="simple", disable_numparse=True))
     if summary.different_hardware:
         out += ["", f"== different hardware ({len(summary.different_hardware)}, not compared) =="]
-        out += summary.different_hardware
+        out += [visible(d) for d in summary.different_hardware]
     return "\n".join(out) + "\n"
 
 
@@ -137,9 +151,23 @@ _MD_ESCAPES["&"] = "&amp;"
 _MD_TABLE = str.maketrans(_MD_ESCAPES)
 
 
+_LINKISH = re.compile(r"://|www\.|\.[a-z]{2,}/", re.IGNORECASE)
+
+
 def md_escape(text: str) -> str:
-    """Text safe in a GitHub Markdown table cell or heading; renders as the text itself."""
-    return str(text).translate(_MD_TABLE).replace("\r\n", "\n").replace("\r", "\n").replace("\n", "<br>")
+    """Text safe in a GitHub Markdown table cell or heading; renders as the text itself.
+    Text GitHub would turn into a link (a URL, www.) becomes inert code: no autolink."""
+    text = visible(str(text).replace("\r\n", "\n").replace("\r", "\n"), newlines=True)
+    if _LINKISH.search(text):
+        return "<br>".join(_md_code(line) for line in text.split("\n"))
+    return text.translate(_MD_TABLE).replace("\n", "<br>")
+
+
+def _md_code(line: str) -> str:
+    # A code span: fenced by more backticks than any run inside; "|" still ends a table cell
+    # in GFM unless escaped, even in code.
+    fence = "`" * (max((len(r) for r in re.findall("`+", line)), default=0) + 1)
+    return f"{fence} {line.replace('|', chr(92) + '|')} {fence}"
 
 
 def render_github(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
@@ -207,4 +235,5 @@ def render_json(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         "flags": [flag_record(f, fail_on) for _, _, flags in groups(summary) for f in flags],
         "different_hardware": list(summary.different_hardware),
     }
-    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)  # JSON escapes: the same data

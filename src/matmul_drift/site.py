@@ -86,7 +86,7 @@ def kernel_ids(hist: history.History, latest: dict[str, str]) -> dict[int, list[
 
 
 def _e(text) -> str:
-    return html.escape(str(text)).replace("\n", "<br>")
+    return html.escape(render.visible(text, newlines=True)).replace("\n", "<br>")
 
 
 def _flag_tables(result: summary.Summary) -> list[str]:
