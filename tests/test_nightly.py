@@ -490,6 +490,10 @@ def test_cli_errors_are_one_line_exit_2(world, tmp_path):
         (("--python", PY, "--machine", "x"), tmp_path, "not inside a git checkout"),
         (("--python", PY, "--machine", "x", "--tree", str(tmp_path / "t")), world.b, "already checked out"),
         (("--python", str(bare / "bin" / "python"), "--machine", "x"), world.b, "cannot describe its torch environment"),
+        # a value git would read as an option never reaches git
+        (("--python", PY, "--machine", "x", "--remote", "--upload-pack=touch /tmp/pwned"), world.b, "--remote"),
+        (("--python", PY, "--machine", "x", "--branch=--orphan"), world.b, "not a valid git branch name"),
+        (("--python", PY, "--machine", "x", "--branch", "a..b"), world.b, "not a valid git branch name"),
     ]
     for args, cwd, needle in cases:
         p = subprocess.run([PY, "-m", "matmul_drift.cli_nightly", *args], cwd=cwd, env=world.env,

@@ -64,6 +64,7 @@ def options(args: argparse.Namespace) -> nightly.Options:
     if not merging and (not args.python or not args.machine):
         raise nightly.UsageError("give --python PY and --machine NAME for a night, or --merge [SRC ...]")
     try:
+        resultsbranch.check_names(args.branch, args.remote)
         repo = resultsbranch.project_checkout(args.repo)
     except ValueError as exc:
         raise nightly.UsageError(str(exc)) from None

@@ -53,6 +53,15 @@ def project_checkout(given: Path | None) -> Path:
     return repo
 
 
+def check_names(branch: str, remote: str | None) -> None:
+    """ValueError (one line) unless ``branch`` is a valid branch name and ``remote`` a remote
+    name, path or URL; neither may start with "-", where git would read an option."""
+    if branch.startswith("-") or not ok(".", "check-ref-format", "--branch", branch):
+        raise ValueError(f"--branch {branch!r} is not a valid git branch name")
+    if remote is not None and (not remote or remote.startswith("-") or any(ord(c) < 32 for c in remote)):
+        raise ValueError(f"--remote {remote!r} is not a git remote name, path or URL")
+
+
 def _identity(cwd) -> dict:
     # CI runners have no git identity; a configured one wins.
     if git(cwd, "config", "user.name", check=False) and git(cwd, "config", "user.email", check=False):
@@ -63,9 +72,9 @@ def _identity(cwd) -> dict:
 
 def fetch(repo: Path | str, branch: str, remote: str) -> bool:
     """Fetch ``remote``'s ``branch`` into refs/remotes; False when the remote has no such branch."""
-    if not git(repo, "ls-remote", "--heads", remote, branch):
+    if not git(repo, "ls-remote", "--heads", "--", remote, branch):
         return False
-    git(repo, "fetch", "--quiet", remote, f"+refs/heads/{branch}:refs/remotes/{remote}/{branch}")
+    git(repo, "fetch", "--quiet", "--", remote, f"+refs/heads/{branch}:refs/remotes/{remote}/{branch}")
     return True
 
 
@@ -87,12 +96,12 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
     git(repo, "worktree", "prune")  # a worktree deleted by hand (a CI clean) is still registered
     has_branch = ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}")
     if not has_branch and remote is not None and fetch(repo, branch, remote):
-        git(repo, "branch", "--no-track", branch, f"refs/remotes/{remote}/{branch}")
+        git(repo, "branch", "--no-track", "--", branch, f"refs/remotes/{remote}/{branch}")
         has_branch = True
     if has_branch:
-        git(repo, "worktree", "add", "--quiet", str(tree), branch)
+        git(repo, "worktree", "add", "--quiet", "--", str(tree), branch)
     else:
-        git(repo, "worktree", "add", "--quiet", "--detach", "--no-checkout", str(tree))
+        git(repo, "worktree", "add", "--quiet", "--detach", "--no-checkout", "--", str(tree))
         git(tree, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
         git(tree, "read-tree", "--empty")
     return _ignore(tree)
@@ -217,7 +226,7 @@ def push(tree: Path | str, branch: str, remote: str, attempts: int = 5) -> str:
     """Push HEAD to ``remote``'s ``branch``; after a rejection, rebase onto it and retry.
     Returns HEAD as pushed (a rebase changes the hashes of the commits not yet pushed)."""
     for _ in range(attempts):
-        if ok(tree, "push", "--quiet", remote, f"HEAD:refs/heads/{branch}"):
+        if ok(tree, "push", "--quiet", "--", remote, f"HEAD:refs/heads/{branch}"):
             return head(tree)
         sync(tree, branch, remote)
     raise GitError(f"could not push {branch} to {remote} after {attempts} attempts")
