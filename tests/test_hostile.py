@@ -170,3 +170,27 @@ def test_random_hostile_trees_end_in_one_line_messages(tmp_path_factory, damage)
     rc, _, lines = summary_of(tree.root)
     assert rc in (0, 1, 2)
     assert rc != 2 or any("error" in ln for ln in lines)
+
+
+def test_a_unit_relabelled_in_benchmarks_json_is_a_warning_and_the_stricter_judgement_wins(tmp_path):
+    def adjust(ci, ei, data):
+        if ci == 1:
+            F.set_value(data, F.KERNEL, 0, 12345.0)  # a kernel change: failing
+
+    tree = F.write_tree(tmp_path / "results", n_commits=2, torch_versions=("2.13.0",), adjust=adjust)
+    rc, text, lines = summary_of(tree.root)
+    assert rc == 1 and "kernel" in text
+    bench = json.loads((tree.asv_dir / "benchmarks.json").read_text())
+    bench[F.KERNEL]["unit"] = "seconds"  # would make it an informational timing flag
+    (tree.asv_dir / "benchmarks.json").write_text(json.dumps(bench))
+    rc, text, lines = summary_of(tree.root)
+    assert rc == 1 and "kernel (1, failing)" in text
+    assert [ln for ln in lines if "'seconds'" in ln and "'kernel-id'" in ln and "judged as 'kernel-id'" in ln]
+    # The other way round, the stricter unit in benchmarks.json wins too.
+    bench[F.KERNEL]["unit"] = "kernel-id"
+    bench["drift.Drift.track_cuda_seconds"] = {**bench[F.KERNEL], "name": "drift.Drift.track_cuda_seconds",
+                                                "unit": "kernel-id"}
+    (tree.asv_dir / "benchmarks.json").write_text(json.dumps(bench))
+    h = history.read_history(tree.root)
+    assert h.benchmarks["drift.Drift.track_cuda_seconds"].unit == "kernel-id"
+    assert [w for w in h.warnings if "track_cuda_seconds" in w and "judged as 'kernel-id'" in w]

@@ -39,6 +39,7 @@ from . import catalog as _catalog
 RESULTS_API_VERSION = 2  # asv.results.Results.api_version
 BENCHMARKS_API_VERSION = 2  # asv.benchmarks.Benchmarks.api_version
 _SKIP_FILES = {"machine.json", "benchmarks.json"}
+_TRACK = re.compile(r"^drift\.Drift\.track_(\w+)$")  # the suite's series, named as asv names them
 MAX_COMBINATIONS = 1 << 20  # parameter combinations in one results row (the suite has 108)
 _KNOWN_COLUMNS = {
     "result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
@@ -297,6 +298,7 @@ def read_history(
     asv_dir, cat_dir = resolve_dirs(path, catalog)
     warnings: list[str] = []
     benchmarks = _read_benchmarks(asv_dir, warnings)
+    _check_units(benchmarks, warnings)
 
     machine_dirs = []
     for d in sorted(_subdirs(asv_dir)):
@@ -421,6 +423,29 @@ def _read_benchmarks(asv_dir: Path, warnings: list[str]) -> dict[str, Benchmark]
         except (TypeError, KeyError, AttributeError):
             warnings.append(f"benchmarks.json: entry {name!r} is malformed; its results are not judged")
     return out
+
+
+# How strictly a unit is judged (summary.py's rules): ids, u, ulp and counts give failing
+# flags by default; seconds and the u bound only inform.
+_STRICTNESS = {"kernel-id": 2, "input-id": 2, "env-id": 2, "u": 2, "ulp": 2, "count": 2, "u-bound": 1, "seconds": 1}
+
+
+def _check_units(benchmarks: dict[str, Benchmark], warnings: list[str]) -> None:
+    """benchmarks.json says how each series is judged; a tree can say it wrongly (a kernel-id
+    relabelled seconds would turn a failing kernel flag into an informational timing one).
+    The suite's own record (suite.UNITS, which its benchmarks take their units from) is
+    checked against it: a disagreement is a warning, and the stricter judgement wins."""
+    from .suite import UNITS
+
+    for name, b in benchmarks.items():
+        m = _TRACK.search(name)
+        want = UNITS.get(m.group(1)) if m else None
+        if want is None or want == b.unit:
+            continue
+        use = b.unit if _STRICTNESS.get(b.unit, 0) > _STRICTNESS[want] else want
+        warnings.append(f"benchmarks.json gives {name} the unit {b.unit!r}, the suite's record {want!r}; "
+                        f"judged as {use!r}")
+        b.unit = use
 
 
 def _read_machine(d: Path, warnings: list[str]) -> dict | None:
