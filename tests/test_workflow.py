@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,3 +120,101 @@ def test_force_flows_from_the_night_to_the_merge(wf, tmp_path, force):
         p = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         assert ("--force" in out.read_text().split()) == (force == "true"), (job, out.read_text())
+
+
+def _zizmor() -> str | None:
+    beside = Path(sys.executable).with_name("zizmor")
+    return shutil.which("zizmor") or (str(beside) if beside.exists() else None)
+
+
+def test_zizmor_finds_nothing(tmp_path):
+    exe = _zizmor()
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("zizmor is not installed (pip install zizmor)")
+        pytest.skip("zizmor is not installed (pip install zizmor)")
+    p = subprocess.run([exe, "--offline", str(WORKFLOW)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "No findings" in p.stdout + p.stderr, p.stdout + p.stderr
+    # It does catch things: a tag instead of a SHA, and persisted credentials, are findings.
+    broken = tmp_path / ".github/workflows/nightly.yml"
+    broken.parent.mkdir(parents=True)
+    text = WORKFLOW.read_text()
+    text = text.replace("actions/checkout@fbc6f3992d24b796d5a048ff273f7fcc4a7b6c09", "actions/checkout@v5", 1)
+    broken.write_text(re.sub(r"\n\s+persist-credentials: false[^\n]*", "", text, count=1))
+    p = subprocess.run([exe, "--offline", str(broken)], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "unpinned-uses" in p.stdout and "artipacked" in p.stdout
+
+
+def test_actions_pinned_by_sha_with_version_and_every_job_has_a_timeout(wf):
+    text = WORKFLOW.read_text()
+    uses = re.findall(r"uses: (\S+)(.*)", text)
+    assert uses and all(re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", u) and re.fullmatch(r"\s+# v\d+\.\d+\.\d+", c)
+                        for u, c in uses), uses
+    assert all(isinstance(job.get("timeout-minutes"), int) for job in wf["jobs"].values())
+    for job in wf["jobs"].values():
+        for step in job["steps"]:
+            if step.get("uses", "").startswith("actions/checkout"):
+                assert step["with"]["persist-credentials"] is False
+
+
+def _run_step(step: dict, tmp_path: Path, env: dict) -> subprocess.CompletedProcess:
+    out = tmp_path / "github-output"
+    out.write_text("")
+    full = {**os.environ, "RUNNER_TEMP": str(tmp_path), "GITHUB_OUTPUT": str(out),
+            "GITHUB_STEP_SUMMARY": str(tmp_path / "step-summary"), **{k: str(v) for k, v in step.get("env", {}).items()},
+            **env}
+    return subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=full, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("present", [("h100", "a100"), ("a100",), ()])
+def test_the_merge_takes_whichever_machines_reported_and_names_the_others(wf, tmp_path, present):
+    machines = [e["machine"] for e in wf["jobs"]["night"]["strategy"]["matrix"]["include"]]
+    step = _step(wf, "merge", "Which machines reported")
+    assert step["env"]["EXPECTED"].split() == machines
+    for m in machines:  # every night uploads its logs; one that reported has results too
+        (tmp_path / f"nights/night-{m}/.nightly").mkdir(parents=True)
+        if m in present:
+            d = tmp_path / f"nights/night-{m}/results/asv/{m}"
+            d.mkdir(parents=True)
+            (d / "machine.json").write_text("{}")
+            (d / "3ea610f3-existing-py.json").write_text("{}")
+    p = _run_step(step, tmp_path, {})
+    assert p.returncode == 0, p.stderr
+    out = dict(ln.split("=", 1) for ln in (tmp_path / "github-output").read_text().splitlines())
+    assert out["reported"].split() == [m for m in machines if m in present]
+    assert out["missing"].split() == [m for m in machines if m not in present]
+    assert "did not report" in (tmp_path / "step-summary").read_text()
+    merge_step = _step(wf, "merge", "Merge every machine, summarise, build the site")
+    assert merge_step["if"] == "${{ steps.reported.outputs.reported != '' }}"
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts/nightly.sh").write_text('printf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    p = _run_step(merge_step, tmp_path, {"REPORTED": out["reported"], "ARGS_OUT": str(tmp_path / "args"),
+                                         "FORCE": "false", "GH_TOKEN": "t", "GITHUB_SERVER_URL": "https://github.com"})
+    assert p.returncode == 0, p.stderr
+    sources = [a for a in (tmp_path / "args").read_text().split() if "/nights/" in a]
+    assert [s.rsplit("night-", 1)[1] for s in sources] == out["reported"].split()
+
+
+@pytest.mark.parametrize("reported,missing", [("", "h100 a100"), ("h100", "a100")])
+def test_the_issue_step_files_one_issue_when_every_machine_failed(wf, tmp_path, reported, missing):
+    calls = tmp_path / "gh-calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gh").write_text(f'#!/bin/sh\necho "gh $*" >> {calls}\n'
+                                'case "$*" in *--body-file*) f=$(echo "$*" | sed "s/.*--body-file //; s/ .*//"); '
+                                f'cat "$f" >> {calls};; esac\n')
+    (bin_dir / "gh").chmod(0o755)
+    (tmp_path / "summary").mkdir()
+    (tmp_path / "summary/summary.md").write_text("### matmul-drift summary\nold flags\n")
+    job = wf["jobs"]["issue"]
+    assert "needs.merge.outputs.reported == ''" in job["if"]
+    p = _run_step(job["steps"][-1], tmp_path, {"PATH": f"{bin_dir}:{os.environ['PATH']}", "REPORTED": reported,
+                                               "MISSING": missing, "GH_TOKEN": "t", "GH_REPO": "o/r", "RUN_URL": "u"})
+    assert p.returncode == 0, p.stderr
+    log = calls.read_text()
+    creates = [ln for ln in log.splitlines() if ln.startswith("gh issue create")]
+    if not reported:
+        assert len(creates) == 1 and "every machine failed" in creates[0]
+        assert "old flags" not in log and "h100 a100" in log  # no flag re-filed; who failed is named
+    else:
+        assert "old flags" in log and "Did not report tonight: a100" in log
