@@ -1,34 +1,115 @@
 #!/usr/bin/env bash
-# The GPU check: the CUDA suite through asv, and the seed case explained, on a GPU machine,
-# in under 8 minutes. Everything it makes lands in OUTDIR: asv results, catalog entries,
-# the seed's explain output and a log.   bash scripts/gpu_check.sh OUTDIR
+# The GPU check, for a GPU machine that reaches no network (README, "Every night on GPUs"):
+#   bash scripts/fetch_gpu_wheels.sh                  here, once: fills .whl/
+#   bash scripts/gpu_check.sh "$OUT"                  there, with .whl/ carried beside the tree
+#   python scripts/import_gpu_check.py OUT/gpu-check.tar.gz   here: into results/
+# It installs asv and the project from .whl/ only (pip --no-index) into a venv that sees the
+# image's torch, which is the build under test whatever its version; runs the CUDA suite
+# through asv, explains the seed in fp16 and scans its columns. Every step has a timeout
+# (together 7 min 35 s) and prints its time. OUT receives three files: gpu-check.tar.gz
+# (asv results, catalog entries, explain and scan output), summary.txt and log.txt.
+# --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
 set -uo pipefail
-OUT=${1:?usage: scripts/gpu_check.sh OUTDIR}
-cd "$(dirname "$0")/.."
+OUT=${1:?usage: scripts/gpu_check.sh OUTDIR [--rehearse]}
+MODE=${2:-}
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 exec > >(tee "$OUT/log.txt") 2>&1
+WORK=$(mktemp -d)
+PACK=$WORK/pack  # what goes into the archive
+mkdir -p "$PACK"
 PY=${PYTHON:-python3}
-set -x
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv || true
-$PY -c 'import torch' 2>/dev/null || $PY -m pip install --quiet torch
-$PY -m pip install --quiet --no-deps -e . && $PY -m pip install --quiet numpy tabulate asv==0.6.6 matplotlib
-$PY -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())'
-# Named after the hardware (CPU, ISA, cores, GPU model and count), registered for asv.
-machine=$($PY -m matmul_drift.cli machine --register 2>/dev/null)
-export MATMUL_DRIFT_DEVICES=cuda MATMUL_DRIFT_CATALOG="$OUT/catalog" PYTORCH_NVML_BASED_CUDA_CHECK=1
-# The CUDA suite: one setup_cache measures every case; the CPU combinations are skipped.
-timeout 240 $PY -m asv run -E existing:same --set-commit-hash="$(git rev-parse HEAD)" --machine "$machine" \
-  --bench 'drift\.Drift' --launch-method forkserver --show-stderr
-mkdir -p "$OUT/results"
-cp -r results/asv/"$machine" "$OUT/results/" 2>/dev/null
-cp results/asv/benchmarks.json "$OUT/results/" 2>/dev/null
-# The seed, answered on this GPU.
-timeout 60 $PY -m matmul_drift.cli explain --case seed --dtype float16 --device cuda --json > "$OUT/seed-float16.json"
-timeout 40 $PY -m matmul_drift.cli explain --case seed --dtype float16 --device cuda > "$OUT/seed-float16.txt"
-# Where the seed's kernels change on this GPU: 40000..52000 columns in fp16, then every size
-# around 45999/46000 (a kernel chosen by the alignment of n can fall between grid points).
-timeout 90 $PY -m matmul_drift.cli scan --vary n --range 40000:52000 --m 1 --k 4096 --dtype float16 --device cuda \
-  --json "$OUT/scan-seed-float16.json" --plot "$OUT/scan-seed-float16.png" > "$OUT/scan-seed-float16.txt"
-timeout 30 $PY -m matmul_drift.cli scan --vary n --range 45990:46010 --m 1 --k 4096 --dtype float16 --device cuda \
-  --step 1 --json "$OUT/scan-seed-dense.json" > "$OUT/scan-seed-dense.txt"
-echo "gpu_check: done"
+STEPS=$PACK/steps.txt
+: > "$STEPS"
+failed=0
+
+# step NAME SECONDS CMD...: run CMD under a timeout (its stdout to $STEP_OUT when set),
+# print and record its time and status
+step() {
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  echo "gpu_check: step $name (limit $limit s): $*"
+  if declare -F "$1" > /dev/null; then set -- bash -c "$1"; fi  # timeout runs programs: a function via bash (exported)
+  if [ -n "${STEP_OUT:-}" ]; then timeout "$limit" "$@" > "$STEP_OUT"; else timeout "$limit" "$@"; fi
+  rc=$?
+  printf '%-12s rc %3d  %4d s of %4d s\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" | tee -a "$STEPS"
+  [ "$rc" -eq 0 ] || failed=$((failed + 1))
+  return 0
+}
+
+if [ "$MODE" = --rehearse ]; then
+  DEVICE=cpu CASES=square EXPLAIN=(--m 1 --k 64 --n 48 --slice-n 47 --dtype float16 --device cpu)
+  SCAN=(--vary n --range 30:48 --m 1 --k 64 --dtype float16 --device cpu)
+  DENSE=(--vary n --range 44:48 --m 1 --k 64 --dtype float16 --device cpu --step 1)
+else
+  DEVICE=cuda CASES='' EXPLAIN=(--case seed --dtype float16 --device cuda)
+  SCAN=(--vary n --range 40000:52000 --m 1 --k 4096 --dtype float16 --device cuda)
+  DENSE=(--vary n --range 45990:46010 --m 1 --k 4096 --dtype float16 --device cuda --step 1)
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv || true
+fi
+
+# Install asv (with its dependencies) and the project from the wheels alone, into a folder
+# of their own on PYTHONPATH: the image's Python and its packages, torch among them, stay
+# as they are, and asv's processes inherit the path.
+WHL=${WHL_DIR:-.whl}
+install_wheels() {
+  [ -f "$WHL/COMMIT" ] || { echo "gpu_check: error: no $WHL/: run scripts/fetch_gpu_wheels.sh here first"; return 1; }
+  "$PY" -m pip --isolated install --quiet --no-index --find-links "$WHL" --no-cache-dir --target "$WORK/site" asv==0.6.6 &&
+    "$PY" -m pip --isolated install --quiet --no-index --find-links "$WHL" --no-cache-dir --target "$WORK/site" --no-deps matmul_drift
+}
+export PY WHL WORK ROOT
+export -f install_wheels
+step install 45 install_wheels
+export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+"$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.is_available())'
+
+# asv records results against a commit: the bundle's HEAD, in a clone of its own, with a
+# config that points there and at this tree's benchmarks.
+COMMIT=$(cat "$WHL/COMMIT" 2>/dev/null)
+write_config() {
+  git clone --quiet --bare "$WHL/project.bundle" "$WORK/project.git" &&
+    git --git-dir "$WORK/project.git" update-ref refs/heads/gpu-check "$COMMIT" &&
+    "$PY" - "$ROOT" "$WORK" <<'PYEOF'
+import json, sys
+from asv import util
+root, work = sys.argv[1:]
+conf = util.load_json(f"{root}/asv.conf.json", js_comments=True)
+conf.update(repo=f"{work}/project.git", benchmark_dir=f"{root}/benchmarks", results_dir=f"{work}/pack/results/asv",
+            html_dir=f"{work}/html", env_dir=f"{work}/env", environment_type="existing", branches=["gpu-check"])
+conf.pop("matrix", None)
+json.dump(conf, open(f"{work}/asv.conf.json", "w"), indent=2)
+PYEOF
+}
+export COMMIT
+export -f write_config
+step config 15 write_config
+machine=$("$PY" -m matmul_drift.cli machine --register 2>/dev/null)
+export MATMUL_DRIFT_DEVICES=$DEVICE MATMUL_DRIFT_CATALOG=$PACK/results/catalog MATMUL_DRIFT_CASES=$CASES
+export PYTORCH_NVML_BASED_CUDA_CHECK=1
+# The suite: one setup_cache measures every case on this device; the others are skipped.
+step suite 210 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
+  --machine "$machine" --bench 'drift\.Drift' --launch-method forkserver --show-stderr
+# The seed, answered on this device, and where its kernels change along n: the grid search by
+# alignment class over 40000..52000, then every size around 45999/46000.
+STEP_OUT=$PACK/seed-float16.json step explain 45 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --json
+STEP_OUT=$PACK/seed-float16.txt step explain-txt 35 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}"
+step scan 70 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --json "$PACK/scan-seed-float16.json" \
+  --plot "$PACK/scan-seed-float16.png"
+step dense 25 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --json "$PACK/scan-seed-dense.json"
+
+# Three files come back: the archive, a one-page summary, the log.
+{
+  echo "gpu_check on $machine at ${COMMIT:0:12} ($MODE): $failed step(s) failed"
+  "$PY" -c 'import torch; print("torch", torch.__version__, "git", torch.version.git_version[:12], "CUDA", torch.version.cuda)'
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
+  cat "$STEPS"
+  head -c 4000 "$PACK/seed-float16.txt" 2>/dev/null
+} > "$OUT/summary.txt"
+printf '%s\n' "$machine" > "$PACK/MACHINE"
+printf '%s\n' "$COMMIT" > "$PACK/COMMIT"
+step archive 10 tar -czf "$OUT/gpu-check.tar.gz" -C "$PACK" .
+rm -rf "$WORK"
+echo "gpu_check: done, $failed step(s) failed; in $OUT: $(cd "$OUT" && echo *)"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Fetch here, into the ignored .whl/, everything scripts/gpu_check.sh installs on the GPU
+# machine, which reaches no network: asv 0.6.6 and its dependencies as wheels for CPython
+# 3.12 on manylinux x86-64 (the image has torch, numpy, tabulate, matplotlib, tqdm), this
+# project as a wheel, and a git bundle of HEAD (asv records results against a commit, and
+# the tree that travels has no .git). Run it again after changing the project.
+#   bash scripts/fetch_gpu_wheels.sh            then carry .whl with the tree
+# WHL_DIR (default .whl) and GPU_PYTHON_VERSION (default 3.12, the image's) are for the
+# rehearsal on this machine, whose torch is for Python 3.11.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WHL=${WHL_DIR:-.whl}
+LIMIT_KIB=$((24 * 1024))  # well under the 64 MiB that may travel with the tree
+rm -rf "$WHL"
+mkdir -p "$WHL"
+"$PY" -m pip download --quiet --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform any --dest "$WHL" asv==0.6.6
+"$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$WHL" .
+git bundle create "$WHL/project.bundle" HEAD 2>/dev/null
+git rev-parse HEAD > "$WHL/COMMIT"
+size=$(du -sk "$WHL" | cut -f1)
+if [ "$size" -gt "$LIMIT_KIB" ]; then
+  echo "fetch_gpu_wheels: error: $WHL holds $size KiB, more than $LIMIT_KIB KiB" >&2
+  exit 1
+fi
+echo "fetch_gpu_wheels: $(find "$WHL" -name '*.whl' | wc -l) wheels and a bundle of $(cut -c1-8 "$WHL/COMMIT"), $size KiB in $WHL"

@@ -1,0 +1,37 @@
+"""Import what scripts/gpu_check.sh brought back into results/ (matmul_drift.gpucheck):
+
+    python scripts/import_gpu_check.py OUT/gpu-check.tar.gz [--results results] [--force]
+
+The GPU machine's results land under its own machine name, their environment named after
+the torch build that ran; `matmul-drift summary results/` and the site then show it like
+any other machine. Exit 0, or 2 with one line when the archive is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from matmul_drift import gpucheck
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="import_gpu_check")
+    parser.add_argument("archive", type=Path)
+    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results")
+    parser.add_argument("--force", action="store_true", help="replace results already recorded (kept beside)")
+    args = parser.parse_args(argv)
+    try:
+        written = gpucheck.import_archive(args.archive, args.results, args.force)
+    except gpucheck.ImportRefused as exc:
+        print(f"import_gpu_check: error: {exc}", file=sys.stderr)
+        return 2
+    for p in written:
+        print(p)
+    print(f"import_gpu_check: {len(written)} files into {args.results}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Importing what scripts/gpu_check.sh brings back from a GPU machine into results/.
+
+The archive holds asv's results of one machine at one commit (environment named after the
+Python's path there), the catalog entries they name, and the explain and scan outputs.
+``import_archive`` unpacks it safely (regular files and folders only, nothing outside),
+names the environment after the torch build that ran (``existing-torch<version>``, the
+version read from the run's env-id catalog entry), and copies everything in atomically:
+asv results under results/asv/<machine>/, catalog entries under results/catalog/, the
+other outputs under results/gpu-check/<machine>/<commit8>/. A results file already there
+with other content is refused (ImportRefused, one line) unless ``force``, which keeps the
+old file beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+import tempfile
+from pathlib import Path
+
+from . import asvrun, atomic, bounded, history
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ImportRefused(Exception):
+    """The archive cannot be imported: the message says why, in one line."""
+
+
+def _unpack(archive: Path, into: Path) -> Path:
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for m in tar.getmembers():
+                if not (m.isfile() or m.isdir()):
+                    raise ImportRefused(f"{archive}: {m.name} is not a regular file or folder")
+            tar.extractall(into, filter="data")  # no absolute paths, no "..", no links out
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise ImportRefused(f"{archive}: not a gpu_check archive ({exc})") from None
+    return into
+
+
+def _one_line(path: Path, root: Path) -> str:
+    return bounded.read_bytes(path, root).decode("utf-8").strip()
+
+
+def import_archive(archive: Path | str, results: Path | str, force: bool = False) -> list[Path]:
+    """Import a gpu_check archive into the results folder ``results`` (results/asv and
+    results/catalog inside it); returns the files written."""
+    archive, results = Path(archive), Path(results)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = _unpack(archive, Path(tmp))
+        try:
+            machine, commit = _one_line(src / "MACHINE", src), _one_line(src / "COMMIT", src)
+        except (OSError, ValueError) as exc:
+            raise ImportRefused(f"{archive}: no MACHINE or COMMIT ({exc})") from None
+        if not _SAFE_NAME.match(machine) or not re.fullmatch(r"[0-9a-f]{40}", commit):
+            raise ImportRefused(f"{archive}: machine {machine!r} or commit {commit!r} is malformed")
+        try:
+            hist = history.read_history(src / "results", machine=machine)
+        except history.HistoryError as exc:
+            raise ImportRefused(f"{archive}: its asv results cannot be read: {exc}") from None
+        runs = [r for r in hist.runs[machine] if r.commit == commit]
+        if not runs:
+            raise ImportRefused(f"{archive}: no results of {machine} at {commit[:8]}")
+        written = []
+        for p in sorted((src / "results" / "catalog").rglob("*.json")):  # content-addressed: same name, same bytes
+            dst = results / "catalog" / p.relative_to(src / "results" / "catalog")
+            if not dst.exists():
+                written.append(atomic.copy(p, dst))
+        asv_src, asv_dst = src / "results" / "asv", results / "asv"
+        asvrun.merge_benchmarks(asv_dst / "benchmarks.json", json.loads(_one_line(asv_src / "benchmarks.json", src)))
+        machine_json = asv_src / machine / "machine.json"
+        if machine_json.is_file() and not (asv_dst / machine / "machine.json").exists():
+            written.append(atomic.copy(machine_json, asv_dst / machine / "machine.json"))
+        for run in runs:
+            written.append(_import_run(run, asv_dst / machine, force))
+        extras = results / "gpu-check" / machine / commit[:8]
+        for p in sorted(src.iterdir()):
+            if p.is_file() and p.name not in ("MACHINE", "COMMIT"):
+                written.append(atomic.copy(p, extras / p.name))
+        return written
+
+
+def _import_run(run: history.Run, dest: Path, force: bool) -> Path:
+    """The run's results file under an environment named after its torch build."""
+    data = json.loads(run.path.read_text(encoding="utf-8"))
+    torch = run.torch or "unknown"
+    env = "existing-torch" + re.sub(r"[^A-Za-z0-9._-]", "-", torch)  # "2.11.0+cu130": a file name, a URL
+    data["env_name"] = env
+    data["params"] = {**data.get("params", {}), "torch": torch}
+    text = json.dumps(data, separators=(",", ":")) + "\n"  # asv's own format (it writes NaN for skipped)
+    dst = dest / f"{run.commit[:8]}-{env}.json"
+    if dst.exists() and dst.read_text(encoding="utf-8") != text:
+        if not force:
+            raise ImportRefused(f"{dst} is already recorded with other values; pass --force to keep it "
+                                "beside and import the new one")
+        asvrun.backup(dst)
+    return atomic.write_text(dst, text)

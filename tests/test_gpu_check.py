@@ -1,0 +1,126 @@
+"""The GPU check rehearsed on this CPU: wheels fetched here, installed with the network
+refused, every step run with the smallest shapes in a tree without .git (as the GPU machine
+gets it), outputs within the limits of what comes back, and the archive imported.
+
+The GPU machine's Python is 3.12 with its own torch; here torch exists for this Python only
+(3.11), so the wheels are fetched for it (GPU_PYTHON_VERSION) and the rehearsal runs it:
+the closest available.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from checkout import ROOT, committed_copy
+
+from matmul_drift import gpucheck, history
+
+LIMITS = {"files": 8, "file_bytes": 16 << 20, "total_bytes": 64 << 20}  # what comes back from $OUT
+OURS = 4  # the issue's own bound on the files the check leaves
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    base = tmp_path_factory.mktemp("gpu-check")
+    proj = base / "proj"
+    committed_copy(proj)
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    env = {**os.environ, "PYTHON": sys.executable, "WHL_DIR": str(proj / ".whl"), "GPU_PYTHON_VERSION": py}
+    p = subprocess.run(["bash", "scripts/fetch_gpu_wheels.sh"], cwd=proj, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    # The tree as it travels: no .git, .whl/ carried beside it.
+    tree = base / "tree"
+    shutil.copytree(proj, tree, ignore=shutil.ignore_patterns(".git"))
+    out = base / "out"
+    refused = {**os.environ, "PYTHON": sys.executable, "HOME": str(base / "home"), "PIP_NO_INDEX": "1",
+               "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+               "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    refused = {k: v for k, v in refused.items() if not k.startswith(("MATMUL_DRIFT_", "PIP_CONSTRAINT"))}
+    run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out), "--rehearse"], cwd=tree, env=refused,
+                         capture_output=True, text=True, timeout=900)
+    return base, proj, out, run, p.stdout
+
+
+def test_wheels_are_fetched_and_small(rehearsal):
+    base, proj, _, _, fetched = rehearsal
+    whl = proj / ".whl"
+    names = [p.name for p in whl.iterdir()]
+    assert any(n.startswith("asv-0.6.6-") for n in names) and any(n.startswith("matmul_drift-") for n in names)
+    assert "project.bundle" in names and re.fullmatch(r"[0-9a-f]{40}\n", (whl / "COMMIT").read_text())
+    assert not any(n.startswith(("torch-", "numpy-")) for n in names)  # the image has them
+    size = sum(p.stat().st_size for p in whl.iterdir())
+    assert size < 24 << 20 and "wheels and a bundle" in fetched
+
+
+def test_every_step_passes_within_its_timeout_with_the_network_refused(rehearsal):
+    _, _, out, run, _ = rehearsal
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    summary = (out / "summary.txt").read_text()
+    steps = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s$", summary, re.M)
+    assert [s[0] for s in steps] == ["install", "config", "suite", "explain", "explain-txt", "scan", "dense"]
+    assert all(rc == "0" and int(t) <= int(limit) for _, rc, t, limit in steps)
+    # The real run's limits, as the script states them, sum to at most 8 minutes.
+    limits = [int(n) for n in re.findall(r"^\s*(?:STEP_OUT=\S+ )?step \S+ (\d+) ", (ROOT / "scripts/gpu_check.sh").read_text(), re.M)]
+    assert len(limits) == 8 and sum(limits) <= 480, limits
+    assert "0 step(s) failed" in summary and "torch" in summary
+
+
+def test_what_comes_back_fits_the_limits(rehearsal):
+    _, _, out, _, _ = rehearsal
+    files = [p for p in out.rglob("*")]
+    assert all(p.is_file() for p in files) and len(files) <= OURS <= LIMITS["files"]
+    assert sorted(p.name for p in files) == ["gpu-check.tar.gz", "log.txt", "summary.txt"]
+    assert all(p.stat().st_size <= LIMITS["file_bytes"] and re.fullmatch(r"[A-Za-z0-9._-]+", p.name) for p in files)
+    assert sum(p.stat().st_size for p in files) <= LIMITS["total_bytes"]
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        names = tar.getnames()
+    assert {"./seed-float16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./MACHINE", "./COMMIT"} <= set(names)
+    assert any(n.startswith("./results/asv/") and n.endswith(".json") and "machine" not in n for n in names)
+
+
+def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
+    _, proj, out, _, _ = rehearsal
+    results = tmp_path / "results"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/import_gpu_check.py"), str(out / "gpu-check.tar.gz"),
+                        "--results", str(results)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    hist = history.read_history(results)
+    (machine, runs), = hist.runs.items()
+    import torch
+
+    assert len(runs) == 1 and runs[0].torch == torch.__version__
+    assert runs[0].env_name == "existing-torch" + re.sub(r"[^A-Za-z0-9._-]", "-", torch.__version__)
+    assert runs[0].commit == (proj / ".whl/COMMIT").read_text().strip()
+    assert not hist.warnings
+    doc = json.loads((results / "gpu-check" / machine / runs[0].commit[:8] / "seed-float16.json").read_text())
+    assert doc["dtype"] == "float16"
+    # Imported twice: the same files, nothing refused; other values under the same name are refused.
+    assert gpucheck.import_archive(out / "gpu-check.tar.gz", results)
+    path = runs[0].path
+    path.write_text(path.read_text().replace('"torch":', '"torch_was":', 1))
+    with pytest.raises(gpucheck.ImportRefused, match="already recorded"):
+        gpucheck.import_archive(out / "gpu-check.tar.gz", results)
+
+
+def test_an_archive_with_a_link_or_a_path_outside_is_refused(tmp_path):
+    for name, kind in (("../evil.json", tarfile.REGTYPE), ("results/link", tarfile.SYMTYPE)):
+        bad = tmp_path / f"bad-{kind!r}.tar.gz"
+        with tarfile.open(bad, "w:gz") as tar:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "/etc/passwd"
+            tar.addfile(info, None if kind == tarfile.SYMTYPE else __import__("io").BytesIO(b""))
+        with pytest.raises(gpucheck.ImportRefused):
+            gpucheck.import_archive(bad, tmp_path / "results")
+        assert not (tmp_path / "evil.json").exists() and not (tmp_path / "results").exists()
