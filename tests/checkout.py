@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-_STATE = (".git", ".asv", "html", "nightly", ".slurm-nightly", ".venv", "__pycache__", "*.egg-info",
+_STATE = (".git", ".asv", "html", "nightly", ".slurm-nightly", ".venv", ".whl", "__pycache__", "*.egg-info",
           ".pytest_cache", ".hypothesis", "*.replaced-*")
 
 
