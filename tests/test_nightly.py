@@ -276,6 +276,7 @@ exit 0
 
 
 def test_killed_at_every_step_that_writes_then_the_next_run_recovers(world, tmp_path):
+    # (during asv: test_killed_mid_run_then_a_failing_night)
     # Its own remote and clone, so the other tests' trees and remote stay as they were.
     remote = tmp_path / "remote.git"
     git(tmp_path, "clone", "-q", "--bare", str(world.remote), str(remote))
@@ -290,8 +291,8 @@ def test_killed_at_every_step_that_writes_then_the_next_run_recovers(world, tmp_
     args = ("--python", PY, "--machine", "box-r", "--date", "2026-01-04", "--bench", BENCH, "--remote", "origin",
             "--no-publish")
 
-    def night(timeout=600, **extra):
-        p = subprocess.run(["bash", "scripts/nightly.sh", *args], cwd=k, env={**world.env, **extra},
+    def night(timeout=600, publish=False, **extra):
+        p = subprocess.run(["bash", "scripts/nightly.sh", *(args if not publish else args[:-1])], cwd=k, env={**world.env, **extra},
                            capture_output=True, text=True, timeout=timeout, start_new_session=True)
         assert "Traceback" not in p.stderr, p.stderr[-3000:]
         return p
@@ -338,10 +339,18 @@ def test_killed_at_every_step_that_writes_then_the_next_run_recovers(world, tmp_
     assert git(tree, "branch", "--show-current") == ""  # detached, mid-rebase
     git(k, "config", "--unset", "core.hooksPath")
 
-    # 5. The next run aborts the rebase, rebases again, pushes, and says the night is complete.
-    p = night(timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    # 5. The next run aborts the rebase, rebases again, pushes, and is killed building the site.
+    p = night(timeout=300, publish=True, MATMUL_DRIFT_KILL_AT="publishing")
+    assert p.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), p.stderr[-2000:]
     assert "recovered: aborted a rebase" in p.stderr and "completed what a killed run left" in p.stderr
+    assert json.loads((tree / ".nightly/pending.json").read_text())["stage"] == "publishing"
+    assert commits_of_the_night(remote) == 1
+
+    # 6. The next run publishes the site and says the night is complete.
+    p = night(timeout=300, publish=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "killed while publishing" in p.stderr and "completed what a killed run left" in p.stderr
+    assert (tree / "html/index.html").is_file() and not (tree / ".nightly/pending.json").exists()
     assert git(tree, "branch", "--show-current") == "results"
     assert commits_of_the_night(tree) == 1 and commits_of_the_night(remote) == 1  # one commit per night
     assert git(tree, "rev-parse", "HEAD") == git(remote, "rev-parse", "results")

@@ -93,7 +93,8 @@ class Report:
 
 def _checkpoint(step: str) -> None:
     """Fault injection for the kill tests: MATMUL_DRIFT_KILL_AT=<step> makes this process
-    SIGKILL itself here (steps: copied, committed), as a lost node or the OOM killer would."""
+    SIGKILL itself here (steps: copied, committed, publishing), as a lost node or the OOM
+    killer would."""
     if os.environ.get("MATMUL_DRIFT_KILL_AT") == step:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -442,7 +443,8 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
         # now committed (and pushed); what is left is to publish.
         _log(f"night {o.date} on {o.machine} is recorded: completed what a killed run left")
         if o.publish:
-            publish(tree, o.repo, o.branch)
+            _publish_night(o, tree, point)
+        _pending_path(tree).unlink(missing_ok=True)
         return _report(tree, o.date, o.machine, resultsbranch.head(tree), [], o.publish)
     if recorded and not o.force:
         raise UsageError(f"night {o.date} on {o.machine} is already recorded ({recorded[0].relative_to(tree)}); "
@@ -459,7 +461,7 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
         commit = _git("pushing the night", resultsbranch.push, tree, o.branch, o.remote)
     _log(f"night commit {(commit or resultsbranch.head(tree))[:12]}: {night_title(night)}")
     if o.publish:
-        publish(tree, o.repo, o.branch)
+        _publish_night(o, tree, point)
     report = _report(tree, o.date, o.machine, commit, imported, o.publish)
     _log(f"night {o.date} on {o.machine} done in {time.monotonic() - t0:.0f} s; summary {report.summary_md}")
     return report
@@ -501,6 +503,14 @@ def _report(tree: Path, date: str, machine: str, commit: str | None, imported: l
     return Report(commit, md, js, len(doc.get("flags", [])), int(doc.get("failing", 0)), failed, imported, published)
 
 
+def _publish_night(o: Options, tree: Path, point: str) -> None:
+    """Publish the site, marked pending so that a run killed meanwhile is published by the next."""
+    _set_pending(tree, "publishing", {"date": o.date, "machine": o.machine}, point, [])
+    _checkpoint("publishing")
+    publish(tree, o.repo, o.branch)
+    _pending_path(tree).unlink(missing_ok=True)
+
+
 # A night's results reach the tree in two steps that a kill can separate from its commit:
 # .nightly/pending.json says which night is between them, and what it copied.
 
@@ -517,7 +527,8 @@ def _set_pending(tree: Path, stage: str, night: dict, point: str, files: list[st
 def _finish_pending(tree: Path) -> tuple[str, str] | None:
     """Finish what a killed night left between copying its results and committing them.
     Copied in full: summarise and commit it (its own commit), and return (date, machine).
-    Copied in part: set the copied results aside (kept, not read), so the night runs again."""
+    Copied in part: set the copied results aside (kept, not read), so the night runs again.
+    Killed while publishing: return (date, machine); the run of that night publishes."""
     path = _pending_path(tree)
     if not path.exists():
         return None
@@ -529,6 +540,9 @@ def _finish_pending(tree: Path) -> tuple[str, str] | None:
         path.unlink()
         _log(f"warning: ignored {path.relative_to(tree)}, which cannot be read ({exc})")
         return None
+    if stage == "publishing":  # committed; its site was being built: the run of that night publishes
+        _log(f"recovered: night {date} on {machine} was killed while publishing; publishing it")
+        return date, machine
     results = [tree / f for f in files if (tree / f).is_file()]
     if stage == "copied" and len(results) == len(files):
         _log(f"recovered: night {date} on {machine} was killed after its results were copied; committing it")
