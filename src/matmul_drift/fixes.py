@@ -1,0 +1,136 @@
+"""The fix finder's candidates: settings (and two code changes) that may remove a drift.
+
+One table, ``CANDIDATES``: adding a candidate is one entry. Each says on which device it
+applies, which drift kinds it targets (``slice_n``, ``slice_m``, ``run_to_run``), and how it
+is applied in the fresh process that measures it: environment variables (read when a
+library loads, so they need a process of their own), Python statements run after torch is
+imported, or a change to the computation itself (``code``: padding, slicing the output),
+shown to the user as that one line of code. Padding candidates are made per dimension and
+multiple by ``candidates``. This module only describes; measuring lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+DRIFTS = ("slice_n", "slice_m", "run_to_run")
+PAD_MULTIPLES = (4, 8, 16, 32)
+
+# oneDNN's ISA caps, highest first (ONEDNN_MAX_CPU_ISA); "a step down" is the next one.
+ONEDNN_ISAS = ("AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "AVX512_CORE_AMX", "AVX512_CORE_FP16",
+               "AVX512_CORE_BF16", "AVX512_CORE_VNNI", "AVX512_CORE", "AVX2_VNNI_2", "AVX2_VNNI", "AVX2",
+               "AVX", "SSE41")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to try to remove a drift.
+
+    ``env``: environment variables of its fresh process; ``setup``: Python statements run
+    there after ``import torch``; ``code``: the one-line change to the computation, for the
+    candidates that change it (None for settings); ``needs``: a module that must be
+    importable; ``targets``: the drift kinds it can remove."""
+
+    name: str
+    device: str  # "cpu", "cuda" or "any"
+    targets: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    setup: str = ""
+    code: str | None = None
+    needs: str | None = None
+
+    @property
+    def changes_code(self) -> bool:
+        return self.code is not None
+
+
+CANDIDATES: tuple[Candidate, ...] = (
+    # CPU: threads and MKL's conditional numerical reproducibility (read when MKL loads)
+    Candidate("one thread", "cpu", DRIFTS, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+              setup="torch.set_num_threads(1)"),
+    Candidate("MKL_CBWR=COMPATIBLE", "cpu", DRIFTS, env={"MKL_CBWR": "COMPATIBLE"}),
+    Candidate("MKL_CBWR=AVX2", "cpu", DRIFTS, env={"MKL_CBWR": "AVX2"}),
+    Candidate("MKL_CBWR=AUTO", "cpu", DRIFTS, env={"MKL_CBWR": "AUTO"}),
+    # oneDNN a step down: filled in by candidates() from the machine's ISA
+    Candidate("ONEDNN_MAX_CPU_ISA a step down", "cpu", DRIFTS, env={"ONEDNN_MAX_CPU_ISA": ""}),
+    # CUDA: cuBLAS and torch settings
+    Candidate("TF32 off", "cuda", DRIFTS,
+              setup="torch.backends.cuda.matmul.allow_tf32 = False\ntorch.backends.cudnn.allow_tf32 = False"),
+    Candidate("reduced-precision reduction off, cuBLASLt", "cuda", DRIFTS,
+              setup="torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False\n"
+                    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False\n"
+                    "torch.backends.cuda.preferred_blas_library('cublaslt')"),
+    Candidate("cuBLAS workspace :16:8, cuBLASLt workspace 1", "cuda", DRIFTS,
+              env={"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"}),
+    Candidate("deterministic algorithms", "cuda", DRIFTS, env={"CUBLAS_WORKSPACE_CONFIG": ":16:8"},
+              setup="torch.use_deterministic_algorithms(True)"),
+    Candidate("batch_invariant_ops kernels", "cuda", ("slice_n", "slice_m"),
+              setup="import batch_invariant_ops\nbatch_invariant_ops.set_batch_invariant_mode(True)",
+              needs="batch_invariant_ops"),
+    # Code changes, on any device
+    Candidate("contiguous copy of the slice", "any", ("slice_n",), code="A @ B[:, :n].contiguous()"),
+    Candidate("full product, then slice", "any", ("slice_n", "slice_m"), code="(A @ B)[:, :n]  or  (A @ B)[:m]"),
+)
+
+
+def onednn_isa(flags: set[str] | list[str]) -> str:
+    """The highest oneDNN ISA name for a CPU with these /proc/cpuinfo flags (machine.py's)."""
+    f = set(flags)
+    for need, isa in (({"amx_tile", "amx_fp16", "avx512_fp16"}, "AVX512_CORE_AMX_FP16"),
+                      ({"amx_tile", "amx_bf16"}, "AVX512_CORE_AMX"), ({"avx512_fp16"}, "AVX512_CORE_FP16"),
+                      ({"avx512_bf16"}, "AVX512_CORE_BF16"), ({"avx512_vnni"}, "AVX512_CORE_VNNI"),
+                      ({"avx512f", "avx512bw", "avx512vl"}, "AVX512_CORE"), ({"avx2"}, "AVX2"), ({"avx"}, "AVX")):
+        if need <= f:
+            return isa
+    return "SSE41"
+
+
+def isa_step_down(current: str | None) -> str | None:
+    """The oneDNN ISA cap one below ``current`` (a name of ONEDNN_ISAS), None at the bottom."""
+    if current not in ONEDNN_ISAS:
+        return None
+    i = ONEDNN_ISAS.index(current)
+    return ONEDNN_ISAS[i + 1] if i + 1 < len(ONEDNN_ISAS) else None
+
+
+def padding(dim: str, multiple: int) -> Candidate:
+    """Pad ``dim`` (m, n or k) up to a multiple, compute, and slice the output back."""
+    target = {"m": ("slice_m",), "n": ("slice_n",), "k": ("slice_n", "slice_m")}[dim]
+    line = {"m": f"pad(A, rows to a multiple of {multiple}) @ B, then [:m]",
+            "n": f"A @ pad(B, columns to a multiple of {multiple}), then [:, :n]",
+            "k": f"pad(A, columns) @ pad(B, rows) to K a multiple of {multiple} (zeros)"}[dim]
+    return Candidate(f"pad {dim} to a multiple of {multiple}", "any", target, code=line)
+
+
+def candidates(device: str, drifts: set[str], along: str, onednn_isa: str | None = None) -> list[tuple[Candidate, str | None]]:
+    """Every candidate for a case on ``device`` whose drifts are ``drifts`` (a set of DRIFTS)
+    along dimension ``along`` (m, n or k), each with None when it applies, or the one-line
+    reason it does not. ``onednn_isa``: the highest oneDNN ISA of this CPU (for the step down)."""
+    table = list(CANDIDATES) + [padding(along, k) for k in PAD_MULTIPLES]
+    out = []
+    for c in table:
+        if c.env.get("ONEDNN_MAX_CPU_ISA") == "":
+            down = isa_step_down(onednn_isa)
+            c = Candidate(f"ONEDNN_MAX_CPU_ISA={down}", c.device, c.targets, env={"ONEDNN_MAX_CPU_ISA": down or ""})
+            if down is None:
+                out.append((c, f"no ISA below {onednn_isa or 'this CPU'}'s is known"))
+                continue
+        out.append((c, why_not(c, device, drifts)))
+    return out
+
+
+def why_not(c: Candidate, device: str, drifts: set[str]) -> str | None:
+    """None when ``c`` applies to a case on ``device`` with ``drifts``; else the reason."""
+    if c.device not in ("any", device):
+        return f"a {c.device.upper()} setting; this case runs on {device}"
+    if not set(c.targets) & drifts:
+        return f"targets {', '.join(c.targets)}; this case drifts in {', '.join(sorted(drifts)) or 'nothing'}"
+    if c.needs and importlib.util.find_spec(c.needs) is None:
+        return f"{c.needs} is not installed"
+    return None
+
+
+def prelude(c: Candidate) -> str:
+    """The Python the candidate's fresh process runs before measuring."""
+    return "import torch\n" + (c.setup + "\n" if c.setup else "")

@@ -1,0 +1,94 @@
+"""The fix finder's candidate table (fixes.py): what it holds, where each applies, and that
+each CPU candidate's settings reach a fresh process. No GPU needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from matmul_drift import fixes
+
+ALL = set(fixes.DRIFTS)
+
+
+def names(device, drifts=ALL, along="n", isa="AVX512_CORE_AMX") -> dict[str, str | None]:
+    return {c.name: why for c, why in fixes.candidates(device, drifts, along, isa)}
+
+
+def test_the_table_holds_every_candidate_the_issue_names():
+    cpu, cuda = names("cpu"), names("cuda")
+    for n in ("one thread", "MKL_CBWR=COMPATIBLE", "MKL_CBWR=AVX2", "MKL_CBWR=AUTO", "ONEDNN_MAX_CPU_ISA=AVX512_CORE_FP16",
+              "contiguous copy of the slice", "full product, then slice",
+              *(f"pad n to a multiple of {k}" for k in (4, 8, 16, 32))):
+        assert cpu[n] is None, n
+    for n in ("TF32 off", "reduced-precision reduction off, cuBLASLt", "cuBLAS workspace :16:8, cuBLASLt workspace 1",
+              "deterministic algorithms", "pad n to a multiple of 8"):
+        assert cuda[n] is None, n
+    assert "batch_invariant_ops kernels" in cuda
+    assert len({c.name for c in fixes.CANDIDATES}) == len(fixes.CANDIDATES)
+
+
+def test_applicability_names_its_reason():
+    cpu, cuda = names("cpu"), names("cuda")
+    assert "CUDA setting" in cpu["TF32 off"] and "CPU setting" in cuda["one thread"]
+    only_run_to_run = names("cpu", {"run_to_run"})
+    assert "targets slice_n" in only_run_to_run["contiguous copy of the slice"]
+    assert only_run_to_run["one thread"] is None
+    if __import__("importlib").util.find_spec("batch_invariant_ops") is None:
+        assert cuda["batch_invariant_ops kernels"] == "batch_invariant_ops is not installed"
+    assert names("cpu", along="m")["pad m to a multiple of 4"] is None
+    assert names("cpu", isa="SSE41")["ONEDNN_MAX_CPU_ISA=None"].startswith("no ISA below")
+
+
+def test_code_changes_are_marked_and_settings_are_not():
+    by_name = {c.name: c for c, _ in fixes.candidates("cpu", ALL, "k", "AVX2")}
+    assert by_name["full product, then slice"].changes_code and by_name["pad k to a multiple of 16"].changes_code
+    assert all("\n" not in c.code for c in by_name.values() if c.code)  # one line each
+    assert not by_name["one thread"].changes_code and not by_name["MKL_CBWR=AVX2"].changes_code
+    assert fixes.isa_step_down("AVX2") == "AVX" and fixes.isa_step_down("SSE41") is None
+
+
+@pytest.mark.parametrize("c", [c for c in fixes.CANDIDATES if c.device == "cpu" and not c.env.get("ONEDNN_MAX_CPU_ISA") == ""],
+                         ids=lambda c: c.name)
+def test_each_cpu_setting_reaches_its_fresh_process(c):
+    # The candidate's environment and prelude, in a process of their own, as the finder runs them.
+    probe = fixes.prelude(c) + (
+        "import json, os\n"
+        "print(json.dumps({'threads': torch.get_num_threads(), "
+        "'env': {k: os.environ.get(k) for k in ('MKL_CBWR', 'OMP_NUM_THREADS')}}))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    p = subprocess.run([sys.executable, "-c", probe], env={**env, **c.env}, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    for k, v in c.env.items():
+        if k in got["env"]:
+            assert got["env"][k] == v
+    if c.name == "one thread":
+        assert got["threads"] == 1
+
+
+def test_cuda_preludes_compile_and_name_real_torch_settings():
+    import torch
+
+    for c in fixes.CANDIDATES:
+        if c.device == "cuda":
+            compile(fixes.prelude(c), c.name, "exec")
+    # the settings they assign exist on this torch, GPU or not
+    assert hasattr(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction")
+    assert hasattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction")
+    assert callable(torch.backends.cuda.preferred_blas_library) and callable(torch.use_deterministic_algorithms)
+
+
+@pytest.mark.parametrize("flags,isa,down", [
+    ({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"},
+     "AVX512_CORE_AMX", "AVX512_CORE_FP16"),  # this project's Intel Xeon
+    ({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}, "AVX512_CORE_BF16", "AVX512_CORE_VNNI"),
+    ({"avx", "avx2"}, "AVX2", "AVX"),
+    (set(), "SSE41", None),
+])
+def test_onednn_isa_and_its_step_down(flags, isa, down):
+    assert fixes.onednn_isa(flags) == isa and fixes.isa_step_down(isa) == down
