@@ -46,6 +46,8 @@ def configure_explain(p: argparse.ArgumentParser) -> None:
                    help="--a/--b files: keep the strides they were saved with (a Fortran-order .npy is a "
                         "transposed view; a .pt view keeps its strides and offset), or copy them contiguous")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--try-fixes", action="store_true",
+                   help="measure every candidate fix (fixes.py) in a fresh process and say which removes the drift")
 
 
 def _load_array(path: Path):
@@ -146,11 +148,30 @@ def run_explain(args) -> int:
     else:
         m = measure(case, args.dtype, args.device, slice_n=slice_n, slice_m=slice_m, repeat=repeat)
     r = explain.report(m, args.slice_n, args.slice_m, layout=m.layout)
+    if args.try_fixes:
+        r["fixes"] = _try_fixes(args, case, given, slice_n, slice_m, repeat)
     if args.json:
         print(json.dumps(r, indent=2, allow_nan=False))
     else:
         print(explain.render(r))
+        if args.try_fixes:
+            from . import fixfind
+
+            print(fixfind.render(r["fixes"]))
     return 1 if r["verdict"]["kind"] == "defect" else 0
+
+
+def _try_fixes(args, case, given, slice_n, slice_m, repeat) -> dict:
+    from . import fixes, fixfind, machine
+
+    if given[2]:
+        raise UsageError("--try-fixes takes --case ID or --m M --k K --n N (inputs the candidates can redraw)")
+    spec = {"case": args.case} if given[0] else {"m": args.m, "k": args.k, "n": args.n}
+    spec.update(dtype=args.dtype, device=args.device, repeat=repeat or 3,
+                slice_n=(slice_n or case.slice_n or (None,))[0], slice_m=(slice_m or case.slice_m or (None,))[0])
+    isa = fixes.onednn_isa(machine.fingerprint()["isa"]) if args.device == "cpu" else None
+    report = fixfind.try_fixes(spec, isa, progress=_progress)
+    return json.loads(json.dumps(report, allow_nan=False))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,6 +39,7 @@ class Candidate:
     setup: str = ""
     code: str | None = None
     needs: str | None = None
+    compute: str | None = None  # fixrun.py's name for the code change: contiguous, full, pad:<dim>:<k>
 
     @property
     def changes_code(self) -> bool:
@@ -69,8 +70,10 @@ CANDIDATES: tuple[Candidate, ...] = (
               setup="import batch_invariant_ops\nbatch_invariant_ops.set_batch_invariant_mode(True)",
               needs="batch_invariant_ops"),
     # Code changes, on any device
-    Candidate("contiguous copy of the slice", "any", ("slice_n",), code="A @ B[:, :n].contiguous()"),
-    Candidate("full product, then slice", "any", ("slice_n", "slice_m"), code="(A @ B)[:, :n]  or  (A @ B)[:m]"),
+    Candidate("contiguous copy of the slice", "any", ("slice_n",), code="A @ B[:, :n].contiguous()",
+              compute="contiguous"),
+    Candidate("full product, then slice", "any", ("slice_n", "slice_m"), code="(A @ B)[:, :n]  or  (A @ B)[:m]",
+              compute="full"),
 )
 
 
@@ -96,11 +99,11 @@ def isa_step_down(current: str | None) -> str | None:
 
 def padding(dim: str, multiple: int) -> Candidate:
     """Pad ``dim`` (m, n or k) up to a multiple, compute, and slice the output back."""
-    target = {"m": ("slice_m",), "n": ("slice_n",), "k": ("slice_n", "slice_m")}[dim]
+    target = {"m": ("slice_m",), "n": ("slice_n",), "k": ()}[dim]  # no drift is measured along k
     line = {"m": f"pad(A, rows to a multiple of {multiple}) @ B, then [:m]",
             "n": f"A @ pad(B, columns to a multiple of {multiple}), then [:, :n]",
             "k": f"pad(A, columns) @ pad(B, rows) to K a multiple of {multiple} (zeros)"}[dim]
-    return Candidate(f"pad {dim} to a multiple of {multiple}", "any", target, code=line)
+    return Candidate(f"pad {dim} to a multiple of {multiple}", "any", target, code=line, compute=f"pad:{dim}:{multiple}")
 
 
 def candidates(device: str, drifts: set[str], along: str, onednn_isa: str | None = None) -> list[tuple[Candidate, str | None]]:
