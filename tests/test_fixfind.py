@@ -118,3 +118,16 @@ def test_a_crashing_candidate_is_reported_and_the_others_run(monkeypatch, drifti
     rows = {r["name"]: r for r in rep["candidates"]}
     assert rows["crashes"]["verdict"] == "failed" and "boom" in rows["crashes"]["reason"]
     assert rows["one thread"]["verdict"] in ("removes", "reduces", "no effect")
+
+
+def test_try_fixes_on_files_is_one_line_exit_2(tmp_path, capsys):
+    import numpy as np
+
+    from matmul_drift import cli
+
+    np.save(tmp_path / "a.npy", np.ones((4, 8), dtype=np.float32))
+    np.save(tmp_path / "b.npy", np.ones((8, 4), dtype=np.float32))
+    rc = cli.main(["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--dtype", "float32",
+                   "--try-fixes"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--try-fixes takes --case" in err[0]
