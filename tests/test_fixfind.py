@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from matmul_drift import cases, fixes, fixfind, inputs, machine, measure
+from matmul_drift import fixes, fixfind, machine, measure
 
 M, K, N = 64, 512, 256
 

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 

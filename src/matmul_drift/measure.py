@@ -9,7 +9,6 @@ everywhere; their checksum travels with the result.
 from __future__ import annotations
 
 import functools
-import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
