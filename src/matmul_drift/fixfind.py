@@ -21,14 +21,15 @@ from . import fixes
 TIMEOUT_S = 600  # one candidate's process
 
 
-def _child(spec: dict, c: fixes.Candidate | None, timeout: float) -> dict:
+def _child(spec: dict, c: fixes.Candidate | None, timeout: float, codes: list) -> dict:
+    """{code: result} from one fresh process under candidate ``c``'s setting (None: none),
+    or {"failed": why}."""
     prelude = fixes.prelude(c) if c else "import torch\n"
     code = prelude + "from matmul_drift.fixrun import main\nmain()\n"
-    spec = {**spec, "code": c.compute if c else None}
     env = {**os.environ, **(c.env if c else {})}
     try:
-        p = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=env, capture_output=True,
-                           text=True, timeout=timeout)
+        p = subprocess.run([sys.executable, "-c", code, json.dumps({**spec, "codes": codes})], env=env,
+                           capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"failed": f"timed out after {timeout:.0f} s"}
     if p.returncode != 0:
@@ -64,9 +65,10 @@ def try_fixes(spec: dict, onednn_isa: str | None = None, timeout: float = TIMEOU
     """The fix finder's report for ``spec`` (fixrun.py's SPEC without ``code``)."""
     say = progress or (lambda msg: None)
     say("baseline, in a fresh process ...")
-    base = _child(spec, None, timeout)
-    if "failed" in base:
-        raise RuntimeError(f"the baseline {base['failed']}")
+    first = _child(spec, None, timeout, [None])
+    if "failed" in first:
+        raise RuntimeError(f"the baseline {first['failed']}")
+    base = first["None"]
     drifts = drifting(base)
     out = {"baseline": base, "drifts": sorted(drifts), "candidates": [], "cheapest": None}
     if not drifts:
@@ -78,19 +80,32 @@ def try_fixes(spec: dict, onednn_isa: str | None = None, timeout: float = TIMEOU
             if c.name not in seen:
                 seen.add(c.name)
                 todo.append((c, why))
+    # Code changes share the default setting: one fresh process measures them all, beside
+    # the computation as it is (their timing baseline). Each setting gets a process of its own.
+    code_changes = [c for c, why in todo if not why and c.compute]
+    if code_changes:
+        say(f"{len(code_changes)} code changes, in one fresh process ...")
+        shared = _child(spec, None, timeout, [None, *(c.compute for c in code_changes)])
+        if "failed" not in shared:
+            base = out["baseline"] = shared["None"]
     for i, (c, why) in enumerate(todo, 1):
         row = {"name": c.name, "code_change": c.code, "env": c.env, "setup": c.setup or None}
         if why:
             row.update(verdict="not applicable", reason=why)
+            out["candidates"].append(row)
+            continue
+        if c.compute:
+            got = shared.get(c.compute, shared) if "failed" not in shared else shared
         else:
             say(f"[{i}/{len(todo)}] {c.name} ...")
-            got = _child(spec, c, timeout)
-            if "failed" in got:
-                row.update(verdict="failed", reason=got["failed"])
-            else:
-                ratio, spread = _timing(base, got)
-                row.update(verdict=verdict(base, got), drift=got["drift"], error_u=got.get("error_u"),
-                           kernels=got.get("kernels"), seconds=got.get("seconds"), time_ratio=ratio, spread=spread)
+            got = _child(spec, c, timeout, [None])
+            got = got.get("None", got)
+        if "failed" in got:
+            row.update(verdict="failed", reason=got["failed"])
+        else:
+            ratio, spread = _timing(base, got)
+            row.update(verdict=verdict(base, got), drift=got["drift"], error_u=got.get("error_u"),
+                       kernels=got.get("kernels"), seconds=got.get("seconds"), time_ratio=ratio, spread=spread)
         out["candidates"].append(row)
     removes = [r for r in out["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
     if removes:

@@ -3,9 +3,9 @@
 The parent (fixfind.py) starts ``python -c "<the candidate's prelude>; from
 matmul_drift.fixrun import main; main()" SPEC`` with the candidate's environment, so the
 setting is in force from library load on. SPEC (JSON) names the case (a catalog id or
-m/k/n), dtype, device, the slices, the repeat count and the code change (``code``: None,
-"contiguous", "full", or "pad:<dim>:<multiple>"). Printed, one JSON line: for each drift
-kind, the drift of the computation under the candidate against the full product under
+m/k/n), dtype, device, the slices, the repeat count and the code changes to measure
+(``codes``: None for the computation as it is, "contiguous", "full", "pad:<dim>:<multiple>").
+Printed, one JSON line, {code: result}; a result holds, for each drift kind, the drift of the computation under the candidate against the full product under
 the same setting (max_ulp in output ulps, max_u in u, frac_differ a fraction); error_u of
 the full product (u); the route of the sliced computation; and its seconds per call.
 """
@@ -67,32 +67,36 @@ def computations(ops, spec: dict) -> dict:
 
 
 def run(spec: dict) -> dict:
+    """{code: result} for each code change in ``spec["codes"]`` (None: the computation as it
+    is), all in this process: they share its setting, its inputs and its full product."""
     case = _case(spec)
     precision, device = spec["dtype"], spec["device"]
     dtype = cases.storage_dtype(precision)
     a_bits, b_bits, _ = measure.operand_bits(case, dtype, device)
     ops = measure.make_operands(a_bits, b_bits, dtype, device, case)
     k = int(ops.a.shape[-1])
-    out: dict = {"drift": {}, "kernels": {}}
+    runs = {}
     with measure.precision_flags(precision):
         top = measure.top_product(ops)
         err = numerics.error(top.values, top.ref.hi, top.ref.lo, top.ref.finite, top.ref.absprod, dtype, k)
-        out["error_u"] = err["error_u"]
-        timed = None
-        for kind, (call, cut) in computations(ops, spec).items():
-            y, names = kernels.traced(call, device)
-            d = measure._compare(top.bits, top.values, y, top.ref.absprod, dtype, cut, k)
-            out["drift"][kind] = {key: d[key] for key in ("max_ulp", "max_u", "frac_differ")}
-            out["kernels"][kind] = kernels.unique(names)
-            timed = timed or call
         worst = {"max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0}
         for _ in range(max(spec.get("repeat", 3) - 1, 0)):
             d = measure._compare(top.bits, top.values, ops.product(), top.ref.absprod, dtype, (Ellipsis,), k)
             if (d["frac_differ"], d["max_ulp"]) >= (worst["frac_differ"], worst["max_ulp"]):
                 worst = {key: d[key] for key in worst}
-        out["drift"]["run_to_run"] = worst
-        out["seconds"] = measure.time_call(timed or ops.product, device)
-    return out
+        for code in spec.get("codes", [None]):
+            out: dict = {"drift": {}, "kernels": {}, "error_u": err["error_u"]}
+            timed = None
+            for kind, (call, cut) in computations(ops, {**spec, "code": code}).items():
+                y, names = kernels.traced(call, device)
+                d = measure._compare(top.bits, top.values, y, top.ref.absprod, dtype, cut, k)
+                out["drift"][kind] = {key: d[key] for key in ("max_ulp", "max_u", "frac_differ")}
+                out["kernels"][kind] = kernels.unique(names)
+                timed = timed or call
+            out["drift"]["run_to_run"] = worst
+            out["seconds"] = measure.time_call(timed or ops.product, device)
+            runs[str(code)] = out
+    return runs
 
 
 def _clean(obj):
