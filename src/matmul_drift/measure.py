@@ -308,13 +308,7 @@ def measure_operands(
         if routes_m:
             kern["slice_m"] = kernels.unique(routes_m)
 
-        worst = {"max_ulp": 0, "max_u": 0.0, "max_u_entries": 0, "frac_differ": 0.0, "nonfinite_differ": 0,
-                 "sign_changes": 0, "beyond_bound": 0}
-        for _ in range(max(repeat - 1, 0)):
-            d = _compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,), k)
-            if (d["frac_differ"], d["max_ulp"]) >= (worst["frac_differ"], worst["max_ulp"]):
-                worst = {key: d[key] for key in worst}
-        run_to_run = {"repeat": repeat, **worst}
+        run_to_run = {"repeat": repeat, **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat)}
         seconds = time_call(ops.product, device) if timing else None
         env = environment.describe(device, kernels.seen_mkl_banner() if device == "cpu" else None)
 
@@ -327,6 +321,18 @@ def measure_operands(
         environment=env, env_id=catalog.object_id(env), input_checksum=checksum, seconds=seconds,
         layout={"a": describe_layout(ops.a), "b": describe_layout(ops.b)},
     )
+
+
+def repeat_drift(ops: Operands, c_bits, c_val, absprod, dtype: str, k: int, repeat: int) -> dict:
+    """The worst drift (by share of entries, then ulps) of ``repeat`` − 1 more full products
+    against the first (``c_bits``/``c_val``); numerics.drift's keys, all 0 when none differ."""
+    worst = {"max_ulp": 0, "max_u": 0.0, "max_u_entries": 0, "frac_differ": 0.0, "nonfinite_differ": 0,
+             "sign_changes": 0, "beyond_bound": 0}
+    for _ in range(max(repeat - 1, 0)):
+        d = _compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,), k)
+        if (d["frac_differ"], d["max_ulp"]) >= (worst["frac_differ"], worst["max_ulp"]):
+            worst = {key: d[key] for key in worst}
+    return worst
 
 
 def kernel_entry(device: str, kern: dict) -> dict:

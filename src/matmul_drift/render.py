@@ -236,4 +236,4 @@ def render_json(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         "different_hardware": list(summary.different_hardware),
     }
     text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)  # JSON escapes: the same data
+    return visible(text, newlines=True)  # as JSON escapes: the same data reads back
