@@ -61,6 +61,12 @@ class Drift:
     def track_cuda_seconds(self, cache, case, dtype, device):
         return self.values["cuda_seconds"]
 
+    def track_fix_cost(self, cache, case, dtype, device):
+        return self.values.get("fix_cost", suite.NAN)  # NaN also where $MATMUL_DRIFT_FIXES=0
+
+    def track_fix_id(self, cache, case, dtype, device):
+        return self.values.get("fix_id", suite.NAN)
+
 
 for _name, _unit in suite.UNITS.items():
     getattr(Drift, f"track_{_name}").unit = _unit

@@ -5,9 +5,10 @@
 #   python scripts/import_gpu_check.py OUT/gpu-check.tar.gz   here: into results/
 # It installs asv and the project from .whl/ only (pip --no-index) into a venv that sees the
 # image's torch, which is the build under test whatever its version; runs the CUDA suite
-# through asv, explains the seed in fp16 and scans its columns. Every step has a timeout
-# (together 7 min 35 s) and prints its time. OUT receives three files: gpu-check.tar.gz
-# (asv results, catalog entries, explain and scan output), summary.txt and log.txt.
+# through asv, explains the seed in fp16 and tries its fixes, tries the fixes of a
+# batch-invariance case in bf16, and scans the seed's columns. Every step has a timeout
+# (together 7 min 40 s) and prints its time. OUT receives three files: gpu-check.tar.gz
+# (asv results, catalog entries, explain, fixes and scan output), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR [--rehearse]}
@@ -41,10 +42,12 @@ step() {
 
 if [ "$MODE" = --rehearse ]; then
   DEVICE=cpu CASES=square EXPLAIN=(--m 1 --k 64 --n 48 --slice-n 47 --dtype float16 --device cpu)
+  BATCH=(--m 16 --k 64 --n 48 --slice-m 3 --dtype bfloat16 --device cpu)
   SCAN=(--vary n --range 30:48 --m 1 --k 64 --dtype float16 --device cpu)
   DENSE=(--vary n --range 44:48 --m 1 --k 64 --dtype float16 --device cpu --step 1)
 else
-  DEVICE=cuda CASES='' EXPLAIN=(--case seed --dtype float16 --device cuda)
+  DEVICE=cuda CASES='' EXPLAIN=(--case seed --slice-n 45999 --dtype float16 --device cuda)
+  BATCH=(--case batch-invariance-2 --dtype bfloat16 --device cuda)
   SCAN=(--vary n --range 40000:52000 --m 1 --k 4096 --dtype float16 --device cuda)
   DENSE=(--vary n --range 45990:46010 --m 1 --k 4096 --dtype float16 --device cuda --step 1)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv || true
@@ -61,7 +64,7 @@ install_wheels() {
 }
 export PY WHL WORK ROOT
 export -f install_wheels
-step install 45 install_wheels
+step install 40 install_wheels
 export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.is_available())'
 
@@ -89,15 +92,20 @@ machine=$("$PY" -m matmul_drift.cli machine --register 2>/dev/null)
 export MATMUL_DRIFT_DEVICES=$DEVICE MATMUL_DRIFT_CATALOG=$PACK/results/catalog MATMUL_DRIFT_CASES=$CASES
 export PYTORCH_NVML_BASED_CUDA_CHECK=1
 # The suite: one setup_cache measures every case on this device; the others are skipped.
-step suite 210 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
+# Its fix finder (a fresh process per setting, each redrawing every drifting case's inputs)
+# does not fit the budget here: fix_cost and fix_id are NaN; the two --try-fixes steps stand in.
+MATMUL_DRIFT_FIXES=0 step suite 180 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench 'drift\.Drift' --launch-method forkserver --show-stderr
 # The seed, answered on this device, and where its kernels change along n: the grid search by
 # alignment class over 40000..52000, then every size around 45999/46000.
-STEP_OUT=$PACK/seed-float16.json step explain 45 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --json
-STEP_OUT=$PACK/seed-float16.txt step explain-txt 35 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}"
-step scan 70 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --json "$PACK/scan-seed-float16.json" \
+STEP_OUT=$PACK/seed-float16.json step explain 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --try-fixes \
+  --fix-timeout 20 --json
+STEP_OUT=$PACK/seed-float16.txt step explain-txt 10 "$PY" -m matmul_drift.cli explain --render "$PACK/seed-float16.json"
+STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 50 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
+  --try-fixes --fix-timeout 12 --json
+step scan 60 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --json "$PACK/scan-seed-float16.json" \
   --plot "$PACK/scan-seed-float16.png"
-step dense 25 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --json "$PACK/scan-seed-dense.json"
+step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --json "$PACK/scan-seed-dense.json"
 
 # Three files come back: the archive, a one-page summary, the log.
 {

@@ -40,6 +40,8 @@ BENCHMARKS = {
     "drift.Drift.track_env_id": ("env-id", "track"),
     "drift.Drift.track_input_id": ("input-id", "track"),
     "drift.Drift.track_cuda_seconds": ("seconds", "track"),
+    "drift.Drift.track_fix_cost": ("ratio", "track"),
+    "drift.Drift.track_fix_id": ("fix-id", "track"),
     "timing.Time.time_matmul": ("seconds", "time"),
 }
 ERROR_U = "drift.Drift.track_error_u"
@@ -52,6 +54,8 @@ KERNEL = "drift.Drift.track_kernel_id"
 ENV = "drift.Drift.track_env_id"
 INPUT = "drift.Drift.track_input_id"
 CUDA_SECONDS = "drift.Drift.track_cuda_seconds"
+FIX_COST = "drift.Drift.track_fix_cost"
+FIX_ID = "drift.Drift.track_fix_id"
 TIME = "timing.Time.time_matmul"
 
 DTYPES = ("float64", "float32", "float16", "bfloat16", "float32-tf32", "float32-high")
@@ -130,6 +134,15 @@ def env_entry(torch_version: str, device: str = "cpu", cuda_build: bool = False)
     }
 
 
+def fix_entry(device: str, drifts: list[str], verdicts: dict | None = None) -> dict:
+    """A fixes catalog entry shaped like suite.fix_entry's; a drifting one has two candidates
+    that remove it and one that does not, unless ``verdicts`` ({name: verdict}) says otherwise."""
+    if not drifts:
+        return {"device": device, "drifts": [], "verdicts": {}}
+    base = {"MKL_CBWR=AVX2": "removes", "full product, then slice": "removes", "one thread": "no effect"}
+    return {"device": device, "drifts": drifts, "verdicts": {**base, **(verdicts or {})}}
+
+
 def _repr(values) -> list[str]:
     return [repr(v) for v in values]
 
@@ -192,6 +205,9 @@ def write_tree(
         base[RUN_TO_RUN].append(nan if skipped else 0.0)
         base[KERNEL].append(nan if skipped else kernel_ids[kkey])
         base[INPUT].append(nan if skipped else catalog.text_id(f"inputs {c['case']} {dtype}"))
+        drifts = ["slice_n"] if i % 3 == 0 else []
+        base[FIX_ID].append(nan if skipped else catalog.store(cat, "fixes", fix_entry(device, drifts)))
+        base[FIX_COST].append(nan if skipped else (1.25 if drifts else 1.0))
         base[CUDA_SECONDS].append(nan if device == "cpu" or skipped else 1e-4 * (1 + i % 5))
         base[TIME].append(nan if skipped else 1e-3 * (1 + 0.1 * (i % 7)))
 

@@ -67,10 +67,12 @@ def _skinny_drifts() -> bool:
 
 
 # spawn starts a fresh interpreter (and imports torch) per benchmark and parameter: fewer benchmarks.
-@pytest.mark.parametrize("method,bench", [("forkserver", "track_error_u|track_kernel_id|track_slice_m_ulp|time_matmul"),
+@pytest.mark.parametrize("method,bench", [("forkserver", "track_error_u|track_kernel_id|track_slice_m_ulp|track_fix|time_matmul"),
                                           ("spawn", "track_error_u")])
 def test_quick_run(project, method, bench):
     dst, head, env = project
+    if method == "spawn":
+        env = {**env, "MATMUL_DRIFT_FIXES": "0"}  # the fix finder is covered by the forkserver run
     rc, out = asv(
         "run", "-E", "existing:same", "--quick", f"--set-commit-hash={head}", f"--launch-method={method}",
         "--machine", "testbox", "--bench", bench, cwd=dst, env=env,
@@ -80,7 +82,15 @@ def test_quick_run(project, method, bench):
     err = got[("drift.Drift.track_error_u", "square", "float32", "cpu")]
     assert isinstance(err, float) and 0 < err < 512  # measured, within γ_K
     if "track_slice_m_ulp" in bench:
-        assert (got[("drift.Drift.track_slice_m_ulp", "skinny", "float32", "cpu")] > 0) == _skinny_drifts()
+        drifts = _skinny_drifts()
+        assert (got[("drift.Drift.track_slice_m_ulp", "skinny", "float32", "cpu")] > 0) == drifts
+        # The cheapest full fix: 1.0 with nothing to fix; else a measured ratio ("full product,
+        # then slice" always removes a slice drift), its verdicts in the catalog.
+        cost = got[("drift.Drift.track_fix_cost", "skinny", "float32", "cpu")]
+        assert (cost == 1.0) if not drifts else (cost > 0 and cost != 1.0)
+        fid = int(got[("drift.Drift.track_fix_id", "skinny", "float32", "cpu")])
+        entry = json.loads((dst / "results" / "catalog" / "fixes" / f"{fid:012x}.json").read_text())
+        assert entry["drifts"] == (["slice_m"] if drifts else [])
     # CUDA combinations are skipped (NaN), not failed (null); so are unselected cases.
     if "time_matmul" in bench:
         assert got[("timing.Time.time_matmul", "square", "float32", "cpu")] > 0

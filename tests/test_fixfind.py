@@ -16,43 +16,47 @@ from matmul_drift import fixes, fixfind, machine, measure
 M, K, N = 64, 512, 256
 
 # Plain torch: the same inputs (the project's generator), the product and the comparison
-# written here; prints whether A[:m] @ B (or A @ B[:, :n]) is bit-identical to the full
-# product's rows (columns), for the computation the candidate names.
+# written here; prints, for each (dim, size, code), whether A[:m] @ B (or A @ B[:, :n]) under
+# that code change is bit-identical to the full product's rows (columns).
 PLAIN = r"""
 import json, sys, numpy as np, torch
 from matmul_drift import inputs
-seed, m, k, n, dim, size, code = json.loads(sys.argv[1])
+seed, m, k, n, probes = json.loads(sys.argv[1])
 bits = lambda name, shape: torch.from_numpy(inputs.round_bits(inputs.draw(seed, f"adhoc-{m}x{k}x{n}:{name}", shape, "uniform"), "float32").view(np.int32)).view(torch.float32)
 A, B = bits("A", (m, k)), bits("B", (k, n))
 full = A @ B
-if dim == "m":
-    if code == "full":
-        y = full[:size]
-    elif code and code.startswith("pad:m:"):
-        mult = int(code.split(":")[2]); rows = -size % mult
-        y = (torch.cat([A[:size], torch.zeros(rows, k)]) @ B)[:size]
+out = []
+for dim, size, code in probes:
+    if dim == "m":
+        if code == "full":
+            y = full[:size]
+        elif code and code.startswith("pad:m:"):
+            mult = int(code.split(":")[2]); rows = -size % mult
+            y = (torch.cat([A[:size], torch.zeros(rows, k)]) @ B)[:size]
+        else:
+            y = A[:size] @ B
+        ref = full[:size]
     else:
-        y = A[:size] @ B
-    ref = full[:size]
-else:
-    if code == "full":
-        y = full[:, :size]
-    elif code == "contiguous":
-        y = A @ B[:, :size].contiguous()
-    elif code and code.startswith("pad:n:"):
-        mult = int(code.split(":")[2]); cols = -size % mult
-        y = (A @ torch.cat([B[:, :size], torch.zeros(k, cols)], dim=1))[:, :size]
-    else:
-        y = A @ B[:, :size]
-    ref = full[:, :size]
-print(json.dumps(bool(torch.equal(y.contiguous().view(torch.int32), ref.contiguous().view(torch.int32)))))
+        if code == "full":
+            y = full[:, :size]
+        elif code == "contiguous":
+            y = A @ B[:, :size].contiguous()
+        elif code and code.startswith("pad:n:"):
+            mult = int(code.split(":")[2]); cols = -size % mult
+            y = (A @ torch.cat([B[:, :size], torch.zeros(k, cols)], dim=1))[:, :size]
+        else:
+            y = A @ B[:, :size]
+        ref = full[:, :size]
+    out.append(bool(torch.equal(y.contiguous().view(torch.int32), ref.contiguous().view(torch.int32))))
+print(json.dumps(out))
 """
 
 
-def plain(c: fixes.Candidate | None, dim: str, size: int) -> bool:
+def plain(c: fixes.Candidate | None, probes: list[tuple[str, int, str | None]]) -> list[bool]:
+    """PLAIN in one fresh process under setting ``c`` (None: the default)."""
     code = (fixes.prelude(c) if c else "import torch\n") + PLAIN
     env = {**os.environ, **(c.env if c else {})}
-    p = subprocess.run([sys.executable, "-c", code, json.dumps([measure.SEED, M, K, N, dim, size, c.compute if c else None])],
+    p = subprocess.run([sys.executable, "-c", code, json.dumps([measure.SEED, M, K, N, probes])],
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -61,10 +65,10 @@ def plain(c: fixes.Candidate | None, dim: str, size: int) -> bool:
 @pytest.fixture(scope="module")
 def drifting_slice() -> tuple[str, int]:
     """The first slice of A (rows) or B (columns), by size, that drifts on this machine."""
-    for dim, sizes in (("m", range(1, 17)), ("n", range(N - 1, N - 17, -1))):
-        for size in sizes:
-            if not plain(None, dim, size):
-                return dim, size
+    probes = [("m", s, None) for s in range(1, 17)] + [("n", s, None) for s in range(N - 1, N - 17, -1)]
+    for (dim, size, _), same in zip(probes, plain(None, probes)):
+        if not same:
+            return dim, size
     pytest.fail("no slice of a 64x512x256 fp32 product drifts on this machine: choose another shape")
 
 
@@ -83,9 +87,13 @@ def test_each_cpu_verdict_matches_plain_torch_under_the_same_setting(report, dri
                                                        fixes.onednn_isa(machine.fingerprint()["isa"]))}
     measured = [r for r in report["candidates"] if r["verdict"] in ("removes", "reduces", "no effect")]
     assert len(measured) >= 8
-    for r in measured:
-        identical = plain(by_name[r["name"]], dim, size)
+    codes = [r for r in measured if by_name[r["name"]].compute]  # one default process for every code change
+    for r, identical in zip(codes, plain(None, [(dim, size, by_name[r["name"]].compute) for r in codes])):
         assert (r["verdict"] == "removes") == identical, (r["name"], r["verdict"], identical)
+    for r in measured:
+        if not by_name[r["name"]].compute:
+            (identical,) = plain(by_name[r["name"]], [(dim, size, None)])
+            assert (r["verdict"] == "removes") == identical, (r["name"], r["verdict"], identical)
     verdicts = {r["verdict"] for r in measured}
     assert "removes" in verdicts and ("no effect" in verdicts or "reduces" in verdicts)  # both, really measured
 
@@ -131,3 +139,43 @@ def test_try_fixes_on_files_is_one_line_exit_2(tmp_path, capsys):
                    "--try-fixes"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--try-fixes takes --case" in err[0]
+
+
+# Plain torch on a catalog case's inputs: is every A[:m] @ B of the case bit-identical to
+# the full product's rows, for the computation as it is, under the process's setting?
+PLAIN_CASE = r"""
+import json, sys, torch
+from matmul_drift import cases, measure
+case_id, dtype = json.loads(sys.argv[1])
+c = cases.get(case_id)
+a_bits, b_bits, _ = measure.operand_bits(c, dtype, "cpu", with_checksum=False)
+A, B = measure.to_tensor(a_bits, dtype, "cpu"), measure.to_tensor(b_bits, dtype, "cpu")
+mul = (lambda a: torch.nn.functional.linear(a, B)) if c.op == "linear" else (lambda a: torch.matmul(a, B))
+full = mul(A)
+print(json.dumps(all(torch.equal(mul(A[..., :m, :]), full[..., :m, :]) for m in c.slice_m)))
+"""
+
+
+def test_the_suite_records_the_cheapest_full_fix_and_its_verdicts(tmp_path):
+    from matmul_drift import catalog, suite
+
+    out = suite.measure_all(case_ids=["bmm", "linear"], precisions=["float64", "float32"], devices=["cpu"],
+                            root=tmp_path, log=open(os.devnull, "w"))
+    drifting = {k: v for k, v in out.items() if v["slice_m_ulp"] > 0 or v["run_to_run_ulp"] > 0}
+    still = {k: v for k, v in out.items() if k not in drifting}
+    for k, v in still.items():
+        assert v["fix_cost"] == 1.0 and catalog.load(tmp_path, "fixes", v["fix_id"])["drifts"] == [], k
+    assert drifting, "none of bmm and linear in float64/float32 drifts along m on this machine: choose others"
+    for k, v in drifting.items():
+        entry = catalog.load(tmp_path, "fixes", v["fix_id"])
+        assert entry["drifts"] and entry["verdicts"]["full product, then slice"] == "removes", k
+        works = [n for n, verdict in entry["verdicts"].items() if verdict == "removes"]
+        assert (v["fix_cost"] == v["fix_cost"]) == bool(works) and v["fix_cost"] > 0, k  # NaN only where none works
+    k, v = next(iter(drifting.items()))
+    entry, (case, dtype, _) = catalog.load(tmp_path, "fixes", v["fix_id"]), k.split("|")
+    for c in fixes.CANDIDATES:  # each setting's verdict against plain torch in a fresh process
+        if c.name in entry["verdicts"] and not c.compute:
+            p = subprocess.run([sys.executable, "-c", fixes.prelude(c) + PLAIN_CASE, json.dumps([case, dtype])],
+                               env={**os.environ, **c.env}, capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, p.stderr
+            assert (entry["verdicts"][c.name] == "removes") == json.loads(p.stdout.strip().splitlines()[-1]), (k, c.name)

@@ -194,6 +194,32 @@ def test_kernel_change_shows_old_and_new_names(capsys, tmp_path):
     assert "CNR:COMPATIBLE" in out and old_name in out and "synthetic: kernel" in out
 
 
+def test_a_fix_that_stops_or_starts_working_is_flagged_as_fix(capsys, tmp_path):
+    # The fixture's slice_n drifts where the index is a multiple of 3; its fixes entry says
+    # MKL_CBWR=AVX2 and "full product, then slice" remove it, one thread does not.
+    stops, starts = _idx(dtype="float64"), _idx(case="tall", dtype="bfloat16")
+    assert stops % 3 == 0 and starts % 3 == 0
+
+    def change(data, cat):
+        F.set_value(data, F.FIX_ID, stops, catalog.store(cat, "fixes", F.fix_entry("cpu", ["slice_n"], {
+            "MKL_CBWR=AVX2": "no effect"})))
+        F.set_value(data, F.FIX_ID, starts, catalog.store(cat, "fixes", F.fix_entry("cpu", ["slice_n"], {
+            "one thread": "removes"})))
+
+    tree = _tree_with(tmp_path, change)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    got = {(f["params"]["case"], f["params"]["dtype"]): f["detail"] for f in doc["flags"] if f["kind"] == "fix"}
+    assert rc == 1 and len(doc["flags"]) == 2 and "fix" in doc["fail_on"]
+    assert got == {
+        ("square", "float64"): "stopped removing the drift: MKL_CBWR=AVX2 (now no effect)\n"
+                               "removes it now: full product, then slice",
+        ("tall", "bfloat16"): "started removing the drift: one thread\n"
+                             "removes it now: MKL_CBWR=AVX2; full product, then slice; one thread",
+    }
+    rc, out, _ = run_cli(capsys, tree.root, "--across", "commits", "--fail-on", "kernel")
+    assert rc == 0 and "synthetic: fix" in out and "(now no effect)" in out
+
+
 def test_invariance_lost_regained_and_growth(capsys, tmp_path):
     # In the fixture slice_n is 2 ulp where the index is a multiple of 3, else 0; slice_m is 0.
     lost, regained = _idx(dtype="float32"), _idx(dtype="float64")
@@ -522,7 +548,7 @@ def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     rc, doc, _ = run_json(capsys, tree.root)
     assert set(doc) == {"version", "fail_on", "failing", "pairs", "machines", "flags", "different_hardware"}
     assert doc["different_hardware"] == []
-    assert doc["fail_on"] == ["kernel", "invariance", "accuracy", "nonfinite", "input"]
+    assert doc["fail_on"] == ["kernel", "invariance", "accuracy", "nonfinite", "input", "fix"]
     f = doc["flags"][0]
     assert set(f) == {"kind", "failing", "machine", "across", "benchmark", "unit", "params", "before",
                       "after", "detail", "attribution"}

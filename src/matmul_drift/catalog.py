@@ -16,7 +16,7 @@ from pathlib import Path
 from . import atomic, bounded
 
 ID_HEX_DIGITS = 12
-KINDS = ("kernels", "env")
+KINDS = ("kernels", "env", "fixes")
 
 
 def canonical(obj) -> str:

@@ -37,7 +37,7 @@ def configure_explain(p: argparse.ArgumentParser) -> None:
     p.add_argument("--case", help=f"a catalog case: {', '.join(cases.CASE_IDS)}")
     p.add_argument("--a", type=Path, help="A as .npy or .pt: (M, K) or (K,)")
     p.add_argument("--b", type=Path, help="B as .npy or .pt: (K, N)")
-    p.add_argument("--dtype", required=True, choices=cases.DTYPES)
+    p.add_argument("--dtype", choices=cases.DTYPES, help="required, except with --render")
     p.add_argument("--device", default="cpu", choices=cases.DEVICES)
     p.add_argument("--slice-n", type=_positive, help="compare A @ B[:, :n] with (A @ B)[:, :n]")
     p.add_argument("--slice-m", type=_positive, help="compare A[:m] @ B with (A @ B)[:m]")
@@ -48,6 +48,10 @@ def configure_explain(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--try-fixes", action="store_true",
                    help="measure every candidate fix (fixes.py) in a fresh process and say which removes the drift")
+    p.add_argument("--fix-timeout", type=_positive, default=None, metavar="S",
+                   help="with --try-fixes: seconds each candidate's process may take (default 600)")
+    p.add_argument("--render", type=Path, metavar="JSON",
+                   help="print a report saved with --json as text, measuring nothing")
 
 
 def _load_array(path: Path):
@@ -101,10 +105,33 @@ def _file_case(args):
     return case, Operands(a_t, b_t, case.op, case.layout), inputs.checksum(tensor_bits(a_t), tensor_bits(b_t))
 
 
+def _render_saved(path: Path) -> int:
+    """The text of an explain report saved with --json (and its fixes, if tried)."""
+    from . import bounded, explain, fixfind
+
+    try:
+        r = json.loads(bounded.read_bytes(path))
+        text = explain.render(r) + ("\n" + fixfind.render(r["fixes"]) if r.get("fixes") else "")
+    except (OSError, bounded.Refused) as exc:
+        raise UsageError(f"--render {path}: cannot read it: {exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as exc:
+        raise UsageError(f"--render {path}: not an explain report saved with --json ({type(exc).__name__}: {exc})") from None
+    print(text)
+    return 1 if r["verdict"]["kind"] == "defect" else 0
+
+
 def run_explain(args) -> int:
     from . import explain
     from .measure import Unavailable, check_device, measure, measure_operands
 
+    if args.render is not None:
+        if args.case or args.m or args.a or args.b or args.try_fixes:
+            raise UsageError("--render prints a saved report; it takes no inputs and measures nothing")
+        return _render_saved(args.render)
+    if args.dtype is None:
+        raise UsageError("the following arguments are required: --dtype")
+    if args.fix_timeout is not None and not args.try_fixes:
+        raise UsageError("--fix-timeout goes with --try-fixes")
     given = [args.case is not None, any(v is not None for v in (args.m, args.k, args.n)), args.a is not None or args.b is not None]
     if sum(given) != 1:
         raise UsageError("give exactly one of --case ID, --m M --k K --n N, or --a A --b B")
@@ -168,10 +195,31 @@ def _try_fixes(args, case, given, slice_n, slice_m, repeat) -> dict:
         raise UsageError("--try-fixes takes --case ID or --m M --k K --n N (inputs the candidates can redraw)")
     spec = {"case": args.case} if given[0] else {"m": args.m, "k": args.k, "n": args.n}
     spec.update(dtype=args.dtype, device=args.device, repeat=repeat or 3,
-                slice_n=(slice_n or case.slice_n or (None,))[0], slice_m=(slice_m or case.slice_m or (None,))[0])
+                slice_n=list(slice_n or case.slice_n), slice_m=list(slice_m or case.slice_m))
     isa = fixes.onednn_isa(machine.fingerprint()["isa"]) if args.device == "cpu" else None
-    report = fixfind.try_fixes(spec, isa, progress=_progress)
+    with _Bar("try-fixes", "process") as bar:
+        report = fixfind.try_fixes(spec, isa, timeout=args.fix_timeout or fixfind.TIMEOUT_S, progress=bar.update)
     return json.loads(json.dumps(report, allow_nan=False))
+
+
+class _Bar:
+    """A tqdm bar on stderr when it is a terminal: update(what runs now, done, total)."""
+
+    def __init__(self, desc: str, unit: str):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=1, desc=desc, unit=unit, file=sys.stderr, disable=not sys.stderr.isatty(), leave=False)
+
+    def update(self, what: str, done: int, total: int) -> None:
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.set_postfix_str(what)  # refreshes
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,30 +17,26 @@ import subprocess
 import sys
 
 from . import fixes
+from .fixrun import drifting, sizes
 
 TIMEOUT_S = 600  # one candidate's process
 
 
-def _child(spec: dict, c: fixes.Candidate | None, timeout: float, codes: list) -> dict:
-    """{code: result} from one fresh process under candidate ``c``'s setting (None: none),
-    or {"failed": why}."""
+def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float) -> list[dict]:
+    """One {code: result} (or {"failed": why}) per spec, from one fresh process under
+    candidate ``c``'s setting (None: none); every spec failed alike if the process did."""
     prelude = fixes.prelude(c) if c else "import torch\n"
     code = prelude + "from matmul_drift.fixrun import main\nmain()\n"
     env = {**os.environ, **(c.env if c else {})}
     try:
-        p = subprocess.run([sys.executable, "-c", code, json.dumps({**spec, "codes": codes})], env=env,
+        p = subprocess.run([sys.executable, "-c", code, json.dumps(specs)], env=env,
                            capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"failed": f"timed out after {timeout:.0f} s"}
+        return [{"failed": f"timed out after {timeout:.0f} s"}] * len(specs)
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        return {"failed": f"crashed (exit {p.returncode}): {lines[-1] if lines else ''}"[:300]}
+        return [{"failed": f"crashed (exit {p.returncode}): {lines[-1] if lines else ''}"[:300]}] * len(specs)
     return json.loads(p.stdout.strip().splitlines()[-1])
-
-
-def drifting(result: dict) -> set[str]:
-    """The drift kinds with any entry that differs."""
-    return {k for k, d in result["drift"].items() if d["max_ulp"] or d["frac_differ"]}
 
 
 def verdict(base: dict, got: dict) -> str:
@@ -61,18 +57,8 @@ def _timing(base: dict, got: dict) -> tuple[float | None, float | None]:
     return g["median"] / b["median"], b["iqr"] / b["median"] + g["iqr"] / g["median"]
 
 
-def try_fixes(spec: dict, onednn_isa: str | None = None, timeout: float = TIMEOUT_S, progress=None) -> dict:
-    """The fix finder's report for ``spec`` (fixrun.py's SPEC without ``code``)."""
-    say = progress or (lambda msg: None)
-    say("baseline, in a fresh process ...")
-    first = _child(spec, None, timeout, [None])
-    if "failed" in first:
-        raise RuntimeError(f"the baseline {first['failed']}")
-    base = first["None"]
-    drifts = drifting(base)
-    out = {"baseline": base, "drifts": sorted(drifts), "candidates": [], "cheapest": None}
-    if not drifts:
-        return out
+def _table(spec: dict, drifts: set[str], onednn_isa: str | None) -> list[tuple[fixes.Candidate, str | None]]:
+    """The candidates for ``spec`` with its ``drifts``, once each, with why_not's reason."""
     dims = [d for d, kind in (("n", "slice_n"), ("m", "slice_m")) if kind in drifts] or ["n"]
     seen, todo = set(), []
     for dim in dims:
@@ -80,37 +66,79 @@ def try_fixes(spec: dict, onednn_isa: str | None = None, timeout: float = TIMEOU
             if c.name not in seen:
                 seen.add(c.name)
                 todo.append((c, why))
-    # Code changes share the default setting: one fresh process measures them all, beside
-    # the computation as it is (their timing baseline). Each setting gets a process of its own.
-    code_changes = [c for c, why in todo if not why and c.compute]
-    if code_changes:
-        say(f"{len(code_changes)} code changes, in one fresh process ...")
-        shared = _child(spec, None, timeout, [None, *(c.compute for c in code_changes)])
-        if "failed" not in shared:
-            base = out["baseline"] = shared["None"]
-    for i, (c, why) in enumerate(todo, 1):
-        row = {"name": c.name, "code_change": c.code, "env": c.env, "setup": c.setup or None}
-        if why:
-            row.update(verdict="not applicable", reason=why)
-            out["candidates"].append(row)
-            continue
-        if c.compute:
-            got = shared.get(c.compute, shared) if "failed" not in shared else shared
-        else:
-            say(f"[{i}/{len(todo)}] {c.name} ...")
-            got = _child(spec, c, timeout, [None])
-            got = got.get("None", got)
+    return todo
+
+
+def _slices(spec: dict) -> set[str]:
+    return {kind for kind in ("slice_n", "slice_m") if sizes(spec.get(kind))}
+
+
+def try_fixes(spec: dict, onednn_isa: str | None = None, timeout: float = TIMEOUT_S, progress=None) -> dict:
+    """The fix finder's report for ``spec`` (fixrun.py's SPEC without ``codes``);
+    RuntimeError when the default computation itself failed."""
+    report = try_fixes_many([spec], onednn_isa, timeout, progress)[0]
+    if "failed" in report:
+        raise RuntimeError(report["failed"])
+    return report
+
+
+def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: float = TIMEOUT_S,
+                   progress=None, time: str = "all", reference: bool = True) -> list[dict]:
+    """One report per spec: ``baseline`` (the computation as it is), ``drifts``,
+    ``candidates`` (rows with verdict, drift, error_u, kernels, seconds, time_ratio, spread)
+    and ``cheapest`` (the name of the cheapest that removes every drift, or None).
+
+    Processes: one for the default setting, measuring every spec as it is and under every
+    code change its slices allow (the timing baseline of them all), then one per setting,
+    measuring every spec that setting applies to. ``time="clean"`` times only computations
+    that removed the drift (fixrun.py), and ``reference=False`` skips error_u, for the suite."""
+    say = progress or (lambda msg, done, total: None)  # progress(what runs now, processes done, processes in all)
+    codes = [[c for c, why in _table(s, _slices(s) | {"run_to_run"}, onednn_isa) if c.compute and not why]
+             for s in specs]
+    say("the default computation and its code changes", 0, 1)
+    first = _child([{**s, "codes": [None, *(c.compute for c in cs)], "baseline": True, "time": time,
+                     "reference": reference}
+                    for s, cs in zip(specs, codes)], None, timeout)
+    reports, todos = [], []
+    for s, got in zip(specs, first):
         if "failed" in got:
-            row.update(verdict="failed", reason=got["failed"])
-        else:
-            ratio, spread = _timing(base, got)
-            row.update(verdict=verdict(base, got), drift=got["drift"], error_u=got.get("error_u"),
-                       kernels=got.get("kernels"), seconds=got.get("seconds"), time_ratio=ratio, spread=spread)
-        out["candidates"].append(row)
-    removes = [r for r in out["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
-    if removes:
-        out["cheapest"] = min(removes, key=lambda r: r["time_ratio"])["name"]
-    return out
+            reports.append({"failed": f"the default computation {got['failed']}", "drifts": [], "candidates": [],
+                            "cheapest": None})
+            todos.append([])
+            continue
+        base = got["None"]
+        drifts = drifting(base)
+        reports.append({"baseline": base, "drifts": sorted(drifts), "candidates": [], "cheapest": None})
+        todos.append(_table(s, drifts, onednn_isa) if drifts else [])
+    settings: dict[str, fixes.Candidate] = {}
+    for todo in todos:
+        settings.update({c.name: c for c, why in todo if not why and not c.compute})
+    measured: dict[tuple[int, str], dict] = {}
+    for i, c in enumerate(settings.values(), 1):
+        idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
+        say(c.name, i, len(settings) + 1)
+        got = _child([{**specs[j], "codes": [None], "time": time, "drifts": reports[j]["drifts"], "reference": reference}
+                      for j in idx],
+                     c, timeout)
+        measured.update({(j, c.name): g.get("None", g) for j, g in zip(idx, got)})
+    say("done", len(settings) + 1, len(settings) + 1)
+    for j, (report, todo) in enumerate(zip(reports, todos)):
+        for c, why in todo:
+            row = {"name": c.name, "code_change": c.code, "env": c.env, "setup": c.setup or None}
+            got = first[j].get(c.compute, {"failed": "not measured"}) if c.compute else measured.get((j, c.name))
+            if why:
+                row.update(verdict="not applicable", reason=why)
+            elif "failed" in got:
+                row.update(verdict="failed", reason=got["failed"])
+            else:
+                ratio, spread = _timing(report["baseline"], got)
+                row.update(verdict=verdict(report["baseline"], got), drift=got["drift"], error_u=got.get("error_u"),
+                           kernels=got.get("kernels"), seconds=got.get("seconds"), time_ratio=ratio, spread=spread)
+            report["candidates"].append(row)
+        removes = [r for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
+        if removes:
+            report["cheapest"] = min(removes, key=lambda r: r["time_ratio"])["name"]
+    return reports
 
 
 def render(report: dict) -> str:

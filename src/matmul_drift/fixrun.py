@@ -1,13 +1,21 @@
-"""One candidate of the fix finder, measured in the fresh process it runs in.
+"""The fix finder's measurements, made in the fresh process one candidate runs in.
 
 The parent (fixfind.py) starts ``python -c "<the candidate's prelude>; from
-matmul_drift.fixrun import main; main()" SPEC`` with the candidate's environment, so the
-setting is in force from library load on. SPEC (JSON) names the case (a catalog id or
-m/k/n), dtype, device, the slices, the repeat count and the code changes to measure
-(``codes``: None for the computation as it is, "contiguous", "full", "pad:<dim>:<multiple>").
-Printed, one JSON line, {code: result}; a result holds, for each drift kind, the drift of the computation under the candidate against the full product under
-the same setting (max_ulp in output ulps, max_u in u, frac_differ a fraction); error_u of
-the full product (u); the route of the sliced computation; and its seconds per call.
+matmul_drift.fixrun import main; main()" SPECS`` with the candidate's environment, so the
+setting is in force from library load on. SPECS (a JSON list) holds one SPEC per case:
+the case (a catalog id, or m/k/n), dtype (a precision), device, the slices (``slice_n``,
+``slice_m``: lists of sizes), the repeat count, the code changes to measure (``codes``:
+None for the computation as it is, "contiguous", "full", "pad:<dim>:<multiple>") and
+``time``: "all" times every code; "clean" only those bit-identical in the kinds of
+``drifts`` (or of the baseline's own drifts) and, where ``baseline`` is set, code None;
+``reference`` (default true) false skips the exact reference (error_u None).
+Printed, one JSON line, a list with {code: result} per SPEC (or {"failed": why} when that
+SPEC raised); a result holds, for each drift kind, the worst drift over the slices of
+the computation under the candidate against the full product under the same setting
+(max_ulp in output ulps, max_u in u, frac_differ a fraction); error_u of the full
+product (u); the route of the sliced computation; and its seconds per call of all
+its slices one after another, the full product once for "full" (None where not
+timed).
 """
 
 from __future__ import annotations
@@ -15,14 +23,24 @@ from __future__ import annotations
 import json
 import math
 import sys
+import traceback
 
 from . import cases, kernels, measure, numerics
+
+KEYS = ("max_ulp", "max_u", "frac_differ")
 
 
 def _case(spec: dict):
     if spec.get("case"):
         return cases.get(spec["case"])
     return cases.adhoc(spec["m"], spec["k"], spec["n"])
+
+
+def sizes(value) -> list[int]:
+    """A slice given as None, one size or a list of sizes, as a list."""
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v]
 
 
 def _pad(t, dim: int, multiple: int):
@@ -38,32 +56,48 @@ def _pad(t, dim: int, multiple: int):
     return torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)], dim=dim)
 
 
-def computations(ops, spec: dict) -> dict:
-    """{drift kind: (callable giving the compared output, the cut of the full product)}."""
-    code, n, m = spec.get("code"), spec.get("slice_n"), spec.get("slice_m")
-    out = {}
-    if n:
-        cut = (Ellipsis, slice(0, n))
+def computations(ops, case, spec: dict) -> list[tuple[str, object, tuple]]:
+    """(drift kind, callable giving the compared output, the cut of the full product) for
+    every slice of ``spec`` under its code change ``spec["code"]``."""
+    code = spec.get("code")
+    out = []
+    for n in sizes(spec.get("slice_n")):
+        cut = (Ellipsis, slice(0, min(n, case.compare_cols or n)))
         if code == "full":
-            out["slice_n"] = (lambda: ops.product()[..., :n], cut)
-        elif code == "contiguous":
-            out["slice_n"] = (lambda: ops.product(ops.a, ops.b_cols(n).contiguous()), cut)
-        elif code and code.startswith("pad:n:"):
-            k = int(code.split(":")[2])
-            out["slice_n"] = (lambda: ops.product(ops.a, _pad(ops.b_cols(n), -1, k))[..., :n], cut)
-        else:
-            out["slice_n"] = (lambda: ops.product(ops.a, ops.b_cols(n)), cut)
-    if m:
+            out.append(("slice_n", lambda n=n: ops.product()[..., :n], cut))
+            continue
+        for form in case.forms:
+            a = ops.a.unsqueeze(0) if form == "2d" else ops.a
+            if code == "contiguous":
+                call = lambda a=a, n=n: ops.product(a, ops.b_cols(n).contiguous())  # noqa: E731
+            elif code and code.startswith("pad:n:"):
+                k = int(code.split(":")[2])
+                call = lambda a=a, n=n, k=k: ops.product(a, _pad(ops.b_cols(n), -1, k))[..., :n]  # noqa: E731
+            else:
+                call = lambda a=a, n=n: ops.product(a, ops.b_cols(n))  # noqa: E731
+            out.append(("slice_n", (lambda call=call: call().squeeze(0)) if form == "2d" else call, cut))
+    for m in sizes(spec.get("slice_m")):
         cut = (Ellipsis, slice(0, m), slice(None))
         a_m = ops.a[..., :m, :]
         if code == "full":
-            out["slice_m"] = (lambda: ops.product()[..., :m, :], cut)
+            call = lambda m=m: ops.product()[..., :m, :]  # noqa: E731
         elif code and code.startswith("pad:m:"):
             k = int(code.split(":")[2])
-            out["slice_m"] = (lambda: ops.product(_pad(a_m, -2, k))[..., :m, :], cut)
+            call = lambda a_m=a_m, m=m, k=k: ops.product(_pad(a_m, -2, k))[..., :m, :]  # noqa: E731
         else:
-            out["slice_m"] = (lambda: ops.product(a_m), cut)
+            call = lambda a_m=a_m: ops.product(a_m)  # noqa: E731
+        out.append(("slice_m", call, cut))
     return out
+
+
+def _worse(d: dict, old: dict | None) -> dict:
+    new = {key: d[key] for key in KEYS}
+    return new if old is None else {key: max(new[key], old[key]) for key in KEYS}
+
+
+def drifting(result: dict) -> set[str]:
+    """The drift kinds of ``result`` with any entry that differs."""
+    return {k for k, d in result["drift"].items() if d["max_ulp"] or d["frac_differ"]}
 
 
 def run(spec: dict) -> dict:
@@ -72,27 +106,42 @@ def run(spec: dict) -> dict:
     case = _case(spec)
     precision, device = spec["dtype"], spec["device"]
     dtype = cases.storage_dtype(precision)
-    a_bits, b_bits, _ = measure.operand_bits(case, dtype, device)
+    measure.check_device(device, precision)
+    a_bits, b_bits, _ = measure.operand_bits(case, dtype, device, with_checksum=False)
     ops = measure.make_operands(a_bits, b_bits, dtype, device, case)
+    del a_bits, b_bits
     k = int(ops.a.shape[-1])
-    runs = {}
+    runs, calls = {}, {}
     with measure.precision_flags(precision):
-        top = measure.top_product(ops)
-        err = numerics.error(top.values, top.ref.hi, top.ref.lo, top.ref.finite, top.ref.absprod, dtype, k)
-        worst = measure.repeat_drift(ops, top.bits, top.values, top.ref.absprod, dtype, k, spec.get("repeat", 3))
-        worst = {key: worst[key] for key in ("max_ulp", "max_u", "frac_differ")}
+        if spec.get("reference", True):
+            top = measure.top_product(ops)
+            bits, values, absprod = top.bits, top.values, top.ref.absprod
+            error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, absprod, dtype, k)["error_u"]
+        else:  # drift only: |A||B| from a float64 product scales max_u; no exact reference, no error_u
+            bits, values = measure._host(ops.product())
+            absprod = ops.product(ops.a.abs().double(), ops.b.abs().double()).cpu().numpy()
+            error_u = None
+        worst = measure.repeat_drift(ops, bits, values, absprod, dtype, k, spec.get("repeat", 3))
+        worst = {key: worst[key] for key in KEYS}
         for code in spec.get("codes", [None]):
-            out: dict = {"drift": {}, "kernels": {}, "error_u": err["error_u"]}
-            timed = None
-            for kind, (call, cut) in computations(ops, {**spec, "code": code}).items():
+            out: dict = {"drift": {}, "kernels": {}, "error_u": error_u, "seconds": None}
+            routes: dict[str, list] = {}
+            for kind, call, cut in computations(ops, case, {**spec, "code": code}):
                 y, names = kernels.traced(call, device)
-                d = measure._compare(top.bits, top.values, y, top.ref.absprod, dtype, cut, k)
-                out["drift"][kind] = {key: d[key] for key in ("max_ulp", "max_u", "frac_differ")}
-                out["kernels"][kind] = kernels.unique(names)
-                timed = timed or call
+                d = measure._compare(bits, values, y, absprod, dtype, cut, k)
+                out["drift"][kind] = _worse(d, out["drift"].get(kind))
+                routes.setdefault(kind, []).extend(names)
+                calls.setdefault(str(code), []).append(call)
+            out["kernels"] = {kind: kernels.unique(names) for kind, names in routes.items()}
             out["drift"]["run_to_run"] = worst
-            out["seconds"] = measure.time_call(timed or ops.product, device)
             runs[str(code)] = out
+        mode, kinds = spec.get("time", "all"), set(spec.get("drifts") or drifting(runs.get("None", {"drift": {}})))
+        quick = {"min_runs": 3, "min_seconds": 0.05} if mode == "clean" else {}  # the suite's: a rough guide
+        for code, out in runs.items():
+            if mode == "all" or (code == "None" and spec.get("baseline")) or (kinds and not drifting(out) & kinds):
+                # Timed: every sliced computation, one after another; the full product once for "full".
+                todo = [ops.product] if code == "full" or not calls.get(code) else calls[code]
+                out["seconds"] = measure.time_call(lambda todo=todo: [c() for c in todo], device, **quick)
     return runs
 
 
@@ -106,6 +155,13 @@ def _clean(obj):
     return obj
 
 
+def _run_or_fail(spec: dict) -> dict:
+    try:
+        return run(spec)
+    except Exception as exc:  # one case that cannot run must not lose the others
+        return {"failed": "".join(traceback.format_exception_only(exc)).strip()[:300]}
+
+
 def main(argv: list[str] | None = None) -> None:
-    spec = json.loads((argv or sys.argv[1:])[0])
-    print(json.dumps(_clean(run(spec)), allow_nan=False))
+    specs = json.loads((argv or sys.argv[1:])[0])
+    print(json.dumps(_clean([_run_or_fail(s) for s in specs]), allow_nan=False))

@@ -5,7 +5,7 @@ Layout read (asv 0.6 result format version 2, as written by ``asv.results.Result
     <asv dir>/benchmarks.json                  name -> {"unit", "params", "param_names", "version", ...}
     <asv dir>/<machine>/machine.json           {"machine": name, ...}
     <asv dir>/<machine>/<commit8>-<env>.json   one run: a commit in an environment
-    <catalog dir>/{kernels,env}/<12 hex>.json  content-addressed entries (see catalog.py)
+    <catalog dir>/{kernels,env,fixes}/<12 hex>.json  content-addressed entries (see catalog.py)
 
 In a results file each benchmark is a row of columns named by ``result_columns``. The
 ``result`` column is a flat list over ``itertools.product(*params)`` of the row's own
@@ -427,7 +427,8 @@ def _read_benchmarks(asv_dir: Path, warnings: list[str]) -> dict[str, Benchmark]
 
 # How strictly a unit is judged (summary.py's rules): ids, u, ulp and counts give failing
 # flags by default; seconds and the u bound only inform.
-_STRICTNESS = {"kernel-id": 2, "input-id": 2, "env-id": 2, "u": 2, "ulp": 2, "count": 2, "u-bound": 1, "seconds": 1}
+_STRICTNESS = {"kernel-id": 2, "input-id": 2, "env-id": 2, "fix-id": 2, "u": 2, "ulp": 2, "count": 2, "u-bound": 1,
+               "seconds": 1, "ratio": 1}
 
 
 def _check_units(benchmarks: dict[str, Benchmark], warnings: list[str]) -> None:

@@ -364,14 +364,16 @@ NOISY = 0.1  # IQR / median above which a time is marked noisy
 BLOCK_SECONDS, MIN_RUNS, MIN_SECONDS = 0.02, 5, 0.2  # CPU: blocks of calls long against the timer's overhead
 
 
-def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20) -> dict:
+def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20, min_runs: int = MIN_RUNS,
+              min_seconds: float = MIN_SECONDS) -> dict:
     """Seconds per call of ``fn``, with its spread.
 
     Returns ``median`` and ``iqr`` (seconds per call), ``runs`` (samples behind them),
     ``calls_per_run``, ``threads`` (torch's CPU thread count), ``noisy`` (IQR/median above
     0.1) and ``method``. On the CPU, torch.utils.benchmark's ``Timer`` at the process's own
     thread count, in blocks of calls of about 20 ms (as blocked_autorange, but never fewer
-    than 5 blocks, so the IQR means something; blocked_autorange may take one). On CUDA as
+    than ``min_runs`` blocks (5), so the IQR means something, and ``min_seconds`` (0.2 s) in
+    all; blocked_autorange may take one). On CUDA as
     triton.testing.do_bench does: warm-up, an L2 flush (a 256 MiB write) before every
     call, and CUDA events around the call alone.
     """
@@ -385,9 +387,9 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20) -> 
         once = timer.timeit(1).times[0]  # warm-up, and the cost of one call
         per_run = max(1, min(10_000, int(BLOCK_SECONDS / max(once, 1e-9))))
         samples: list[float] = []
-        while len(samples) < MIN_RUNS or sum(samples) * per_run < MIN_SECONDS:
+        while len(samples) < min_runs or sum(samples) * per_run < min_seconds:
             samples.append(timer.timeit(per_run).times[0])
-        method = "torch.utils.benchmark.Timer.timeit in blocks of about 20 ms, at least 5 blocks and 0.2 s"
+        method = f"torch.utils.benchmark.Timer.timeit in blocks of about 20 ms, at least {min_runs} blocks and {min_seconds} s"
     else:
         cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
         for _ in range(3):

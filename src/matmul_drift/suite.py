@@ -27,6 +27,8 @@ UNITS = {
     "env_id": "env-id",
     "input_id": "input-id",
     "cuda_seconds": "seconds",
+    "fix_cost": "ratio",
+    "fix_id": "fix-id",
 }
 
 NAN = float("nan")
@@ -34,6 +36,7 @@ SUBSET_VAR = "MATMUL_DRIFT_CASES"  # comma list of case ids: run only these (tes
 
 
 DEVICES_VAR = "MATMUL_DRIFT_DEVICES"  # comma list of devices to measure (a GPU check: cuda)
+FIXES_VAR = "MATMUL_DRIFT_FIXES"  # "0": no fix finder (fix_cost, fix_id NaN): quicker runs
 TORCH_VAR = "MATMUL_DRIFT_EXPECT_TORCH"  # the torch version an `existing` environment must hold
 
 
@@ -134,7 +137,63 @@ def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=None, root=N
             out[key(c, p, d)] = {"error": "".join(traceback.format_exception_only(exc)).strip()}
             status = "error"
         print(f"[{i}/{len(combos)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {status}", file=log, flush=True)
+    add_fixes(out, root, log)
     return out
+
+
+def _drifts(values: dict) -> bool:
+    return any(values[k] > 0 for k in ("slice_n_ulp", "slice_m_ulp", "run_to_run_ulp"))
+
+
+def fix_entry(device: str, report: dict) -> dict:
+    """The catalog text behind a fix-id: which drifts the combination has and each
+    measured candidate's verdict (times left out: they are noise, the verdicts are bits)."""
+    return {"device": device, "drifts": report["drifts"],
+            "verdicts": {r["name"]: r["verdict"] for r in report["candidates"] if r["verdict"] != "not applicable"}}
+
+
+def add_fixes(out: dict, root, log=sys.stderr) -> None:
+    """Adds ``fix_cost`` and ``fix_id`` to every measured combination of ``out``.
+
+    fix_cost: the time of the cheapest candidate (fixes.py) that removes every drift, over
+    the default's (a ratio), NaN where none does; 1.0 where there is no drift to remove.
+    fix_id: the id of ``fix_entry``. The drifting combinations go through the fix finder
+    together: one fresh process for the default and the code changes, one per setting."""
+    import os
+
+    from . import fixes, fixfind, machine
+
+    if os.environ.get(FIXES_VAR, "").strip() == "0":
+        return
+    todo = [k for k, v in out.items() if "skip" not in v and "error" not in v and _drifts(v)]
+    for k, v in out.items():
+        if "skip" not in v and "error" not in v and k not in todo:
+            v.update(fix_cost=1.0, fix_id=float(catalog.store(root, "fixes", fix_entry(k.split("|")[2],
+                                                                                        {"drifts": [], "candidates": []}))))
+    if not todo:
+        return
+    specs = []
+    for k in todo:
+        c, p, d = k.split("|")
+        case = cases.get(c)
+        specs.append({"case": c, "dtype": p, "device": d, "slice_n": list(case.slice_n),
+                      "slice_m": list(case.slice_m), "repeat": case.repeat})
+    isa = fixes.onednn_isa(machine.fingerprint()["isa"])
+    t0 = time.monotonic()
+
+    def progress(what: str, done: int, total: int) -> None:
+        print(f"[fixes {done}/{total} {time.monotonic() - t0:6.1f}s] {len(todo)} drifting combination(s): {what}",
+              file=log, flush=True)
+
+    for k, report in zip(todo, fixfind.try_fixes_many(specs, isa, progress=progress, time="clean",
+                                                                     reference=False)):
+        if "failed" in report:
+            out[k].update(fix_cost=NAN, fix_id=NAN)
+            print(f"fixes of {k}: {report['failed']}", file=log, flush=True)
+            continue
+        cheapest = next((r for r in report["candidates"] if r["name"] == report["cheapest"]), None)
+        out[k].update(fix_cost=NAN if cheapest is None else float(cheapest["time_ratio"]),
+                      fix_id=float(catalog.store(root, "fixes", fix_entry(k.split("|")[2], report))))
 
 
 def lookup(cache: dict, case: str, precision: str, device: str) -> dict:

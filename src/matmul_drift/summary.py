@@ -26,6 +26,10 @@ seconds     ``timing``: the ratio exceeds ``time_factor`` and, where asv recorde
 count       ``nonfinite``: the number of NaN or ±inf outputs changed.
 input-id    ``input``: the checksums of the rounded inputs differ; the combination is then
             not compared in any other series of that pair.
+fix-id      ``fix``: the id differs: a candidate fix (fixes.py) started or stopped removing
+            every drift of the combination, or the drifts themselves changed; the detail
+            names which, from the two catalog entries.
+ratio       never flagged (``fix_cost``: a timing ratio, noise; fix-id judges the bits).
 env-id      never flagged by itself; attributes every flag (``attribution``).
 u-bound     never flagged by itself; the bound for ``u``.
 ==========  =========================================================================
@@ -47,10 +51,10 @@ from .catalog import hex_id
 from . import machine as hardware
 from .history import History, Run, Series, version_key
 
-KINDS = ("kernel", "invariance", "accuracy", "nonfinite", "input", "timing", "ulp-growth", "failure", "code")
-DEFAULT_FAIL_ON = frozenset({"kernel", "invariance", "accuracy", "nonfinite", "input"})
+KINDS = ("kernel", "invariance", "accuracy", "nonfinite", "input", "fix", "timing", "ulp-growth", "failure", "code")
+DEFAULT_FAIL_ON = frozenset({"kernel", "invariance", "accuracy", "nonfinite", "input", "fix"})
 ACROSS = ("commits", "envs", "both", "machines")
-ID_UNITS = ("kernel-id", "env-id", "input-id")
+ID_UNITS = ("kernel-id", "env-id", "input-id", "fix-id")
 
 # Identical kernels on identical inputs give identical bits, so any change of error_u is a
 # change of route; the tolerance only keeps tiny reorderings (a different split of one sum,
@@ -515,6 +519,29 @@ def kernel_detail(id_b: float, id_a: float, kb, ka) -> str:
     return "\n".join(lines) or f"kernel-id {hex_id(id_b)} -> {hex_id(id_a)}"
 
 
+def _fix(ctx: _Ctx, vb, va, both) -> list[Flag]:
+    cat = ctx.judge.h.catalog
+    return [ctx.flag("fix", i, fix_detail(vb[i], va[i], cat.get("fixes", vb[i]), cat.get("fixes", va[i])))
+            for i in np.nonzero(both & (vb != va))[0]]
+
+
+def fix_detail(id_b: float, id_a: float, fb, fa) -> str:
+    """Which candidates started or stopped removing every drift, and how the drifts changed."""
+    if not isinstance(fb, dict) or not isinstance(fa, dict):
+        return f"fix-id {hex_id(id_b)} -> {hex_id(id_a)} (verdicts not in the catalog)"
+    kinds = lambda e: ", ".join(e.get("drifts") or []) or "none"  # noqa: E731
+    works = lambda e: {n for n, v in (e.get("verdicts") or {}).items() if v == "removes"}  # noqa: E731
+    lines = [f"drifts: {kinds(fb)} -> {kinds(fa)}"] if fb.get("drifts") != fa.get("drifts") else []
+    if fa.get("drifts"):
+        if stopped := sorted(works(fb) - works(fa)):
+            lines.append("stopped removing the drift: " + "; ".join(
+                f"{n} (now {(fa.get('verdicts') or {}).get(n, 'not measured')})" for n in stopped))
+        if started := sorted(works(fa) - works(fb)):
+            lines.append("started removing the drift: " + "; ".join(started))
+        lines.append("removes it now: " + ("; ".join(sorted(works(fa))) or "no candidate"))
+    return "\n".join(lines) or f"fix-id {hex_id(id_b)} -> {hex_id(id_a)} (verdicts otherwise alike)"
+
+
 def _ulp(ctx: _Ctx, vb, va, both) -> list[Flag]:
     flags = []
     lost = both & (vb == 0) & (va != 0)
@@ -588,7 +615,7 @@ def _count(ctx: _Ctx, vb, va, both) -> list[Flag]:
             for i in np.nonzero(both & (vb != va))[0]]
 
 
-_RULES = {"kernel-id": _kernel, "ulp": _ulp, "u": _accuracy, "seconds": _timing, "count": _count}
+_RULES = {"kernel-id": _kernel, "fix-id": _fix, "ulp": _ulp, "u": _accuracy, "seconds": _timing, "count": _count}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -643,6 +670,8 @@ def format_value(value: float | None, unit: str) -> str:
                 return f"{value / scale:.3g} {suffix}"
     if unit == "ulp":
         return f"{value:.3g} ulp"
+    if unit == "ratio":
+        return f"{value:.3g}x"
     if unit == "u":
         return f"{value:.3g} u"
     return f"{value:.4g}"
