@@ -83,21 +83,19 @@ def try_fixes(spec: dict, onednn_isa: str | None = None, timeout: float = TIMEOU
 
 
 def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: float = TIMEOUT_S,
-                   progress=None, time: str = "all", reference: bool = True) -> list[dict]:
+                   progress=None, lean: bool = False) -> list[dict]:
     """One report per spec: ``baseline`` (the computation as it is), ``drifts``,
     ``candidates`` (rows with verdict, drift, error_u, kernels, seconds, time_ratio, spread)
     and ``cheapest`` (the name of the cheapest that removes every drift, or None).
 
     Processes: one for the default setting, measuring every spec as it is and under every
     code change its slices allow (the timing baseline of them all), then one per setting,
-    measuring every spec that setting applies to. ``time="clean"`` times only computations
-    that removed the drift (fixrun.py), and ``reference=False`` skips error_u, for the suite."""
+    measuring every spec that setting applies to. ``lean``: fixrun.py's lean mode, for the suite."""
     say = progress or (lambda msg, done, total: None)  # progress(what runs now, processes done, processes in all)
     codes = [[c for c, why in _table(s, _slices(s) | {"run_to_run"}, onednn_isa) if c.compute and not why]
              for s in specs]
     say("the default computation and its code changes", 0, 1)
-    first = _child([{**s, "codes": [None, *(c.compute for c in cs)], "baseline": True, "time": time,
-                     "reference": reference}
+    first = _child([{**s, "codes": [None, *(c.compute for c in cs)], "baseline": True, "lean": lean}
                     for s, cs in zip(specs, codes)], None, timeout)
     reports, todos = [], []
     for s, got in zip(specs, first):
@@ -117,8 +115,7 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     for i, c in enumerate(settings.values(), 1):
         idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
         say(c.name, i, len(settings) + 1)
-        got = _child([{**specs[j], "codes": [None], "time": time, "drifts": reports[j]["drifts"], "reference": reference}
-                      for j in idx],
+        got = _child([{**specs[j], "codes": [None], "lean": lean, "drifts": reports[j]["drifts"]} for j in idx],
                      c, timeout)
         measured.update({(j, c.name): g.get("None", g) for j, g in zip(idx, got)})
     say("done", len(settings) + 1, len(settings) + 1)

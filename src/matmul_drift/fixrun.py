@@ -6,9 +6,9 @@ setting is in force from library load on. SPECS (a JSON list) holds one SPEC per
 the case (a catalog id, or m/k/n), dtype (a precision), device, the slices (``slice_n``,
 ``slice_m``: lists of sizes), the repeat count, the code changes to measure (``codes``:
 None for the computation as it is, "contiguous", "full", "pad:<dim>:<multiple>") and
-``time``: "all" times every code; "clean" only those bit-identical in the kinds of
-``drifts`` (or of the baseline's own drifts) and, where ``baseline`` is set, code None;
-``reference`` (default true) false skips the exact reference (error_u None).
+``lean``, the suite's mode: no exact reference (error_u None), no kernel trace, and only
+computations bit-identical in the kinds of ``drifts`` (or of the baseline's own drifts)
+timed, with fewer samples, besides code None where ``baseline`` is set.
 Printed, one JSON line, a list with {code: result} per SPEC (or {"failed": why} when that
 SPEC raised); a result holds, for each drift kind, the worst drift over the slices of
 the computation under the candidate against the full product under the same setting
@@ -113,7 +113,8 @@ def run(spec: dict) -> dict:
     k = int(ops.a.shape[-1])
     runs, calls = {}, {}
     with measure.precision_flags(precision):
-        if spec.get("reference", True):
+        lean = bool(spec.get("lean"))
+        if not lean:
             top = measure.top_product(ops)
             bits, values, absprod = top.bits, top.values, top.ref.absprod
             error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, absprod, dtype, k)["error_u"]
@@ -127,7 +128,7 @@ def run(spec: dict) -> dict:
             out: dict = {"drift": {}, "kernels": {}, "error_u": error_u, "seconds": None}
             routes: dict[str, list] = {}
             for kind, call, cut in computations(ops, case, {**spec, "code": code}):
-                y, names = kernels.traced(call, device)
+                y, names = (call(), []) if lean else kernels.traced(call, device)
                 d = measure._compare(bits, values, y, absprod, dtype, cut, k)
                 out["drift"][kind] = _worse(d, out["drift"].get(kind))
                 routes.setdefault(kind, []).extend(names)
@@ -135,10 +136,10 @@ def run(spec: dict) -> dict:
             out["kernels"] = {kind: kernels.unique(names) for kind, names in routes.items()}
             out["drift"]["run_to_run"] = worst
             runs[str(code)] = out
-        mode, kinds = spec.get("time", "all"), set(spec.get("drifts") or drifting(runs.get("None", {"drift": {}})))
-        quick = {"min_runs": 3, "min_seconds": 0.05} if mode == "clean" else {}  # the suite's: a rough guide
+        kinds = set(spec.get("drifts") or drifting(runs.get("None", {"drift": {}})))
+        quick = {"min_runs": 3, "min_seconds": 0.05} if lean else {}  # the suite's time is a rough guide
         for code, out in runs.items():
-            if mode == "all" or (code == "None" and spec.get("baseline")) or (kinds and not drifting(out) & kinds):
+            if not lean or (code == "None" and spec.get("baseline")) or (kinds and not drifting(out) & kinds):
                 # Timed: every sliced computation, one after another; the full product once for "full".
                 todo = [ops.product] if code == "full" or not calls.get(code) else calls[code]
                 out["seconds"] = measure.time_call(lambda todo=todo: [c() for c in todo], device, **quick)

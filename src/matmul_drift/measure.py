@@ -9,6 +9,7 @@ everywhere; their checksum travels with the result.
 from __future__ import annotations
 
 import functools
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
@@ -370,8 +371,8 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20, min
 
     Returns ``median`` and ``iqr`` (seconds per call), ``runs`` (samples behind them),
     ``calls_per_run``, ``threads`` (torch's CPU thread count), ``noisy`` (IQR/median above
-    0.1) and ``method``. On the CPU, torch.utils.benchmark's ``Timer`` at the process's own
-    thread count, in blocks of calls of about 20 ms (as blocked_autorange, but never fewer
+    0.1) and ``method``. On the CPU, at the process's own thread count, in blocks of calls
+    of about 20 ms (as blocked_autorange, but never fewer
     than ``min_runs`` blocks (5), so the IQR means something, and ``min_seconds`` (0.2 s) in
     all; blocked_autorange may take one). On CUDA as
     triton.testing.do_bench does: warm-up, an L2 flush (a 256 MiB write) before every
@@ -381,15 +382,21 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20, min
 
     threads = torch.get_num_threads()
     if device != "cuda":
-        from torch.utils.benchmark import Timer
+        # perf_counter around blocks of calls: CPU ops return when done. (torch.utils.benchmark's
+        # Timer.timeit adds two warm-up calls to every block: three times the cost of a slow call.)
+        def block(number: int) -> float:
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            return (time.perf_counter() - t0) / number
 
-        timer = Timer("fn()", globals={"fn": fn}, num_threads=threads)
-        once = timer.timeit(1).times[0]  # warm-up, and the cost of one call
+        once = block(1)  # warm-up, and the cost of one call
         per_run = max(1, min(10_000, int(BLOCK_SECONDS / max(once, 1e-9))))
         samples: list[float] = []
         while len(samples) < min_runs or sum(samples) * per_run < min_seconds:
-            samples.append(timer.timeit(per_run).times[0])
-        method = f"torch.utils.benchmark.Timer.timeit in blocks of about 20 ms, at least {min_runs} blocks and {min_seconds} s"
+            samples.append(block(per_run))
+        method = (f"time.perf_counter around blocks of calls of about 20 ms, at least {min_runs} blocks and "
+                  f"{min_seconds} s, at the process's thread count")
     else:
         cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
         for _ in range(3):

@@ -185,8 +185,7 @@ def add_fixes(out: dict, root, log=sys.stderr) -> None:
         print(f"[fixes {done}/{total} {time.monotonic() - t0:6.1f}s] {len(todo)} drifting combination(s): {what}",
               file=log, flush=True)
 
-    for k, report in zip(todo, fixfind.try_fixes_many(specs, isa, progress=progress, time="clean",
-                                                                     reference=False)):
+    for k, report in zip(todo, fixfind.try_fixes_many(specs, isa, progress=progress, lean=True)):
         if "failed" in report:
             out[k].update(fix_cost=NAN, fix_id=NAN)
             print(f"fixes of {k}: {report['failed']}", file=log, flush=True)
