@@ -16,7 +16,7 @@ from pathlib import Path
 from . import atomic, bounded
 
 ID_HEX_DIGITS = 12
-KINDS = ("kernels", "env", "fixes")
+KINDS = ("kernels", "env", "fixes", "orders")
 
 
 def canonical(obj) -> str:
@@ -55,7 +55,11 @@ def entry_path(root: Path | str, kind: str, ident: int | float) -> Path:
 
 def store(root: Path | str, kind: str, obj) -> int:
     """Store ``obj`` under its id (idempotent, atomic) and return the id."""
-    text = canonical(obj)
+    return store_text(root, kind, canonical(obj))
+
+
+def store_text(root: Path | str, kind: str, text: str) -> int:
+    """Store a canonical JSON ``text`` made elsewhere (a tree too deep for json.dumps)."""
     ident = text_id(text)
     path = entry_path(root, kind, ident)
     if path.exists():

@@ -225,13 +225,14 @@ class _Bar:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
-    from . import cli_nightly, cli_run, cli_scan, cli_summary
+    from . import cli_nightly, cli_order, cli_run, cli_scan, cli_summary
 
     cli_run.configure(sub.add_parser("run", help="the main job: every torch build of the matrix, side by side, "
                                                  "with asv on this machine; then the site and what changed"))
     configure_explain(sub.add_parser("explain", help="measure one shape: error, slice drift, kernels, verdict"))
 
     cli_scan.configure(sub.add_parser("scan", help="vary one dimension: where do the kernels or the drift change?"))
+    cli_order.configure(sub.add_parser("order", help="reveal in which order the kernel adds the K products of an entry"))
     cli_summary.configure(sub.add_parser("summary", help="flag kernel, accuracy and timing changes in asv history"))
     cli_nightly.configure(sub.add_parser("nightly", help="one night on one machine (or --merge): asv run, summary, site"))
     cat = sub.add_parser("catalog", help="the kernel names or environment behind an id, as asv shows it")
@@ -300,6 +301,10 @@ def main(argv=None) -> int:
             from . import cli_scan
 
             return cli_scan.run(args)
+        if args.command == "order":
+            from . import cli_order
+
+            return cli_order.run(args)
         if args.command == "summary":
             from . import cli_summary
 

@@ -1,0 +1,110 @@
+"""`matmul-drift order`: in which order does the kernel add the K products of one entry?
+
+Reveals the accumulation tree over K (order.py, order_probe.py) at the exact shape, dtype,
+layout and device of ``--m/--k/--n`` or ``--case`` (with ``--slice-n``/``--slice-m`` for one
+of its slices), for the entry ``--row/--col``; prints a summary in words and the order-id
+(kept in the catalog under orders/). ``--json FILE`` writes the tree (README: "The order
+tree format"); ``--verify`` replays it against the kernel on random inputs. Exit status: 0,
+1 when the order is not revealed (or the replay disagrees), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import cases
+from .cli_scan import _positive
+
+MAX_CALLS = 4000  # a probe expected to need more is refused before it starts
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--m", type=_positive)
+    p.add_argument("--k", type=_positive)
+    p.add_argument("--n", type=_positive)
+    p.add_argument("--case", help=f"a catalog case: {', '.join(cases.CASE_IDS)}")
+    p.add_argument("--slice-n", type=_positive, help="with --case: the product A @ B[:, :N]")
+    p.add_argument("--slice-m", type=_positive, help="with --case: the product A[:M] @ B")
+    p.add_argument("--dtype", required=True, choices=cases.DTYPES)
+    p.add_argument("--device", default="cpu", choices=cases.DEVICES)
+    p.add_argument("--row", type=int, default=0, help="the entry's row (default 0)")
+    p.add_argument("--col", type=int, default=0, help="the entry's column (default 0)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the tree and what was measured")
+    p.add_argument("--verify", action="store_true", help="replay the tree against the kernel on 100 random draws")
+    p.add_argument("--max-calls", type=_positive, default=MAX_CALLS,
+                   help=f"refuse a probe expected to need more matmul calls (default {MAX_CALLS})")
+
+
+def _target(args):
+    from . import measure, order, order_probe
+    from .cli import UsageError
+
+    if (args.case is None) == (args.m is None and args.k is None and args.n is None):
+        raise UsageError("give --case ID or --m M --k K --n N")
+    if args.case is None and None in (args.m, args.k, args.n):
+        raise UsageError("--m, --k and --n go together")
+    if args.case is None and (args.slice_n or args.slice_m):
+        raise UsageError("--slice-n and --slice-m go with --case")
+    if args.slice_n and args.slice_m:
+        raise UsageError("give one of --slice-n and --slice-m")
+    try:
+        case = cases.get(args.case) if args.case else cases.adhoc(args.m, args.k, args.n)
+        s = case.shape(args.device)
+        if args.slice_n and args.slice_n > s.n or args.slice_m and args.slice_m > s.m:
+            raise order.ProbeError(f"the slice is larger than the case ({s.m} x {s.k} x {s.n})")
+        t = order_probe.target(case, args.dtype, args.device, args.slice_n, args.slice_m, args.row, args.col)
+    except (ValueError, measure.Unavailable) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    # Each round measures at most 2(K-1) pairs; a round of a tree of height t costs that over
+    # the output's columns, times the chunks of k. Usually log2 K rounds.
+    per_round = calls_per_round(t)
+    guess = per_round * max(2, t.k.bit_length() // 2)
+    if guess > args.max_calls:
+        raise UsageError(f"revealing K = {t.k} over {t.width} probes a call needs about {guess} matmul calls "
+                         f"({per_round} a round), more than --max-calls {args.max_calls}")
+    return t
+
+
+def calls_per_round(t) -> int:
+    """Matmul calls of one round at most: 2(K - 1) pairs, times the chunks of k, over the
+    probes one call holds."""
+    from . import order
+
+    return -(-2 * (t.k - 1) * len(order.chunks(t.k, order.chunk_size(t.dtype))) // t.width)
+
+
+def run(args) -> int:
+    from . import catalog, order, order_probe
+    from .cli import _Bar
+
+    t = _target(args)
+    with _Bar("order", "call") as bar:
+        try:
+            r = order_probe.reveal(t, progress=lambda calls: bar.update(f"{calls} calls", calls, calls + 1))
+        except order.NotRevealed as exc:
+            print(f"matmul-drift order: order not revealed: {exc}")
+            return 1
+    oid = order.store(catalog.default_root(), r.tree, t.k)
+    words = order.describe(r.tree)
+    where = f"{t.case.id}" + (f"[:, :{t.slice_n}]" if t.slice_n else f"[:{t.slice_m}]" if t.slice_m else "")
+    print(f"{where} {t.dtype} on {t.device}, entry ({t.row}, {t.col}), K = {t.k}: {words}")
+    print(f"order-id {catalog.hex_id(oid)}; {r.calls} matmul calls, {r.probes} pairs, {r.rounds} rounds, "
+          f"{r.seconds:.1f} s")
+    verified = None
+    if args.verify:
+        verified = order_probe.replay(t, r.tree)
+        print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to the kernel")
+    if args.json:
+        meta = {"case": t.case.id, "slice_n": t.slice_n, "slice_m": t.slice_m, "dtype": t.dtype, "device": t.device,
+                "row": t.row, "col": t.col, "k": t.k, "order_id": catalog.hex_id(oid), "summary": words,
+                "calls": r.calls, "pairs": r.probes, "rounds": r.rounds, "seconds": round(r.seconds, 3),
+                "verified": verified}
+        text = json.dumps(meta, indent=1, allow_nan=False)
+        args.json.write_text(text[:-2] + ',\n "tree": ' + order.to_json(r.tree) + "\n}\n")
+    if verified and verified["matched"] != verified["draws"]:
+        print(f"matmul-drift order: order not revealed: the replay differs from the kernel "
+              f"({verified['first_mismatch']})")
+        return 1
+    return 0

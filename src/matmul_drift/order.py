@@ -1,0 +1,368 @@
+"""In which order a matmul adds the K products of one output entry, revealed from outside.
+
+The probe is FPRev's (Xie et al., USENIX ATC 2025): every product is ``base`` (or 0), except
++M at index i and -M at index j, with M so large that M plus any partial sum of the others
+rounds back to M in the accumulator. The pair then cancels where the two first meet, and the
+output counts the products outside the two children of that node that hold i and j. One
+probe per column of B, so one call of the exact shape runs N probes; A is all ones, so every
+row is the same probe and the entry's own row is read. Where the output cannot count every
+product exactly (fp16 holds 11 significant bits, bf16 8), the products are spread over
+chunks, one probe each, and the counts added.
+
+From the counts ``v(i, j) = |child holding i| + |child holding j|`` (leaves), the tree is
+built top-down in rounds: each unresolved set of leaves gets the pairs of a pivot (its first
+and its last leaf) with every other leaf; the pivot's path to the top of the set groups the
+others by their count; each group is resolved in the next round. A reading that fits no tree
+is "order not revealed", never a guessed tree; ``replay`` checks a tree bit for bit against
+the kernel on random inputs whose products are exact.
+
+Tree format (JSON): a leaf is the index k (0-based); an inner node is a list of two or more
+children, children ordered by their smallest leaf; two children are one rounded addition,
+three or more are summed exactly and rounded once; a sequential loop is a left-deep chain.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import catalog
+
+# dtype -> (significant bits of the accumulator, of the output, base product, M)
+# fp16/bf16/fp32 accumulate in fp32; fp16's base is its smallest subnormal, so that
+# M / base = 2^39 leaves room for any chunk of at most 2^11 base products.
+PROBE = {
+    "float64": (53, 53, 1.0, 2.0**90),
+    "float32": (24, 24, 1.0, 2.0**60),
+    "float16": (24, 11, 2.0**-24, 2.0**15),
+    "bfloat16": (24, 8, 1.0, 2.0**40),
+}
+MAX_K = {"float64": 2**30, "float32": 2**24, "float16": 2**24, "bfloat16": 2**24}
+
+
+class NotRevealed(Exception):
+    """The probe's readings fit no tree (the order depends on the values, the kernel is not a
+    tree, or a product was flushed); the message says what was seen."""
+
+
+class ProbeError(ValueError):
+    """The probe cannot run for this K and dtype (bad input: one line, exit 2)."""
+
+
+def check(k: int, dtype: str) -> None:
+    if dtype not in PROBE:
+        raise ProbeError(f"no probe for {dtype}; expected one of {', '.join(PROBE)}")
+    if k < 2:
+        raise ProbeError(f"K = {k}: a sum of one product has no order to reveal")
+    if k > MAX_K[dtype]:
+        raise ProbeError(f"K = {k} is beyond the probe's exact range for {dtype} (at most {MAX_K[dtype]}: "
+                         "the accumulator could not count the products)")
+
+
+def chunk_size(dtype: str) -> int:
+    """The most base products one probe may hold, so that the output counts them exactly."""
+    acc, out, base, m = PROBE[dtype]
+    absorb = int(m / base) >> (acc + 1)  # partial sums below half an ulp of M vanish into it
+    return max(1, min(2**out, absorb))
+
+
+def chunks(k: int, size: int) -> list[tuple[int, int]]:
+    """The ranges [lo, hi) of k, each holding at most ``size`` base products, one probe each."""
+    return [(lo, min(lo + size, k)) for lo in range(0, k, size)]
+
+
+# ---------------------------------------------------------------------------- the tree
+
+
+@dataclass
+class _Hole:
+    """A set of leaves to resolve in a later round: ``count`` sibling subtrees of ``size``."""
+
+    leaves: list[int]
+    count: int
+    size: int
+
+
+@dataclass
+class Reveal:
+    """A revealed order: ``tree`` (the JSON form), ``calls`` (matmul calls), ``probes``
+    (pairs measured), ``rounds``, ``seconds`` (wall time of the probing)."""
+
+    tree: object
+    k: int
+    calls: int = 0
+    probes: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _path(pivot: int, values: dict[int, int], total: int):
+    """The node over a set of ``total`` leaves, seen from ``pivot``: (node, largest group),
+    or None when the counts fit no tree. Children are leaves, nodes or _Holes."""
+    groups: dict[int, list[int]] = {}
+    for j, v in values.items():
+        groups.setdefault(v, []).append(j)
+    top: object = pivot
+    size, base = 1, None
+    for v in sorted(groups):
+        g = sorted(groups[v])
+        s = v - size  # the size of each of g's subtrees if they meet the pivot's side above `top`
+        if s == len(g):
+            top, base = [top, _Hole(g, 1, s)], size
+        elif s > 0 and len(g) % s == 0:
+            top, base = [top, *(_Hole(g, len(g) // s, s),)], size
+        elif base is not None and (t := v - base) > 0 and len(g) % t == 0 and isinstance(top, list):
+            top.append(_Hole(g, len(g) // t, t))  # more children of the node `top` (summed exactly)
+        else:
+            return None
+        size += len(g)
+    if size != total:
+        return None
+    return top, max((len(g) for g in groups.values()), default=0)
+
+
+def _holes(holder: list):
+    """(parent list, index, hole) for every _Hole in the tree held at holder[0]."""
+    stack = [(holder, 0)]
+    while stack:
+        parent, i = stack.pop()
+        x = parent[i]
+        if isinstance(x, _Hole):
+            yield parent, i, x
+        elif isinstance(x, list):
+            stack.extend((x, j) for j in range(len(x)))
+
+
+def reveal(measure_pairs, k: int, max_rounds: int | None = None, progress=None) -> Reveal:
+    """The tree over leaves 0..k-1 from ``measure_pairs(pairs) -> counts`` (v(i, j) per pair).
+
+    NotRevealed when the counts fit no tree or the rounds run out (each round measures at
+    most 2(k - 1) pairs; a tree of height t needs at most t rounds, usually log2 k)."""
+    max_rounds = max_rounds or 2 * k.bit_length() + 64
+    holder: list = [_Hole(list(range(k)), 1, k)]  # the tree, its holes replaced in place as they resolve
+    out = Reveal(tree=None, k=k)
+    while True:
+        found = list(_holes(holder))
+        for parent, i, h in sorted(found, key=lambda t: (id(t[0]), -t[1])):
+            if h.size == 1:  # single products: the leaves themselves (siblings when more than one)
+                parent[i:i + 1] = h.leaves
+        holes = [(parent, i, h) for parent, i, h in _holes(holder) if h.size > 1]
+        if not holes:
+            break
+        out.rounds += 1
+        if out.rounds > max_rounds:
+            raise NotRevealed(f"not resolved after {max_rounds} rounds of probes")
+        pairs = []
+        for _, _, h in holes:
+            for p in dict.fromkeys((h.leaves[0], h.leaves[-1])):
+                pairs += [(p, j) for j in h.leaves if j != p]
+        got = dict(zip(pairs, measure_pairs(pairs)))
+        out.probes += len(pairs)
+        # Replace from the back of each parent, so that splices do not move the holes before them.
+        for parent, i, h in sorted(holes, key=lambda t: (id(t[0]), -t[1])):
+            best = None
+            for p in dict.fromkeys((h.leaves[0], h.leaves[-1])):
+                seen = _path(p, {j: got[(p, j)] for j in h.leaves if j != p}, len(h.leaves))
+                if seen is not None and (best is None or seen[1] < best[1]):
+                    best = seen
+            if best is None:
+                raise NotRevealed(f"the counts over products {h.leaves[0]}..{h.leaves[-1]} ({len(h.leaves)} of "
+                                  "them) fit no tree")
+            node = best[0]
+            if h.count == 1:
+                parent[i] = node
+            elif (isinstance(node, list) and parent is not holder
+                  and sum(c.count if isinstance(c, _Hole) else 1 for c in node) == h.count):
+                parent[i:i + 1] = node  # the set was h.count sibling subtrees: the node's children
+            else:
+                raise NotRevealed(f"expected {h.count} subtrees of {h.size} over products "
+                                  f"{h.leaves[0]}..{h.leaves[-1]}; found another shape")
+        if progress:
+            progress(out.rounds, out.probes)
+    out.tree = canonical(holder[0])
+    return out
+
+
+def _min_leaf(node) -> int:
+    while isinstance(node, list):
+        node = node[0]
+    return node
+
+
+def canonical(node):
+    """Children ordered by their smallest leaf (iterative: trees can be thousands deep)."""
+    if not isinstance(node, list):
+        return node
+    order, stack = [], [node]
+    while stack:
+        x = stack.pop()
+        order.append(x)
+        stack.extend(c for c in x if isinstance(c, list))
+    for x in reversed(order):  # children before parents
+        x.sort(key=_min_leaf)
+    return node
+
+
+def to_json(tree) -> str:
+    """The compact JSON text of a tree, written without recursion (json.dumps recurses, and a
+    sequential loop of K products is K deep)."""
+    out, stack = [], [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, list):
+            stack.append("]")
+            for i, c in enumerate(reversed(x)):
+                stack.append(c)
+                if i < len(x) - 1:
+                    stack.append(",")
+            stack.append("[")
+        else:
+            out.append(str(int(x)))
+    return "".join(out)
+
+
+def entry_text(tree, k: int) -> str:
+    """The catalog text behind an order-id: canonical JSON of {"k": K, "tree": tree}."""
+    return f'{{"k":{k},"tree":{to_json(tree)}}}'
+
+
+def order_id(tree, k: int) -> int:
+    """The content id of a canonical tree over K products (12 hex digits as an int)."""
+    return catalog.text_id(entry_text(tree, k))
+
+
+def store(root, tree, k: int) -> int:
+    """Keep the tree in the catalog (kind "orders") and return its order-id."""
+    return catalog.store_text(root, "orders", entry_text(tree, k))
+
+
+def leaves(node) -> list[int]:
+    out, stack = [], [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, list):
+            stack.extend(reversed(x))
+        else:
+            out.append(x)
+    return out
+
+
+# ---------------------------------------------------------------------------- in words
+
+
+def _shapes(node) -> dict[int, int]:
+    """{id(subtree): a small int naming its shape (the tree with its leaves erased)}, iterative."""
+    names: dict[tuple, int] = {}
+    out: dict[int, int] = {}
+    order, stack = [], [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, list):
+            order.append(x)
+            stack.extend(c for c in x if isinstance(c, list))
+    for x in reversed(order):
+        key = tuple(out[id(c)] if isinstance(c, list) else 0 for c in x)
+        out[id(x)] = names.setdefault(key, len(names) + 1)
+    return out
+
+
+def _pairwise(node, depth: int) -> list | None:
+    """The 2^depth parts of a complete binary tree of that depth, else None."""
+    level = [node]
+    for _ in range(depth):
+        nxt = []
+        for x in level:
+            if not isinstance(x, list) or len(x) != 2:
+                return None
+            nxt += x
+        level = nxt
+    return level
+
+
+def describe(node, depth: int = 0) -> str:
+    """The tree in words: "sequential", "pairwise", "fused group of 4", or parts:
+    "4 chunks of 1024; each: ...; chunks sequential" ("lanes" where parts interleave)."""
+    if not isinstance(node, list):
+        return "one product"
+    shape = _shapes(node)
+    sid = lambda x: shape[id(x)] if isinstance(x, list) else 0  # noqa: E731
+    if len(node) > 2:
+        if all(not isinstance(c, list) for c in node):
+            return f"fused group of {len(node)}"
+        return _parts(list(node), "fused into one rounding", depth)
+    options = []
+    # A left-deep chain ((a + b) + c) + d read down its left spine: the deepest stop at which
+    # the bottom and every right child are alike.
+    rights, bottom, alike, best = [], node, True, None
+    while isinstance(bottom, list) and len(bottom) == 2:
+        r = bottom[1]
+        alike = alike and (not rights or sid(r) == sid(rights[-1]))
+        rights.append(r)
+        bottom = bottom[0]
+        if alike and sid(bottom) == sid(r):
+            best = (bottom, len(rights))
+    if best is not None:
+        b, n = best
+        x, parts = node, []
+        for _ in range(n):
+            parts.append(x[1])
+            x = x[0]
+        options.append(([b, *reversed(parts)], "sequential"))
+    d = 1
+    while (parts := _pairwise(node, d)) is not None:
+        if len({sid(p) for p in parts}) == 1:
+            options.append((parts, "pairwise"))
+        d += 1
+    if not options:
+        return _parts(list(node), "added", depth)
+    parts, how = max(options, key=lambda o: len(o[0]))  # the finest reading with parts all alike
+    if not isinstance(parts[0], list):  # single products
+        seen = leaves(node)
+        return how + ("" if how != "sequential" or seen == sorted(seen) else " (out of index order)")
+    return _parts(parts, how, depth)
+
+
+def _parts(parts: list, how: str, depth: int) -> str:
+    sizes = [len(leaves(p)) for p in parts]
+    first = sorted(leaves(parts[0]))
+    stride = first[1] - first[0] if len(first) > 1 else 0
+    lanes = len(parts) > 1 and stride == len(parts) and all(
+        sorted(leaves(p)) == list(range(first[0] + i, first[0] + i + stride * len(first), stride))
+        for i, p in enumerate(parts))
+    same = len(set(sizes)) == 1
+    inner = "..." if depth > 3 else describe(parts[0], depth + 1) if same else "varied"
+    size = f"{sizes[0]}" if same else f"{min(sizes)}..{max(sizes)}"
+    if lanes:
+        return f"{len(parts)} lanes × {size} {inner}; lanes then {how}"
+    return f"{len(parts)} chunks of {size}; each: {inner}; chunks {how}"
+
+
+# ---------------------------------------------------------------------------- replay
+
+
+def evaluate(tree, values: np.ndarray, acc: np.dtype) -> np.ndarray:
+    """The tree's sum of ``values`` (products, shape (k, draws), exact in ``acc``), each two-child
+    node one rounded addition in ``acc``, each larger node an exact sum rounded once."""
+    acc = np.dtype(acc)
+    memo: dict[int, np.ndarray] = {}
+    stack = [(tree, False)]
+    while stack:
+        node, done = stack.pop()
+        if not isinstance(node, list):
+            continue
+        if not done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in node if isinstance(c, list))
+            continue
+        kids = [values[c].astype(acc) if not isinstance(c, list) else memo.pop(id(c)) for c in node]
+        if len(kids) == 2:
+            memo[id(node)] = (kids[0] + kids[1]).astype(acc)
+        else:
+            cols = np.stack(kids).astype(np.float64)
+            memo[id(node)] = np.array([math.fsum(col) for col in cols.T], dtype=np.float64).astype(acc)
+    return memo[id(tree)] if isinstance(tree, list) else values[tree].astype(acc)

@@ -1,0 +1,194 @@
+"""The order probe on a real kernel: one case's exact computation (shape, dtype, layout,
+device, slice) with A all ones and FPRev's probes in B's columns (order.py has the tree
+logic), and the replay that checks a revealed tree against the kernel bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import cases, inputs, measure, order
+
+
+@dataclass
+class Target:
+    """The computation whose order is revealed: the entry (``row``, ``col``) of its output's
+    first matrix (``rows`` x ``cols``); ``k`` products. The probes sit in B's columns, or in
+    A's rows where the output has more rows than columns: ``width`` probes per call."""
+
+    case: cases.Case
+    dtype: str
+    device: str
+    slice_n: int | None
+    slice_m: int | None
+    row: int
+    col: int
+    k: int
+    rows: int
+    cols: int
+
+    @property
+    def by_rows(self) -> bool:
+        return self.rows > self.cols
+
+    @property
+    def width(self) -> int:
+        return max(self.rows, self.cols)
+
+
+def target(case: cases.Case, dtype: str, device: str, slice_n=None, slice_m=None, row=0, col=0) -> Target:
+    """The case's computation (its full product, or one slice of it); ValueError for bad input."""
+    measure.check_device(device, dtype)
+    s = case.shape(device)
+    rows = 1 if case.op == "mv" else slice_m or s.m
+    cols = slice_n or s.n
+    if not 0 <= row < rows or not 0 <= col < min(cols, case.compare_cols or cols):
+        raise order.ProbeError(f"entry ({row}, {col}) is outside the {rows} x {cols} output")
+    order.check(s.k, dtype)
+    return Target(case, dtype, device, slice_n, slice_m, row, col, s.k, rows, cols)
+
+
+class Prober:
+    """Operands of the target's storage shapes on its device, filled per call: A all ones
+    and the probes in B's columns, or (``by_rows``) B all ones and the probes in A's rows."""
+
+    def __init__(self, t: Target):
+        import torch
+
+        self.t = t
+        a_shape, b_shape = measure.operand_shapes(t.case, t.device)
+        dt = getattr(torch, t.dtype)
+        a = (torch.zeros if t.by_rows else torch.ones)(a_shape, dtype=dt, device=t.device)
+        b = (torch.ones if t.by_rows else torch.zeros)(b_shape, dtype=dt, device=t.device)
+        self.stored_b = b
+        if t.case.op == "linear":
+            b = b.t()  # stored as W (N, K); the product sees W.t() (K, N)
+        self.ops = measure.Operands(a, b, t.case.op, t.case.layout)
+        self.b0 = b[0] if t.case.op == "bmm" else b  # the (K, N) matrix the read entry uses
+        self.a0 = a[0] if t.case.op == "bmm" else a  # its (M, K) matrix (K,) for mv
+        self.calls = 0
+        self.seconds = 0.0
+        acc, out, self.base, self.big = order.PROBE[t.dtype]
+        self.chunk = order.chunk_size(t.dtype)
+        self._buf: np.ndarray | None = None
+
+    @property
+    def buf(self) -> np.ndarray:
+        """The probes of one call, (K, output columns) in float32; made on first use."""
+        if self._buf is None:
+            self._buf = np.zeros((self.t.k, self.t.width), dtype=np.float32)
+        return self._buf
+
+    def product(self):
+        t, ops = self.t, self.ops
+        with measure.precision_flags(t.dtype):
+            if t.slice_n:
+                y = ops.product(ops.a, ops.b_cols(t.slice_n))
+            elif t.slice_m:
+                y = ops.product(ops.a[..., : t.slice_m, :])
+            else:
+                y = ops.product()
+        if t.case.op == "bmm":
+            y = y[0]
+        return y if y.dim() == 1 else y[:, t.col] if t.by_rows else y[t.row]
+
+    def _load(self, values: np.ndarray) -> None:
+        import torch
+
+        v = torch.from_numpy(values)
+        if self.t.by_rows:
+            self.a0[: values.shape[1]].copy_(v.t())
+        else:
+            self.b0[:, : values.shape[1]].copy_(v)
+
+    def counts(self, pairs: list[tuple[int, int]], progress=None) -> list[int]:
+        """v(i, j) for each pair: K minus the products the output still counts, summed over
+        the chunks of k (one probe each; one chunk unless the output is fp16 or bf16)."""
+        import torch
+
+        spans = order.chunks(self.t.k, self.chunk)
+        probes = [(n, i, j, lo, hi) for n, (i, j) in enumerate(pairs) for lo, hi in spans]
+        total = [2] * len(pairs)
+        for start in range(0, len(probes), self.t.width):
+            batch = probes[start:start + self.t.width]
+            cols = np.arange(len(batch))
+            n_, i_, j_, lo_, hi_ = (np.array(x) for x in zip(*batch))
+            if len(spans) == 1:
+                self.buf[:, : len(batch)] = self.base
+                self.buf[:, len(batch):] = 0
+            else:
+                self.buf.fill(0)
+                for c, lo, hi in zip(cols, lo_, hi_):
+                    self.buf[lo:hi, c] = self.base
+            self.buf[i_, cols] = self.big
+            self.buf[j_, cols] = -self.big
+            self._load(self.buf)
+            t0 = time.perf_counter()
+            y = self.product()
+            if self.t.device == "cuda":
+                torch.cuda.synchronize()
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
+            got = y[: len(batch)].double().cpu().numpy() / self.base
+            # base products in each probe: its span, less i and j where they fall in it
+            held = hi_ - lo_ - ((i_ >= lo_) & (i_ < hi_)) - ((j_ >= lo_) & (j_ < hi_))
+            ok = np.isfinite(got) & (got == np.round(got)) & (got >= 0) & (got <= held)
+            if not ok.all():
+                c = int(np.argmin(ok))
+                raise order.NotRevealed(f"probe ({i_[c]}, {j_[c]}) read {got[c]!r} products: not a count (the "
+                                        "kernel flushed or reordered by value, or M was not absorbed)")
+            for n, h, x in zip(n_, held, got):
+                total[n] += int(h) - int(x)
+            if progress:
+                progress(self.calls)
+        return total
+
+
+def reveal(t: Target, progress=None) -> order.Reveal:
+    """The tree of ``t``'s entry; NotRevealed when the probe's readings fit none."""
+    p = Prober(t)
+    t0 = time.perf_counter()
+    out = order.reveal(lambda pairs: p.counts(pairs, progress), t.k)
+    out.calls, out.seconds = p.calls, time.perf_counter() - t0
+    return out
+
+
+def _draw(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    """Values with 4 significant bits and varied exponents: products are exact in the
+    accumulator, sums round, so orders differ. fp16/bf16 keep to small exponents (no overflow)."""
+    lo, hi = (-6, 3) if dtype in ("float16", "bfloat16") else (-20, 20)
+    mant = 1 + rng.integers(0, 8, shape) / 8
+    return (rng.choice([-1.0, 1.0], shape) * mant * np.exp2(rng.integers(lo, hi, shape))).astype(np.float32)
+
+
+def replay(t: Target, tree, draws: int = 100, seed: int = 0) -> dict:
+    """The tree evaluated in numpy (order.evaluate, in the accumulator's precision, rounded once
+    to the output dtype) against the kernel's own output at the entry, on ``draws`` random
+    inputs whose products are exact. Returns draws, matched, and the first mismatch."""
+    import torch
+
+    p = Prober(t)
+    rng = np.random.default_rng(seed)
+    acc = np.float64 if t.dtype == "float64" else np.float32
+    matched, first = 0, None
+    dt = getattr(torch, t.dtype)
+    # Only the entry's row of A and column of B reach it; the rest stay as made (ones, zeros).
+    a_row = p.ops.a[0, t.row] if p.ops.a.dim() == 3 else p.ops.a[t.row] if p.ops.a.dim() == 2 else p.ops.a
+    products, kernel = np.empty((t.k, draws)), []
+    for d in range(draws):  # a new row of A and column of B each draw: the entry's own inputs
+        a_row.copy_(torch.from_numpy(_draw(rng, (t.k,), t.dtype)).to(dt))
+        p.b0[:, t.col].copy_(torch.from_numpy(_draw(rng, (t.k,), t.dtype)).to(dt))
+        got = p.product()[t.row if t.by_rows else t.col].reshape(1)
+        kernel.append((int(measure.tensor_bits(got)[0]), float(got[0])))
+        products[:, d] = (a_row.double() * p.b0[:, t.col].double()).cpu().numpy()  # exact: 4 + 4 bits
+    want = order.evaluate(tree, products, acc)  # every draw at once
+    want_bits = want.view(np.uint64) if acc is np.float64 else inputs.round_bits(want, t.dtype)
+    for d, ((bits, value), w) in enumerate(zip(kernel, want_bits)):
+        if int(w) == bits:
+            matched += 1
+        elif first is None:
+            first = {"draw": d, "kernel": value, "tree": float(want[d])}
+    return {"draws": draws, "matched": matched, "first_mismatch": first}

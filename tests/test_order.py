@@ -1,0 +1,219 @@
+"""The order fingerprint: the tree builder against hand-built trees (a simulated probe that
+answers from the tree itself), the probe and the replay against this machine's kernels."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from matmul_drift import order
+
+
+def simulated(tree):
+    """measure_pairs answering v(i, j) = |child holding i| + |child holding j| from ``tree``."""
+    parent, size = {}, {}
+    stack = [(tree, None)]
+    while stack:
+        node, par = stack.pop()
+        key = ("n", id(node)) if isinstance(node, list) else ("l", node)
+        parent[key] = par
+        size[key] = len(order.leaves(node)) if isinstance(node, list) else 1
+        if isinstance(node, list):
+            stack.extend((c, key) for c in node)
+
+    def up(key):
+        out = [key]
+        while parent[out[-1]] is not None:
+            out.append(parent[out[-1]])
+        return out
+
+    def v(i, j):
+        ci, cj = up(("l", i)), up(("l", j))
+        at = {key: b for b, key in enumerate(cj)}
+        for a, key in enumerate(ci):
+            if key in at:
+                return size[ci[a - 1]] + size[cj[at[key] - 1]]
+
+    return lambda pairs: [v(i, j) for i, j in pairs]
+
+
+def seq(parts):
+    t = parts[0]
+    for x in parts[1:]:
+        t = [t, x]
+    return t
+
+
+def pw(parts):
+    while len(parts) > 1:
+        parts = [[parts[i], parts[i + 1]] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+K = 64
+TREES = {
+    "sequential": (seq(list(range(K))), "sequential"),
+    "pairwise": (pw(list(range(K))), "pairwise"),
+    "lanes": (pw([seq(list(range(lane, K, 8))) for lane in range(8)]), "8 lanes × 8 sequential; lanes then pairwise"),
+    "chunks": (seq([pw([seq(list(range(c * 16 + lane, c * 16 + 16, 4))) for lane in range(4)]) for c in range(4)]),
+               "4 chunks of 16; each: 4 lanes × 4 sequential; lanes then pairwise; chunks sequential"),
+    "fused": (seq([list(range(g, g + 4)) for g in range(0, K, 4)]),
+              "16 chunks of 4; each: fused group of 4; chunks sequential"),
+    "right-deep": ((lambda f: f(f, 0))(lambda f, i: i if i == K - 1 else [i, f(f, i + 1)]), None),
+}
+
+
+@pytest.mark.parametrize("name", list(TREES))
+def test_hand_built_trees_are_revealed_exactly(name):
+    tree, words = TREES[name]
+    got = order.reveal(simulated(tree), K)
+    assert got.tree == order.canonical(tree)
+    assert got.rounds <= 2 * K.bit_length()
+    if words:
+        assert order.describe(got.tree) == words
+
+
+def test_a_long_sequential_loop_needs_one_round_and_no_recursion():
+    k = 1500  # deeper than Python's recursion limit
+    got = order.reveal(simulated(seq(list(range(k)))), k)
+    assert got.rounds == 1 and order.describe(got.tree) == "sequential"
+    text = order.to_json(got.tree)
+    assert text == "[" * (k - 1) + "0," + "],".join(str(i) for i in range(1, k)) + "]"
+
+
+def test_counts_that_fit_no_tree_are_not_revealed():
+    def noisy(pairs):
+        return [(i * 7 + j * 3) % 5 + 2 for i, j in pairs]
+
+    with pytest.raises(order.NotRevealed, match="fit no tree"):
+        order.reveal(noisy, 16)
+
+
+def test_order_id_is_the_canonical_trees_content_id():
+    a, b = [[0, 1], 2], [2, [1, 0]]
+    assert order.order_id(order.canonical(a), 3) == order.order_id(order.canonical(b), 3)
+    assert order.order_id(order.canonical(a), 3) != order.order_id([0, [1, 2]], 3)
+    assert order.entry_text(a, 3) == json.dumps({"k": 3, "tree": a}, separators=(",", ":"), sort_keys=True)
+
+
+# ---------------------------------------------------------------------------- on this CPU's kernels
+
+
+def _routes() -> dict[tuple, tuple]:
+    """{route: (case, dtype, slice_n, slice_m)}: one computation per distinct CPU route of the
+    catalog (full products and their slices), the cheapest to probe, from the routes traced here."""
+    from matmul_drift import cases, cli_order, kernels, order_probe
+
+    found: dict[tuple, tuple] = {}
+    for case in cases.CASES:
+        if case.id == "long-k":  # K = 262144 over 16 columns: beyond the probe's call budget (README)
+            continue
+        for dtype in ("float64", "float32", "float16", "bfloat16"):
+            prober = None
+            for sn, sm in [(None, None), *((n, None) for n in case.slice_n), *((None, m) for m in case.slice_m)]:
+                t = order_probe.target(case, dtype, "cpu", sn, sm)
+                if prober is None:
+                    prober = order_probe.Prober(t)
+                prober.t = t
+                _, names = kernels.traced(prober.product, "cpu")
+                size = (cli_order.calls_per_round(t), t.k * t.rows * t.cols)
+                key = (dtype, *kernels.unique(names))
+                if key not in found or size < found[key][0]:
+                    found[key] = (size, case.id, dtype, sn, sm)
+    return {k: v[1:] for k, v in found.items()}
+
+
+ROUTES = None
+
+
+def routes():
+    global ROUTES
+    if ROUTES is None:
+        ROUTES = _routes()
+    return ROUTES
+
+
+def test_every_cpu_route_of_the_catalog_is_revealed_and_replays_bit_for_bit():
+    from matmul_drift import cases, order_probe
+
+    seen = routes()
+    assert len({k[0] for k in seen}) == 4  # every dtype has a route
+    for key, (case, dtype, sn, sm) in seen.items():
+        t = order_probe.target(cases.get(case), dtype, "cpu", sn, sm)
+        r = order_probe.reveal(t)
+        assert sorted(order.leaves(r.tree)) == list(range(t.k)), key
+        v = order_probe.replay(t, r.tree, draws=100)
+        assert v["matched"] == v["draws"] == 100, (key, case, sn, sm, v)
+
+
+def test_a_wrong_tree_fails_the_replay():
+    from matmul_drift import cases, order_probe
+
+    t = order_probe.target(cases.adhoc(4, 512, 64), "float32", "cpu")
+    r = order_probe.reveal(t)
+    wrong = pw(list(range(512))) if order.describe(r.tree) != "pairwise" else seq(list(range(512)))
+    assert order.to_json(order.canonical(wrong)) != order.to_json(r.tree)
+    v = order_probe.replay(t, wrong, draws=100)
+    assert v["matched"] < 100 and v["first_mismatch"] is not None
+
+
+def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
+    """explain's question in orders: where A[:m] @ B differs from (A @ B)[:m] in bits, the
+    entry's order differs; where it is bit-identical, the order is the same (on this CPU,
+    the slices found by a dense measurement here)."""
+    import torch
+
+    from matmul_drift import cases, order_probe
+
+    case = cases.adhoc(64, 512, 256)
+    a = torch.randn(64, 512)
+    b = torch.randn(512, 256)
+    full = a @ b
+    same = {m: torch.equal(a[:m] @ b, full[:m]) for m in range(1, 17)}
+    drifting = next((m for m, eq in same.items() if not eq), None)
+    identical = next((m for m, eq in same.items() if eq and m < 64), None)
+    assert drifting is not None and identical is not None, same
+    ids = {}
+    for m in (None, drifting, identical):
+        # A case whose slice_m is m: the probe reads row 0 of A[:m] @ B
+        c = cases.Case(case.id, "mm", case.cpu, case.cuda, slice_m=(m,) if m else ())
+        t = order_probe.target(c, "float32", "cpu", None, m)
+        ids[m] = order.order_id(order_probe.reveal(t).tree, t.k)
+    assert ids[drifting] != ids[None] and ids[identical] == ids[None], ids
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--m", "2", "--k", "1", "--n", "4"], "no order to reveal"),
+    (["--m", "1", "--k", "20000000", "--n", "1", "--dtype", "float16"], "beyond the probe's exact range"),
+    (["--case", "long-k"], "more than --max-calls"),
+    (["--m", "4", "--k", "8", "--n", "4", "--row", "9"], "outside the 4 x 4 output"),
+    (["--m", "4", "--k", "8", "--n", "4", "--device", "cuda"], "cuda"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    from matmul_drift import cli
+
+    if "--dtype" not in args:
+        args = [*args, "--dtype", "float32"]
+    if "--device" in args:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is here")
+    rc = cli.main(["order", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_the_command_writes_the_tree_and_its_id(tmp_path, capsys, monkeypatch):
+    from matmul_drift import catalog, cli
+
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
+    rc = cli.main(["order", "--m", "4", "--k", "300", "--n", "32", "--dtype", "float32", "--verify",
+                   "--json", str(tmp_path / "o.json")])
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "o.json").read_text())
+    assert rc == 0 and "replay: 100 of 100" in out and f"order-id {doc['order_id']}" in out
+    assert sorted(order.leaves(doc["tree"])) == list(range(300)) and doc["verified"]["matched"] == 100
+    assert catalog.hex_id(order.order_id(doc["tree"], 300)) == doc["order_id"]
+    assert (tmp_path / "cat" / "orders" / f"{doc['order_id']}.json").read_text().startswith('{"k":300,"tree":')
