@@ -173,3 +173,9 @@ def test_files_keep_their_layout_and_route(tmp_path, layout):
         assert r["layout"]["b"]["strides"] == [1, 96]
     else:
         assert want == "SGEMM(N,N)" and r["layout"]["a"]["order"] == r["layout"]["b"]["order"] == "C"
+
+
+def test_run_durations_round_before_splitting_minutes():
+    from matmul_drift import cli_run
+
+    assert [cli_run._minutes(s) for s in (179.6, 59.4, 0.2, 3601)] == ["3m 00s", "0m 59s", "0m 00s", "60m 01s"]

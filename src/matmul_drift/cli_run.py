@@ -38,7 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)}m {seconds % 60:02.0f}s"
+    whole = round(seconds)  # rounded first: 179.6 s is 3m 00s, not 2m 60s
+    return f"{whole // 60}m {whole % 60:02d}s"
 
 
 def options(args: argparse.Namespace) -> mainjob.Options:
