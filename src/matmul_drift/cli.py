@@ -50,6 +50,8 @@ def configure_explain(p: argparse.ArgumentParser) -> None:
                    help="measure every candidate fix (fixes.py) in a fresh process and say which removes the drift")
     p.add_argument("--fix-timeout", type=_positive, default=None, metavar="S",
                    help="with --try-fixes: seconds each candidate's process may take (default 600)")
+    p.add_argument("--orders", action="store_true",
+                   help="reveal the summation order of entry (0, 0) of the product and of each slice (matmul-drift order)")
     p.add_argument("--render", type=Path, metavar="JSON",
                    help="print a report saved with --json as text, measuring nothing")
 
@@ -105,6 +107,16 @@ def _file_case(args):
     return case, Operands(a_t, b_t, case.op, case.layout), inputs.checksum(tensor_bits(a_t), tensor_bits(b_t))
 
 
+def _render_orders(o: dict) -> str:
+    full = o["full"]
+    lines = [f"order of entry (0, 0): full product {full['order_id'] or 'not revealed'}"
+             + (f": {full['summary']}" if full.get("summary") else f" ({full.get('reason')})")]
+    for s in o["slices"]:
+        where = f"[:, :{s['size']}]" if s["slice"] == "n" else f"[:{s['size']}]"
+        lines.append(f"  slice {where}: {s['order_id'] or 'not revealed'}; {s['verdict']}")
+    return "\n".join(lines)
+
+
 def _render_saved(path: Path) -> int:
     """The text of an explain report saved with --json (and its fixes, if tried)."""
     from . import bounded, explain, fixfind
@@ -112,6 +124,7 @@ def _render_saved(path: Path) -> int:
     try:
         r = json.loads(bounded.read_bytes(path))
         text = explain.render(r) + ("\n" + fixfind.render(r["fixes"]) if r.get("fixes") else "")
+        text += "\n" + _render_orders(r["orders"]) if r.get("orders") else ""
     except (OSError, bounded.Refused) as exc:
         raise UsageError(f"--render {path}: cannot read it: {exc}") from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as exc:
@@ -177,6 +190,14 @@ def run_explain(args) -> int:
     r = explain.report(m, args.slice_n, args.slice_m, layout=m.layout)
     if args.try_fixes:
         r["fixes"] = _try_fixes(args, case, given, slice_n, slice_m, repeat)
+    if args.orders:
+        if given[2]:
+            raise UsageError("--orders takes --case ID or --m M --k K --n N (the probe makes its own inputs)")
+        from . import order_probe
+
+        slices = [("n", s["n"], bool(s["max_ulp"] or s["frac_differ"])) for s in m.slice_n if s["form"] == "as-is"]
+        slices += [("m", s["m"], bool(s["max_ulp"] or s["frac_differ"])) for s in m.slice_m]
+        r["orders"] = order_probe.slice_orders(case, args.dtype, args.device, slices)
     if args.json:
         print(json.dumps(r, indent=2, allow_nan=False))
     else:
@@ -185,6 +206,8 @@ def run_explain(args) -> int:
             from . import fixfind
 
             print(fixfind.render(r["fixes"]))
+        if args.orders:
+            print(_render_orders(r["orders"]))
     return 1 if r["verdict"]["kind"] == "defect" else 0
 
 

@@ -57,22 +57,11 @@ def _target(args):
         t = order_probe.target(case, args.dtype, args.device, args.slice_n, args.slice_m, args.row, args.col)
     except (ValueError, measure.Unavailable) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
-    # Each round measures at most 2(K-1) pairs; a round of a tree of height t costs that over
-    # the output's columns, times the chunks of k. Usually log2 K rounds.
-    per_round = calls_per_round(t)
-    guess = per_round * max(2, t.k.bit_length() // 2)
+    guess = order_probe.expected_calls(t)
     if guess > args.max_calls:
         raise UsageError(f"revealing K = {t.k} over {t.width} probes a call needs about {guess} matmul calls "
-                         f"({per_round} a round), more than --max-calls {args.max_calls}")
+                         f"({order_probe.calls_per_round(t)} a round), more than --max-calls {args.max_calls}")
     return t
-
-
-def calls_per_round(t) -> int:
-    """Matmul calls of one round at most: 2(K - 1) pairs, times the chunks of k, over the
-    probes one call holds."""
-    from . import order
-
-    return -(-2 * (t.k - 1) * len(order.chunks(t.k, order.chunk_size(t.dtype))) // t.width)
 
 
 def run(args) -> int:
@@ -82,7 +71,8 @@ def run(args) -> int:
     t = _target(args)
     with _Bar("order", "call") as bar:
         try:
-            r = order_probe.reveal(t, progress=lambda calls: bar.update(f"{calls} calls", calls, calls + 1))
+            r = order_probe.reveal(t, progress=lambda calls: bar.update(f"{calls} calls", calls, calls + 1),
+                                   max_calls=args.max_calls)
         except order.NotRevealed as exc:
             print(f"matmul-drift order: order not revealed: {exc}")
             return 1
@@ -91,7 +81,7 @@ def run(args) -> int:
     where = f"{t.case.id}" + (f"[:, :{t.slice_n}]" if t.slice_n else f"[:{t.slice_m}]" if t.slice_m else "")
     print(f"{where} {t.dtype} on {t.device}, entry ({t.row}, {t.col}), K = {t.k}: {words}")
     print(f"order-id {catalog.hex_id(oid)}; {r.calls} matmul calls, {r.probes} pairs, {r.rounds} rounds, "
-          f"{r.seconds:.1f} s")
+          f"{r.seconds:.1f} s; {'; '.join(r.notes)}")
     verified = None
     if args.verify:
         verified = order_probe.replay(t, r.tree)
@@ -99,7 +89,7 @@ def run(args) -> int:
     if args.json:
         meta = {"case": t.case.id, "slice_n": t.slice_n, "slice_m": t.slice_m, "dtype": t.dtype, "device": t.device,
                 "row": t.row, "col": t.col, "k": t.k, "order_id": catalog.hex_id(oid), "summary": words,
-                "calls": r.calls, "pairs": r.probes, "rounds": r.rounds, "seconds": round(r.seconds, 3),
+                "calls": r.calls, "pairs": r.probes, "rounds": r.rounds, "seconds": round(r.seconds, 3), "notes": r.notes,
                 "verified": verified}
         text = json.dumps(meta, indent=1, allow_nan=False)
         args.json.write_text(text[:-2] + ',\n "tree": ' + order.to_json(r.tree) + "\n}\n")

@@ -55,10 +55,11 @@ class Prober:
     """Operands of the target's storage shapes on its device, filled per call: A all ones
     and the probes in B's columns, or (``by_rows``) B all ones and the probes in A's rows."""
 
-    def __init__(self, t: Target):
+    def __init__(self, t: Target, width: int | None = None):
         import torch
 
         self.t = t
+        self.width = width or t.width  # probes a call: the first `width` columns (rows)
         a_shape, b_shape = measure.operand_shapes(t.case, t.device)
         dt = getattr(torch, t.dtype)
         a = (torch.zeros if t.by_rows else torch.ones)(a_shape, dtype=dt, device=t.device)
@@ -79,7 +80,7 @@ class Prober:
     def buf(self) -> np.ndarray:
         """The probes of one call, (K, output columns) in float32; made on first use."""
         if self._buf is None:
-            self._buf = np.zeros((self.t.k, self.t.width), dtype=np.float32)
+            self._buf = np.zeros((self.t.k, self.width), dtype=np.float32)
         return self._buf
 
     def product(self):
@@ -112,8 +113,8 @@ class Prober:
         spans = order.chunks(self.t.k, self.chunk)
         probes = [(n, i, j, lo, hi) for n, (i, j) in enumerate(pairs) for lo, hi in spans]
         total = [2] * len(pairs)
-        for start in range(0, len(probes), self.t.width):
-            batch = probes[start:start + self.t.width]
+        for start in range(0, len(probes), self.width):
+            batch = probes[start:start + self.width]
             cols = np.arange(len(batch))
             n_, i_, j_, lo_, hi_ = (np.array(x) for x in zip(*batch))
             if len(spans) == 1:
@@ -147,13 +148,50 @@ class Prober:
         return total
 
 
-def reveal(t: Target, progress=None) -> order.Reveal:
-    """The tree of ``t``'s entry; NotRevealed when the probe's readings fit none."""
-    p = Prober(t)
+def calls_per_round(t: Target, width: int | None = None) -> int:
+    """Matmul calls of one round at most: 2(K - 1) pairs, times the chunks of k, over the
+    probes one call holds (a tree of height h takes at most h rounds, usually log2 K)."""
+    return -(-2 * (t.k - 1) * len(order.chunks(t.k, order.chunk_size(t.dtype))) // (width or widths(t)[0]))
+
+
+def expected_calls(t: Target, width: int | None = None) -> int:
+    return calls_per_round(t, width) * max(2, t.k.bit_length() // 2)
+
+
+def widths(t: Target) -> list[int]:
+    """The probe widths to try, widest first. A kernel may add the columns (rows) of a tail
+    tile in another order than the rest, so the first try keeps to the prefix of whole tiles of
+    64, the next to tiles of 16, and the last to the entry's own column (row) alone: exact for
+    the entry, at the most calls."""
+    pos = t.row if t.by_rows else t.col
+    out = []
+    for tile in (64, 16):
+        w = t.width // tile * tile
+        if w > pos and w not in out:
+            out.append(w)
+    out = out or [t.width]
+    return out + [1] if pos == 0 and out[-1] > 1 else out
+
+
+def reveal(t: Target, progress=None, max_calls: int | None = None) -> order.Reveal:
+    """The tree of ``t``'s entry; NotRevealed when the readings fit none at every width
+    (``widths``) or the next width would need more than ``max_calls``."""
     t0 = time.perf_counter()
-    out = order.reveal(lambda pairs: p.counts(pairs, progress), t.k)
-    out.calls, out.seconds = p.calls, time.perf_counter() - t0
-    return out
+    calls, why = 0, None
+    for w in widths(t):
+        if max_calls and calls + expected_calls(t, w) > max_calls:
+            break
+        p = Prober(t, w)
+        try:
+            out = order.reveal(lambda pairs, p=p: p.counts(pairs, progress), t.k)
+        except order.NotRevealed as exc:
+            calls += p.calls
+            why = f"{exc} (probes in {w} {'rows' if t.by_rows else 'columns'})"
+            continue
+        out.calls, out.seconds = calls + p.calls, time.perf_counter() - t0
+        out.notes.append(f"probes in the first {w} {'rows' if t.by_rows else 'columns'}")
+        return out
+    raise order.NotRevealed(why or "no probe width fits the call budget")
 
 
 def _draw(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
@@ -192,3 +230,38 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0) -> dict:
         elif first is None:
             first = {"draw": d, "kernel": value, "tree": float(want[d])}
     return {"draws": draws, "matched": matched, "first_mismatch": first}
+
+
+def _order_of(t: Target, max_calls: int) -> dict:
+    """order_id (12 hex) and summary of ``t``'s entry, or order_id None and the reason."""
+    if expected_calls(t) > max_calls:
+        return {"order_id": None, "reason": f"about {expected_calls(t)} matmul calls, more than {max_calls}"}
+    try:
+        r = reveal(t, max_calls=max_calls)
+    except order.NotRevealed as exc:
+        return {"order_id": None, "reason": str(exc)}
+    from . import catalog
+
+    return {"order_id": catalog.hex_id(order.order_id(r.tree, t.k)), "summary": order.describe(r.tree),
+            "calls": r.calls}
+
+
+def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[str, int, bool]],
+                 max_calls: int = 4000) -> dict:
+    """explain's orders: entry (0, 0) of the full product and of each slice ((kind "n" or "m",
+    size, whether its bits drift)), each with its order-id, and a verdict per slice."""
+    full = _order_of(target(case, dtype, device), max_calls)
+    out = {"full": full, "slices": []}
+    for kind, size, drifts in slices:
+        t = target(case, dtype, device, size if kind == "n" else None, size if kind == "m" else None)
+        got = _order_of(t, max_calls)
+        if got["order_id"] is None or full["order_id"] is None:
+            verdict = "order not revealed: " + (got.get("reason") or full.get("reason"))
+        elif got["order_id"] == full["order_id"]:
+            verdict = ("same order: identical bits expected" if not drifts else
+                       "same order, yet the bits differ: the drift is not in the order of entry (0, 0)")
+        else:
+            verdict = (f"order differs: {full['summary']} (full) vs {got['summary']} (slice)" if drifts else
+                       "order differs, yet these inputs give identical bits")
+        out["slices"].append({"slice": kind, "size": size, "drifts": drifts, **got, "verdict": verdict})
+    return out
