@@ -143,7 +143,7 @@ def test_every_cpu_route_of_the_catalog_is_revealed_and_replays_bit_for_bit():
         t = order_probe.target(cases.get(case), dtype, "cpu", sn, sm)
         r = order_probe.reveal(t)
         assert sorted(order.leaves(r.tree)) == list(range(t.k)), key
-        v = order_probe.replay(t, r.tree, draws=100)
+        v = order_probe.replay(t, r.tree, draws=100, width=r.width)
         assert v["matched"] == v["draws"] == 100, (key, case, sn, sm, v)
 
 

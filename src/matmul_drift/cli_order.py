@@ -84,7 +84,7 @@ def run(args) -> int:
           f"{r.seconds:.1f} s; {'; '.join(r.notes)}")
     verified = None
     if args.verify:
-        verified = order_probe.replay(t, r.tree)
+        verified = order_probe.replay(t, r.tree, width=r.width)
         print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to the kernel")
     if args.json:
         meta = {"case": t.case.id, "slice_n": t.slice_n, "slice_m": t.slice_m, "dtype": t.dtype, "device": t.device,

@@ -88,7 +88,8 @@ class _Hole:
 @dataclass
 class Reveal:
     """A revealed order: ``tree`` (the JSON form), ``calls`` (matmul calls), ``probes``
-    (pairs measured), ``rounds``, ``seconds`` (wall time of the probing)."""
+    (pairs measured), ``rounds``, ``seconds`` (wall time of the probing), ``width`` (the
+    output columns, or rows, the probes used: they share the tree)."""
 
     tree: object
     k: int
@@ -96,6 +97,7 @@ class Reveal:
     probes: int = 0
     rounds: int = 0
     seconds: float = 0.0
+    width: int = 1
     notes: list[str] = field(default_factory=list)
 
 

@@ -154,8 +154,11 @@ def calls_per_round(t: Target, width: int | None = None) -> int:
     return -(-2 * (t.k - 1) * len(order.chunks(t.k, order.chunk_size(t.dtype))) // (width or widths(t)[0]))
 
 
+ROUNDS = 3  # rounds a CPU tree took here: 1 to 3 for every route of the catalog (README)
+
+
 def expected_calls(t: Target, width: int | None = None) -> int:
-    return calls_per_round(t, width) * max(2, t.k.bit_length() // 2)
+    return calls_per_round(t, width) * ROUNDS
 
 
 def widths(t: Target) -> list[int]:
@@ -188,7 +191,7 @@ def reveal(t: Target, progress=None, max_calls: int | None = None) -> order.Reve
             calls += p.calls
             why = f"{exc} (probes in {w} {'rows' if t.by_rows else 'columns'})"
             continue
-        out.calls, out.seconds = calls + p.calls, time.perf_counter() - t0
+        out.calls, out.seconds, out.width = calls + p.calls, time.perf_counter() - t0, w
         out.notes.append(f"probes in the first {w} {'rows' if t.by_rows else 'columns'}")
         return out
     raise order.NotRevealed(why or "no probe width fits the call budget")
@@ -202,33 +205,44 @@ def _draw(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
     return (rng.choice([-1.0, 1.0], shape) * mant * np.exp2(rng.integers(lo, hi, shape))).astype(np.float32)
 
 
-def replay(t: Target, tree, draws: int = 100, seed: int = 0) -> dict:
+def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1) -> dict:
     """The tree evaluated in numpy (order.evaluate, in the accumulator's precision, rounded once
-    to the output dtype) against the kernel's own output at the entry, on ``draws`` random
-    inputs whose products are exact. Returns draws, matched, and the first mismatch."""
+    to the output dtype) against the kernel's own output, on ``draws`` random inputs whose
+    products are exact: each call draws the entry's row of A and the first ``width`` columns of
+    B (rows of A and the entry's column of B, by rows), the ones the probes shared, the entry's
+    own among them. Returns draws, matched, and the first mismatch."""
     import torch
 
     p = Prober(t)
     rng = np.random.default_rng(seed)
     acc = np.float64 if t.dtype == "float64" else np.float32
-    matched, first = 0, None
     dt = getattr(torch, t.dtype)
-    # Only the entry's row of A and column of B reach it; the rest stay as made (ones, zeros).
-    a_row = p.ops.a[0, t.row] if p.ops.a.dim() == 3 else p.ops.a[t.row] if p.ops.a.dim() == 2 else p.ops.a
     products, kernel = np.empty((t.k, draws)), []
-    for d in range(draws):  # a new row of A and column of B each draw: the entry's own inputs
-        a_row.copy_(torch.from_numpy(_draw(rng, (t.k,), t.dtype)).to(dt))
-        p.b0[:, t.col].copy_(torch.from_numpy(_draw(rng, (t.k,), t.dtype)).to(dt))
-        got = p.product()[t.row if t.by_rows else t.col].reshape(1)
-        kernel.append((int(measure.tensor_bits(got)[0]), float(got[0])))
-        products[:, d] = (a_row.double() * p.b0[:, t.col].double()).cpu().numpy()  # exact: 4 + 4 bits
+    d = 0
+    while d < draws:
+        w = min(width, draws - d)
+        if t.by_rows:  # rows of A (each a draw) against the entry's column of B
+            p.a0[:w].copy_(torch.from_numpy(_draw(rng, (w, t.k), t.dtype)).to(dt))
+            p.b0[:, t.col].copy_(torch.from_numpy(_draw(rng, (t.k,), t.dtype)).to(dt))
+            lhs, rhs = p.a0[:w].double(), p.b0[:, t.col].double()[None, :]
+        else:  # the entry's row of A against columns of B
+            a_row = p.a0[t.row] if p.a0.dim() == 2 else p.a0
+            a_row.copy_(torch.from_numpy(_draw(rng, (t.k,), t.dtype)).to(dt))
+            p.b0[:, :w].copy_(torch.from_numpy(_draw(rng, (t.k, w), t.dtype)).to(dt))
+            lhs, rhs = a_row.double()[None, :], p.b0[:, :w].double().t()
+        got = p.product()[:w]
+        bits = measure.tensor_bits(got)
+        kernel += [(int(b), float(v)) for b, v in zip(bits, got.double().cpu().numpy())]
+        products[:, d:d + w] = (lhs * rhs).cpu().numpy().T  # exact: 4 + 4 significant bits
+        d += w
     want = order.evaluate(tree, products, acc)  # every draw at once
     want_bits = want.view(np.uint64) if acc is np.float64 else inputs.round_bits(want, t.dtype)
-    for d, ((bits, value), w) in enumerate(zip(kernel, want_bits)):
+    matched, first = 0, None
+    for i, ((bits, value), w) in enumerate(zip(kernel, want_bits)):
         if int(w) == bits:
             matched += 1
         elif first is None:
-            first = {"draw": d, "kernel": value, "tree": float(want[d])}
+            first = {"draw": i, "kernel": value, "tree": float(want[i])}
     return {"draws": draws, "matched": matched, "first_mismatch": first}
 
 
