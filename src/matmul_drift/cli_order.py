@@ -17,7 +17,6 @@ from pathlib import Path
 from . import cases
 from .cli_scan import _positive
 
-MAX_CALLS = 4000  # a probe expected to need more is refused before it starts
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -33,8 +32,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--col", type=int, default=0, help="the entry's column (default 0)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the tree and what was measured")
     p.add_argument("--verify", action="store_true", help="replay the tree against the kernel on 100 random draws")
-    p.add_argument("--max-calls", type=_positive, default=MAX_CALLS,
-                   help=f"refuse a probe expected to need more matmul calls (default {MAX_CALLS})")
+    p.add_argument("--max-calls", type=_positive, default=4000,
+                   help="refuse a probe expected to need more matmul calls (default 4000)")
 
 
 def _target(args):

@@ -176,13 +176,17 @@ def widths(t: Target) -> list[int]:
     return out + [1] if pos == 0 and out[-1] > 1 else out
 
 
-def reveal(t: Target, progress=None, max_calls: int | None = None) -> order.Reveal:
+MAX_CALLS = 4000  # a probe expected to need more is refused (matmul-drift order --max-calls)
+
+
+def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS) -> order.Reveal:
     """The tree of ``t``'s entry; NotRevealed when the readings fit none at every width
     (``widths``) or the next width would need more than ``max_calls``."""
     t0 = time.perf_counter()
     calls, why = 0, None
     for w in widths(t):
-        if max_calls and calls + expected_calls(t, w) > max_calls:
+        if calls + expected_calls(t, w) > max_calls:
+            why = (why or "") + f"; the next width ({w}) needs about {expected_calls(t, w)} calls, beyond {max_calls}"
             break
         p = Prober(t, w)
         try:
@@ -261,7 +265,7 @@ def _order_of(t: Target, max_calls: int) -> dict:
 
 
 def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[str, int, bool]],
-                 max_calls: int = 4000) -> dict:
+                 max_calls: int = MAX_CALLS) -> dict:
     """explain's orders: entry (0, 0) of the full product and of each slice ((kind "n" or "m",
     size, whether its bits drift)), each with its order-id, and a verdict per slice."""
     full = _order_of(target(case, dtype, device), max_calls)
