@@ -30,11 +30,16 @@ def _progress(msg: str) -> None:
         print(f"matmul-drift: {msg}", file=sys.stderr, flush=True)
 
 
-def configure_explain(p: argparse.ArgumentParser) -> None:
+def add_shape_arguments(p: argparse.ArgumentParser) -> None:
+    """--m/--k/--n or --case: what explain and order measure."""
     p.add_argument("--m", type=_positive)
     p.add_argument("--k", type=_positive)
     p.add_argument("--n", type=_positive)
     p.add_argument("--case", help=f"a catalog case: {', '.join(cases.CASE_IDS)}")
+
+
+def configure_explain(p: argparse.ArgumentParser) -> None:
+    add_shape_arguments(p)
     p.add_argument("--a", type=Path, help="A as .npy or .pt: (M, K) or (K,)")
     p.add_argument("--b", type=Path, help="B as .npy or .pt: (K, N)")
     p.add_argument("--dtype", choices=cases.DTYPES, help="required, except with --render")

@@ -20,10 +20,9 @@ from .cli_scan import _positive
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--m", type=_positive)
-    p.add_argument("--k", type=_positive)
-    p.add_argument("--n", type=_positive)
-    p.add_argument("--case", help=f"a catalog case: {', '.join(cases.CASE_IDS)}")
+    from .cli import add_shape_arguments
+
+    add_shape_arguments(p)
     p.add_argument("--slice-n", type=_positive, help="with --case: the product A @ B[:, :N]")
     p.add_argument("--slice-m", type=_positive, help="with --case: the product A[:M] @ B")
     p.add_argument("--dtype", required=True, choices=cases.DTYPES)

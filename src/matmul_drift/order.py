@@ -112,10 +112,8 @@ def _path(pivot: int, values: dict[int, int], total: int):
     for v in sorted(groups):
         g = sorted(groups[v])
         s = v - size  # the size of each of g's subtrees if they meet the pivot's side above `top`
-        if s == len(g):
-            top, base = [top, _Hole(g, 1, s)], size
-        elif s > 0 and len(g) % s == 0:
-            top, base = [top, *(_Hole(g, len(g) // s, s),)], size
+        if s > 0 and len(g) % s == 0:  # a new node above `top`: g is one subtree, or several of size s
+            top, base = [top, _Hole(g, len(g) // s, s)], size
         elif base is not None and (t := v - base) > 0 and len(g) % t == 0 and isinstance(top, list):
             top.append(_Hole(g, len(g) // t, t))  # more children of the node `top` (summed exactly)
         else:

@@ -64,15 +64,13 @@ class Prober:
         dt = getattr(torch, t.dtype)
         a = (torch.zeros if t.by_rows else torch.ones)(a_shape, dtype=dt, device=t.device)
         b = (torch.ones if t.by_rows else torch.zeros)(b_shape, dtype=dt, device=t.device)
-        self.stored_b = b
         if t.case.op == "linear":
             b = b.t()  # stored as W (N, K); the product sees W.t() (K, N)
         self.ops = measure.Operands(a, b, t.case.op, t.case.layout)
         self.b0 = b[0] if t.case.op == "bmm" else b  # the (K, N) matrix the read entry uses
         self.a0 = a[0] if t.case.op == "bmm" else a  # its (M, K) matrix (K,) for mv
         self.calls = 0
-        self.seconds = 0.0
-        acc, out, self.base, self.big = order.PROBE[t.dtype]
+        _, _, self.base, self.big = order.PROBE[t.dtype]
         self.chunk = order.chunk_size(t.dtype)
         self._buf: np.ndarray | None = None
 
@@ -108,8 +106,6 @@ class Prober:
     def counts(self, pairs: list[tuple[int, int]], progress=None) -> list[int]:
         """v(i, j) for each pair: K minus the products the output still counts, summed over
         the chunks of k (one probe each; one chunk unless the output is fp16 or bf16)."""
-        import torch
-
         spans = order.chunks(self.t.k, self.chunk)
         probes = [(n, i, j, lo, hi) for n, (i, j) in enumerate(pairs) for lo, hi in spans]
         total = [2] * len(pairs)
@@ -127,11 +123,7 @@ class Prober:
             self.buf[i_, cols] = self.big
             self.buf[j_, cols] = -self.big
             self._load(self.buf)
-            t0 = time.perf_counter()
             y = self.product()
-            if self.t.device == "cuda":
-                torch.cuda.synchronize()
-            self.seconds += time.perf_counter() - t0
             self.calls += 1
             got = y[: len(batch)].double().cpu().numpy() / self.base
             # base products in each probe: its span, less i and j where they fall in it
