@@ -67,6 +67,9 @@ class Drift:
     def track_fix_id(self, cache, case, dtype, device):
         return self.values.get("fix_id", suite.NAN)
 
+    def track_order_id(self, cache, case, dtype, device):
+        return self.values.get("order_id", suite.NAN)  # NaN also where $MATMUL_DRIFT_ORDERS=0
+
 
 for _name, _unit in suite.UNITS.items():
     getattr(Drift, f"track_{_name}").unit = _unit

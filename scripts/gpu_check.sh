@@ -6,9 +6,11 @@
 # It installs asv and the project from .whl/ only (pip --no-index) into a venv that sees the
 # image's torch, which is the build under test whatever its version; runs the CUDA suite
 # through asv, explains the seed in fp16 and tries its fixes, tries the fixes of a
-# batch-invariance case in bf16, and scans the seed's columns. Every step has a timeout
-# (together 7 min 40 s) and prints its time. OUT receives three files: gpu-check.tar.gz
-# (asv results, catalog entries, explain, fixes and scan output), summary.txt and log.txt.
+# batch-invariance case in bf16, reveals the summation orders of the seed's 45999 and 46000
+# columns in fp16 and of batch-invariance in bf16 (full and A[:1]), and scans the seed's
+# columns. Every step has a timeout (together 8 min) and prints its time. OUT receives three
+# files: gpu-check.tar.gz (asv results, catalog entries, explain, fixes, order trees and scan
+# output), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR [--rehearse]}
@@ -45,11 +47,17 @@ if [ "$MODE" = --rehearse ]; then
   BATCH=(--m 16 --k 64 --n 48 --slice-m 3 --dtype bfloat16 --device cpu)
   SCAN=(--vary n --range 30:48 --m 1 --k 64 --dtype float16 --device cpu)
   DENSE=(--vary n --range 44:48 --m 1 --k 64 --dtype float16 --device cpu --step 1)
+  ORDERS=("seed-47-float16:--m 1 --k 64 --n 47 --dtype float16" "seed-48-float16:--m 1 --k 64 --n 48 --dtype float16"
+          "batch-bfloat16:--m 16 --k 64 --n 48 --dtype bfloat16" "batch-m1-bfloat16:--m 1 --k 64 --n 48 --dtype bfloat16")
 else
   DEVICE=cuda CASES='' EXPLAIN=(--case seed --slice-n 45999 --dtype float16 --device cuda)
   BATCH=(--case batch-invariance-2 --dtype bfloat16 --device cuda)
   SCAN=(--vary n --range 40000:52000 --m 1 --k 4096 --dtype float16 --device cuda)
   DENSE=(--vary n --range 45990:46010 --m 1 --k 4096 --dtype float16 --device cuda --step 1)
+  ORDERS=("seed-45999-float16:--case seed --slice-n 45999 --dtype float16"
+          "seed-46000-float16:--case seed --slice-n 46000 --dtype float16"
+          "batch-invariance-2-bfloat16:--case batch-invariance-2 --dtype bfloat16"
+          "batch-invariance-2-m1-bfloat16:--case batch-invariance-2 --slice-m 1 --dtype bfloat16")
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv || true
 fi
 
@@ -87,22 +95,37 @@ PYEOF
 }
 export COMMIT
 export -f write_config
-step config 15 write_config
+step config 10 write_config
 machine=$("$PY" -m matmul_drift.cli machine --register 2>/dev/null)
 export MATMUL_DRIFT_DEVICES=$DEVICE MATMUL_DRIFT_CATALOG=$PACK/results/catalog MATMUL_DRIFT_CASES=$CASES
 export PYTORCH_NVML_BASED_CUDA_CHECK=1
 # The suite: one setup_cache measures every case on this device; the others are skipped.
 # Its fix finder (a fresh process per setting, each redrawing every drifting case's inputs)
-# does not fit the budget here: fix_cost and fix_id are NaN; the two --try-fixes steps stand in.
-MATMUL_DRIFT_FIXES=0 step suite 180 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
+# and its order probe (every combination) do not fit the budget here: fix_cost, fix_id and
+# order_id are NaN; the --try-fixes and order steps stand in.
+MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 step suite 170 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench 'drift\.Drift' --launch-method forkserver --show-stderr
 # The seed, answered on this device, and where its kernels change along n: the grid search by
 # alignment class over 40000..52000, then every size around 45999/46000.
 STEP_OUT=$PACK/seed-float16.json step explain 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --try-fixes \
   --fix-timeout 20 --json
-STEP_OUT=$PACK/seed-float16.txt step explain-txt 10 "$PY" -m matmul_drift.cli explain --render "$PACK/seed-float16.json"
-STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 50 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
+STEP_OUT=$PACK/seed-float16.txt step explain-txt 5 "$PY" -m matmul_drift.cli explain --render "$PACK/seed-float16.json"
+STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 45 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
   --try-fixes --fix-timeout 12 --json
+# The summation orders (matmul-drift order, replayed on 100 draws): one tree per file, order-NAME.json.
+reveal_orders() {
+  local spec rc=0
+  while IFS= read -r spec; do
+    # shellcheck disable=SC2086  # the spec's words are the arguments
+    "$PY" -m matmul_drift.cli order ${spec#*:} --device "$DEVICE" --verify --json "$PACK/order-${spec%%:*}.json" \
+      < /dev/null || rc=1
+  done <<< "$ORDERS_TEXT"
+  return $rc
+}
+ORDERS_TEXT=$(printf '%s\n' "${ORDERS[@]}")  # an array does not pass to the exported function
+export DEVICE PACK ORDERS_TEXT
+export -f reveal_orders
+step orders 50 reveal_orders
 step scan 60 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --json "$PACK/scan-seed-float16.json" \
   --plot "$PACK/scan-seed-float16.png"
 step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --json "$PACK/scan-seed-dense.json"
@@ -117,7 +140,7 @@ step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --json "$PACK/scan-se
 } > "$OUT/summary.txt"
 printf '%s\n' "$machine" > "$PACK/MACHINE"
 printf '%s\n' "$COMMIT" > "$PACK/COMMIT"
-step archive 10 tar -czf "$OUT/gpu-check.tar.gz" -C "$PACK" .
+step archive 5 tar -czf "$OUT/gpu-check.tar.gz" -C "$PACK" .
 rm -rf "$WORK"
 echo "gpu_check: done, $failed step(s) failed; in $OUT: $(cd "$OUT" && echo *)"
 [ "$failed" -eq 0 ]

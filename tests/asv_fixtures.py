@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from matmul_drift import catalog
+from matmul_drift import catalog, order
 
 RESULT_COLUMNS = [
     "result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
@@ -42,6 +42,7 @@ BENCHMARKS = {
     "drift.Drift.track_cuda_seconds": ("seconds", "track"),
     "drift.Drift.track_fix_cost": ("ratio", "track"),
     "drift.Drift.track_fix_id": ("fix-id", "track"),
+    "drift.Drift.track_order_id": ("order-id", "track"),
     "timing.Time.time_matmul": ("seconds", "time"),
 }
 ERROR_U = "drift.Drift.track_error_u"
@@ -56,6 +57,7 @@ INPUT = "drift.Drift.track_input_id"
 CUDA_SECONDS = "drift.Drift.track_cuda_seconds"
 FIX_COST = "drift.Drift.track_fix_cost"
 FIX_ID = "drift.Drift.track_fix_id"
+ORDER_ID = "drift.Drift.track_order_id"
 TIME = "timing.Time.time_matmul"
 
 DTYPES = ("float64", "float32", "float16", "bfloat16", "float32-tf32", "float32-high")
@@ -143,6 +145,19 @@ def fix_entry(device: str, drifts: list[str], verdicts: dict | None = None) -> d
     return {"device": device, "drifts": drifts, "verdicts": {**base, **(verdicts or {})}}
 
 
+def order_tree(how: str, k: int = 8):
+    """A hand-built order over k products: "sequential" (left-deep) or "pairwise"."""
+    parts = list(range(k))
+    if how == "sequential":
+        t = parts[0]
+        for x in parts[1:]:
+            t = [t, x]
+        return t
+    while len(parts) > 1:
+        parts = [[parts[i], parts[i + 1]] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
 def _repr(values) -> list[str]:
     return [repr(v) for v in values]
 
@@ -207,6 +222,7 @@ def write_tree(
         base[INPUT].append(nan if skipped else catalog.text_id(f"inputs {c['case']} {dtype}"))
         drifts = ["slice_n"] if i % 3 == 0 else []
         base[FIX_ID].append(nan if skipped else catalog.store(cat, "fixes", fix_entry(device, drifts)))
+        base[ORDER_ID].append(nan if skipped else order.store(cat, order_tree("sequential"), 8))
         base[FIX_COST].append(nan if skipped else (1.25 if drifts else 1.0))
         base[CUDA_SECONDS].append(nan if device == "cpu" or skipped else 1e-4 * (1 + i % 5))
         base[TIME].append(nan if skipped else 1e-3 * (1 + 0.1 * (i % 7)))

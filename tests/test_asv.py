@@ -67,12 +67,12 @@ def _skinny_drifts() -> bool:
 
 
 # spawn starts a fresh interpreter (and imports torch) per benchmark and parameter: fewer benchmarks.
-@pytest.mark.parametrize("method,bench", [("forkserver", "track_error_u|track_kernel_id|track_slice_m_ulp|track_fix|time_matmul"),
+@pytest.mark.parametrize("method,bench", [("forkserver", "track_error_u|track_kernel_id|track_slice_m_ulp|track_fix|track_order_id|time_matmul"),
                                           ("spawn", "track_error_u")])
 def test_quick_run(project, method, bench):
     dst, head, env = project
     if method == "spawn":
-        env = {**env, "MATMUL_DRIFT_FIXES": "0"}  # the fix finder is covered by the forkserver run
+        env = {**env, "MATMUL_DRIFT_FIXES": "0", "MATMUL_DRIFT_ORDERS": "0"}  # both covered by the forkserver run
     rc, out = asv(
         "run", "-E", "existing:same", "--quick", f"--set-commit-hash={head}", f"--launch-method={method}",
         "--machine", "testbox", "--bench", bench, cwd=dst, env=env,
@@ -101,3 +101,13 @@ def test_quick_run(project, method, bench):
     if "track_kernel_id" in bench:
         kid = int(got[("drift.Drift.track_kernel_id", "square", "float32", "cpu")])
         assert (dst / "results" / "catalog" / "kernels" / f"{kid:012x}.json").exists()
+    if "track_order_id" in bench:  # each tree, read back from the catalog, replays this CPU's kernel bit for bit
+        from matmul_drift import cases, catalog, order_probe
+
+        for case, dtype in (("skinny", "float32"), ("square", "bfloat16")):
+            oid = got[("drift.Drift.track_order_id", case, dtype, "cpu")]
+            entry = catalog.load(dst / "results" / "catalog", "orders", oid)
+            t = order_probe.target(cases.get(case), dtype, "cpu")
+            assert entry["k"] == t.k and entry["tree"] is not None
+            assert order_probe.replay(t, entry["tree"], width=64)["matched"] == 100
+        assert math.isnan(got[("drift.Drift.track_order_id", "square", "float32", "cuda")])

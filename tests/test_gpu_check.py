@@ -21,7 +21,7 @@ import pytest
 
 from checkout import ROOT, committed_copy
 
-from matmul_drift import gpucheck, history
+from matmul_drift import catalog, gpucheck, history, order
 
 LIMITS = {"files": 8, "file_bytes": 16 << 20, "total_bytes": 64 << 20}  # what comes back from $OUT
 OURS = 4  # the issue's own bound on the files the check leaves
@@ -66,12 +66,12 @@ def test_every_step_passes_within_its_timeout_with_the_network_refused(rehearsal
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     summary = (out / "summary.txt").read_text()
     steps = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s$", summary, re.M)
-    assert [s[0] for s in steps] == ["install", "config", "suite", "explain", "explain-txt", "fixes-batch", "scan",
-                                      "dense"]
+    assert [s[0] for s in steps] == ["install", "config", "suite", "explain", "explain-txt", "fixes-batch", "orders",
+                                      "scan", "dense"]
     assert all(rc == "0" and int(t) <= int(limit) for _, rc, t, limit in steps)
     # The real run's limits, as the script states them, sum to at most 8 minutes.
     limits = [int(n) for n in re.findall(r"^\s*(?:\S+=\S+ )*step \S+ (\d+) ", (ROOT / "scripts/gpu_check.sh").read_text(), re.M)]
-    assert len(limits) == 9 and sum(limits) <= 480, limits
+    assert len(limits) == 10 and sum(limits) <= 480, limits
     assert "0 step(s) failed" in summary and "torch" in summary
 
 
@@ -84,7 +84,9 @@ def test_what_comes_back_fits_the_limits(rehearsal):
     assert sum(p.stat().st_size for p in files) <= LIMITS["total_bytes"]
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         names = tar.getnames()
-    assert {"./seed-float16.json", "./seed-float16.txt", "./fixes-batch-bfloat16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./MACHINE", "./COMMIT"} <= set(names)
+    assert {"./seed-float16.json", "./seed-float16.txt", "./fixes-batch-bfloat16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./MACHINE", "./COMMIT",
+            "./order-seed-47-float16.json", "./order-seed-48-float16.json", "./order-batch-bfloat16.json",
+            "./order-batch-m1-bfloat16.json"} <= set(names)
     assert any(n.startswith("./results/asv/") and n.endswith(".json") and "machine" not in n for n in names)
 
 
@@ -104,6 +106,10 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
     assert not hist.warnings
     doc = json.loads((results / "gpu-check" / machine / runs[0].commit[:8] / "seed-float16.json").read_text())
     assert doc["dtype"] == "float16" and "drifts" in doc["fixes"]  # --try-fixes ran on the seed's stand-in
+    for name in ("seed-47-float16", "seed-48-float16", "batch-bfloat16", "batch-m1-bfloat16"):  # the order trees
+        o = json.loads((results / "gpu-check" / machine / runs[0].commit[:8] / f"order-{name}.json").read_text())
+        assert o["verified"]["matched"] == 100 and sorted(order.leaves(o["tree"])) == list(range(o["k"]))
+        assert catalog.load(results / "catalog", "orders", int(o["order_id"], 16))["k"] == o["k"]
     # Imported twice: the same files, nothing refused; other values under the same name are refused.
     assert gpucheck.import_archive(out / "gpu-check.tar.gz", results)
     path = runs[0].path

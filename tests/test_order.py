@@ -4,6 +4,7 @@ answers from the tree itself), the probe and the replay against this machine's k
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -35,7 +36,7 @@ def simulated(tree):
             if key in at:
                 return size[ci[a - 1]] + size[cj[at[key] - 1]]
 
-    return lambda pairs: [v(i, j) for i, j in pairs]
+    return lambda pairs, within: [v(i, j) for i, j in pairs]
 
 
 def seq(parts):
@@ -74,16 +75,26 @@ def test_hand_built_trees_are_revealed_exactly(name):
         assert order.describe(got.tree) == words
 
 
-def test_a_long_sequential_loop_needs_one_round_and_no_recursion():
-    k = 1500  # deeper than Python's recursion limit
+def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path):
+    from matmul_drift import catalog
+
+    k = 1500  # deeper than Python's recursion limit (and json.loads')
     got = order.reveal(simulated(seq(list(range(k)))), k)
     assert got.rounds == 1 and order.describe(got.tree) == "sequential"
     text = order.to_json(got.tree)
     assert text == "[" * (k - 1) + "0," + "],".join(str(i) for i in range(1, k)) + "]"
+    back = catalog.load(tmp_path, "orders", order.store(tmp_path, got.tree, k))  # read back as the summary does
+    assert back["k"] == k and order.to_json(back["tree"]) == text
+
+
+@pytest.mark.parametrize("text", ["[]", "[0,", "[0,1]]", "[,1]", "[0 1]", "[0,]", "{}", "", "[-1,2]"])
+def test_text_that_is_not_a_tree_is_refused(text):
+    with pytest.raises(ValueError):
+        order.from_json(text)
 
 
 def test_counts_that_fit_no_tree_are_not_revealed():
-    def noisy(pairs):
+    def noisy(pairs, within):
         return [(i * 7 + j * 3) % 5 + 2 for i, j in pairs]
 
     with pytest.raises(order.NotRevealed, match="fit no tree"):
@@ -244,3 +255,33 @@ def test_explain_orders_give_each_slice_its_order_and_a_verdict(capsys):
     rc = cli.main(["explain", "--m", "64", "--k", "512", "--n", "256", "--dtype", "float32", "--orders"])
     out = capsys.readouterr().out
     assert rc == 0 and f"order of entry (0, 0): full product {o['full']['order_id']}" in out
+
+
+def test_the_suite_records_each_full_products_order_and_says_what_it_could_not(tmp_path, monkeypatch):
+    """suite.add_orders: a revealed tree in the catalog (the one the probe reveals here), NaN
+    where the probe does not run (long-k), untouched skips, and the tree null ("not revealed")
+    where the readings fit no tree."""
+    import io
+
+    from matmul_drift import catalog, cases, order_probe, suite
+
+    out = {"square|float32|cpu": {}, "long-k|float32|cpu": {}, "square|float32-tf32|cpu": {"skip": "CUDA only"}}
+    log = io.StringIO()
+    suite.add_orders(out, tmp_path, log)
+    t = order_probe.target(cases.get("square"), "float32", "cpu")
+    entry = catalog.load(tmp_path, "orders", out["square|float32|cpu"]["order_id"])
+    assert entry == {"k": t.k, "tree": order_probe.reveal(t).tree}
+    assert math.isnan(out["long-k|float32|cpu"]["order_id"]) and "not probed" in log.getvalue()
+    assert out["square|float32-tf32|cpu"] == {"skip": "CUDA only"}
+
+    def fits_no_tree(*a, **kw):
+        raise order.NotRevealed("the counts over products 0..511 fit no tree")
+
+    monkeypatch.setattr(order_probe, "reveal", fits_no_tree)
+    suite.add_orders(out, tmp_path, log)
+    assert catalog.load(tmp_path, "orders", out["square|float32|cpu"]["order_id"]) == {"k": t.k, "tree": None}
+    assert "square float32 cpu: not revealed: the counts over products 0..511 fit no tree" in log.getvalue()
+    monkeypatch.setenv("MATMUL_DRIFT_ORDERS", "0")
+    out = {"square|float32|cpu": {}}
+    suite.add_orders(out, tmp_path, log)
+    assert out == {"square|float32|cpu": {}}  # benchmarks/drift.py reads NaN

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import asv_fixtures as F
-from matmul_drift import catalog, cli_summary, history, render, summary
+from matmul_drift import catalog, cli_summary, history, order, render, summary
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_RESULTS = REPO / "results"
@@ -188,10 +188,39 @@ def test_kernel_change_shows_old_and_new_names(capsys, tmp_path):
     (f,) = doc["flags"]
     assert rc == 1 and f["kind"] == "kernel" and f["params"] == tree.combos[i]
     old_name = F.default_kernel_names()[1]  # float32 is the second (dtype, device) pair
+    seq = catalog.hex_id(order.order_id(F.order_tree("sequential"), 8))
     assert f["detail"] == (f"full: aten::matmul, aten::mm, {old_name} -> "
-                           "aten::matmul, aten::mm, MKL SGEMM(N,N) CNR:COMPATIBLE NThr:2")
+                           "aten::matmul, aten::mm, MKL SGEMM(N,N) CNR:COMPATIBLE NThr:2; "
+                           f"renamed, same order: sequential (order-id {seq})")
     rc, out, _ = run_cli(capsys, tree.root, "--across", "commits")
     assert "CNR:COMPATIBLE" in out and old_name in out and "synthetic: kernel" in out
+
+
+def test_an_order_change_is_flagged_as_order_even_with_the_same_kernels(capsys, tmp_path):
+    same, both, lost = _idx(dtype="float32"), _idx(dtype="float16"), _idx(case="tall", dtype="float64")
+
+    def change(data, cat):
+        F.set_value(data, F.ORDER_ID, same, order.store(cat, F.order_tree("pairwise"), 8))
+        F.set_value(data, F.ORDER_ID, both, order.store(cat, F.order_tree("pairwise"), 8))
+        F.set_value(data, F.KERNEL, both, catalog.store(cat, "kernels", {"device": "cpu", "full": ["new kernel"]}))
+        F.set_value(data, F.ORDER_ID, lost, order.store(cat, None, 8))  # the readings fit no tree
+
+    tree = _tree_with(tmp_path, change)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    got = {(f["kind"], f["params"]["case"], f["params"]["dtype"]): f["detail"] for f in doc["flags"]}
+    assert rc == 1 and "order" in doc["fail_on"]
+    assert got.pop(("kernel", "square", "float16")).endswith("-> new kernel")  # no "renamed": the order moved too
+    assert got == {
+        ("order", "square", "float32"): "order of entry (0, 0): sequential -> pairwise; "
+                                        "kernel-id unchanged: the same kernels add in another order",
+        ("order", "square", "float16"): "order of entry (0, 0): sequential -> pairwise",
+        ("order", "tall", "float64"): "order of entry (0, 0): sequential -> not revealed; "
+                                      "kernel-id unchanged: the same kernels add in another order",
+    }
+    rc, out, _ = run_cli(capsys, tree.root, "--across", "commits", "--fail-on", "kernel")
+    assert rc == 1 and "synthetic: order" in out and "sequential -> pairwise" in out
+    rc, _, _ = run_cli(capsys, tree.root, "--across", "commits", "--fail-on", "accuracy")
+    assert rc == 0
 
 
 def test_a_fix_that_stops_or_starts_working_is_flagged_as_fix(capsys, tmp_path):
@@ -548,7 +577,7 @@ def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     rc, doc, _ = run_json(capsys, tree.root)
     assert set(doc) == {"version", "fail_on", "failing", "pairs", "machines", "flags", "different_hardware"}
     assert doc["different_hardware"] == []
-    assert doc["fail_on"] == ["kernel", "invariance", "accuracy", "nonfinite", "input", "fix"]
+    assert doc["fail_on"] == ["kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix"]
     f = doc["flags"][0]
     assert set(f) == {"kind", "failing", "machine", "across", "benchmark", "unit", "params", "before",
                       "after", "detail", "attribution"}

@@ -77,12 +77,19 @@ def load(root: Path | str, kind: str, ident: int | float):
     path = entry_path(root, kind, ident)
     try:
         text = bounded.read_bytes(path, root).decode("utf-8").strip()
-        obj = json.loads(text)
+        if kind == "orders":  # trees are K deep: json.loads and json.dumps recurse
+            from .order import entry_text, parse_entry
+
+            obj = parse_entry(text)
+            canon = entry_text(obj["tree"], obj["k"])
+        else:
+            obj = json.loads(text)
+            canon = canonical(obj)
     except FileNotFoundError:
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is missing ({path})") from None
     except (OSError, ValueError) as exc:
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is unreadable: {exc}") from None
-    if text_id(canonical(obj)) != int(ident):
+    if text_id(canon) != int(ident):
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} does not match its id")
     return obj
 

@@ -137,7 +137,9 @@ def _holes(holder: list):
 
 
 def reveal(measure_pairs, k: int, max_rounds: int | None = None, progress=None) -> Reveal:
-    """The tree over leaves 0..k-1 from ``measure_pairs(pairs) -> counts`` (v(i, j) per pair).
+    """The tree over leaves 0..k-1 from ``measure_pairs(pairs, within) -> counts`` (v(i, j) per
+    pair; ``within[n]``, the leaves of the set pair n lies in, holds every product v counts, so a
+    probe may leave the others 0: after the first round far fewer chunks of fp16/bf16 remain).
 
     NotRevealed when the counts fit no tree or the rounds run out (each round measures at
     most 2(k - 1) pairs; a tree of height t needs at most t rounds, usually log2 k)."""
@@ -155,11 +157,12 @@ def reveal(measure_pairs, k: int, max_rounds: int | None = None, progress=None) 
         out.rounds += 1
         if out.rounds > max_rounds:
             raise NotRevealed(f"not resolved after {max_rounds} rounds of probes")
-        pairs = []
+        pairs, within = [], []
         for _, _, h in holes:
             for p in dict.fromkeys((h.leaves[0], h.leaves[-1])):
                 pairs += [(p, j) for j in h.leaves if j != p]
-        got = dict(zip(pairs, measure_pairs(pairs)))
+            within += [h.leaves] * (len(pairs) - len(within))
+        got = dict(zip(pairs, measure_pairs(pairs, within)))
         out.probes += len(pairs)
         # Replace from the back of each parent, so that splices do not move the holes before them.
         for parent, i, h in sorted(holes, key=lambda t: (id(t[0]), -t[1])):
@@ -186,12 +189,6 @@ def reveal(measure_pairs, k: int, max_rounds: int | None = None, progress=None) 
     return out
 
 
-def _min_leaf(node) -> int:
-    while isinstance(node, list):
-        node = node[0]
-    return node
-
-
 def canonical(node):
     """Children ordered by their smallest leaf (iterative: trees can be thousands deep)."""
     if not isinstance(node, list):
@@ -201,14 +198,18 @@ def canonical(node):
         x = stack.pop()
         order.append(x)
         stack.extend(c for c in x if isinstance(c, list))
-    for x in reversed(order):  # children before parents
-        x.sort(key=_min_leaf)
+    least: dict[int, int] = {}  # id(subtree) -> its smallest leaf, children first
+    for x in reversed(order):
+        x.sort(key=lambda c: least[id(c)] if isinstance(c, list) else c)
+        least[id(x)] = least[id(x[0])] if isinstance(x[0], list) else x[0]
     return node
 
 
 def to_json(tree) -> str:
     """The compact JSON text of a tree, written without recursion (json.dumps recurses, and a
-    sequential loop of K products is K deep)."""
+    sequential loop of K products is K deep); ``null`` for an order not revealed."""
+    if tree is None:
+        return "null"
     out, stack = [], [tree]
     while stack:
         x = stack.pop()
@@ -227,8 +228,62 @@ def to_json(tree) -> str:
 
 
 def entry_text(tree, k: int) -> str:
-    """The catalog text behind an order-id: canonical JSON of {"k": K, "tree": tree}."""
+    """The catalog text behind an order-id: canonical JSON of {"k": K, "tree": tree}; the tree
+    None (``null``) stands for "not revealed", so that a kernel whose order stops being a tree
+    changes the id the suite tracks."""
     return f'{{"k":{k},"tree":{to_json(tree)}}}'
+
+
+def from_json(text: str):
+    """A tree from its JSON text (``to_json``'s inverse), read without recursion: json.loads
+    stops at about 1000 levels. ValueError for anything else."""
+    text = text.strip()
+    if text == "null":
+        return None
+    if text.isdigit():  # one product
+        return int(text)
+    stack: list[list] = []
+    root, i, n = None, 0, len(text)
+    expect_value = True
+    while i < n:
+        c = text[i]
+        if c == "[" and expect_value:
+            node: list = []
+            (stack[-1].append(node) if stack else None)
+            stack.append(node)
+            root = root if root is not None else node
+            i += 1
+            continue
+        if c.isdigit() and expect_value and stack:
+            j = i
+            while j < n and text[j].isdigit():
+                j += 1
+            stack[-1].append(int(text[i:j]))
+            i, expect_value = j, False
+            continue
+        if c == "," and not expect_value and stack:
+            i, expect_value = i + 1, True
+            continue
+        if c == "]" and stack and not expect_value:
+            stack.pop()
+            i, expect_value = i + 1, False
+            if not stack:
+                break
+            continue
+        raise ValueError(f"not an order tree at character {i}: {text[i:i + 20]!r}")
+    if stack or root is None or text[i:].strip():
+        raise ValueError("not an order tree: unbalanced or trailing text")
+    return root
+
+
+def parse_entry(text: str) -> dict:
+    """{"k": K, "tree": tree} from a catalog entry's text (entry_text's inverse)."""
+    import re
+
+    m = re.fullmatch(r'\{"k":(\d+),"tree":(.*)\}', text.strip(), re.S)
+    if m is None:
+        raise ValueError("not an order entry: expected {\"k\":K,\"tree\":...}")
+    return {"k": int(m.group(1)), "tree": from_json(m.group(2))}
 
 
 def order_id(tree, k: int) -> int:
@@ -287,6 +342,8 @@ def _pairwise(node, depth: int) -> list | None:
 def describe(node, depth: int = 0) -> str:
     """The tree in words: "sequential", "pairwise", "fused group of 4", or parts:
     "4 chunks of 1024; each: ...; chunks sequential" ("lanes" where parts interleave)."""
+    if node is None:
+        return "not revealed"
     if not isinstance(node, list):
         return "one product"
     shape = _shapes(node)

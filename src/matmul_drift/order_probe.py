@@ -29,6 +29,7 @@ class Target:
     k: int
     rows: int
     cols: int
+    precision: str = ""  # the dtype plus its matmul flags (cases.PRECISIONS); "" for the dtype alone
 
     @property
     def by_rows(self) -> bool:
@@ -39,16 +40,19 @@ class Target:
         return max(self.rows, self.cols)
 
 
-def target(case: cases.Case, dtype: str, device: str, slice_n=None, slice_m=None, row=0, col=0) -> Target:
-    """The case's computation (its full product, or one slice of it); ValueError for bad input."""
-    measure.check_device(device, dtype)
+def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=None, row=0, col=0) -> Target:
+    """The case's computation (its full product, or one slice of it) in ``precision`` (a dtype,
+    or one with its matmul flags: ``float32-tf32``); ValueError for bad input, measure.Unavailable
+    where the device or precision cannot run here."""
+    measure.check_device(device, precision)
+    dtype = cases.storage_dtype(precision)
     s = case.shape(device)
     rows = 1 if case.op == "mv" else slice_m or s.m
     cols = slice_n or s.n
     if not 0 <= row < rows or not 0 <= col < min(cols, case.compare_cols or cols):
         raise order.ProbeError(f"entry ({row}, {col}) is outside the {rows} x {cols} output")
     order.check(s.k, dtype)
-    return Target(case, dtype, device, slice_n, slice_m, row, col, s.k, rows, cols)
+    return Target(case, dtype, device, slice_n, slice_m, row, col, s.k, rows, cols, precision)
 
 
 class Prober:
@@ -73,17 +77,20 @@ class Prober:
         _, _, self.base, self.big = order.PROBE[t.dtype]
         self.chunk = order.chunk_size(t.dtype)
         self._buf: np.ndarray | None = None
+        self._loaded = 0  # columns (rows) of the operand the last call filled
 
-    @property
-    def buf(self) -> np.ndarray:
-        """The probes of one call, (K, output columns) in float32; made on first use."""
-        if self._buf is None:
-            self._buf = np.zeros((self.t.k, self.width), dtype=np.float32)
-        return self._buf
+    def _buffer(self, cols: int) -> np.ndarray:
+        """The probes of one call, (K, cols) in float32, zeroed. Kept between calls and only as wide
+        as a call needs: first-touching a K x 51000 buffer alone took 1.8 s here."""
+        if self._buf is None or self._buf.shape[1] < cols:
+            self._buf = np.zeros((self.t.k, cols), dtype=np.float32)
+        out = self._buf[:, :cols]
+        out.fill(0)
+        return out
 
     def product(self):
         t, ops = self.t, self.ops
-        with measure.precision_flags(t.dtype):
+        with measure.precision_flags(t.precision or t.dtype):
             if t.slice_n:
                 y = ops.product(ops.a, ops.b_cols(t.slice_n))
             elif t.slice_m:
@@ -103,31 +110,52 @@ class Prober:
         else:
             self.b0[:, : values.shape[1]].copy_(v)
 
-    def counts(self, pairs: list[tuple[int, int]], progress=None) -> list[int]:
-        """v(i, j) for each pair: K minus the products the output still counts, summed over
-        the chunks of k (one probe each; one chunk unless the output is fp16 or bf16)."""
-        spans = order.chunks(self.t.k, self.chunk)
-        probes = [(n, i, j, lo, hi) for n, (i, j) in enumerate(pairs) for lo, hi in spans]
+    def counts(self, pairs: list[tuple[int, int]], within=None, progress=None) -> list[int]:
+        """v(i, j) for each pair: the products absorbed with it (those in the two children of the
+        node where i and j meet, i and j included). ``within[n]`` (default
+        all of k) lists the leaves pair n can count (order.reveal); base products go there only,
+        in pieces the output counts exactly (one piece unless the output is fp16 or bf16), one
+        probe each, and the counts are added."""
+        sets: dict[int, tuple[list, list[int]]] = {}  # id(leaf list) -> (its pieces, pair numbers)
+        within = within or [range(self.t.k)] * len(pairs)
+        for n in range(len(pairs)):
+            leaves = within[n]
+            hit = sets.get(id(leaves))
+            if hit is None:
+                arr = np.sort(np.asarray(leaves, dtype=np.int64))
+                hit = sets[id(leaves)] = ([arr[lo:hi] for lo, hi in order.chunks(len(arr), self.chunk)], [])
+            hit[1].append(n)
+        # piece-major: neighbouring probes share a piece, so each call fills a few blocks
+        probes = [(n, piece) for pieces, ns in sets.values() for piece in pieces for n in ns]
         total = [2] * len(pairs)
         for start in range(0, len(probes), self.width):
             batch = probes[start:start + self.width]
-            cols = np.arange(len(batch))
-            n_, i_, j_, lo_, hi_ = (np.array(x) for x in zip(*batch))
-            if len(spans) == 1:
-                self.buf[:, : len(batch)] = self.base
-                self.buf[:, len(batch):] = 0
-            else:
-                self.buf.fill(0)
-                for c, lo, hi in zip(cols, lo_, hi_):
-                    self.buf[lo:hi, c] = self.base
-            self.buf[i_, cols] = self.big
-            self.buf[j_, cols] = -self.big
-            self._load(self.buf)
+            used = len(batch)
+            n_ = np.array([n for n, _ in batch])
+            i_ = np.array([pairs[n][0] for n in n_])
+            j_ = np.array([pairs[n][1] for n in n_])
+            held = np.empty(used, dtype=np.int64)
+            buf = self._buffer(max(used, self._loaded))  # columns loaded before are cleared too
+            c0 = 0
+            while c0 < used:  # runs of columns that share a piece
+                piece, c1 = batch[c0][1], c0 + 1
+                while c1 < used and batch[c1][1] is piece:
+                    c1 += 1
+                lo, hi = int(piece[0]), int(piece[-1]) + 1
+                if hi - lo == len(piece):
+                    buf[lo:hi, c0:c1] = self.base
+                else:
+                    buf[np.ix_(piece, np.arange(c0, c1))] = self.base
+                held[c0:c1] = len(piece) - _member(piece, i_[c0:c1]) - _member(piece, j_[c0:c1])
+                c0 = c1
+            cols = np.arange(used)
+            buf[i_, cols] = self.big
+            buf[j_, cols] = -self.big
+            self._load(buf)
+            self._loaded = used
             y = self.product()
             self.calls += 1
-            got = y[: len(batch)].double().cpu().numpy() / self.base
-            # base products in each probe: its span, less i and j where they fall in it
-            held = hi_ - lo_ - ((i_ >= lo_) & (i_ < hi_)) - ((j_ >= lo_) & (j_ < hi_))
+            got = y[:used].double().cpu().numpy() / self.base
             ok = np.isfinite(got) & (got == np.round(got)) & (got >= 0) & (got <= held)
             if not ok.all():
                 c = int(np.argmin(ok))
@@ -138,6 +166,12 @@ class Prober:
             if progress:
                 progress(self.calls)
         return total
+
+
+def _member(sorted_leaves: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """1 where x is one of the sorted leaves, else 0."""
+    pos = np.minimum(np.searchsorted(sorted_leaves, x), len(sorted_leaves) - 1)
+    return (sorted_leaves[pos] == x).astype(np.int64)
 
 
 def calls_per_round(t: Target, width: int | None = None) -> int:
@@ -182,7 +216,7 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS) -> order.Reveal
             break
         p = Prober(t, w)
         try:
-            out = order.reveal(lambda pairs, p=p: p.counts(pairs, progress), t.k)
+            out = order.reveal(lambda pairs, within, p=p: p.counts(pairs, within, progress), t.k)
         except order.NotRevealed as exc:
             calls += p.calls
             why = f"{exc} (probes in {w} {'rows' if t.by_rows else 'columns'})"
@@ -242,29 +276,47 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1) -> 
     return {"draws": draws, "matched": matched, "first_mismatch": first}
 
 
-def _order_of(t: Target, max_calls: int) -> dict:
-    """order_id (12 hex) and summary of ``t``'s entry, or order_id None and the reason."""
+def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True) -> dict:
+    """What the probe says of ``t``'s entry: ``probed`` (False where it would need more than
+    ``max_calls`` calls), ``tree`` (None unless revealed and, with ``verify``, replayed bit for
+    bit on 100 draws), ``order_id`` (12 hex, None unless revealed), ``summary``, ``calls`` and
+    ``reason`` (why not revealed)."""
+    from . import catalog
+
+    out = {"probed": True, "tree": None, "order_id": None, "summary": "not revealed", "calls": 0, "reason": None}
     if expected_calls(t) > max_calls:
-        return {"order_id": None, "reason": f"about {expected_calls(t)} matmul calls, more than {max_calls}"}
+        return {**out, "probed": False, "summary": "not probed",
+                "reason": f"about {expected_calls(t)} matmul calls, more than {max_calls}"}
     try:
         r = reveal(t, max_calls=max_calls)
     except order.NotRevealed as exc:
-        return {"order_id": None, "reason": str(exc)}
-    from . import catalog
+        return {**out, "reason": str(exc)}
+    out["calls"] = r.calls
+    if verify:
+        got = replay(t, r.tree, width=r.width)
+        if got["matched"] != got["draws"]:
+            return {**out, "reason": f"the replay matched {got['matched']} of {got['draws']} draws "
+                                     f"(first mismatch {got['first_mismatch']})"}
+    return {**out, "tree": r.tree, "order_id": catalog.hex_id(order.order_id(r.tree, t.k)),
+            "summary": order.describe(r.tree)}
 
-    return {"order_id": catalog.hex_id(order.order_id(r.tree, t.k)), "summary": order.describe(r.tree),
-            "calls": r.calls}
+
+def _explained(got: dict) -> dict:
+    """explain's view: order_id (None unless revealed), then summary and calls, or the reason."""
+    if got["order_id"] is None:
+        return {"order_id": None, "reason": got["reason"]}
+    return {k: got[k] for k in ("order_id", "summary", "calls")}
 
 
 def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[str, int, bool]],
                  max_calls: int = MAX_CALLS) -> dict:
     """explain's orders: entry (0, 0) of the full product and of each slice ((kind "n" or "m",
     size, whether its bits drift)), each with its order-id, and a verdict per slice."""
-    full = _order_of(target(case, dtype, device), max_calls)
+    full = _explained(order_of(target(case, dtype, device), max_calls))
     out = {"full": full, "slices": []}
     for kind, size, drifts in slices:
         t = target(case, dtype, device, size if kind == "n" else None, size if kind == "m" else None)
-        got = _order_of(t, max_calls)
+        got = _explained(order_of(t, max_calls))
         if got["order_id"] is None or full["order_id"] is None:
             verdict = "order not revealed: " + (got.get("reason") or full.get("reason"))
         elif got["order_id"] == full["order_id"]:

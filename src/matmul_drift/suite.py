@@ -29,6 +29,7 @@ UNITS = {
     "cuda_seconds": "seconds",
     "fix_cost": "ratio",
     "fix_id": "fix-id",
+    "order_id": "order-id",
 }
 
 NAN = float("nan")
@@ -37,6 +38,7 @@ SUBSET_VAR = "MATMUL_DRIFT_CASES"  # comma list of case ids: run only these (tes
 
 DEVICES_VAR = "MATMUL_DRIFT_DEVICES"  # comma list of devices to measure (a GPU check: cuda)
 FIXES_VAR = "MATMUL_DRIFT_FIXES"  # "0": no fix finder (fix_cost, fix_id NaN): quicker runs
+ORDERS_VAR = "MATMUL_DRIFT_ORDERS"  # "0": no order probe (order_id NaN)
 TORCH_VAR = "MATMUL_DRIFT_EXPECT_TORCH"  # the torch version an `existing` environment must hold
 
 
@@ -137,8 +139,41 @@ def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=None, root=N
             out[key(c, p, d)] = {"error": "".join(traceback.format_exception_only(exc)).strip()}
             status = "error"
         print(f"[{i}/{len(combos)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {status}", file=log, flush=True)
+    add_orders(out, root, log)
     add_fixes(out, root, log)
     return out
+
+
+def add_orders(out: dict, root, log=sys.stderr) -> None:
+    """Adds ``order_id`` to every measured combination: the order-id (order.py) of entry (0, 0)
+    of the case's full product, revealed and replayed bit for bit (order_probe.order_of); the
+    id of the tree ``null`` where the readings fit no tree or the replay differs ("not
+    revealed": a kernel whose order stops being a tree changes the id); NaN where the probe
+    does not run (K beyond its range, or more matmul calls than order_probe.MAX_CALLS)."""
+    import os
+
+    from . import order, order_probe
+
+    if os.environ.get(ORDERS_VAR, "").strip() == "0":
+        return
+    todo = [k for k, v in out.items() if "skip" not in v and "error" not in v]
+    t0 = time.monotonic()
+    for i, k in enumerate(todo, 1):
+        c, p, d = k.split("|")
+        try:
+            t = order_probe.target(cases.get(c), p, d)
+            got = order_probe.order_of(t)
+        except (order.ProbeError, Unavailable) as exc:
+            got = {"probed": False, "reason": str(exc)}
+        except Exception as exc:  # the probe must not lose the measurements made
+            got = {"probed": False, "reason": "".join(traceback.format_exception_only(exc)).strip()}
+        if not got["probed"]:
+            out[k]["order_id"], what = NAN, f"not probed: {got['reason']}"
+        else:
+            out[k]["order_id"] = float(order.store(root, got["tree"], t.k))
+            what = got["summary"] if got["tree"] is not None else f"not revealed: {got['reason']}"
+            what += f" ({got['calls']} calls)"
+        print(f"[orders {i}/{len(todo)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {what}", file=log, flush=True)
 
 
 def _drifts(values: dict) -> bool:

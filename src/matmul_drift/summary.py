@@ -26,6 +26,9 @@ seconds     ``timing``: the ratio exceeds ``time_factor`` and, where asv recorde
 count       ``nonfinite``: the number of NaN or ±inf outputs changed.
 input-id    ``input``: the checksums of the rounded inputs differ; the combination is then
             not compared in any other series of that pair.
+order-id    ``order``: the id differs: entry (0, 0) of the full product is summed in another
+            order (order.py), even where the kernel-id stays; a kernel flag whose full
+            product keeps its order says "renamed, same order".
 fix-id      ``fix``: the id differs: a candidate fix (fixes.py) started or stopped removing
             every drift of the combination, or the drifts themselves changed; the detail
             names which, from the two catalog entries.
@@ -51,10 +54,10 @@ from .catalog import hex_id
 from . import machine as hardware
 from .history import History, Run, Series, version_key
 
-KINDS = ("kernel", "invariance", "accuracy", "nonfinite", "input", "fix", "timing", "ulp-growth", "failure", "code")
-DEFAULT_FAIL_ON = frozenset({"kernel", "invariance", "accuracy", "nonfinite", "input", "fix"})
+KINDS = ("kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix", "timing", "ulp-growth", "failure", "code")
+DEFAULT_FAIL_ON = frozenset({"kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix"})
 ACROSS = ("commits", "envs", "both", "machines")
-ID_UNITS = ("kernel-id", "env-id", "input-id", "fix-id")
+ID_UNITS = ("kernel-id", "env-id", "input-id", "fix-id", "order-id")
 
 # Identical kernels on identical inputs give identical bits, so any change of error_u is a
 # change of route; the tolerance only keeps tiny reorderings (a different split of one sum,
@@ -444,7 +447,7 @@ class _Ctx:
     sa: Series
     ib: np.ndarray | None  # aligned index -> index in sb (None: identical params)
     ia: np.ndarray | None
-    _env: tuple | None = None
+    _aux: dict = field(default_factory=dict)  # unit -> both runs' values of that series, laid out
 
     def take_b(self, x: np.ndarray) -> np.ndarray:
         return x if self.ib is None else x[self.ib]
@@ -464,13 +467,17 @@ class _Ctx:
 
     def env_ids(self, i: int) -> tuple[float, float]:
         """The env-ids of combination ``i`` on both sides (NaN where not recorded)."""
-        if self._env is None:
+        return self.ids("env-id", i)
+
+    def ids(self, unit: str, i: int) -> tuple[float, float]:
+        """Combination ``i``'s values in the series of ``unit`` (env-id, order-id) of both runs."""
+        if unit not in self._aux:
             units = self.judge.units
-            self._env = (
-                self.judge.on(_series_of_unit(self.pair.before, units, "env-id"), self.sb.params),
-                self.judge.on(_series_of_unit(self.pair.after, units, "env-id"), self.sa.params),
+            self._aux[unit] = (
+                self.judge.on(_series_of_unit(self.pair.before, units, unit), self.sb.params),
+                self.judge.on(_series_of_unit(self.pair.after, units, unit), self.sa.params),
             )
-        eb, ea = self._env
+        eb, ea = self._aux[unit]
         return (math.nan if eb is None else float(eb[self.jb(i)]),
                 math.nan if ea is None else float(ea[self.ja(i)]))
 
@@ -499,7 +506,14 @@ def _kernel(ctx: _Ctx, vb, va, both) -> list[Flag]:
     cat = ctx.judge.h.catalog
     for i in np.nonzero(both & (vb != va))[0]:
         kb, ka = cat.get("kernels", vb[i]), cat.get("kernels", va[i])
-        f = ctx.flag("kernel", i, kernel_detail(vb[i], va[i], kb, ka))
+        detail = kernel_detail(vb[i], va[i], kb, ka)
+        ob, oa = ctx.ids("order-id", i)
+        full_changed = not isinstance(kb, dict) or not isinstance(ka, dict) or kb.get("full") != ka.get("full")
+        if full_changed and math.isfinite(ob) and ob == oa:
+            entry = cat.get("orders", ob)
+            if isinstance(entry, dict) and entry.get("tree") is not None:
+                detail += f"; renamed, same order: {describe_order(entry)} (order-id {hex_id(ob)})"
+        f = ctx.flag("kernel", i, detail)
         f.before.kernels, f.after.kernels = kb, ka
         flags.append(f)
     return flags
@@ -517,6 +531,37 @@ def kernel_detail(id_b: float, id_a: float, kb, ka) -> str:
         fmt = lambda v: "none" if v is None else (", ".join(map(str, v)) if isinstance(v, list) else str(v))
         lines.append(f"{key}: {fmt(old)} -> {fmt(new)}")
     return "\n".join(lines) or f"kernel-id {hex_id(id_b)} -> {hex_id(id_a)}"
+
+
+def _order(ctx: _Ctx, vb, va, both) -> list[Flag]:
+    cat = ctx.judge.h.catalog
+    flags = []
+    for i in np.nonzero(both & (vb != va))[0]:
+        kb, ka = ctx.ids("kernel-id", i)
+        same = math.isfinite(kb) and kb == ka
+        flags.append(ctx.flag("order", i, order_detail(vb[i], va[i], cat.get("orders", vb[i]),
+                                                       cat.get("orders", va[i]), same)))
+    return flags
+
+
+def describe_order(entry) -> str:
+    """A catalog orders entry in words (order.describe), "not revealed" for the tree null."""
+    from .order import describe
+
+    return describe(entry.get("tree"))
+
+
+def order_detail(id_b: float, id_a: float, eb, ea, same_kernels: bool) -> str:
+    """The two orders in words; says when the kernel-id stayed (same kernels, another order)."""
+    if not isinstance(eb, dict) or not isinstance(ea, dict):
+        text = f"order-id {hex_id(id_b)} -> {hex_id(id_a)} (trees not in the catalog)"
+    else:
+        wb, wa = describe_order(eb), describe_order(ea)
+        text = (f"order of entry (0, 0): {wb} -> {wa}" if wb != wa else
+                f"order of entry (0, 0): another tree, alike in words ({wb}; order-id {hex_id(id_b)} -> {hex_id(id_a)})")
+        if eb.get("k") != ea.get("k"):
+            text += f"; K {eb.get('k')} -> {ea.get('k')}"
+    return text + ("; kernel-id unchanged: the same kernels add in another order" if same_kernels else "")
 
 
 def _fix(ctx: _Ctx, vb, va, both) -> list[Flag]:
@@ -615,7 +660,7 @@ def _count(ctx: _Ctx, vb, va, both) -> list[Flag]:
             for i in np.nonzero(both & (vb != va))[0]]
 
 
-_RULES = {"kernel-id": _kernel, "fix-id": _fix, "ulp": _ulp, "u": _accuracy, "seconds": _timing, "count": _count}
+_RULES = {"kernel-id": _kernel, "order-id": _order, "fix-id": _fix, "ulp": _ulp, "u": _accuracy, "seconds": _timing, "count": _count}
 
 
 # ---------------------------------------------------------------------------- helpers
