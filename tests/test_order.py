@@ -285,3 +285,31 @@ def test_the_suite_records_each_full_products_order_and_says_what_it_could_not(t
     out = {"square|float32|cpu": {}}
     suite.add_orders(out, tmp_path, log)
     assert out == {"square|float32|cpu": {}}  # benchmarks/drift.py reads NaN
+
+
+def test_the_2d_form_of_a_1d_a_is_probed_as_its_own_computation():
+    """The seed's `2d` form (A.unsqueeze(0) @ B[:, :n]) runs another op than A @ B[:, :n]: each
+    form's tree replays its own computation bit for bit, and explain's orders name the form."""
+    from matmul_drift import cases, order_probe
+
+    case = cases.Case("mv-test", "mv", cases.Shape(1, 512, 300), cases.Shape(1, 512, 300), layout="strided",
+                      slice_n=(299,), forms=("as-is", "2d"))
+    for form in case.forms:
+        t = order_probe.target(case, "float32", "cpu", 299, form=form)
+        r = order_probe.reveal(t)
+        assert order_probe.replay(t, r.tree, width=r.width)["matched"] == 100, form
+    got = order_probe.slice_orders(case, "float32", "cpu", [("n", 299, False, "as-is"), ("n", 299, False, "2d")])
+    assert [s["form"] for s in got["slices"]] == ["as-is", "2d"] and all(s["order_id"] for s in got["slices"])
+    with pytest.raises(order.ProbeError, match="form '2d'"):
+        order_probe.target(cases.get("square"), "float32", "cpu", form="2d")
+
+
+def test_bad_input_through_python_m_is_one_line_too():
+    """gpu_check.sh runs `python -m matmul_drift.cli`: a subcommand's UsageError is caught there too."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "order", "--case", "square", "--form", "2d",
+                        "--dtype", "float16"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "matmul-drift: error: form '2d' is not one of the case's (as-is)"], p.stderr

@@ -118,6 +118,7 @@ def _render_orders(o: dict) -> str:
              + (f": {full['summary']}" if full.get("summary") else f" ({full.get('reason')})")]
     for s in o["slices"]:
         where = f"[:, :{s['size']}]" if s["slice"] == "n" else f"[:{s['size']}]"
+        where += " (A 2-D)" if s.get("form") == "2d" else ""
         lines.append(f"  slice {where}: {s['order_id'] or 'not revealed'}; {s['verdict']}")
     return "\n".join(lines)
 
@@ -200,8 +201,8 @@ def run_explain(args) -> int:
             raise UsageError("--orders takes --case ID or --m M --k K --n N (the probe makes its own inputs)")
         from . import order_probe
 
-        slices = [("n", s["n"], bool(s["max_ulp"] or s["frac_differ"])) for s in m.slice_n if s["form"] == "as-is"]
-        slices += [("m", s["m"], bool(s["max_ulp"] or s["frac_differ"])) for s in m.slice_m]
+        slices = [("n", s["n"], bool(s["max_ulp"] or s["frac_differ"]), s["form"]) for s in m.slice_n]
+        slices += [("m", s["m"], bool(s["max_ulp"] or s["frac_differ"]), "as-is") for s in m.slice_m]
         r["orders"] = order_probe.slice_orders(case, args.dtype, args.device, slices)
     if args.json:
         print(json.dumps(r, indent=2, allow_nan=False))
@@ -357,4 +358,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m matmul_drift.cli` (as gpu_check.sh runs it): main from the package's own module,
+    # so that the UsageError the subcommands import is the one caught here.
+    from matmul_drift.cli import main as package_main
+
+    sys.exit(package_main())

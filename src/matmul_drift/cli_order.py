@@ -25,6 +25,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_shape_arguments(p)
     p.add_argument("--slice-n", type=_positive, help="with --case: the product A @ B[:, :N]")
     p.add_argument("--slice-m", type=_positive, help="with --case: the product A[:M] @ B")
+    p.add_argument("--form", default="as-is", choices=("as-is", "2d"),
+                   help="with --case: A as the case holds it, or a 1-D A as A.unsqueeze(0) (the seed's 2d form)")
     p.add_argument("--dtype", required=True, choices=cases.DTYPES)
     p.add_argument("--device", default="cpu", choices=cases.DEVICES)
     p.add_argument("--row", type=int, default=0, help="the entry's row (default 0)")
@@ -52,7 +54,7 @@ def _target(args):
         s = case.shape(args.device)
         if args.slice_n and args.slice_n > s.n or args.slice_m and args.slice_m > s.m:
             raise order.ProbeError(f"the slice is larger than the case ({s.m} x {s.k} x {s.n})")
-        t = order_probe.target(case, args.dtype, args.device, args.slice_n, args.slice_m, args.row, args.col)
+        t = order_probe.target(case, args.dtype, args.device, args.slice_n, args.slice_m, args.row, args.col, args.form)
     except (ValueError, measure.Unavailable) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
     guess = order_probe.expected_calls(t)
@@ -77,6 +79,7 @@ def run(args) -> int:
     oid = order.store(catalog.default_root(), r.tree, t.k)
     words = order.describe(r.tree)
     where = f"{t.case.id}" + (f"[:, :{t.slice_n}]" if t.slice_n else f"[:{t.slice_m}]" if t.slice_m else "")
+    where += " (A 2-D)" if t.form == "2d" else ""
     print(f"{where} {t.dtype} on {t.device}, entry ({t.row}, {t.col}), K = {t.k}: {words}")
     print(f"order-id {catalog.hex_id(oid)}; {r.calls} matmul calls, {r.probes} pairs, {r.rounds} rounds, "
           f"{r.seconds:.1f} s; {'; '.join(r.notes)}")
@@ -85,7 +88,8 @@ def run(args) -> int:
         verified = order_probe.replay(t, r.tree, width=r.width)
         print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to the kernel")
     if args.json:
-        meta = {"case": t.case.id, "slice_n": t.slice_n, "slice_m": t.slice_m, "dtype": t.dtype, "device": t.device,
+        meta = {"case": t.case.id, "slice_n": t.slice_n, "slice_m": t.slice_m, "form": t.form, "dtype": t.dtype,
+                "device": t.device,
                 "row": t.row, "col": t.col, "k": t.k, "order_id": catalog.hex_id(oid), "summary": words,
                 "calls": r.calls, "pairs": r.probes, "rounds": r.rounds, "seconds": round(r.seconds, 3), "notes": r.notes,
                 "verified": verified}

@@ -30,6 +30,7 @@ class Target:
     rows: int
     cols: int
     precision: str = ""  # the dtype plus its matmul flags (cases.PRECISIONS); "" for the dtype alone
+    form: str = "as-is"  # A as the case holds it, or "2d": a 1-D A as A.unsqueeze(0) (cases.Case.forms)
 
     @property
     def by_rows(self) -> bool:
@@ -40,11 +41,14 @@ class Target:
         return max(self.rows, self.cols)
 
 
-def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=None, row=0, col=0) -> Target:
+def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=None, row=0, col=0,
+           form: str = "as-is") -> Target:
     """The case's computation (its full product, or one slice of it) in ``precision`` (a dtype,
-    or one with its matmul flags: ``float32-tf32``); ValueError for bad input, measure.Unavailable
-    where the device or precision cannot run here."""
+    or one with its matmul flags: ``float32-tf32``), A in ``form``; ValueError for bad input,
+    measure.Unavailable where the device or precision cannot run here."""
     measure.check_device(device, precision)
+    if form not in case.forms:
+        raise order.ProbeError(f"form {form!r} is not one of the case's ({', '.join(case.forms)})")
     dtype = cases.storage_dtype(precision)
     s = case.shape(device)
     rows = 1 if case.op == "mv" else slice_m or s.m
@@ -52,7 +56,7 @@ def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=
     if not 0 <= row < rows or not 0 <= col < min(cols, case.compare_cols or cols):
         raise order.ProbeError(f"entry ({row}, {col}) is outside the {rows} x {cols} output")
     order.check(s.k, dtype)
-    return Target(case, dtype, device, slice_n, slice_m, row, col, s.k, rows, cols, precision)
+    return Target(case, dtype, device, slice_n, slice_m, row, col, s.k, rows, cols, precision, form)
 
 
 class Prober:
@@ -90,13 +94,16 @@ class Prober:
 
     def product(self):
         t, ops = self.t, self.ops
+        a = ops.a.unsqueeze(0) if t.form == "2d" else ops.a  # a view: the probes' A
         with measure.precision_flags(t.precision or t.dtype):
             if t.slice_n:
-                y = ops.product(ops.a, ops.b_cols(t.slice_n))
+                y = ops.product(a, ops.b_cols(t.slice_n))
             elif t.slice_m:
-                y = ops.product(ops.a[..., : t.slice_m, :])
+                y = ops.product(a[..., : t.slice_m, :])
             else:
-                y = ops.product()
+                y = ops.product(a)
+        if t.form == "2d":
+            y = y.squeeze(0)
         if t.case.op == "bmm":
             y = y[0]
         return y if y.dim() == 1 else y[:, t.col] if t.by_rows else y[t.row]
@@ -308,14 +315,14 @@ def _explained(got: dict) -> dict:
     return {k: got[k] for k in ("order_id", "summary", "calls")}
 
 
-def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[str, int, bool]],
+def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[str, int, bool, str]],
                  max_calls: int = MAX_CALLS) -> dict:
     """explain's orders: entry (0, 0) of the full product and of each slice ((kind "n" or "m",
-    size, whether its bits drift)), each with its order-id, and a verdict per slice."""
+    size, whether its bits drift, A's form), each with its order-id, and a verdict per slice."""
     full = _explained(order_of(target(case, dtype, device), max_calls))
     out = {"full": full, "slices": []}
-    for kind, size, drifts in slices:
-        t = target(case, dtype, device, size if kind == "n" else None, size if kind == "m" else None)
+    for kind, size, drifts, form in slices:
+        t = target(case, dtype, device, size if kind == "n" else None, size if kind == "m" else None, form=form)
         got = _explained(order_of(t, max_calls))
         if got["order_id"] is None or full["order_id"] is None:
             verdict = "order not revealed: " + (got.get("reason") or full.get("reason"))
@@ -325,5 +332,5 @@ def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[s
         else:
             verdict = (f"order differs: {full['summary']} (full) vs {got['summary']} (slice)" if drifts else
                        "order differs, yet these inputs give identical bits")
-        out["slices"].append({"slice": kind, "size": size, "drifts": drifts, **got, "verdict": verdict})
+        out["slices"].append({"slice": kind, "size": size, "form": form, "drifts": drifts, **got, "verdict": verdict})
     return out
