@@ -119,10 +119,10 @@ class Prober:
 
     def counts(self, pairs: list[tuple[int, int]], within=None, progress=None) -> list[int]:
         """v(i, j) for each pair: the products absorbed with it (those in the two children of the
-        node where i and j meet, i and j included). ``within[n]`` (default
-        all of k) lists the leaves pair n can count (order.reveal); base products go there only,
-        in pieces the output counts exactly (one piece unless the output is fp16 or bf16), one
-        probe each, and the counts are added."""
+        node where i and j meet, i and j included). ``within[n]`` (default: all of k) lists the
+        leaves pair n can count (order.reveal); base products go there only, in pieces the output
+        counts exactly (one piece unless the output is fp16 or bf16), one probe each, and the
+        counts are added."""
         sets: dict[int, tuple[list, list[int]]] = {}  # id(leaf list) -> (its pieces, pair numbers)
         within = within or [range(self.t.k)] * len(pairs)
         for n in range(len(pairs)):
