@@ -75,16 +75,19 @@ def test_hand_built_trees_are_revealed_exactly(name):
         assert order.describe(got.tree) == words
 
 
-def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path):
-    from matmul_drift import catalog
+def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path, capsys):
+    from matmul_drift import catalog, cli
 
     k = 1500  # deeper than Python's recursion limit (and json.loads')
     got = order.reveal(simulated(seq(list(range(k)))), k)
     assert got.rounds == 1 and order.describe(got.tree) == "sequential"
     text = order.to_json(got.tree)
     assert text == "[" * (k - 1) + "0," + "],".join(str(i) for i in range(1, k)) + "]"
-    back = catalog.load(tmp_path, "orders", order.store(tmp_path, got.tree, k))  # read back as the summary does
+    oid = order.store(tmp_path, got.tree, k)
+    back = catalog.load(tmp_path, "orders", oid)  # read back as the summary does
     assert back["k"] == k and order.to_json(back["tree"]) == text
+    assert cli.main(["catalog", catalog.hex_id(oid), "--root", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [f"  K = {k}: sequential", f"  {text}"]
 
 
 @pytest.mark.parametrize("text", ["[]", "[0,", "[0,1]]", "[,1]", "[0 1]", "[0,]", "{}", "", "[-1,2]"])

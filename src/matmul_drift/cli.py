@@ -297,6 +297,10 @@ def run_catalog(args) -> int:
                 if product != "device":
                     print(f"  {product} ({entry.get('device', '?')}):")
                     print("".join(f"    {n}\n" for n in (names if isinstance(names, list) else [names])), end="")
+        elif kind == "orders":  # a tree K deep: json.dumps would recurse
+            from . import order
+
+            print(f"  K = {entry['k']}: {order.describe(entry['tree'])}\n  {order.to_json(entry['tree'])}")
         else:
             print("  " + json.dumps(entry, indent=2, sort_keys=True).replace("\n", "\n  "))
     return 0
