@@ -3,7 +3,8 @@
 - ``drift.html``: what changed in the latest run (a night of the nightly job, or a run of
   the main job) on each machine, the values that failed, and the kernel names behind every
   kernel-id in the results, so a reader sees names where asv's graphs show a number (asv
-  prints an id as ``1.39e+14 kernel-id``; the page lists that spelling beside the 12-hex id).
+  prints an id as ``1.39e+14 kernel-id``; the page lists that spelling beside the 12-hex id),
+  and the summation order, in words, behind every order-id;
 - a link to it in the navigation bar of asv's ``index.html``;
 - local copies of the scripts and styles that asv's ``index.html`` loads from CDNs
   (``site_vendor/README.txt`` says where each comes from), so the site also works
@@ -65,15 +66,15 @@ def add_link(index_html: str) -> str:
 # ---------------------------------------------------------------------------- the page
 
 
-def kernel_ids(hist: history.History, latest: dict[str, str]) -> dict[int, list[str]]:
-    """Every kernel-id in the results -> where the latest run of each machine used it
-    ("machine: case dtype device"); ``latest`` maps machine -> that run's commit."""
+def ids_in_results(hist: history.History, latest: dict[str, str], unit: str = "kernel-id") -> dict[int, list[str]]:
+    """Every id of ``unit`` (kernel-id, order-id) in the results -> where the latest run of each
+    machine used it ("machine: case dtype device"); ``latest`` maps machine -> that run's commit."""
     out: dict[int, list[str]] = {}
     units = hist.units()
     for machine, runs in hist.runs.items():
         for run in runs:
             for name, s in run.series.items():
-                if units.get(name) != "kernel-id":
+                if units.get(name) != unit:
                     continue
                 for combo, v in zip(itertools.product(*s.params), s.values):
                     if not math.isfinite(v):
@@ -164,13 +165,29 @@ def page(hist: history.History, result: summary.Summary, runs: list[dict], recor
             "prints it for either spelling).</p>",
             '<table class="kernels"><thead><tr><th>kernel-id</th><th>as asv shows it</th><th>device</th>'
             "<th>kernels (normalised)</th><th>used in the latest run by</th></tr></thead><tbody>"]
-    for ident, uses in sorted(kernel_ids(hist, latest).items()):
+    for ident, uses in sorted(ids_in_results(hist, latest).items()):
         entry = hist.catalog.get("kernels", ident)
         device = entry.get("device", "") if isinstance(entry, dict) else ""
         out.append(f'<tr id="k-{ident:012x}"><td><code>{ident:012x}</code></td>'
                    f"<td>{float(ident):.3g} kernel-id</td><td>{_e(device)}</td><td>{_kernel_cell(entry)}</td>"
                    f"<td>{'<br>'.join(_e(u) for u in uses) or '&mdash;'}</td></tr>")
-    out += ["</tbody></table>", *(_all_nights(list(recorded)) if recorded else []), "</body></html>"]
+    out.append("</tbody></table>")
+    orders = ids_in_results(hist, latest, "order-id")
+    if orders:
+        out += ['<h2 id="orders">Summation orders behind every order-id</h2>',
+                "<p>The order in which entry (0, 0) of each full product adds its K products, revealed and "
+                "replayed bit for bit (<code>matmul-drift order</code>); <code>matmul-drift catalog ID</code> "
+                "prints the tree itself.</p>",
+                '<table class="orders"><thead><tr><th>order-id</th><th>as asv shows it</th><th>K</th>'
+                "<th>order</th><th>used in the latest run by</th></tr></thead><tbody>"]
+        for ident, uses in sorted(orders.items()):
+            entry = hist.catalog.get("orders", ident)
+            k, words = (entry["k"], summary.describe_order(entry)) if isinstance(entry, dict) else ("", "not in the catalog")
+            out.append(f'<tr id="o-{ident:012x}"><td><code>{ident:012x}</code></td>'
+                       f"<td>{float(ident):.3g} order-id</td><td>{_e(k)}</td><td>{_e(words)}</td>"
+                       f"<td>{'<br>'.join(_e(u) for u in uses) or '&mdash;'}</td></tr>")
+        out.append("</tbody></table>")
+    out += [*(_all_nights(list(recorded)) if recorded else []), "</body></html>"]
     return "\n".join(out) + "\n"
 
 
