@@ -249,9 +249,11 @@ def from_json(text: str):
         c = text[i]
         if c == "[" and expect_value:
             node: list = []
-            (stack[-1].append(node) if stack else None)
+            if stack:
+                stack[-1].append(node)
+            else:
+                root = node  # the first "[": the loop stops when it closes
             stack.append(node)
-            root = root if root is not None else node
             i += 1
             continue
         if c.isdigit() and expect_value and stack:

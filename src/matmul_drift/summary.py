@@ -465,12 +465,9 @@ class _Ctx:
     def combo(self, i: int) -> tuple:
         return self.judge.combos(self.sb.params)[self.jb(i)]
 
-    def env_ids(self, i: int) -> tuple[float, float]:
-        """The env-ids of combination ``i`` on both sides (NaN where not recorded)."""
-        return self.ids("env-id", i)
-
     def ids(self, unit: str, i: int) -> tuple[float, float]:
-        """Combination ``i``'s values in the series of ``unit`` (env-id, order-id) of both runs."""
+        """Combination ``i``'s values in the series of ``unit`` (env-id, order-id) of both runs
+        (NaN where not recorded)."""
         if unit not in self._aux:
             units = self.judge.units
             self._aux[unit] = (
@@ -495,7 +492,7 @@ class _Ctx:
             after.id = None if va is None else hex_id(va)
         params = self.judge.h.params_dict(self.name, self.sb.params, self.combo(i))
         return Flag(kind, self.pair.machine, self.pair.across, self.name, self.unit, params,
-                    before, after, detail, self.judge.attribution(self.pair, *self.env_ids(i)))
+                    before, after, detail, self.judge.attribution(self.pair, *self.ids("env-id", i)))
 
 
 # ---------------------------------------------------------------------------- rules per unit
