@@ -213,9 +213,13 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     (["--case", "long-k"], "more than --max-calls"),
     (["--m", "4", "--k", "8", "--n", "4", "--row", "9"], "outside the 4 x 4 output"),
     (["--m", "4", "--k", "8", "--n", "4", "--device", "cuda"], "cuda"),
+    (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}"], "exists"),
+    (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}/no/such/o.json"], "folder does not exist"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path):
     from matmul_drift import cli
+
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
 
     if "--dtype" not in args:
         args = [*args, "--dtype", "float32"]

@@ -49,6 +49,10 @@ def _target(args):
         raise UsageError("--slice-n and --slice-m go with --case")
     if args.slice_n and args.slice_m:
         raise UsageError("give one of --slice-n and --slice-m")
+    if args.json and args.json.exists():  # as scan's --json: nothing recorded is overwritten
+        raise UsageError(f"--json {args.json} exists; remove it or choose another name")
+    if args.json and not args.json.absolute().parent.is_dir():
+        raise UsageError(f"--json {args.json}: its folder does not exist")
     try:
         case = cases.get(args.case) if args.case else cases.adhoc(args.m, args.k, args.n)
         s = case.shape(args.device)
@@ -65,8 +69,8 @@ def _target(args):
 
 
 def run(args) -> int:
-    from . import catalog, order, order_probe
-    from .cli import _Bar
+    from . import atomic, catalog, order, order_probe
+    from .cli import UsageError, _Bar
 
     t = _target(args)
     with _Bar("order", "call") as bar:
@@ -94,7 +98,10 @@ def run(args) -> int:
                 "calls": r.calls, "pairs": r.probes, "rounds": r.rounds, "seconds": round(r.seconds, 3), "notes": r.notes,
                 "verified": verified}
         text = json.dumps(meta, indent=1, allow_nan=False)
-        args.json.write_text(text[:-2] + ',\n "tree": ' + order.to_json(r.tree) + "\n}\n")
+        try:
+            atomic.write_text(args.json, text[:-2] + ',\n "tree": ' + order.to_json(r.tree) + "\n}\n")  # whole or not at all
+        except OSError as exc:
+            raise UsageError(f"cannot write --json {args.json}: {exc.strerror or exc}") from None
     if verified and verified["matched"] != verified["draws"]:
         print(f"matmul-drift order: order not revealed: the replay differs from the kernel "
               f"({verified['first_mismatch']})")
