@@ -2,8 +2,9 @@
 # Fetch here, into the ignored .whl/, everything scripts/gpu_check.sh installs on the GPU
 # machine, which reaches no network: asv 0.6.6 and its dependencies as wheels for CPython
 # 3.12 on manylinux x86-64 (the image has torch, numpy, tabulate, matplotlib, tqdm), this
-# project as a wheel, and a git bundle of HEAD (asv records results against a commit, and
-# the tree that travels has no .git). Run it again after changing the project.
+# project as a wheel, and commit.json: HEAD's hash and date, which asv records the results
+# against (the tree that travels has no .git, and that machine may have no git; see
+# src/matmul_drift/asv_commit.py). Run it again after changing the project.
 #   bash scripts/fetch_gpu_wheels.sh            then carry .whl with the tree
 # WHL_DIR (default .whl) and GPU_PYTHON_VERSION (default 3.12, the image's) are for the
 # rehearsal on this machine, whose torch is for Python 3.11.
@@ -18,11 +19,11 @@ mkdir -p "$WHL"
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any --dest "$WHL" asv==0.6.6
 "$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$WHL" .
-git bundle create "$WHL/project.bundle" HEAD 2>/dev/null
-git rev-parse HEAD > "$WHL/COMMIT"
+# the date as asv's git reads it: committer time, in ms
+git log -1 --format='{"commit": "%H", "date": %ct000, "branch": "gpu-check"}' HEAD > "$WHL/commit.json"
 size=$(du -sk "$WHL" | cut -f1)
 if [ "$size" -gt "$LIMIT_KIB" ]; then
   echo "fetch_gpu_wheels: error: $WHL holds $size KiB, more than $LIMIT_KIB KiB" >&2
   exit 1
 fi
-echo "fetch_gpu_wheels: $(find "$WHL" -name '*.whl' | wc -l) wheels and a bundle of $(cut -c1-8 "$WHL/COMMIT"), $size KiB in $WHL"
+echo "fetch_gpu_wheels: $(find "$WHL" -name '*.whl' | wc -l) wheels and commit $(git rev-parse --short=8 HEAD), $size KiB in $WHL"

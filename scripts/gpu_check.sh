@@ -66,7 +66,7 @@ fi
 # as they are, and asv's processes inherit the path.
 WHL=${WHL_DIR:-.whl}
 install_wheels() {
-  [ -f "$WHL/COMMIT" ] || { echo "gpu_check: error: no $WHL/: run scripts/fetch_gpu_wheels.sh here first"; return 1; }
+  [ -f "$WHL/commit.json" ] || { echo "gpu_check: error: no $WHL/commit.json: run scripts/fetch_gpu_wheels.sh here first"; return 1; }
   "$PY" -m pip --isolated install --quiet --no-index --find-links "$WHL" --no-cache-dir --target "$WORK/site" asv==0.6.6 &&
     "$PY" -m pip --isolated install --quiet --no-index --find-links "$WHL" --no-cache-dir --target "$WORK/site" --no-deps matmul_drift
 }
@@ -76,19 +76,19 @@ step install 40 install_wheels
 export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.is_available())'
 
-# asv records results against a commit: the bundle's HEAD, in a clone of its own, with a
-# config that points there and at this tree's benchmarks.
-COMMIT=$(cat "$WHL/COMMIT" 2>/dev/null)
+# asv records results against a commit: the one fetch_gpu_wheels.sh recorded in commit.json,
+# which asv reads through the plugin matmul_drift.asv_commit (no history travels, and git
+# may be missing there), with a config that points at this tree's benchmarks.
+COMMIT=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["commit"])' "$WHL/commit.json" 2>/dev/null)
 write_config() {
-  git clone --quiet --bare "$WHL/project.bundle" "$WORK/project.git" &&
-    git --git-dir "$WORK/project.git" update-ref refs/heads/gpu-check "$COMMIT" &&
-    "$PY" - "$ROOT" "$WORK" <<'PYEOF'
+  "$PY" - "$ROOT" "$WORK" "$(cd "$WHL" && pwd)/commit.json" <<'PYEOF'
 import json, sys
 from asv import util
-root, work = sys.argv[1:]
+root, work, recorded = sys.argv[1:]
 conf = util.load_json(f"{root}/asv.conf.json", js_comments=True)
-conf.update(repo=f"{work}/project.git", benchmark_dir=f"{root}/benchmarks", results_dir=f"{work}/pack/results/asv",
-            html_dir=f"{work}/html", env_dir=f"{work}/env", environment_type="existing", branches=["gpu-check"])
+conf.update(repo=recorded, dvcs="recorded-commit", plugins=[".matmul_drift.asv_commit"], benchmark_dir=f"{root}/benchmarks",
+            results_dir=f"{work}/pack/results/asv", html_dir=f"{work}/html", env_dir=f"{work}/env",
+            environment_type="existing", branches=["gpu-check"])
 conf.pop("matrix", None)
 json.dump(conf, open(f"{work}/asv.conf.json", "w"), indent=2)
 PYEOF

@@ -1,6 +1,7 @@
 """The GPU check rehearsed on this CPU: wheels fetched here, installed with the network
-refused, every step run with the smallest shapes in a tree without .git (as the GPU machine
-gets it), outputs within the limits of what comes back, and the archive imported.
+refused and git refused too, every step run with the smallest shapes in a tree without .git
+(as the GPU machine gets it, whose image may lack git), outputs within the limits of what
+comes back, and the archive imported.
 
 The GPU machine's Python is 3.12 with its own torch; here torch exists for this Python only
 (3.11), so the wheels are fetched for it (GPU_PYTHON_VERSION) and the rehearsal runs it:
@@ -45,6 +46,12 @@ def rehearsal(tmp_path_factory):
                "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
                "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
     refused = {k: v for k, v in refused.items() if not k.startswith(("MATMUL_DRIFT_", "PIP_CONSTRAINT"))}
+    # git first on PATH fails and says so in a log: the check must not need it
+    nogit = base / "nogit"
+    nogit.mkdir()
+    (nogit / "git").write_text(f'#!/bin/sh\necho "$*" >> {base}/git-calls.log\nexit 127\n')
+    (nogit / "git").chmod(0o755)
+    refused["PATH"] = f"{nogit}:{os.environ['PATH']}"
     run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out), "--rehearse"], cwd=tree, env=refused,
                          capture_output=True, text=True, timeout=900)
     return base, proj, out, run, p.stdout
@@ -55,15 +62,18 @@ def test_wheels_are_fetched_and_small(rehearsal):
     whl = proj / ".whl"
     names = [p.name for p in whl.iterdir()]
     assert any(n.startswith("asv-0.6.6-") for n in names) and any(n.startswith("matmul_drift-") for n in names)
-    assert "project.bundle" in names and re.fullmatch(r"[0-9a-f]{40}\n", (whl / "COMMIT").read_text())
+    recorded = json.loads((whl / "commit.json").read_text())
+    git_says = subprocess.run(["git", "log", "-1", "--format=%H %ct"], cwd=proj, capture_output=True, text=True).stdout
+    assert f"{recorded['commit']} {recorded['date'] // 1000}" == git_says.strip() and recorded["date"] % 1000 == 0
     assert not any(n.startswith(("torch-", "numpy-")) for n in names)  # the image has them
     size = sum(p.stat().st_size for p in whl.iterdir())
-    assert size < 24 << 20 and "wheels and a bundle" in fetched
+    assert size < 24 << 20 and f"wheels and commit {recorded['commit'][:8]}" in fetched
 
 
-def test_every_step_passes_within_its_timeout_with_the_network_refused(rehearsal):
-    _, _, out, run, _ = rehearsal
+def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(rehearsal):
+    base, _, out, run, _ = rehearsal
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert not (base / "git-calls.log").exists(), (base / "git-calls.log").read_text()
     summary = (out / "summary.txt").read_text()
     steps = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s$", summary, re.M)
     assert [s[0] for s in steps] == ["install", "config", "suite", "explain", "explain-txt", "fixes-batch", "orders",
@@ -102,7 +112,9 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
 
     assert len(runs) == 1 and runs[0].torch == torch.__version__
     assert runs[0].env_name == "existing-torch" + re.sub(r"[^A-Za-z0-9._-]", "-", torch.__version__)
-    assert runs[0].commit == (proj / ".whl/COMMIT").read_text().strip()
+    recorded = json.loads((proj / ".whl/commit.json").read_text())
+    assert runs[0].commit == recorded["commit"]
+    assert runs[0].date == recorded["date"]  # as asv's git would have read it
     assert not hist.warnings
     doc = json.loads((results / "gpu-check" / machine / runs[0].commit[:8] / "seed-float16.json").read_text())
     assert doc["dtype"] == "float16" and "drifts" in doc["fixes"]  # --try-fixes ran on the seed's stand-in
@@ -130,3 +142,24 @@ def test_an_archive_with_a_link_or_a_path_outside_is_refused(tmp_path):
         with pytest.raises(gpucheck.ImportRefused):
             gpucheck.import_archive(bad, tmp_path / "results")
         assert not (tmp_path / "evil.json").exists() and not (tmp_path / "results").exists()
+
+
+def test_the_recorded_commit_answers_for_its_commit_alone(tmp_path):
+    from asv import util
+    from asv.repo import NoSuchNameError
+
+    from matmul_drift.asv_commit import RecordedCommit
+
+    path = tmp_path / "commit.json"
+    for bad in ("", "[]", '{"commit": "abc", "date": 1, "branch": "b"}', '{"commit": "%s", "date": 1.5, "branch": "b"}' % ("a" * 40)):
+        path.write_text(bad)
+        with pytest.raises(util.UserError, match="recorded commit"):
+            RecordedCommit(str(path), None)
+    h = "0123456789abcdef" * 2 + "01234567"
+    path.write_text(json.dumps({"commit": h, "date": 1700000000000, "branch": "gpu-check"}))
+    repo = RecordedCommit(str(path), None)
+    assert {repo.get_hash_from_name(n) for n in (None, "HEAD", "gpu-check", h, h[:8])} == {h}
+    assert repo.get_date(h) == 1700000000000 and repo.get_decorated_hash(h, 8) == f"{h[:8]} <gpu-check>"
+    for name in ("main", h[:3], "f" * 40):
+        with pytest.raises(NoSuchNameError):
+            repo.get_hash_from_name(name)
