@@ -63,7 +63,7 @@ fi
 
 # Install asv (with its dependencies) and the project from the wheels alone, into a folder
 # of their own on PYTHONPATH: the image's Python and its packages, torch among them, stay
-# as they are, and asv's processes inherit the path.
+# as they are.
 WHL=${WHL_DIR:-.whl}
 install_wheels() {
   [ -f "$WHL/commit.json" ] || { echo "gpu_check: error: no $WHL/commit.json: run scripts/fetch_gpu_wheels.sh here first"; return 1; }
@@ -74,6 +74,7 @@ export PY WHL WORK ROOT
 export -f install_wheels
 step install 40 install_wheels
 export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+export ASV_PYTHONPATH=$PYTHONPATH  # asv's benchmark processes drop PYTHONPATH and take this instead
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.is_available())'
 
 # asv records results against a commit: the one fetch_gpu_wheels.sh recorded in commit.json,

@@ -3,9 +3,10 @@ refused and git refused too, every step run with the smallest shapes in a tree w
 (as the GPU machine gets it, whose image may lack git), outputs within the limits of what
 comes back, and the archive imported.
 
-The GPU machine's Python is 3.12 with its own torch; here torch exists for this Python only
-(3.11), so the wheels are fetched for it (GPU_PYTHON_VERSION) and the rehearsal runs it:
-the closest available.
+The GPU machine's Python is 3.12 with its own torch and without asv; here torch exists for
+this Python only (3.11), so the wheels are fetched for it (GPU_PYTHON_VERSION) and the
+rehearsal runs a fresh Python that sees this one's packages but neither asv nor this
+project: the closest available.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +29,21 @@ from matmul_drift import catalog, gpucheck, history, order
 
 LIMITS = {"files": 8, "file_bytes": 16 << 20, "total_bytes": 64 << 20}  # what comes back from $OUT
 OURS = 4  # the issue's own bound on the files the check leaves
+
+
+def image_python(base) -> str:
+    """A fresh Python like the GPU machine's image: this one's packages, torch among them, but
+    neither asv nor this project (each only from .whl/ there). Returns its executable."""
+    farm = base / "image-site"
+    farm.mkdir()
+    for p in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not p.name.startswith(("asv", "matmul_drift", "__editable__")) and p.suffix != ".pth":
+            (farm / p.name).symlink_to(p)
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(base / "image")], check=True)
+    venv_site = subprocess.run([base / "image/bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    Path(venv_site, "image.pth").write_text(f"{farm}\n")
+    return str(base / "image/bin/python")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +60,10 @@ def rehearsal(tmp_path_factory):
     tree = base / "tree"
     shutil.copytree(proj, tree, ignore=shutil.ignore_patterns(".git"))
     out = base / "out"
-    refused = {**os.environ, "PYTHON": sys.executable, "HOME": str(base / "home"), "PIP_NO_INDEX": "1",
+    image = image_python(base)
+    assert subprocess.run([image, "-c", "import asv"], capture_output=True).returncode == 1
+    assert subprocess.run([image, "-c", "import matmul_drift"], capture_output=True).returncode == 1
+    refused = {**os.environ, "PYTHON": image, "HOME": str(base / "home"), "PIP_NO_INDEX": "1",
                "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
                "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
     refused = {k: v for k, v in refused.items() if not k.startswith(("MATMUL_DRIFT_", "PIP_CONSTRAINT"))}
