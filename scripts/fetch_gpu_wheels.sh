@@ -13,8 +13,16 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHL=${WHL_DIR:-.whl}
 LIMIT_KIB=$((24 * 1024))  # well under the 64 MiB that may travel with the tree
+# What travels must be what the wheel and commit.json hold: HEAD, with nothing changed or
+# added; gpu_check.sh checks the tree against tree.sha256 before it installs anything.
+TRAVEL=(src benchmarks scripts asv.conf.json pyproject.toml)
+if [ -n "$(git status --porcelain -- "${TRAVEL[@]}")" ]; then
+  echo "fetch_gpu_wheels: error: uncommitted changes in ${TRAVEL[*]}; commit them first (the GPU results are recorded against HEAD)" >&2
+  exit 1
+fi
 rm -rf "$WHL"
 mkdir -p "$WHL"
+git ls-files -z -- "${TRAVEL[@]}" | xargs -0 sha256sum > "$WHL/tree.sha256"
 "$PY" -m pip download --quiet --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any --dest "$WHL" asv==0.6.6

@@ -67,6 +67,8 @@ fi
 WHL=${WHL_DIR:-.whl}
 install_wheels() {
   [ -f "$WHL/commit.json" ] || { echo "gpu_check: error: no $WHL/commit.json: run scripts/fetch_gpu_wheels.sh here first"; return 1; }
+  sha256sum --quiet -c "$WHL/tree.sha256" ||
+    { echo "gpu_check: error: this tree is not the commit $WHL/ was fetched for: run scripts/fetch_gpu_wheels.sh again"; return 1; }
   "$PY" -m pip --isolated install --quiet --no-index --find-links "$WHL" --no-cache-dir --target "$WORK/site" asv==0.6.6 &&
     "$PY" -m pip --isolated install --quiet --no-index --find-links "$WHL" --no-cache-dir --target "$WORK/site" --no-deps matmul_drift
 }

@@ -184,3 +184,24 @@ def test_the_recorded_commit_answers_for_its_commit_alone(tmp_path):
     for name in ("main", h[:3], "f" * 40):
         with pytest.raises(NoSuchNameError):
             repo.get_hash_from_name(name)
+
+
+def test_a_tree_that_is_not_the_fetched_commit_is_refused(rehearsal, tmp_path):
+    base, proj, _, _, _ = rehearsal
+    # here: fetching over uncommitted changes is refused, and the wheels fetched before stay
+    before = sorted(p.name for p in (proj / ".whl").iterdir())
+    (proj / "src/matmul_drift/cli.py").write_text((proj / "src/matmul_drift/cli.py").read_text() + "\n# edited\n")
+    p = subprocess.run(["bash", "scripts/fetch_gpu_wheels.sh"], cwd=proj, capture_output=True, text=True,
+                       env={**os.environ, "PYTHON": sys.executable, "WHL_DIR": str(proj / ".whl")}, timeout=120)
+    assert p.returncode == 1 and "uncommitted changes" in p.stderr
+    assert sorted(p.name for p in (proj / ".whl").iterdir()) == before
+    # there: a tree edited after the fetch installs nothing, and says why
+    tree = tmp_path / "tree"
+    shutil.copytree(proj, tree, ignore=shutil.ignore_patterns(".git"))
+    run = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / "out"), "--rehearse"], cwd=tree,
+                         env={**os.environ, "PYTHON": str(base / "image/bin/python")}, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 1 and "this tree is not the commit" in run.stdout
+    assert re.search(r"^install\s+rc\s+1 ", (tmp_path / "out/summary.txt").read_text(), re.M)
+    assert not (tmp_path / "site").exists()
+    subprocess.run(["git", "checkout", "--", "src/matmul_drift/cli.py"], cwd=proj, check=True)
