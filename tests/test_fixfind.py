@@ -77,7 +77,7 @@ def report(drifting_slice):
     dim, size = drifting_slice
     spec = {"m": M, "k": K, "n": N, "dtype": "float32", "device": "cpu", "repeat": 3,
             "slice_n": size if dim == "n" else None, "slice_m": size if dim == "m" else None}
-    return fixfind.try_fixes(spec, fixes.onednn_isa(machine.fingerprint()["isa"]))
+    return fixfind.try_fixes_many([spec], fixes.onednn_isa(machine.fingerprint()["isa"]))[0]
 
 
 def test_each_cpu_verdict_matches_plain_torch_under_the_same_setting(report, drifting_slice):
@@ -120,12 +120,24 @@ def test_a_crashing_candidate_is_reported_and_the_others_run(monkeypatch, drifti
     bad = fixes.Candidate("crashes", "cpu", fixes.DRIFTS, setup="raise SystemExit('boom')")
     monkeypatch.setattr(fixes, "CANDIDATES", (bad, fixes.CANDIDATES[0]))
     monkeypatch.setattr(fixes, "PAD_MULTIPLES", ())
-    rep = fixfind.try_fixes({"m": M, "k": K, "n": N, "dtype": "float32", "device": "cpu", "repeat": 2,
-                             "slice_n": size if dim == "n" else None, "slice_m": size if dim == "m" else None},
-                            None, timeout=120)
+    rep = fixfind.try_fixes_many([{"m": M, "k": K, "n": N, "dtype": "float32", "device": "cpu", "repeat": 2,
+                                   "slice_n": size if dim == "n" else None, "slice_m": size if dim == "m" else None}],
+                                 None, timeout=120)[0]
     rows = {r["name"]: r for r in rep["candidates"]}
     assert rows["crashes"]["verdict"] == "failed" and "boom" in rows["crashes"]["reason"]
     assert rows["one thread"]["verdict"] in ("removes", "reduces", "no effect")
+
+
+def test_a_failed_default_computation_keeps_the_measurement_and_exits_1(monkeypatch, capsys):
+    from matmul_drift import cli
+
+    monkeypatch.setattr(fixfind, "_child", lambda specs, c, timeout: [{"failed": "timed out after 7 s"}] * len(specs))
+    rc = cli.main(["explain", "--m", "2", "--k", "16", "--n", "8", "--dtype", "float32", "--try-fixes", "--json"])
+    out, err = capsys.readouterr()
+    r = json.loads(out)
+    assert rc == 1 and r["fixes"]["failed"] == "the default computation timed out after 7 s" and r["verdict"]["kind"]
+    assert err.strip().splitlines()[-1] == "matmul-drift explain: error: --try-fixes: the default computation timed out after 7 s"
+    assert "no candidate was tried" in fixfind.render(r["fixes"])
 
 
 def test_try_fixes_on_files_is_one_line_exit_2(tmp_path, capsys):

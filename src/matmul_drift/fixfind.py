@@ -73,15 +73,6 @@ def _slices(spec: dict) -> set[str]:
     return {kind for kind in ("slice_n", "slice_m") if sizes(spec.get(kind))}
 
 
-def try_fixes(spec: dict, onednn_isa: str | None = None, timeout: float = TIMEOUT_S, progress=None) -> dict:
-    """The fix finder's report for ``spec`` (fixrun.py's SPEC without ``codes``);
-    RuntimeError when the default computation itself failed."""
-    report = try_fixes_many([spec], onednn_isa, timeout, progress)[0]
-    if "failed" in report:
-        raise RuntimeError(report["failed"])
-    return report
-
-
 def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: float = TIMEOUT_S,
                    progress=None, lean: bool = False) -> list[dict]:
     """One report per spec: ``baseline`` (the computation as it is), ``drifts``,
@@ -142,6 +133,8 @@ def render(report: dict) -> str:
     """The table and the closing line."""
     from tabulate import tabulate
 
+    if "failed" in report:
+        return f"matmul-drift explain --try-fixes: {report['failed']}; no candidate was tried\n"
     if not report["drifts"]:
         return "matmul-drift explain --try-fixes: this case has no drift (slices and run-to-run are bit-identical): nothing to fix\n"
     rows = []
