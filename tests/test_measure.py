@@ -53,6 +53,20 @@ def test_cuda_and_tf32_are_skipped_on_cpu(cpu_suite):
         ]
 
 
+def test_no_measurement_starts_once_the_budget_is_spent(monkeypatch, tmp_path):
+    for bad in ("0", "-1", "nan", "inf", "ten"):
+        monkeypatch.setenv(suite.BUDGET_VAR, bad)
+        with pytest.raises(ValueError, match="MATMUL_DRIFT_BUDGET must be a positive number"):
+            suite.selected_budget()
+    monkeypatch.setenv(suite.BUDGET_VAR, "0.001")  # the first starts at once and takes longer than 1 ms
+    monkeypatch.setenv(suite.ORDERS_VAR, "0")
+    monkeypatch.setenv(suite.FIXES_VAR, "0")
+    got = suite.measure_all(case_ids=("bmm",), precisions=("float32", "float64"), devices=("cpu",), root=tmp_path)
+    first, second = got[suite.key("bmm", "float32", "cpu")], got[suite.key("bmm", "float64", "cpu")]
+    assert "skip" not in first and first["error_u"] >= 0
+    assert second == {"skip": "not measured: the budget of 0.001 s ($MATMUL_DRIFT_BUDGET) was spent"}
+
+
 def test_fp32_route_names_what_mkl_itself_prints(cpu_suite):
     got, root = cpu_suite
     kid = got[suite.key("square", "float32", "cpu")]["kernel_id"]

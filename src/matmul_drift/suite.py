@@ -8,6 +8,7 @@ NaN); one that raised is a failure (asv records null) and the others still run.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 import traceback
@@ -39,6 +40,7 @@ SUBSET_VAR = "MATMUL_DRIFT_CASES"  # comma list of case ids: run only these (tes
 DEVICES_VAR = "MATMUL_DRIFT_DEVICES"  # comma list of devices to measure (a GPU check: cuda)
 FIXES_VAR = "MATMUL_DRIFT_FIXES"  # "0": no fix finder (fix_cost, fix_id NaN): quicker runs
 ORDERS_VAR = "MATMUL_DRIFT_ORDERS"  # "0": no order probe (order_id NaN)
+BUDGET_VAR = "MATMUL_DRIFT_BUDGET"  # seconds: start no measurement after them (a GPU check's fixed slot)
 TORCH_VAR = "MATMUL_DRIFT_EXPECT_TORCH"  # the torch version an `existing` environment must hold
 
 
@@ -74,6 +76,22 @@ def check_torch(version: str, env: dict | None = None) -> None:
             f"this environment names torch {want} but torch {version} is installed: "
             "the project's own install must not replace the matrix's torch"
         )
+
+
+def selected_budget() -> float | None:
+    """$MATMUL_DRIFT_BUDGET in seconds (a positive number), or None: no budget."""
+    import os
+
+    raw = os.environ.get(BUDGET_VAR, "").strip()
+    if not raw:
+        return None
+    try:
+        budget = float(raw)
+    except ValueError:
+        budget = math.nan
+    if not 0 < budget < math.inf:
+        raise ValueError(f"${BUDGET_VAR} must be a positive number of seconds, not {raw!r}")
+    return budget
 
 
 def selected_cases() -> tuple[str, ...]:
@@ -117,7 +135,9 @@ def track_values(m, root) -> dict:
 
 
 def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=None, root=None, log=sys.stderr) -> dict:
-    """Measure every combination; returns {key: values | {"skip": why} | {"error": text}}."""
+    """Measure every combination; returns {key: values | {"skip": why} | {"error": text}}.
+    With $MATMUL_DRIFT_BUDGET, no combination starts after that many seconds: the rest are
+    skipped, and say why (the order probe and the fix finder come after, outside it)."""
     root = catalog.default_root() if root is None else root
     case_ids = selected_cases() if case_ids is None else case_ids
     out = {}
@@ -126,8 +146,13 @@ def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=None, root=N
     check_torch(torch.__version__)
     devices = selected_devices() if devices is None else devices
     combos = [(c, p, d) for d in devices for c in case_ids for p in precisions]
+    budget = selected_budget()
     t0 = time.monotonic()
     for i, (c, p, d) in enumerate(combos, 1):
+        if budget is not None and time.monotonic() - t0 > budget:
+            out[key(c, p, d)] = {"skip": f"not measured: the budget of {budget:g} s (${BUDGET_VAR}) was spent"}
+            print(f"[{i}/{len(combos)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: skip (budget)", file=log, flush=True)
+            continue
         try:
             m = measure(cases.get(c), p, d, timing=(d == "cuda"))
             out[key(c, p, d)] = track_values(m, root)
