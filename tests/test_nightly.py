@@ -114,8 +114,9 @@ def test_two_nights_end_to_end(world):
     # One commit per night and nothing else: the first night is the branch's root.
     assert git(tree, "rev-list", "refs/heads/results").split() == [h2, h1]
     # The message names the torch version, its git hash, CUDA and the machine.
+    # CUDA: the build's (torch.version.cuda) on a machine without a GPU; none for a CPU build
     assert s1 == (f"night 2026-01-01 box-a: torch {torch.__version__} (git {torch.version.git_version[:12]}), "
-                  "CUDA none, machine box-a")
+                  f"CUDA {torch.version.cuda or 'none'}, machine box-a")
     assert git(tree, "log", "-1", "--format=%ad", "--date=short", h2) == "2026-01-02"
     assert {h1, h2} <= set(git(world.remote, "rev-list", "results").split())  # pushed
     # Each night's commit holds its environment, its results (keyed by asv's point for the
