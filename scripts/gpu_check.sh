@@ -4,8 +4,8 @@
 #   bash scripts/gpu_check.sh "$OUT"                  there, with .whl/ carried beside the tree
 #   python scripts/import_gpu_check.py OUT/gpu-check.tar.gz   here: into results/
 # It installs asv and the project from .whl/ only (pip --no-index) into a venv that sees the
-# image's torch, which is the build under test whatever its version; runs the CUDA suite
-# through asv, explains the seed in fp16 and tries its fixes, tries the fixes of a
+# image's torch, which is the build under test whatever its version; explains the seed in
+# fp16, runs the CUDA suite through asv, tries the fixes of the seed and of a
 # batch-invariance case in bf16, reveals the summation orders of the seed's 45999 and 46000
 # columns in fp16 and of batch-invariance in bf16 (full and A[:1]), and scans the seed's
 # columns. Every step has a timeout (together 8 min) and prints its time. OUT receives three
@@ -50,7 +50,8 @@ if [ "$MODE" = --rehearse ]; then
   ORDERS=("seed-47-float16:--m 1 --k 64 --n 47 --dtype float16" "seed-48-float16:--m 1 --k 64 --n 48 --dtype float16"
           "batch-bfloat16:--m 16 --k 64 --n 48 --dtype bfloat16" "batch-m1-bfloat16:--m 1 --k 64 --n 48 --dtype bfloat16")
 else
-  DEVICE=cuda CASES='' EXPLAIN=(--case seed --slice-n 45999 --dtype float16 --device cuda)
+  # long-k is left to the nightly: drawing its 2^30 input entries alone takes most of a minute
+  DEVICE=cuda CASES=seed,skinny,batch-invariance-2,bmm,slice-n-view,slice-n-copy,linear,square EXPLAIN=(--case seed --slice-n 45999 --dtype float16 --device cuda)
   BATCH=(--case batch-invariance-2 --dtype bfloat16 --device cuda)
   SCAN=(--vary n --range 40000:52000 --m 1 --k 4096 --dtype float16 --device cuda)
   DENSE=(--vary n --range 45990:46010 --m 1 --k 4096 --dtype float16 --device cuda --step 1)
@@ -74,7 +75,7 @@ install_wheels() {
 }
 export PY WHL WORK ROOT
 export -f install_wheels
-step install 40 install_wheels
+step install 20 install_wheels
 export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 export ASV_PYTHONPATH=$PYTHONPATH  # asv's benchmark processes drop PYTHONPATH and take this instead
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.is_available())'
@@ -102,17 +103,24 @@ step config 10 write_config
 machine=$("$PY" -m matmul_drift.cli machine --register 2>/dev/null)
 export MATMUL_DRIFT_DEVICES=$DEVICE MATMUL_DRIFT_CATALOG=$PACK/results/catalog MATMUL_DRIFT_CASES=$CASES
 export PYTORCH_NVML_BASED_CUDA_CHECK=1
-# The suite: one setup_cache measures every case on this device; the others are skipped.
-# Its fix finder (a fresh process per setting, each redrawing every drifting case's inputs)
-# and its order probe (every combination) do not fit the budget here: fix_cost, fix_id and
-# order_id are NaN; the --try-fixes and order steps stand in.
-MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 step suite 170 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
-  --machine "$machine" --bench 'drift\.Drift' --launch-method forkserver --show-stderr
-# The seed, answered on this device, and where its kernels change along n: the grid search by
-# alignment class over 40000..52000, then every size around 45999/46000.
-STEP_OUT=$PACK/seed-float16.json step explain 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --try-fixes \
-  --fix-timeout 20 --json
+# The seed, answered on this device first: the kernels of its 45999 and 46000 columns and the
+# drift between them. Its fixes come later, in a step of their own, so that the answer
+# survives them.
+STEP_OUT=$PACK/seed-float16.json step explain 30 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --json
 STEP_OUT=$PACK/seed-float16.txt step explain-txt 5 "$PY" -m matmul_drift.cli explain --render "$PACK/seed-float16.json"
+# The suite: one setup_cache measures the cases on this device, most telling first, and
+# starts none after 80 s (MATMUL_DRIFT_BUDGET; the rest are skipped and say so), so asv
+# finishes and writes its results within the step. Its fix finder (a fresh process per
+# setting, each redrawing every drifting case's inputs) and its order probe (every
+# combination) do not fit here: fix_cost, fix_id and order_id are NaN; the --try-fixes and
+# order steps stand in. asv starts its benchmark processes in process groups of their own,
+# which a timeout does not reach: they are ended after the step.
+MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_BUDGET=80 step suite 160 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
+  --machine "$machine" --bench 'drift\.Drift' --launch-method forkserver --show-stderr
+pkill -KILL -f "$WORK/site/asv" && echo "gpu_check: ended asv's processes left by the suite step"
+# The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16.
+STEP_OUT=$PACK/fixes-seed-float16.json step fixes-seed 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --try-fixes \
+  --fix-timeout 20 --json
 STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 45 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
   --try-fixes --fix-timeout 12 --json
 # The summation orders (matmul-drift order, replayed on 100 draws): one tree per file, order-NAME.json.
@@ -129,9 +137,10 @@ ORDERS_TEXT=$(printf '%s\n' "${ORDERS[@]}")  # an array does not pass to the exp
 export DEVICE PACK ORDERS_TEXT
 export -f reveal_orders
 step orders 50 reveal_orders
-step scan 60 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --json "$PACK/scan-seed-float16.json" \
+# The GPU machine's memory grows as it is used, so MemAvailable reads too little there.
+step scan 60 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --no-memory-check --json "$PACK/scan-seed-float16.json" \
   --plot "$PACK/scan-seed-float16.png"
-step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --json "$PACK/scan-seed-dense.json"
+step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-memory-check --json "$PACK/scan-seed-dense.json"
 
 # Three files come back: the archive, a one-page summary, the log.
 {

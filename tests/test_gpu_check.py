@@ -97,12 +97,12 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
     assert not (base / "git-calls.log").exists(), (base / "git-calls.log").read_text()
     summary = (out / "summary.txt").read_text()
     steps = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s$", summary, re.M)
-    assert [s[0] for s in steps] == ["install", "config", "suite", "explain", "explain-txt", "fixes-batch", "orders",
-                                      "scan", "dense"]
+    assert [s[0] for s in steps] == ["install", "config", "explain", "explain-txt", "suite", "fixes-seed", "fixes-batch",
+                                      "orders", "scan", "dense"]
     assert all(rc == "0" and int(t) <= int(limit) for _, rc, t, limit in steps)
     # The real run's limits, as the script states them, sum to at most 8 minutes.
     limits = [int(n) for n in re.findall(r"^\s*(?:\S+=\S+ )*step \S+ (\d+) ", (ROOT / "scripts/gpu_check.sh").read_text(), re.M)]
-    assert len(limits) == 10 and sum(limits) <= 480, limits
+    assert len(limits) == 11 and sum(limits) <= 480, limits
     assert "0 step(s) failed" in summary and "torch" in summary
 
 
@@ -115,7 +115,7 @@ def test_what_comes_back_fits_the_limits(rehearsal):
     assert sum(p.stat().st_size for p in files) <= LIMITS["total_bytes"]
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         names = tar.getnames()
-    assert {"./seed-float16.json", "./seed-float16.txt", "./fixes-batch-bfloat16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./MACHINE", "./COMMIT",
+    assert {"./seed-float16.json", "./seed-float16.txt", "./fixes-seed-float16.json", "./fixes-batch-bfloat16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./MACHINE", "./COMMIT",
             "./order-seed-47-float16.json", "./order-seed-48-float16.json", "./order-batch-bfloat16.json",
             "./order-batch-m1-bfloat16.json"} <= set(names)
     assert any(n.startswith("./results/asv/") and n.endswith(".json") and "machine" not in n for n in names)
@@ -137,7 +137,10 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
     assert runs[0].commit == recorded["commit"]
     assert runs[0].date == recorded["date"]  # as asv's git would have read it
     assert not hist.warnings
-    doc = json.loads((results / "gpu-check" / machine / runs[0].commit[:8] / "seed-float16.json").read_text())
+    imported = results / "gpu-check" / machine / runs[0].commit[:8]
+    doc = json.loads((imported / "seed-float16.json").read_text())
+    assert doc["dtype"] == "float16" and "fixes" not in doc  # the answer, on its own
+    doc = json.loads((imported / "fixes-seed-float16.json").read_text())
     assert doc["dtype"] == "float16" and "drifts" in doc["fixes"]  # --try-fixes ran on the seed's stand-in
     for name in ("seed-47-float16", "seed-48-float16", "batch-bfloat16", "batch-m1-bfloat16"):  # the order trees
         o = json.loads((results / "gpu-check" / machine / runs[0].commit[:8] / f"order-{name}.json").read_text())
