@@ -138,9 +138,9 @@ export DEVICE PACK ORDERS_TEXT
 export -f reveal_orders
 step orders 50 reveal_orders
 # The GPU machine's memory grows as it is used, so MemAvailable reads too little there.
-step scan 60 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --no-memory-check --json "$PACK/scan-seed-float16.json" \
+step scan 60 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --no-host-memory-check --json "$PACK/scan-seed-float16.json" \
   --plot "$PACK/scan-seed-float16.png"
-step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-memory-check --json "$PACK/scan-seed-dense.json"
+step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-check --json "$PACK/scan-seed-dense.json"
 
 # Three files come back: the archive, a one-page summary, the log.
 {

@@ -369,14 +369,14 @@ def test_memory_estimate_refuses_before_drawing(capsys):
     assert rc == 2 and "MemAvailable" in err and time.monotonic() - t0 < 5
 
 
-def test_no_memory_check_starts_where_memavailable_reads_too_little(capsys, monkeypatch):
+def test_no_host_memory_check_starts_where_memavailable_reads_too_little(capsys, monkeypatch):
     from matmul_drift import scan_run
 
     monkeypatch.setattr(scan_run, "available", lambda device: (1 << 20, None))  # 1 MiB, as a VM that grows
     small = ["--vary", "n", "--range", "1:8", "--m", "2", "--k", "512", "--dtype", "float32", "--step", "1"]
     rc, _, err = scan_cli(capsys, *small)
     assert rc == 2 and "more than the 0.0 GiB of memory available (MemAvailable)" in err
-    rc, out, _ = scan_cli(capsys, *small, "--no-memory-check")
+    rc, out, _ = scan_cli(capsys, *small, "--no-host-memory-check")
     assert rc == 0 and "8 evaluations for 8 sizes" in out
 
 

@@ -56,9 +56,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="FILE", help="continue the scan recorded in FILE (same "
                         "parameters) and write it back there")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the regions and the drift (matplotlib)")
-    parser.add_argument("--no-memory-check", action="store_true",
+    parser.add_argument("--no-host-memory-check", action="store_true",
                         help="start even when the top of the range needs more than MemAvailable (a virtual "
-                             "machine whose memory grows as it is used reports too little)")
+                             "machine whose memory grows as it is used reports too little); the GPU's "
+                             "free memory is still checked")
 
 
 class _Fail(Exception):
@@ -119,7 +120,7 @@ def _run(args) -> int:
     path = _check_paths(args)
     fixed = {d: getattr(args, d) for d in scan.DIMS}
     out = scan_run.run(args.vary, lo, hi, fixed, args.dtype, args.device, args.step or 0, path,
-                       resume=bool(args.resume), prog=PROG, memory_check=not args.no_memory_check)
+                       resume=bool(args.resume), prog=PROG, host_memory_check=not args.no_host_memory_check)
     print(f"{PROG}: {out.message}", file=sys.stderr, flush=True)
     if out.record is None:
         return out.status

@@ -46,22 +46,25 @@ def available(device: str) -> tuple[int | None, int | None]:
     return host, gpu
 
 
-def check_memory(vary: str, dims: dict, dtype: str, device: str) -> None:
-    """ScanError (one line) when the top of the range needs more memory than there is."""
+def check_memory(vary: str, dims: dict, dtype: str, device: str, host: bool = True) -> None:
+    """ScanError (one line) when the top of the range needs more memory than there is: on the
+    host (MemAvailable, unless not ``host``) or free on the GPU."""
     need_host, need_gpu = scan.bytes_needed(vary, dims["m"], dims["k"], dims["n"], ITEMSIZE[dtype], device)
-    host, gpu = available(device)
-    for need, have, where in ((need_host, host, "memory available (MemAvailable)"), (need_gpu, gpu, "GPU memory free")):
+    have_host, gpu = available(device)
+    have_host = have_host if host else None
+    for need, have, where in ((need_host, have_host, "memory available (MemAvailable)"), (need_gpu, gpu, "GPU memory free")):
         if have is not None and need > have:
             raise scan.ScanError(f"the top of the range, m={dims['m']} k={dims['k']} n={dims['n']} in {dtype}, needs "
                                  f"about {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of {where}")
 
 
 def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step: int, path: str | None,
-        resume: bool, prog: str = "matmul-drift scan", memory_check: bool = True) -> Outcome:
+        resume: bool, prog: str = "matmul-drift scan", host_memory_check: bool = True) -> Outcome:
     """Scan ``vary`` over lo..hi with the ``fixed`` dimensions ({"m": .., "k": .., "n": ..},
     the varied one None). ``step`` 0 is the default grid. With ``path`` the record is
     written there once a second and at the end (``resume``: continued from it). ScanError for
-    bad input, and for a range whose top needs more memory than there is (unless not ``memory_check``)."""
+    bad input, and for a range whose top needs more memory than there is (the host's only
+    when ``host_memory_check``)."""
     from tqdm import tqdm
 
     from . import catalog, environment, measure
@@ -71,8 +74,7 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
         measure.check_device(device, dtype)
     except measure.Unavailable as exc:
         raise scan.ScanError(str(exc)) from None
-    if memory_check:
-        check_memory(vary, dims, dtype, device)
+    check_memory(vary, dims, dtype, device, host_memory_check)
     env = environment.describe(device)  # no MKL banner: it is not known before a product
     params = scan.Params(vary, lo, hi, fixed["m"], fixed["k"], fixed["n"], dtype, device, step,
                          measure.SEED, catalog.hex_id(catalog.object_id(env)))
