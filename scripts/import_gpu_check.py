@@ -23,13 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace results already recorded (kept beside)")
     args = parser.parse_args(argv)
     try:
-        written = gpucheck.import_archive(args.archive, args.results, args.force)
+        done = gpucheck.import_archive(args.archive, args.results, args.force)
     except gpucheck.ImportRefused as exc:
         print(f"import_gpu_check: error: {exc}", file=sys.stderr)
         return 2
-    for p in written:
+    for p in done.written:
         print(p)
-    print(f"import_gpu_check: {len(written)} files into {args.results}", file=sys.stderr)
+    for w in done.warnings:
+        print(f"import_gpu_check: warning: {w}", file=sys.stderr)
+    print(f"import_gpu_check: {len(done.written)} files into {args.results}", file=sys.stderr)
     return 0
 
 

@@ -147,11 +147,31 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
         assert o["verified"]["matched"] == 100 and sorted(order.leaves(o["tree"])) == list(range(o["k"]))
         assert catalog.load(results / "catalog", "orders", int(o["order_id"], 16))["k"] == o["k"]
     # Imported twice: the same files, nothing refused; other values under the same name are refused.
-    assert gpucheck.import_archive(out / "gpu-check.tar.gz", results)
+    again = gpucheck.import_archive(out / "gpu-check.tar.gz", results)
+    assert again.written and not again.warnings
     path = runs[0].path
     path.write_text(path.read_text().replace('"torch":', '"torch_was":', 1))
     with pytest.raises(gpucheck.ImportRefused, match="already recorded"):
         gpucheck.import_archive(out / "gpu-check.tar.gz", results)
+
+
+def test_an_archive_without_the_suites_results_still_gives_the_rest(rehearsal, tmp_path):
+    _, _, out, _, _ = rehearsal
+    partial = tmp_path / "partial.tar.gz"
+    with tarfile.open(out / "gpu-check.tar.gz") as src, tarfile.open(partial, "w:gz") as dst:
+        for m in src.getmembers():  # as a suite step killed at its limit leaves it
+            if not m.name.startswith("./results/asv"):
+                dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+    results = tmp_path / "results"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/import_gpu_check.py"), str(partial), "--results",
+                        str(results)], capture_output=True, text=True, timeout=120)
+    warnings = [line for line in p.stderr.splitlines() if "warning" in line]
+    assert p.returncode == 0 and len(warnings) == 1 and "the suite step did not finish" in warnings[0], p.stderr
+    assert not (results / "asv").exists()
+    (machine_dir,) = (results / "gpu-check").iterdir()
+    (commit_dir,) = machine_dir.iterdir()
+    assert json.loads((commit_dir / "seed-float16.json").read_text())["dtype"] == "float16"
+    assert (commit_dir / "scan-seed-dense.json").is_file() and any((results / "catalog").rglob("*.json"))
 
 
 def test_an_archive_with_a_link_or_a_path_outside_is_refused(tmp_path):

@@ -8,7 +8,8 @@ version read from the run's env-id catalog entry), and copies everything in atom
 asv results under results/asv/<machine>/, catalog entries under results/catalog/, the
 other outputs under results/gpu-check/<machine>/<commit8>/. A results file already there
 with other content is refused (ImportRefused, one line) unless ``force``, which keeps the
-old file beside it.
+old file beside it. An archive without asv results (the suite step did not finish) still
+gives its other outputs, with a warning.
 """
 
 from __future__ import annotations
@@ -19,12 +20,23 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from dataclasses import dataclass, field
+
 from . import asvrun, atomic, bounded, history
 from .nightly import MACHINE_NAME
 
 
 class ImportRefused(Exception):
     """The archive cannot be imported: the message says why, in one line."""
+
+
+@dataclass
+class Imported:
+    """What an import wrote (``written``: new or changed files) and, one line each, what it
+    could not (``warnings``)."""
+
+    written: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _unpack(archive: Path, into: Path) -> Path:
@@ -43,10 +55,11 @@ def _one_line(path: Path, root: Path) -> str:
     return bounded.read_bytes(path, root).decode("utf-8").strip()
 
 
-def import_archive(archive: Path | str, results: Path | str, force: bool = False) -> list[Path]:
+def import_archive(archive: Path | str, results: Path | str, force: bool = False) -> Imported:
     """Import a gpu_check archive into the results folder ``results`` (results/asv and
-    results/catalog inside it); returns the files written."""
+    results/catalog inside it)."""
     archive, results = Path(archive), Path(results)
+    done = Imported()
     with tempfile.TemporaryDirectory() as tmp:
         src = _unpack(archive, Path(tmp))
         try:
@@ -57,28 +70,30 @@ def import_archive(archive: Path | str, results: Path | str, force: bool = False
             raise ImportRefused(f"{archive}: machine {machine!r} or commit {commit!r} is malformed")
         try:
             hist = history.read_history(src / "results", machine=machine)
-        except history.HistoryError as exc:
-            raise ImportRefused(f"{archive}: its asv results cannot be read: {exc}") from None
-        runs = [r for r in hist.runs[machine] if r.commit == commit]
+            runs = [r for r in hist.runs[machine] if r.commit == commit]
+        except (history.HistoryError, KeyError) as exc:
+            runs, why = [], f"its asv results cannot be read ({exc})"
+        else:
+            why = f"it holds no asv results of {machine} at {commit[:8]}"
         if not runs:
-            raise ImportRefused(f"{archive}: no results of {machine} at {commit[:8]}")
-        written = []
+            done.warnings.append(f"{archive}: {why}: the suite step did not finish; its other outputs are imported")
         for p in sorted((src / "results" / "catalog").rglob("*.json")):  # content-addressed: same name, same bytes
             dst = results / "catalog" / p.relative_to(src / "results" / "catalog")
             if not dst.exists():
-                written.append(atomic.copy(p, dst))
-        asv_src, asv_dst = src / "results" / "asv", results / "asv"
-        asvrun.merge_benchmarks(asv_dst / "benchmarks.json", json.loads(_one_line(asv_src / "benchmarks.json", src)))
-        machine_json = asv_src / machine / "machine.json"
-        if machine_json.is_file() and not (asv_dst / machine / "machine.json").exists():
-            written.append(atomic.copy(machine_json, asv_dst / machine / "machine.json"))
-        for run in runs:
-            written.append(_import_run(run, asv_dst / machine, force))
+                done.written.append(atomic.copy(p, dst))
+        if runs:
+            asv_src, asv_dst = src / "results" / "asv", results / "asv"
+            asvrun.merge_benchmarks(asv_dst / "benchmarks.json", json.loads(_one_line(asv_src / "benchmarks.json", src)))
+            machine_json = asv_src / machine / "machine.json"
+            if machine_json.is_file() and not (asv_dst / machine / "machine.json").exists():
+                done.written.append(atomic.copy(machine_json, asv_dst / machine / "machine.json"))
+            for run in runs:
+                done.written.append(_import_run(run, asv_dst / machine, force))
         extras = results / "gpu-check" / machine / commit[:8]
         for p in sorted(src.iterdir()):
             if p.is_file() and p.name not in ("MACHINE", "COMMIT"):
-                written.append(atomic.copy(p, extras / p.name))
-        return written
+                done.written.append(atomic.copy(p, extras / p.name))
+        return done
 
 
 def _import_run(run: history.Run, dest: Path, force: bool) -> Path:
