@@ -118,11 +118,13 @@ STEP_OUT=$PACK/seed-float16.txt step explain-txt 5 "$PY" -m matmul_drift.cli exp
 MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_BUDGET=80 step suite 160 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench 'drift\.Drift' --launch-method forkserver --show-stderr
 pkill -KILL -f "$WORK/site/asv" && echo "gpu_check: ended asv's processes left by the suite step"
-# The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16.
+# The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16. Each
+# process has its timeout and none starts after the budget (those rows say "not tried"), so
+# explain prints its report inside the step's limit: measuring + budget + timeout < limit.
 STEP_OUT=$PACK/fixes-seed-float16.json step fixes-seed 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --try-fixes \
-  --fix-timeout 20 --json
+  --fix-timeout 20 --fix-budget 35 --json
 STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 45 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
-  --try-fixes --fix-timeout 12 --json
+  --try-fixes --fix-timeout 12 --fix-budget 15 --json
 # The summation orders (matmul-drift order, replayed on 100 draws): one tree per file, order-NAME.json.
 reveal_orders() {
   local spec rc=0

@@ -65,6 +65,9 @@ def test_explain_files_1d_and_text(tmp_path):
         (["--m", "4", "--k", "8", "--dtype", "float32"], "go together"),
         (["--case", "seed", "--m", "4", "--k", "8", "--n", "8", "--dtype", "float32"], "exactly one"),
         (["--m", "0", "--k", "8", "--n", "8", "--dtype", "float32"], "at least 1"),
+        (["--m", "4", "--k", "8", "--n", "8", "--dtype", "float32", "--fix-timeout", "5"], "--fix-timeout goes with --try-fixes"),
+        (["--m", "4", "--k", "8", "--n", "8", "--dtype", "float32", "--fix-budget", "5"], "--fix-budget goes with --try-fixes"),
+        (["--m", "4", "--k", "8", "--n", "8", "--dtype", "float32", "--try-fixes", "--fix-budget", "0"], "at least 1"),
     ],
 )
 def test_bad_arguments_one_line_exit_2(args, needle):

@@ -128,6 +128,20 @@ def test_a_crashing_candidate_is_reported_and_the_others_run(monkeypatch, drifti
     assert rows["one thread"]["verdict"] in ("removes", "reduces", "no effect")
 
 
+def test_no_setting_starts_once_the_budget_is_spent(drifting_slice):
+    dim, size = drifting_slice
+    rep = fixfind.try_fixes_many([{"m": M, "k": K, "n": N, "dtype": "float32", "device": "cpu", "repeat": 2,
+                                   "slice_n": size if dim == "n" else None, "slice_m": size if dim == "m" else None}],
+                                 None, timeout=120, budget=0.001)[0]  # the default computation alone takes longer
+    verdicts = {r["name"]: r["verdict"] for r in rep["candidates"]}
+    settings = [r for r in rep["candidates"] if not r["code_change"] and r["verdict"] != "not applicable"]
+    assert settings and all(r["verdict"] == "not tried" and r["reason"] == "the budget of 0.001 s was spent"
+                            for r in settings), verdicts
+    # the code changes ran in the default computation's process, before the budget counted
+    assert any(r["code_change"] and r["verdict"] in ("removes", "reduces", "no effect") for r in rep["candidates"])
+    assert "not tried" in fixfind.render(rep)
+
+
 def test_a_failed_default_computation_keeps_the_measurement_and_exits_1(monkeypatch, capsys):
     from matmul_drift import cli
 

@@ -55,6 +55,9 @@ def configure_explain(p: argparse.ArgumentParser) -> None:
                    help="measure every candidate fix (fixes.py) in a fresh process and say which removes the drift")
     p.add_argument("--fix-timeout", type=_positive, default=None, metavar="S",
                    help="with --try-fixes: seconds each candidate's process may take (default 600)")
+    p.add_argument("--fix-budget", type=_positive, default=None, metavar="S",
+                   help="with --try-fixes: start no candidate's process after S seconds of trying "
+                        "(the rest are reported as not tried); default: no limit")
     p.add_argument("--orders", action="store_true",
                    help="reveal the summation order of entry (0, 0) of the product and of each slice (matmul-drift order)")
     p.add_argument("--render", type=Path, metavar="JSON",
@@ -149,8 +152,9 @@ def run_explain(args) -> int:
         return _render_saved(args.render)
     if args.dtype is None:
         raise UsageError("the following arguments are required: --dtype")
-    if args.fix_timeout is not None and not args.try_fixes:
-        raise UsageError("--fix-timeout goes with --try-fixes")
+    for flag, value in (("--fix-timeout", args.fix_timeout), ("--fix-budget", args.fix_budget)):
+        if value is not None and not args.try_fixes:
+            raise UsageError(f"{flag} goes with --try-fixes")
     given = [args.case is not None, any(v is not None for v in (args.m, args.k, args.n)), args.a is not None or args.b is not None]
     if sum(given) != 1:
         raise UsageError("give exactly one of --case ID, --m M --k K --n N, or --a A --b B")
@@ -231,7 +235,7 @@ def _try_fixes(args, case, given, slice_n, slice_m, repeat) -> dict:
     isa = fixes.onednn_isa(machine.fingerprint()["isa"]) if args.device == "cpu" else None
     with _Bar("try-fixes", "process") as bar:
         report = fixfind.try_fixes_many([spec], isa, timeout=args.fix_timeout or fixfind.TIMEOUT_S,
-                                        progress=bar.update)[0]
+                                        progress=bar.update, budget=args.fix_budget)[0]
     return json.loads(json.dumps(report, allow_nan=False))
 
 

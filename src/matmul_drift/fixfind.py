@@ -4,7 +4,8 @@ own (fixrun.py), against a baseline measured the same way, and a verdict for eac
 Verdicts: "removes" when every drift the case has is gone, bit for bit, on every compared
 entry (measured, not inferred); "reduces" when some drift is gone or smaller (max_u or the
 share of entries); "no effect" otherwise; "not applicable" with the reason; "failed" when
-the candidate's process crashed or timed out (the others still run). Times are seconds per
+the candidate's process crashed or timed out (the others still run); "not tried" when the
+budget was spent before its process could start. Times are seconds per
 call of the compared computation; ``time_ratio`` is the candidate's over the baseline's,
 ``spread`` the two relative IQRs added.
 """
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from . import fixes
 from .fixrun import drifting, sizes
@@ -74,14 +76,17 @@ def _slices(spec: dict) -> set[str]:
 
 
 def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: float = TIMEOUT_S,
-                   progress=None, lean: bool = False) -> list[dict]:
+                   progress=None, lean: bool = False, budget: float | None = None) -> list[dict]:
     """One report per spec: ``baseline`` (the computation as it is), ``drifts``,
     ``candidates`` (rows with verdict, drift, error_u, kernels, seconds, time_ratio, spread)
     and ``cheapest`` (the name of the cheapest that removes every drift, or None).
 
     Processes: one for the default setting, measuring every spec as it is and under every
     code change its slices allow (the timing baseline of them all), then one per setting,
-    measuring every spec that setting applies to. ``lean``: fixrun.py's lean mode, for the suite."""
+    measuring every spec that setting applies to. ``lean``: fixrun.py's lean mode, for the suite.
+    ``budget`` (seconds from the start): no setting's process starts after it; its rows say
+    "not tried". ``timeout``: seconds each process may take."""
+    start = time.monotonic()
     say = progress or (lambda msg, done, total: None)  # progress(what runs now, processes done, processes in all)
     codes = [[c for c, why in _table(s, _slices(s) | {"run_to_run"}, onednn_isa) if c.compute and not why]
              for s in specs]
@@ -105,6 +110,9 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     measured: dict[tuple[int, str], dict] = {}
     for i, c in enumerate(settings.values(), 1):
         idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
+        if budget is not None and time.monotonic() - start > budget:
+            measured.update({(j, c.name): {"not_tried": f"the budget of {budget:g} s was spent"} for j in idx})
+            continue
         say(c.name, i, len(settings) + 1)
         got = _child([{**specs[j], "codes": [None], "lean": lean, "drifts": reports[j]["drifts"]} for j in idx],
                      c, timeout)
@@ -116,6 +124,8 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
             got = first[j].get(c.compute, {"failed": "not measured"}) if c.compute else measured.get((j, c.name))
             if why:
                 row.update(verdict="not applicable", reason=why)
+            elif "not_tried" in got:
+                row.update(verdict="not tried", reason=got["not_tried"])
             elif "failed" in got:
                 row.update(verdict="failed", reason=got["failed"])
             else:
