@@ -125,13 +125,19 @@ STEP_OUT=$PACK/fixes-seed-float16.json step fixes-seed 75 "$PY" -m matmul_drift.
   --fix-timeout 20 --fix-budget 35 --json
 STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 45 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
   --try-fixes --fix-timeout 12 --fix-budget 15 --json
-# The summation orders (matmul-drift order, replayed on 100 draws): one tree per file, order-NAME.json.
+# The summation orders (matmul-drift order, replayed on 100 draws): one tree per file,
+# order-NAME.json. Each probe may take an equal share of the time left (of 48 s), so that a
+# slow one leaves time for the others.
 reveal_orders() {
-  local spec rc=0
+  local spec share rc=0 left t0=$SECONDS
+  left=$(wc -l <<< "$ORDERS_TEXT")
   while IFS= read -r spec; do
+    share=$(((48 - (SECONDS - t0)) / left))
+    [ "$share" -ge 1 ] || share=1  # timeout 0 would mean none
     # shellcheck disable=SC2086  # the spec's words are the arguments
-    "$PY" -m matmul_drift.cli order ${spec#*:} --device "$DEVICE" --verify --json "$PACK/order-${spec%%:*}.json" \
-      < /dev/null || rc=1
+    timeout "$share" "$PY" -m matmul_drift.cli order ${spec#*:} --device "$DEVICE" --verify \
+      --json "$PACK/order-${spec%%:*}.json" < /dev/null || rc=1
+    left=$((left - 1))
   done <<< "$ORDERS_TEXT"
   return $rc
 }
