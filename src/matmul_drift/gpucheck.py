@@ -18,7 +18,7 @@ import json
 import re
 import tarfile
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from dataclasses import dataclass, field
 
@@ -45,7 +45,10 @@ def _unpack(archive: Path, into: Path) -> Path:
             for m in tar.getmembers():
                 if not (m.isfile() or m.isdir()):
                     raise ImportRefused(f"{archive}: {m.name} is not a regular file or folder")
-            tar.extractall(into, filter="data")  # no absolute paths, no "..", no links out
+                if PurePosixPath(m.name).is_absolute() or ".." in PurePosixPath(m.name).parts:
+                    raise ImportRefused(f"{archive}: {m.name} points outside the archive")
+            # tarfile's own "data" filter as well where it exists (Python 3.11.4 and later; not 3.11.2)
+            tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise ImportRefused(f"{archive}: not a gpu_check archive ({exc})") from None
     return into
