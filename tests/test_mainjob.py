@@ -4,11 +4,14 @@ results included, but for this machine's own, so the first run is this machine's
 `MATMUL_DRIFT_CASES=square` and `--bench 'Drift\\.'` to keep it short.
 
 asv's environments live in this checkout's .asv/env (made on first use: two torch installs
-from the local wheel store, about two minutes; reused afterwards), shared by the copy.
+from the local wheel store, about two minutes; reused afterwards), shared by the copy, and by
+the copy that test_site_browser.py makes in another pytest-xdist worker: a lock lets one run
+at a time use them (asv re-checks out an environment's project folder under a running build).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -36,9 +39,12 @@ class Project:
     runs: dict = field(default_factory=dict)
 
     def run(self, *args, **extra) -> subprocess.CompletedProcess:
-        """`matmul-drift run` as scripts/suite.sh runs it (which first pip-installs the project)."""
-        return subprocess.run([PY, "-m", "matmul_drift.cli", "run", "--bench", BENCH, *args], cwd=self.path,
-                              env={**self.env, **extra}, capture_output=True, text=True, timeout=1800)
+        """`matmul-drift run` as scripts/suite.sh runs it (which first pip-installs the project),
+        holding the shared environments' lock."""
+        with open(ROOT / ".asv" / "env.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return subprocess.run([PY, "-m", "matmul_drift.cli", "run", "--bench", BENCH, *args], cwd=self.path,
+                                  env={**self.env, **extra}, capture_output=True, text=True, timeout=1800)
 
     def head(self) -> str:
         return git(self.path, "rev-parse", "HEAD")
