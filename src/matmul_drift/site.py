@@ -168,9 +168,7 @@ def page(hist: history.History, result: summary.Summary, runs: list[dict], recor
     for ident, uses in sorted(ids_in_results(hist, latest).items()):
         entry = hist.catalog.get("kernels", ident)
         device = entry.get("device", "") if isinstance(entry, dict) else ""
-        out.append(f'<tr id="k-{ident:012x}"><td><code>{ident:012x}</code></td>'
-                   f"<td>{float(ident):.3g} kernel-id</td><td>{_e(device)}</td><td>{_kernel_cell(entry)}</td>"
-                   f"<td>{'<br>'.join(_e(u) for u in uses) or '&mdash;'}</td></tr>")
+        out.append(_id_row("k", ident, "kernel-id", [_e(device), _kernel_cell(entry)], uses))
     out.append("</tbody></table>")
     orders = ids_in_results(hist, latest, "order-id")
     if orders:
@@ -183,12 +181,16 @@ def page(hist: history.History, result: summary.Summary, runs: list[dict], recor
         for ident, uses in sorted(orders.items()):
             entry = hist.catalog.get("orders", ident)
             k, words = (entry["k"], summary.describe_order(entry)) if isinstance(entry, dict) else ("", "not in the catalog")
-            out.append(f'<tr id="o-{ident:012x}"><td><code>{ident:012x}</code></td>'
-                       f"<td>{float(ident):.3g} order-id</td><td>{_e(k)}</td><td>{_e(words)}</td>"
-                       f"<td>{'<br>'.join(_e(u) for u in uses) or '&mdash;'}</td></tr>")
+            out.append(_id_row("o", ident, "order-id", [_e(k), _e(words)], uses))
         out.append("</tbody></table>")
     out += [*(_all_nights(list(recorded)) if recorded else []), "</body></html>"]
     return "\n".join(out) + "\n"
+
+
+def _id_row(anchor: str, ident: int, unit: str, cells: list[str], uses: list[str]) -> str:
+    """One row of an id table: the 12-hex id, as asv shows it, ``cells`` (HTML), where it is used."""
+    return (f'<tr id="{anchor}-{ident:012x}"><td><code>{ident:012x}</code></td><td>{float(ident):.3g} {unit}</td>'
+            + "".join(f"<td>{c}</td>" for c in cells) + f"<td>{'<br>'.join(_e(u) for u in uses) or '&mdash;'}</td></tr>")
 
 
 def write(html_dir: Path | str, hist: history.History, result: summary.Summary, runs: list[dict],
