@@ -151,22 +151,23 @@ def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=None, root=N
     for i, (c, p, d) in enumerate(combos, 1):
         if budget is not None and time.monotonic() - t0 > budget:
             out[key(c, p, d)] = {"skip": f"not measured: the budget of {budget:g} s (${BUDGET_VAR}) was spent"}
-            print(f"[{i}/{len(combos)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: skip (budget)", file=log, flush=True)
-            continue
-        try:
-            m = measure(cases.get(c), p, d, timing=(d == "cuda"))
-            out[key(c, p, d)] = track_values(m, root)
-            status = "ok"
-        except Unavailable as exc:
-            out[key(c, p, d)] = {"skip": str(exc)}
-            status = "skip"
-        except Exception as exc:  # one broken case must not lose the others
-            out[key(c, p, d)] = {"error": "".join(traceback.format_exception_only(exc)).strip()}
-            status = "error"
+            status = "skip (budget)"
+        else:
+            out[key(c, p, d)], status = _measure_one(c, p, d, root)
         print(f"[{i}/{len(combos)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {status}", file=log, flush=True)
     add_orders(out, root, log)
     add_fixes(out, root, log)
     return out
+
+
+def _measure_one(c: str, p: str, d: str, root) -> tuple[dict, str]:
+    """One combination's values (or {"skip": why}, {"error": text}) and its status word."""
+    try:
+        return track_values(measure(cases.get(c), p, d, timing=(d == "cuda")), root), "ok"
+    except Unavailable as exc:
+        return {"skip": str(exc)}, "skip"
+    except Exception as exc:  # one broken case must not lose the others
+        return {"error": "".join(traceback.format_exception_only(exc)).strip()}, "error"
 
 
 def add_orders(out: dict, root, log=sys.stderr) -> None:
