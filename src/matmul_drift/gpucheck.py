@@ -18,9 +18,8 @@ import json
 import re
 import tarfile
 import tempfile
-from pathlib import Path, PurePosixPath
-
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 from . import asvrun, atomic, bounded, history
 from .nightly import MACHINE_NAME
@@ -45,7 +44,8 @@ def _unpack(archive: Path, into: Path) -> Path:
             for m in tar.getmembers():
                 if not (m.isfile() or m.isdir()):
                     raise ImportRefused(f"{archive}: {m.name} is not a regular file or folder")
-                if PurePosixPath(m.name).is_absolute() or ".." in PurePosixPath(m.name).parts:
+                name = PurePosixPath(m.name)
+                if name.is_absolute() or ".." in name.parts:
                     raise ImportRefused(f"{archive}: {m.name} points outside the archive")
             # tarfile's own "data" filter as well where it exists (Python 3.11.4 and later; not 3.11.2)
             tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
