@@ -105,8 +105,9 @@ export MATMUL_DRIFT_DEVICES=$DEVICE MATMUL_DRIFT_CATALOG=$PACK/results/catalog M
 export PYTORCH_NVML_BASED_CUDA_CHECK=1
 # The seed, answered on this device first: the kernels of its 45999 and 46000 columns and the
 # drift between them. Its fixes come later, in a step of their own, so that the answer
-# survives them.
-STEP_OUT=$PACK/seed-float16.json step explain 30 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --json
+# survives them. Every explain and scan skips the host's memory check: the GPU machine's
+# memory grows as it is used, so MemAvailable reads too little there.
+STEP_OUT=$PACK/seed-float16.json step explain 30 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --no-host-memory-check --json
 STEP_OUT=$PACK/seed-float16.txt step explain-txt 5 "$PY" -m matmul_drift.cli explain --render "$PACK/seed-float16.json"
 # The suite: one setup_cache measures the cases on this device, most telling first, and
 # starts none after 80 s (MATMUL_DRIFT_BUDGET; the rest are skipped and say so), so asv
@@ -121,10 +122,10 @@ pkill -KILL -f "$WORK/site/asv" && echo "gpu_check: ended asv's processes left b
 # The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16. Each
 # process has its timeout and none starts after the budget (those rows say "not tried"), so
 # explain prints its report inside the step's limit: measuring + budget + timeout < limit.
-STEP_OUT=$PACK/fixes-seed-float16.json step fixes-seed 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --try-fixes \
+STEP_OUT=$PACK/fixes-seed-float16.json step fixes-seed 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --no-host-memory-check --try-fixes \
   --fix-timeout 20 --fix-budget 35 --json
 STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 45 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
-  --try-fixes --fix-timeout 12 --fix-budget 15 --json
+  --no-host-memory-check --try-fixes --fix-timeout 12 --fix-budget 15 --json
 # The summation orders (matmul-drift order, replayed on 100 draws): one tree per file,
 # order-NAME.json. Each probe may take an equal share of the time left (of 48 s), so that a
 # slow one leaves time for the others.
@@ -145,7 +146,6 @@ ORDERS_TEXT=$(printf '%s\n' "${ORDERS[@]}")  # an array does not pass to the exp
 export DEVICE PACK ORDERS_TEXT
 export -f reveal_orders
 step orders 50 reveal_orders
-# The GPU machine's memory grows as it is used, so MemAvailable reads too little there.
 step scan 60 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --no-host-memory-check --json "$PACK/scan-seed-float16.json" \
   --plot "$PACK/scan-seed-float16.png"
 step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-check --json "$PACK/scan-seed-dense.json"

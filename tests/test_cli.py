@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -91,6 +92,63 @@ def test_bad_files_one_line_exit_2(tmp_path):
     for args, needle in cases:
         rc, out, err = run("explain", *args, "--dtype", "float32")
         assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, (args, err)
+
+
+def test_a_product_larger_than_memory_is_refused_before_drawing():
+    from matmul_drift import memory
+
+    have = memory.available("cpu")[0]
+    n = 1 << 20
+    while memory.bytes_needed(n, n, n, "float32", "cpu")[0] < 4 * have:  # this machine's memory, not a constant
+        n *= 2
+    t0 = time.monotonic()
+    rc, out, err = run("explain", "--m", str(n), "--k", str(n), "--n", str(n), "--dtype", "float32")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"m={n} k={n} n={n} in float32, needs about" in err and "MemAvailable" in err
+    assert time.monotonic() - t0 < 30  # refused up front: drawing 4x this machine's memory would not end
+
+
+def test_no_host_memory_check_starts_where_memavailable_reads_too_little(capsys, monkeypatch):
+    from matmul_drift import cli, memory
+
+    monkeypatch.setattr(memory, "available", lambda device: (1 << 20, None))  # 1 MiB, as a VM that grows
+    small = ["explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32"]
+    assert cli.main(small) == 2
+    err = capsys.readouterr().err
+    assert "more than the 0.0 GiB of memory available (MemAvailable); --no-host-memory-check" in err
+    assert cli.main([*small, "--no-host-memory-check"]) == 0
+    assert "2×64 @ 64×8" in capsys.readouterr().out  # measured and reported
+
+
+def _fail_with(exc_factory):
+    def measure(*args, **kwargs):
+        exc_factory()
+    return measure
+
+
+@pytest.mark.parametrize("allocate", [
+    lambda: np.empty(1 << 50, dtype=np.uint8),  # 1 PiB: more than any address space, whatever the overcommit
+    lambda: torch.empty(1 << 50, dtype=torch.uint8),  # torch's CPU allocator raises RuntimeError
+])
+def test_running_out_of_memory_part_way_is_one_line_exit_1(capsys, monkeypatch, allocate):
+    from matmul_drift import cli, measure
+
+    monkeypatch.setattr(measure, "measure", _fail_with(allocate))
+    assert cli.main(["explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert captured.err.startswith("matmul-drift: error: out of memory: ")
+
+
+def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch):
+    from matmul_drift import cli, measure
+
+    def broken():
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(measure, "measure", _fail_with(broken))
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        cli.main(["explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

@@ -370,9 +370,9 @@ def test_memory_estimate_refuses_before_drawing(capsys):
 
 
 def test_no_host_memory_check_starts_where_memavailable_reads_too_little(capsys, monkeypatch):
-    from matmul_drift import scan_run
+    from matmul_drift import memory
 
-    monkeypatch.setattr(scan_run, "available", lambda device: (1 << 20, None))  # 1 MiB, as a VM that grows
+    monkeypatch.setattr(memory, "available", lambda device: (1 << 20, None))  # 1 MiB, as a VM that grows
     small = ["--vary", "n", "--range", "1:8", "--m", "2", "--k", "512", "--dtype", "float32", "--step", "1"]
     rc, _, err = scan_cli(capsys, *small)
     assert rc == 2 and "more than the 0.0 GiB of memory available (MemAvailable)" in err

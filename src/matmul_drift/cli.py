@@ -62,6 +62,14 @@ def configure_explain(p: argparse.ArgumentParser) -> None:
                    help="reveal the summation order of entry (0, 0) of the product and of each slice (matmul-drift order)")
     p.add_argument("--render", type=Path, metavar="JSON",
                    help="print a report saved with --json as text, measuring nothing")
+    add_memory_argument(p, "the product")
+
+
+def add_memory_argument(p: argparse.ArgumentParser, what: str) -> None:
+    """--no-host-memory-check, as explain and scan take it."""
+    p.add_argument("--no-host-memory-check", action="store_true",
+                   help=f"start even when {what} needs more than MemAvailable (a virtual machine whose "
+                        "memory grows as it is used reports too little); the GPU's free memory is still checked")
 
 
 def _load_array(path: Path):
@@ -175,6 +183,7 @@ def run_explain(args) -> int:
     if given[2]:
         case, ops, checksum = _file_case(args)
     shape = case.shape(args.device)
+    _check_memory(case, shape, args)
     if args.slice_n is not None and args.slice_n > shape.n:
         raise UsageError(f"--slice-n {args.slice_n} is larger than N = {shape.n}")
     if args.slice_m is not None:
@@ -222,6 +231,19 @@ def run_explain(args) -> int:
         print(f"matmul-drift explain: error: --try-fixes: {r['fixes']['failed']}", file=sys.stderr)
         return 1
     return 1 if r["verdict"]["kind"] == "defect" else 0
+
+
+def _check_memory(case, shape, args) -> None:
+    """UsageError (one line) when measuring the product needs more memory than there is."""
+    from . import memory
+
+    batch = shape.batch or 1
+    need = memory.bytes_needed(shape.m, shape.k, shape.n, args.dtype, args.device, batch)
+    what = f"the product, {'' if batch == 1 else f'batch={batch} '}m={shape.m} k={shape.k} n={shape.n} in {args.dtype},"
+    try:
+        memory.check(need, what, args.device, not args.no_host_memory_check)
+    except memory.TooLarge as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _try_fixes(args, case, given, slice_n, slice_m, repeat) -> dict:
@@ -362,6 +384,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("matmul-drift: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as exc:  # the estimate ahead of time can err: one line, not a traceback
+        text = str(exc).strip()
+        if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+                or "can't allocate memory" in text):
+            raise
+        print(f"matmul-drift: error: out of memory: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `matmul-drift ... | head`: the reader left; no traceback
         import os
 

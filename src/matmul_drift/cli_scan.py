@@ -56,10 +56,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="FILE", help="continue the scan recorded in FILE (same "
                         "parameters) and write it back there")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the regions and the drift (matplotlib)")
-    parser.add_argument("--no-host-memory-check", action="store_true",
-                        help="start even when the top of the range needs more than MemAvailable (a virtual "
-                             "machine whose memory grows as it is used reports too little); the GPU's "
-                             "free memory is still checked")
+    from .cli import add_memory_argument
+
+    add_memory_argument(parser, "the top of the range")
 
 
 class _Fail(Exception):

@@ -27,7 +27,6 @@ from . import atomic
 
 SCHEMA = "matmul-drift-scan/2"  # /1: one grid over all sizes, before alignment classes
 DIMS = ("m", "k", "n")
-PROCESS_BYTES = 512 << 20  # torch and its libraries, resident before any operand (measured: ~400 MiB)
 
 
 class ScanError(ValueError):
@@ -72,27 +71,6 @@ def parse_range(text: str) -> tuple[int, int]:
     if hi == lo:
         raise ScanError(f"{lo}:{hi} is empty: a scan needs at least two sizes")
     return lo, hi
-
-
-def bytes_needed(vary: str, m: int, k: int, n: int, itemsize: int, device: str) -> tuple[int, int]:
-    """(host, device) bytes a scan needs at the top of its range (m, k, n), an estimate.
-
-    Inputs: drawn float32 values, their bits in the dtype and the exact reference's float64
-    copies (one more copy of A for k's contiguous prefix). Outputs: bits, float64
-    values, the reference, and the temporaries of one comparison (about a dozen float64
-    arrays), plus the process itself. On CUDA the operands and the reference live on the GPU;
-    the host keeps the rest. Measured resident sizes stayed below it.
-    """
-    from .reference import CHUNK_BYTES
-
-    ins, outs = m * k + k * n, m * n
-    # the exact reference holds about seven float64 copies of A (as given, |A|, scaled, slices,
-    # remainder) and of B, which it takes in blocks of columns of CHUNK_BYTES
-    ref = 7 * 8 * m * k + min(7 * 8 * k * n, 7 * CHUNK_BYTES) + (itemsize * m * k if vary == "k" else 0)
-    host = PROCESS_BYTES + ins * (4 + itemsize) + outs * (2 * itemsize + 13 * 8)
-    if device == "cuda":
-        return host, ins * itemsize + ref + outs * (16 + 2 * itemsize)
-    return host + ref, 0
 
 
 def region_key(point: dict) -> tuple:

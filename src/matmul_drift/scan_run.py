@@ -12,9 +12,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import cases, scan
+from . import cases, memory, scan
 
-ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 SAVE_EVERY_S = 1.0  # the --json record is rewritten at most this often while scanning (seconds)
 
 
@@ -28,34 +27,14 @@ class Outcome:
     message: str
 
 
-def available(device: str) -> tuple[int | None, int | None]:
-    """Bytes available on the host (MemAvailable) and, on CUDA, free on the GPU; None if unknown."""
-    host = None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    host = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    gpu = None
-    if device == "cuda":
-        import torch
-
-        gpu = torch.cuda.mem_get_info()[0]
-    return host, gpu
-
-
 def check_memory(vary: str, dims: dict, dtype: str, device: str, host: bool = True) -> None:
     """ScanError (one line) when the top of the range needs more memory than there is: on the
     host (MemAvailable, unless not ``host``) or free on the GPU."""
-    need_host, need_gpu = scan.bytes_needed(vary, dims["m"], dims["k"], dims["n"], ITEMSIZE[dtype], device)
-    have_host, gpu = available(device)
-    have_host = have_host if host else None
-    for need, have, where in ((need_host, have_host, "memory available (MemAvailable)"), (need_gpu, gpu, "GPU memory free")):
-        if have is not None and need > have:
-            raise scan.ScanError(f"the top of the range, m={dims['m']} k={dims['k']} n={dims['n']} in {dtype}, needs "
-                                 f"about {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of {where}")
+    need = memory.bytes_needed(dims["m"], dims["k"], dims["n"], dtype, device, prefix_a=vary == "k")
+    try:
+        memory.check(need, f"the top of the range, m={dims['m']} k={dims['k']} n={dims['n']} in {dtype},", device, host)
+    except memory.TooLarge as exc:
+        raise scan.ScanError(str(exc)) from None
 
 
 def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step: int, path: str | None,

@@ -1,0 +1,65 @@
+"""The memory estimate against what explain and scan use, measured in one run.
+
+Runs `matmul-drift explain` on four shapes (outputs few and B wide, A tall, outputs many, all
+alike) in float16, float32 and float64, and two scans (along n and along k), each in a
+process of its own; prints its peak resident size (the kernel's ru_maxrss), the estimate
+(memory.bytes_needed, which explain and scan check before they start) and their ratio.
+A ratio above 1 means the estimate is too low: the check could let through a shape that
+then runs out of memory. Takes about 10 minutes on 2 cores.
+
+    python scripts/bench_memory.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from matmul_drift import memory
+
+SHAPES = [(64, 4096, 46000), (46000, 4096, 64), (4096, 256, 4096), (2048, 2048, 4096)]
+DTYPES = ["float16", "float32", "float64"]
+SCANS = [  # (vary, lo, hi, fixed dims, dtype)
+    ("n", 44000, 46000, {"m": 64, "k": 4096}, "float16"),
+    ("k", 4000, 6000, {"m": 8192, "n": 64}, "float64"),
+]
+
+
+def peak_bytes(args: list[str]) -> int:
+    """The peak resident size (bytes) of `matmul-drift ARGS` in a process of its own."""
+    p = subprocess.Popen([sys.executable, "-m", "matmul_drift.cli", *args], stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise SystemExit(f"matmul-drift {' '.join(args)} failed ({p.returncode})")
+    return usage.ru_maxrss * 1024  # KiB on Linux
+
+
+def show(label: str, peak: int, need: int) -> float:
+    print(f"{label:<44} peak {peak / 2**20:7.0f} MiB  estimate {need / 2**20:7.0f} MiB  "
+          f"peak/estimate {peak / need:.2f}", flush=True)
+    return peak / need
+
+
+def main() -> int:
+    ratios = []
+    for m, k, n in SHAPES:
+        for dtype in DTYPES:
+            peak = peak_bytes(["explain", "--m", str(m), "--k", str(k), "--n", str(n), "--dtype", dtype])
+            ratios.append(show(f"explain {m} x {k} x {n} {dtype}", peak, memory.bytes_needed(m, k, n, dtype, "cpu")[0]))
+    with tempfile.TemporaryDirectory() as tmp:
+        for vary, lo, hi, fixed, dtype in SCANS:
+            dims = {**fixed, vary: hi}
+            fixed_args = [a for d, v in fixed.items() for a in (f"--{d}", str(v))]
+            peak = peak_bytes(["scan", "--vary", vary, "--range", f"{lo}:{hi}", *fixed_args, "--dtype", dtype,
+                               "--step", str((hi - lo) // 2), "--json", os.path.join(tmp, f"{vary}.json")])
+            need = memory.bytes_needed(dims["m"], dims["k"], dims["n"], dtype, "cpu", prefix_a=vary == "k")[0]
+            ratios.append(show(f"scan {vary} {lo}:{hi} {fixed} {dtype}", peak, need))
+    print(f"largest peak/estimate {max(ratios):.2f} (above 1: the estimate is too low)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""How much memory a measurement needs, and whether this machine has it.
+
+The estimate is in bytes and errs a little high: `python scripts/bench_memory.py` prints
+the measured peak resident size of explain and of a scan against it. A shape that needs
+more than there is gets one line (TooLarge) before anything is drawn, rather than a
+MemoryError part way, or the kernel's OOM killer, which ends a process without a word.
+"""
+
+from __future__ import annotations
+
+PROCESS_BYTES = 512 << 20  # torch and its libraries, resident before any operand (measured: ~300 to 400 MiB)
+ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}  # bytes per element
+
+
+class TooLarge(ValueError):
+    """A measurement that needs more memory than there is (one line)."""
+
+
+def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1,
+                 prefix_a: bool = False) -> tuple[int, int]:
+    """(host, device) bytes to measure the product of an (m, k) A and a (k, n) B, ``batch``
+    times, in ``dtype``: explain's measurement, or a scan at the top of its range
+    (``prefix_a``: one more copy of A, for a scan along k).
+
+    Inputs: the drawn float32 values and their bits. The reference: float64 copies of A and
+    B and of their absolute values for dtypes narrower than float64; for float64, Ozaki's
+    slices of A (six float64 arrays) and of B in blocks of columns. Outputs: the product,
+    its slices and repeats, their float64 values, the reference's and the comparison's
+    temporaries. On CUDA the operands (and a column slice's copy of B), the reference and the
+    outputs under comparison live on the GPU; the host keeps the rest. The bytes per entry
+    were fitted to the peaks scripts/bench_memory.py measures on the CPU; the GPU's side is
+    reasoned from the same arrays, not measured.
+    """
+    itemsize = ITEMSIZE[dtype]
+    a, b, outs = batch * m * k, batch * k * n, batch * m * n
+    per_a, per_b = (48, 18) if dtype == "float64" else (16, 16)
+    ref, prefix = a * per_a + b * per_b, itemsize * a if prefix_a else 0
+    host = PROCESS_BYTES + (a + b) * (4 + itemsize) + outs * (64 + 4 * itemsize)
+    if device == "cuda":
+        return host, (a + 2 * b) * itemsize + prefix + ref + outs * (16 + 2 * itemsize)
+    return host + prefix + ref, 0
+
+
+def available(device: str) -> tuple[int | None, int | None]:
+    """Bytes available on the host (MemAvailable) and, on CUDA, free on the GPU; None if unknown."""
+    host = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    host = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    gpu = None
+    if device == "cuda":
+        import torch
+
+        gpu = torch.cuda.mem_get_info()[0]
+    return host, gpu
+
+
+def check(need: tuple[int, int], what: str, device: str, host: bool = True) -> None:
+    """TooLarge (one line naming ``what``) when ``need`` (host, device bytes) exceeds what is
+    available: on the host (MemAvailable, unless not ``host``) or free on the GPU."""
+    have_host, gpu = available(device)
+    have_host = have_host if host else None
+    for n, have, where in ((need[0], have_host, "memory available (MemAvailable); --no-host-memory-check starts "
+                            "anyway, where memory grows as it is used"), (need[1], gpu, "GPU memory free")):
+        if have is not None and n > have:
+            raise TooLarge(f"{what} needs about {n / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of {where}")
