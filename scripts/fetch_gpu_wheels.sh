@@ -26,7 +26,7 @@ git ls-files -z -- "${TRAVEL[@]}" | xargs -0 sha256sum > "$WHL/tree.sha256"
 "$PY" -m pip download --quiet --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any --dest "$WHL" asv==0.6.6
-"$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$WHL" .
+"$PY" -m pip wheel --quiet --no-deps --wheel-dir "$WHL" .
 # the date as asv's git reads it: committer time, in ms
 git log -1 --format='{"commit": "%H", "date": %ct000, "branch": "gpu-check"}' HEAD > "$WHL/commit.json"
 size=$(du -sk "$WHL" | cut -f1)
