@@ -5,7 +5,7 @@ alike) in float16, float32 and float64, and two scans (along n and along k), eac
 process of its own; prints its peak resident size (the kernel's ru_maxrss), the estimate
 (memory.bytes_needed, which explain and scan check before they start) and their ratio.
 A ratio above 1 means the estimate is too low: the check could let through a shape that
-then runs out of memory. Takes about 10 minutes on 2 cores.
+then runs out of memory. Took 2 min 3 s on 2 cores (Intel Xeon with AMX).
 
     python scripts/bench_memory.py
 """
