@@ -8,8 +8,9 @@ MemoryError part way, or the kernel's OOM killer, which ends a process without a
 
 from __future__ import annotations
 
+from .numerics import WIDTH
+
 PROCESS_BYTES = 512 << 20  # torch and its libraries, resident before any operand (measured: ~300 to 400 MiB)
-ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}  # bytes per element
 
 
 class TooLarge(ValueError):
@@ -31,7 +32,7 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     were fitted to the peaks scripts/bench_memory.py measures on the CPU; the GPU's side is
     reasoned from the same arrays, not measured.
     """
-    itemsize = ITEMSIZE[dtype]
+    itemsize = WIDTH[dtype] // 8  # bytes per element
     a, b, outs = batch * m * k, batch * k * n, batch * m * n
     per_a, per_b = (48, 18) if dtype == "float64" else (16, 16)
     ref, prefix = a * per_a + b * per_b, itemsize * a if prefix_a else 0
