@@ -294,6 +294,41 @@ def test_the_suite_records_each_full_products_order_and_says_what_it_could_not(t
     assert out == {"square|float32|cpu": {}}  # benchmarks/drift.py reads NaN
 
 
+def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reveals(tmp_path):
+    """slice-n-view and slice-n-copy have the same full product: the suite probes it once, and
+    the tree it records for both is the one an independent probe of slice-n-copy reveals. What
+    changes the computation (a copied slice of a transposed W, a row slice, A's form, the
+    dtype) changes the key; a view slice as wide as B does not."""
+    import io
+
+    from matmul_drift import catalog, cases, order_probe, suite
+
+    out = {"slice-n-view|float32|cpu": {}, "slice-n-copy|float32|cpu": {}}
+    log = io.StringIO()
+    suite.add_orders(out, tmp_path, log)
+    lines = log.getvalue().splitlines()
+    assert "(the same computation as slice-n-view A @ B)" in lines[1] and "calls)" in lines[0], lines
+    copy = order_probe.target(cases.get("slice-n-copy"), "float32", "cpu")
+    entry = catalog.load(tmp_path, "orders", out["slice-n-copy|float32|cpu"]["order_id"])
+    assert entry == {"k": copy.k, "tree": order_probe.reveal(copy).tree}
+    assert out["slice-n-copy|float32|cpu"] == out["slice-n-view|float32|cpu"]
+
+    def key(case, precision="float32", **kw):
+        return order_probe.target(case, precision, "cpu", **kw).computation()
+
+    view = cases.Case("v", "mm", cases.Shape(4, 64, 32), cases.Shape(4, 64, 32), layout="strided", slice_n=(32, 31))
+    lin = cases.Case("w", "linear", cases.Shape(4, 64, 32), cases.Shape(4, 64, 32), layout="copy", slice_n=(32,))
+    assert key(view) == key(view, slice_n=32) == key(cases.Case("x", "mm", view.cpu, view.cpu))
+    assert len({key(view), key(view, slice_n=31), key(view, slice_m=3), key(view, "float16"),
+                key(view, "float64")}) == 5
+    assert key(lin) != key(lin, slice_n=32)  # W.t()[:, :32].contiguous() is a copy: another layout
+    mv = cases.Case("s", "mv", cases.Shape(1, 64, 32), cases.Shape(1, 64, 32), slice_n=(31,), forms=("as-is", "2d"))
+    assert key(mv, slice_n=31) != key(mv, slice_n=31, form="2d")
+    got = order_probe.slice_orders(view, "float32", "cpu", [("n", 32, False, "as-is"), ("n", 31, False, "as-is")])
+    assert got["slices"][0]["calls"] == 0 and got["slices"][0]["same_as"] == "v A @ B", got
+    assert got["slices"][0]["order_id"] == got["full"]["order_id"] and "same_as" not in got["slices"][1]
+
+
 def test_the_2d_form_of_a_1d_a_is_probed_as_its_own_computation():
     """The seed's `2d` form (A.unsqueeze(0) @ B[:, :n]) runs another op than A @ B[:, :n]: each
     form's tree replays its own computation bit for bit, and explain's orders name the form."""

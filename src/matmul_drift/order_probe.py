@@ -40,6 +40,23 @@ class Target:
     def width(self) -> int:
         return max(self.rows, self.cols)
 
+    @property
+    def label(self) -> str:
+        """The case and its slice as the product reads: ``seed A[:1] @ B``."""
+        a = "A.unsqueeze(0)" if self.form == "2d" else f"A[:{self.slice_m}]" if self.slice_m else "A"
+        return f"{self.case.id} {a} @ " + (f"B[:, :{self.slice_n}]" if self.slice_n else "B")
+
+    def computation(self) -> tuple:
+        """What the probe's readings depend on: the op, the operands' stored shapes, the slice,
+        the precision, the device, A's form and the entry; not the case's name or its inputs (the
+        probe writes its own). A view slice as large as the operand is the operand itself."""
+        s = self.case.shape(self.device)
+        view = self.case.layout != "copy"  # a copy of a whole transposed W is not W
+        n = None if self.slice_n == s.n and view else self.slice_n
+        m = None if self.slice_m == s.m else self.slice_m
+        return (self.case.op, measure.operand_shapes(self.case, self.device), self.case.layout if n else "",
+                n, m, self.precision or self.dtype, self.device, self.form, self.row, self.col)
+
 
 def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=None, row=0, col=0,
            form: str = "as-is") -> Target:
@@ -283,11 +300,23 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1) -> 
     return {"draws": draws, "matched": matched, "first_mismatch": first}
 
 
-def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True) -> dict:
+def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True, memo: dict | None = None) -> dict:
     """What the probe says of ``t``'s entry: ``probed`` (False where it would need more than
     ``max_calls`` calls), ``tree`` (None unless revealed and, with ``verify``, replayed bit for
-    bit on 100 draws), ``order_id`` (12 hex, None unless revealed), ``summary``, ``calls`` and
-    ``reason`` (why not revealed)."""
+    bit on 100 draws), ``order_id`` (12 hex, None unless revealed), ``summary``, ``calls`` (matmul
+    calls) and ``reason`` (why not revealed). With ``memo``, a computation already probed there
+    (Target.computation) is not probed again: its answer comes back with ``calls`` 0 and ``same_as``,
+    the label of the target first probed."""
+    key = (t.computation(), max_calls, verify)
+    if memo is not None and key in memo:
+        return {**memo[key], "calls": 0}
+    got = _order_of(t, max_calls, verify)
+    if memo is not None:
+        memo[key] = {**got, "same_as": t.label}
+    return got
+
+
+def _order_of(t: Target, max_calls: int, verify: bool) -> dict:
     from . import catalog
 
     out = {"probed": True, "tree": None, "order_id": None, "summary": "not revealed", "calls": 0, "reason": None}
@@ -309,21 +338,23 @@ def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True) -> dict
 
 
 def _explained(got: dict) -> dict:
-    """explain's view: order_id (None unless revealed), then summary and calls, or the reason."""
+    """explain's view: order_id (None unless revealed), then summary, calls and same_as (where
+    the computation was probed before, as another target), or the reason."""
     if got["order_id"] is None:
         return {"order_id": None, "reason": got["reason"]}
-    return {k: got[k] for k in ("order_id", "summary", "calls")}
+    return {k: got[k] for k in ("order_id", "summary", "calls", "same_as") if k in got}
 
 
 def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[str, int, bool, str]],
                  max_calls: int = MAX_CALLS) -> dict:
     """explain's orders: entry (0, 0) of the full product and of each slice ((kind "n" or "m",
     size, whether its bits drift, A's form), each with its order-id, and a verdict per slice."""
-    full = _explained(order_of(target(case, dtype, device), max_calls))
+    memo: dict = {}  # a view slice as wide as B is the full product
+    full = _explained(order_of(target(case, dtype, device), max_calls, memo=memo))
     out = {"full": full, "slices": []}
     for kind, size, drifts, form in slices:
         t = target(case, dtype, device, size if kind == "n" else None, size if kind == "m" else None, form=form)
-        got = _explained(order_of(t, max_calls))
+        got = _explained(order_of(t, max_calls, memo=memo))
         if got["order_id"] is None or full["order_id"] is None:
             verdict = "order not revealed: " + (got.get("reason") or full.get("reason"))
         elif got["order_id"] == full["order_id"]:

@@ -183,12 +183,12 @@ def add_orders(out: dict, root, log=sys.stderr) -> None:
     if os.environ.get(ORDERS_VAR, "").strip() == "0":
         return
     todo = [k for k, v in out.items() if "skip" not in v and "error" not in v]
-    t0 = time.monotonic()
+    t0, memo = time.monotonic(), {}  # slice-n-view and slice-n-copy share their full product
     for i, k in enumerate(todo, 1):
         c, p, d = k.split("|")
         try:
             t = order_probe.target(cases.get(c), p, d)
-            got = order_probe.order_of(t)
+            got = order_probe.order_of(t, memo=memo)
         except (order.ProbeError, Unavailable) as exc:
             got = {"probed": False, "reason": str(exc)}
         except Exception as exc:  # the probe must not lose the measurements made
@@ -198,7 +198,7 @@ def add_orders(out: dict, root, log=sys.stderr) -> None:
         else:
             out[k]["order_id"] = float(order.store(root, got["tree"], t.k))
             what = got["summary"] if got["tree"] is not None else f"not revealed: {got['reason']}"
-            what += f" ({got['calls']} calls)"
+            what += f" (the same computation as {got['same_as']})" if "same_as" in got else f" ({got['calls']} calls)"
         print(f"[orders {i}/{len(todo)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {what}", file=log, flush=True)
 
 
