@@ -329,6 +329,23 @@ def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reve
     assert got["slices"][0]["order_id"] == got["full"]["order_id"] and "same_as" not in got["slices"][1]
 
 
+def test_a_probe_that_fits_no_tree_counts_the_calls_it_made(monkeypatch, capsys):
+    """Each probe width makes one real call, then its readings fit no tree: the answer is "not
+    revealed", with the calls spent (not 0), in order_of and in the command's line."""
+    from matmul_drift import cases, cli, order_probe
+
+    def one_call_then_no_tree(counts, k):
+        counts([(0, 1)], None)
+        raise order.NotRevealed("the counts fit no tree")
+
+    monkeypatch.setattr(order, "reveal", one_call_then_no_tree)
+    t = order_probe.target(cases.adhoc(4, 64, 32), "float32", "cpu")
+    got = order_probe.order_of(t)
+    assert got["tree"] is None and got["calls"] == len(order_probe.widths(t)) == 2, got
+    rc = cli.main(["order", "--m", "4", "--k", "64", "--n", "32", "--dtype", "float32"])
+    assert rc == 1 and "order not revealed after 2 matmul calls: the counts fit no tree" in capsys.readouterr().out
+
+
 def test_the_2d_form_of_a_1d_a_is_probed_as_its_own_computation():
     """The seed's `2d` form (A.unsqueeze(0) @ B[:, :n]) runs another op than A @ B[:, :n]: each
     form's tree replays its own computation bit for bit, and explain's orders name the form."""

@@ -78,7 +78,7 @@ def run(args) -> int:
             r = order_probe.reveal(t, progress=lambda calls: bar.update(f"{calls} calls", calls, calls + 1),
                                    max_calls=args.max_calls)
         except order.NotRevealed as exc:
-            print(f"matmul-drift order: order not revealed: {exc}")
+            print(f"matmul-drift order: order not revealed after {exc.calls} matmul calls: {exc}")
             return 1
     oid = order.store(catalog.default_root(), r.tree, t.k)
     words = order.describe(r.tree)

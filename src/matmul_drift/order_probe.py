@@ -248,7 +248,9 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS) -> order.Reveal
         out.calls, out.seconds, out.width = calls + p.calls, time.perf_counter() - t0, w
         out.notes.append(f"probes in the first {w} {'rows' if t.by_rows else 'columns'}")
         return out
-    raise order.NotRevealed(why or "no probe width fits the call budget")
+    exc = order.NotRevealed(why or "no probe width fits the call budget")
+    exc.calls = calls
+    raise exc
 
 
 def _draw(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
@@ -326,7 +328,7 @@ def _order_of(t: Target, max_calls: int, verify: bool) -> dict:
     try:
         r = reveal(t, max_calls=max_calls)
     except order.NotRevealed as exc:
-        return {**out, "reason": str(exc)}
+        return {**out, "calls": exc.calls, "reason": str(exc)}
     out["calls"] = r.calls
     if verify:
         got = replay(t, r.tree, width=r.width)
