@@ -341,9 +341,40 @@ def test_a_probe_that_fits_no_tree_counts_the_calls_it_made(monkeypatch, capsys)
     monkeypatch.setattr(order, "reveal", one_call_then_no_tree)
     t = order_probe.target(cases.adhoc(4, 64, 32), "float32", "cpu")
     got = order_probe.order_of(t)
-    assert got["tree"] is None and got["calls"] == len(order_probe.widths(t)) == 2, got
+    assert order_probe.widths(t) == [32, 16, 1]  # all 32 columns, the first 16, column 0 alone
+    assert got["tree"] is None and got["calls"] == 3, got
     rc = cli.main(["order", "--m", "4", "--k", "64", "--n", "32", "--dtype", "float32"])
-    assert rc == 1 and "order not revealed after 2 matmul calls: the counts fit no tree" in capsys.readouterr().out
+    assert rc == 1 and "order not revealed after 3 matmul calls: the counts fit no tree" in capsys.readouterr().out
+
+
+def test_a_kernel_whose_column_blocks_differ_is_read_in_its_first_tile(monkeypatch):
+    """Hand-built kernel: the first 64 columns add their products sequentially, the others
+    pairwise (as another thread's block may). Probes spread over all 512 columns fit a tree
+    that is neither, and its replay fails; so the probe goes on to the first 64 columns, whose
+    tree is the sequential loop and replays bit for bit."""
+    import numpy as np
+    import torch
+
+    from matmul_drift import cases, catalog, order_probe
+
+    k = 256
+    first, rest = seq(list(range(k))), pw(list(range(k)))
+
+    def product(self):
+        p = self.a0[self.t.row].double().numpy()[:, None] * self.b0.double().numpy()
+        y = np.concatenate([order.evaluate(first, p[:, :64], np.float32), order.evaluate(rest, p[:, 64:], np.float32)])
+        return torch.from_numpy(y)
+
+    monkeypatch.setattr(order_probe.Prober, "product", product)
+    t = order_probe.target(cases.adhoc(4, k, 512), "float32", "cpu")
+    assert order_probe.widths(t) == [512, 64, 16, 1]
+    unverified = order_probe.reveal(t)
+    assert unverified.width == 512 and order_probe.replay(t, unverified.tree, width=512)["matched"] < 100
+    r = order_probe.reveal(t, verify=True)
+    assert r.width == 64 and r.verified["matched"] == r.verified["draws"] == 100, (r.width, r.verified)
+    assert order.to_json(r.tree) == order.to_json(order.canonical(first)), order.describe(r.tree)
+    got = order_probe.order_of(t)
+    assert got["order_id"] == catalog.hex_id(order.order_id(first, k)) and got["calls"] == r.calls
 
 
 def test_the_2d_form_of_a_1d_a_is_probed_as_its_own_computation():

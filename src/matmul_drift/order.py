@@ -92,7 +92,8 @@ class _Hole:
 class Reveal:
     """A revealed order: ``tree`` (the JSON form), ``calls`` (matmul calls), ``probes``
     (pairs measured), ``rounds``, ``seconds`` (wall time of the probing), ``width`` (the
-    output columns, or rows, the probes used: they share the tree)."""
+    output columns, or rows, the probes used: they share the tree), ``verified`` (the replay
+    of the tree against the kernel, where one was asked for)."""
 
     tree: object
     k: int
@@ -102,6 +103,7 @@ class Reveal:
     seconds: float = 0.0
     width: int = 1
     notes: list[str] = field(default_factory=list)
+    verified: dict | None = None
 
 
 def _path(pivot: int, values: dict[int, int], total: int):

@@ -213,25 +213,26 @@ def expected_calls(t: Target, width: int | None = None) -> int:
 
 def widths(t: Target) -> list[int]:
     """The probe widths to try, widest first. A kernel may add the columns (rows) of a tail
-    tile in another order than the rest, so the first try keeps to the prefix of whole tiles of
-    64, the next to tiles of 16, and the last to the entry's own column (row) alone: exact for
-    the entry, at the most calls."""
+    tile, or of another thread's block, in another order than the first ones, so the tries keep
+    to the prefix of whole tiles of 64, then of 16, then to the first tile of 64 and of 16, and
+    last to the entry's own column (row) alone: exact for the entry, at the most calls. (On
+    the AVX2 route, `MKL_CBWR=AVX2`, DGEMM's 512 columns of batch-invariance-2 fit no tree,
+    its first 64 do.)"""
     pos = t.row if t.by_rows else t.col
-    out = []
-    for tile in (64, 16):
-        w = t.width // tile * tile
-        if w > pos and w not in out:
-            out.append(w)
-    out = out or [t.width]
+    tried = {t.width // 64 * 64, t.width // 16 * 16, 64, 16}
+    out = sorted((w for w in tried if pos < w <= t.width), reverse=True) or [t.width]
     return out + [1] if pos == 0 and out[-1] > 1 else out
 
 
 MAX_CALLS = 4000  # a probe expected to need more is refused (matmul-drift order --max-calls)
 
 
-def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS) -> order.Reveal:
+def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = False) -> order.Reveal:
     """The tree of ``t``'s entry; NotRevealed when the readings fit none at every width
-    (``widths``) or the next width would need more than ``max_calls``."""
+    (``widths``) or the next width would need more than ``max_calls``. With ``verify``, a
+    tree must also replay bit for bit on 100 draws in the columns (rows) its probes used, or
+    the next width is tried: probes spread over columns the kernel adds in different orders
+    may yet fit some tree, and the replay is what tells."""
     t0 = time.perf_counter()
     calls, why = 0, None
     for w in widths(t):
@@ -239,13 +240,21 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS) -> order.Reveal
             why = (why or "") + f"; the next width ({w}) needs about {expected_calls(t, w)} calls, beyond {max_calls}"
             break
         p = Prober(t, w)
+        where = f"probes in {w} {'rows' if t.by_rows else 'columns'}"
         try:
             out = order.reveal(lambda pairs, within, p=p: p.counts(pairs, within, progress), t.k)
         except order.NotRevealed as exc:
             calls += p.calls
-            why = f"{exc} (probes in {w} {'rows' if t.by_rows else 'columns'})"
+            why = f"{exc} ({where})"
             continue
-        out.calls, out.seconds, out.width = calls + p.calls, time.perf_counter() - t0, w
+        calls += p.calls
+        if verify:
+            out.verified = replay(t, out.tree, width=w)  # its calls are not probe calls: not counted
+            if out.verified["matched"] != out.verified["draws"]:
+                why = (f"the replay matched {out.verified['matched']} of {out.verified['draws']} draws "
+                       f"(first mismatch {out.verified['first_mismatch']}; {where})")
+                continue
+        out.calls, out.seconds, out.width = calls, time.perf_counter() - t0, w
         out.notes.append(f"probes in the first {w} {'rows' if t.by_rows else 'columns'}")
         return out
     exc = order.NotRevealed(why or "no probe width fits the call budget")
@@ -326,16 +335,10 @@ def _order_of(t: Target, max_calls: int, verify: bool) -> dict:
         return {**out, "probed": False, "summary": "not probed",
                 "reason": f"about {expected_calls(t)} matmul calls, more than {max_calls}"}
     try:
-        r = reveal(t, max_calls=max_calls)
+        r = reveal(t, max_calls=max_calls, verify=verify)
     except order.NotRevealed as exc:
         return {**out, "calls": exc.calls, "reason": str(exc)}
-    out["calls"] = r.calls
-    if verify:
-        got = replay(t, r.tree, width=r.width)
-        if got["matched"] != got["draws"]:
-            return {**out, "reason": f"the replay matched {got['matched']} of {got['draws']} draws "
-                                     f"(first mismatch {got['first_mismatch']})"}
-    return {**out, "tree": r.tree, "order_id": catalog.hex_id(order.order_id(r.tree, t.k)),
+    return {**out, "calls": r.calls, "tree": r.tree, "order_id": catalog.hex_id(order.order_id(r.tree, t.k)),
             "summary": order.describe(r.tree)}
 
 
