@@ -186,11 +186,11 @@ def test_main_job_site_draws_both_builds_offline_and_names_kernels(offline_brows
     kernels = b.find_element("css selector", "table.kernels").text
     assert "MKL SGEMM(N,N)" in kernels and "MKL DGEMM(N,N)" in kernels
     assert f"{project.name}: square float32 cpu" in kernels
-    # each order-id in words: square in float32 as the probe reveals it in the main job's
+    # each order-id in words: square in float32 as the suite's probe reveals it in the main job's
     # environment (which leaves out this process's MKL_* settings: MKL_CBWR moves the route)
-    reveal = ("import json; from matmul_drift import cases, order, order_probe; "
-              "t = order_probe.target(cases.get('square'), 'float32', 'cpu'); r = order_probe.reveal(t); "
-              "print(json.dumps([f'{order.order_id(r.tree, t.k):012x}', order.describe(r.tree)]))")
+    reveal = ("import json; from matmul_drift import cases, order_probe; "
+              "got = order_probe.order_of(order_probe.target(cases.get('square'), 'float32', 'cpu')); "
+              "print(json.dumps([got['order_id'], got['summary']]))")
     p = subprocess.run([sys.executable, "-c", reveal], env=project.env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     order_id, words = json.loads(p.stdout)
