@@ -227,6 +227,19 @@ def _wait_for(proc, needle: str, timeout: float) -> list[str]:
     raise AssertionError(f"{needle!r} never came; saw:\n" + "\n".join(seen[-30:]))
 
 
+def _forkservers(repo: Path) -> list[int]:
+    """pids of asv forkservers serving benchmarks under ``repo`` (asv's `run_server`)."""
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (d / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if "run_server" in args and any(a.startswith(str(repo.resolve())) for a in args):
+            out.append(int(d.name))
+    return out
+
+
 def test_killed_mid_run_then_a_failing_night(world):
     tree = world.tree("a")
     args = ("--python", PY, "--machine", "box-k", "--date", "2026-01-03", "--bench", BENCH, "--no-publish")
@@ -237,6 +250,9 @@ def test_killed_mid_run_then_a_failing_night(world):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
+    # asv's forkserver, in a session of its own, outlives the killed night; the next one stops it.
+    orphans = _forkservers(world.a)
+    assert orphans, "no forkserver outlived the killed night: this test no longer shows the leak"
     # Every earlier results file still parses; nothing of the killed night was recorded.
     files = [p for p in (tree / "results").rglob("*.json")]
     assert len(files) > 5
@@ -253,6 +269,9 @@ def test_killed_mid_run_then_a_failing_night(world):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "has no results yet" in p.stderr and "benchmark values failed" in p.stderr
     assert len(world.night_commits("a", "box-k")) == 1
+    assert _forkservers(world.a) == [], "the next night left the killed one's forkserver running"
+    for pid in orphans:
+        assert f"recovered: stopped asv's forkserver {pid} for " in p.stderr, p.stderr[-3000:]
     doc = json.loads((tree / "summaries/2026-01-03-box-k.json").read_text())
     failed = doc["nights"][0]["failed"]
     assert "drift.Drift.track_error_u square float32 cpu" in failed

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -52,6 +54,38 @@ def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | 
                     sys.stderr.flush()
             tail = (tail + [line.rstrip()])[-30:]
     return proc.returncode, tail
+
+
+def reap_orphans(root: Path) -> list[str]:
+    """Stops asv's forkservers that serve benchmarks under ``root`` and whose asv is gone, as a
+    killed run leaves them: asv starts each in a session of its own, so killing the run's
+    process group misses it, and it waits on its socket for ever (about 220 MB each here).
+    A forkserver whose parent is still an asv process is left alone. Returns one line per
+    server stopped; nothing where /proc is missing."""
+    root_s, out = str(root.resolve()), []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            args = [a.decode("utf-8", "replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes() if ppid > 1 else b""
+        except (OSError, ValueError, IndexError):
+            continue
+        if "run_server" not in args or b"asv" in parent:
+            continue
+        i = args.index("run_server")
+        if not (args[i - 1].endswith(os.path.join("asv", "benchmark.py")) and len(args) > i + 2):
+            continue
+        if not (args[i + 1] == root_s or args[i + 1].startswith(root_s + os.sep)):
+            continue
+        try:
+            os.kill(int(d.name), signal.SIGKILL)
+        except OSError:
+            continue
+        sock = Path(args[i + 2]).parent
+        if sock.name.startswith("asv-forkserver-"):
+            shutil.rmtree(sock, ignore_errors=True)
+        out.append(f"stopped asv's forkserver {d.name} for {args[i + 1]}, left running by a killed run")
+    return out
 
 
 def results_files(d: Path) -> list[Path]:

@@ -287,6 +287,8 @@ def run(o: Options) -> Report:
     commit = head_commit(o.repo)
     name = o.machine or machine.register()
     log(f"machine {name}; commit {commit[:8]}; torch builds {', '.join(builds)}")
+    for line in asvrun.reap_orphans(o.repo):
+        log(f"recovered: {line}")
     outcomes = []
     for build in builds:
         out = run_build(o, conf, name, build, commit)

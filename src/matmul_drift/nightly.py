@@ -425,7 +425,7 @@ def run_night(o: Options) -> Report:
 
 def _night(o: Options, tree: Path, t0: float) -> Report:
     # Everything that can fail on the tree runs here, before asv (which can take hours).
-    for line in _git("repairing the results tree", resultsbranch.repair, tree, o.branch):
+    for line in _git("repairing the results tree", resultsbranch.repair, tree, o.branch) + asvrun.reap_orphans(Path(o.repo)):
         _log(f"recovered: {line}")
     finished = _finish_pending(tree)
     pushed = 0
