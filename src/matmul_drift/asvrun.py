@@ -66,16 +66,19 @@ def reap_orphans(root: Path) -> list[str]:
     for d in Path("/proc").glob("[0-9]*"):
         try:
             args = [a.decode("utf-8", "replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        i = args.index("run_server") if "run_server" in args else 0
+        if not (i and args[i - 1].endswith(os.path.join("asv", "benchmark.py")) and len(args) > i + 2):
+            continue
+        if not (args[i + 1] == root_s or args[i + 1].startswith(root_s + os.sep)):
+            continue
+        try:  # only a forkserver of this tree gets its parent looked at
             ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
             parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes() if ppid > 1 else b""
         except (OSError, ValueError, IndexError):
             continue
-        if "run_server" not in args or b"asv" in parent:
-            continue
-        i = args.index("run_server")
-        if not (args[i - 1].endswith(os.path.join("asv", "benchmark.py")) and len(args) > i + 2):
-            continue
-        if not (args[i + 1] == root_s or args[i + 1].startswith(root_s + os.sep)):
+        if b"asv" in parent:
             continue
         try:
             os.kill(int(d.name), signal.SIGKILL)
