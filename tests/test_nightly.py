@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -208,51 +207,53 @@ def test_merge_two_machines_one_site_one_summary(world):
     assert "warning" not in world.runs["merge"].stderr  # every result is at its night's axis commit
 
 
-def _wait_for(proc, needle: str, timeout: float) -> list[str]:
-    """Lines of ``proc``'s stderr up to the first that holds ``needle``."""
-    seen, buf, end = [], b"", time.monotonic() + timeout
-    fd = proc.stderr.fileno()
-    while time.monotonic() < end:
-        ready, _, _ = select.select([fd], [], [], 1)
-        if not ready:
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            break
-        buf += chunk
-        *done, buf = buf.split(b"\n")
-        seen += [ln.decode(errors="replace") for ln in done]
-        if any(needle in ln for ln in seen):
-            return seen
-    raise AssertionError(f"{needle!r} never came; saw:\n" + "\n".join(seen[-30:]))
-
-
-def _forkservers(repo: Path) -> list[int]:
-    """pids of asv forkservers serving benchmarks under ``repo`` (asv's `run_server`)."""
-    out = []
+def _asv_children(repo: Path) -> dict[int, str]:
+    """asv's forkservers (and the benchmarks they fork) and setup_caches serving benchmarks
+    under ``repo``: {pid: "run_server" or "setup_cache"}."""
+    out = {}
     for d in Path("/proc").glob("[0-9]*"):
         try:
             args = (d / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
         except OSError:
             continue
-        if "run_server" in args and any(a.startswith(str(repo.resolve())) for a in args):
-            out.append(int(d.name))
+        kind = next((a for a in args if a in ("run_server", "setup_cache")), None)
+        if kind and any(a.startswith(str(repo.resolve())) for a in args):
+            out[int(d.name)] = kind
     return out
+
+
+def _parent_cmdline(pid: int) -> bytes:
+    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    try:
+        return Path(f"/proc/{ppid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def test_killed_mid_run_then_a_failing_night(world):
     tree = world.tree("a")
     args = ("--python", PY, "--machine", "box-k", "--date", "2026-01-03", "--bench", BENCH, "--no-publish")
     proc = subprocess.Popen(["bash", "scripts/nightly.sh", *args], cwd=world.a, env=world.env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        _wait_for(proc, "drift.Drift.track_", timeout=300)  # asv has run a benchmark, not saved
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:  # killed while asv's setup_cache measures (a night's longest step), its forkserver waiting
+        end, found = time.monotonic() + 300, {}
+        while "setup_cache" not in found.values():
+            assert proc.poll() is None and time.monotonic() < end, "the night never reached asv's setup_cache"
+            time.sleep(0.02)
+            found = _asv_children(world.a)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-    # asv's forkserver, in a session of its own, outlives the killed night; the next one stops it.
-    orphans = _forkservers(world.a)
-    assert orphans, "no forkserver outlived the killed night: this test no longer shows the leak"
+    # Held where it is, so that it still measures when the next night starts. Only once its asv is
+    # gone: a process group with a stopped member gets SIGHUP when it is orphaned.
+    for pid in (p for p, kind in found.items() if kind == "setup_cache"):
+        end = time.monotonic() + 10
+        while b"asv" in _parent_cmdline(pid) and time.monotonic() < end:
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGSTOP)
+    # Both are in process groups of their own: they outlive the killed night; the next one stops them.
+    orphans = _asv_children(world.a)
+    assert sorted(orphans.values()) == ["run_server", "setup_cache"], orphans
     # Every earlier results file still parses; nothing of the killed night was recorded.
     files = [p for p in (tree / "results").rglob("*.json")]
     assert len(files) > 5
@@ -269,9 +270,10 @@ def test_killed_mid_run_then_a_failing_night(world):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "has no results yet" in p.stderr and "benchmark values failed" in p.stderr
     assert len(world.night_commits("a", "box-k")) == 1
-    assert _forkservers(world.a) == [], "the next night left the killed one's forkserver running"
-    for pid in orphans:
-        assert f"recovered: stopped asv's forkserver {pid} for " in p.stderr, p.stderr[-3000:]
+    assert _asv_children(world.a) == {}, "the next night left the killed one's asv processes running"
+    for pid, kind in orphans.items():
+        what = "forkserver" if kind == "run_server" else "setup_cache"
+        assert f"recovered: stopped asv's {what} {pid} for " in p.stderr, p.stderr[-3000:]
     doc = json.loads((tree / "summaries/2026-01-03-box-k.json").read_text())
     failed = doc["nights"][0]["failed"]
     assert "drift.Drift.track_error_u square float32 cpu" in failed

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -57,37 +58,44 @@ def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | 
 
 
 def reap_orphans(root: Path) -> list[str]:
-    """Stops asv's forkservers that serve benchmarks under ``root`` and whose asv is gone, as a
-    killed run leaves them: asv starts each in a session of its own, so killing the run's
-    process group misses it, and it waits on its socket for ever (about 220 MB each here).
-    A forkserver whose parent is still an asv process is left alone. Returns one line per
-    server stopped; nothing where /proc is missing."""
+    """Stops what a killed asv run leaves running for ``root``'s benchmarks: its forkserver
+    (`benchmark.py run_server`, with any benchmark it forked) and its `benchmark.py
+    setup_cache` (the whole suite, minutes on a slow route). asv starts each in a process
+    group of its own, so killing the run's process group misses them: the forkserver waits on
+    its socket for ever (about 220 MB here), and the setup_cache goes on measuring beside the
+    next run. One whose parent is still an asv process is left alone. Each is stopped with its
+    process group, and its folder in the temporary directory removed. Returns one line per
+    process stopped; nothing where /proc is missing."""
     root_s, out = str(root.resolve()), []
     for d in Path("/proc").glob("[0-9]*"):
         try:
             args = [a.decode("utf-8", "replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
         except OSError:
             continue
-        i = args.index("run_server") if "run_server" in args else 0
+        i = next((j for j, a in enumerate(args) if a in ("run_server", "setup_cache")), 0)
         if not (i and args[i - 1].endswith(os.path.join("asv", "benchmark.py")) and len(args) > i + 2):
             continue
         if not (args[i + 1] == root_s or args[i + 1].startswith(root_s + os.sep)):
             continue
-        try:  # only a forkserver of this tree gets its parent looked at
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        try:  # only a process of this tree gets its parent looked at
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            ppid, pgrp = int(fields[1]), int(fields[2])
             parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes() if ppid > 1 else b""
+            # run_server: its socket's folder; setup_cache: the folder asv made for its cache
+            tmp = Path(args[i + 2]).parent if args[i] == "run_server" else Path(os.readlink(d / "cwd"))
         except (OSError, ValueError, IndexError):
             continue
-        if b"asv" in parent:
+        if b"asv" in parent:  # a live run's, or a benchmark its forkserver forked
             continue
+        pid = int(d.name)
         try:
-            os.kill(int(d.name), signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL) if pgrp == pid else os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
-        sock = Path(args[i + 2]).parent
-        if sock.name.startswith("asv-forkserver-"):
-            shutil.rmtree(sock, ignore_errors=True)
-        out.append(f"stopped asv's forkserver {d.name} for {args[i + 1]}, left running by a killed run")
+        if tmp.parent == Path(tempfile.gettempdir()) and tmp.name.startswith(("asv-forkserver-", "tmp")):
+            shutil.rmtree(tmp, ignore_errors=True)
+        what = "forkserver" if args[i] == "run_server" else "setup_cache"
+        out.append(f"stopped asv's {what} {pid} for {args[i + 1]}, left running by a killed run")
     return out
 
 
