@@ -233,6 +233,30 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path):
     assert rc == 2 and len(err) == 1 and message in err[0], err
 
 
+def test_a_probe_larger_than_memory_is_refused_before_allocating(capsys, monkeypatch, tmp_path):
+    import time
+
+    from matmul_drift import cases, cli, memory, order_probe
+
+    have = memory.available("cpu")[0]
+    if have is None:
+        pytest.skip("no MemAvailable in /proc/meminfo")
+    n = 1 << 16
+    while order_probe.target(cases.adhoc(n, 16, n), "float32", "cpu").bytes_needed()[0] < 4 * have:
+        n *= 2  # this machine's memory, not a constant
+    t0 = time.monotonic()
+    rc = cli.main(["order", "--m", str(n), "--k", "16", "--n", str(n), "--dtype", "float32"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "needs about" in err[0] and "MemAvailable" in err[0], err
+    assert time.monotonic() - t0 < 30  # refused up front: 4x this machine's memory would not end
+    # A virtual machine whose memory grows as it is used reports too little: the flag starts anyway.
+    monkeypatch.setattr(memory, "available", lambda device: (1 << 20, None))
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path))  # the tree goes there, not to the checkout's
+    small = ["order", "--m", "4", "--k", "8", "--n", "4", "--dtype", "float32"]
+    assert cli.main(small) == 2 and "--no-host-memory-check" in capsys.readouterr().err
+    assert cli.main([*small, "--no-host-memory-check"]) == 0 and "order-id" in capsys.readouterr().out
+
+
 def test_the_command_writes_the_tree_and_its_id(tmp_path, capsys, monkeypatch):
     from matmul_drift import catalog, cli
 

@@ -21,7 +21,7 @@ from .cli_scan import _positive
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from .cli import add_shape_arguments
+    from .cli import add_memory_argument, add_shape_arguments
 
     add_shape_arguments(p)
     p.add_argument("--slice-n", type=_positive, help="with --case: the product A @ B[:, :N]")
@@ -36,10 +36,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", action="store_true", help="replay the tree against the kernel on 100 random draws")
     p.add_argument("--max-calls", type=_positive, default=4000,
                    help="refuse a probe expected to need more matmul calls (default 4000)")
+    add_memory_argument(p, "the probe")
 
 
 def _target(args):
-    from . import measure, order, order_probe
+    from . import measure, memory, order, order_probe
     from .cli import UsageError
 
     if (args.case is None) == (args.m is None and args.k is None and args.n is None):
@@ -62,6 +63,10 @@ def _target(args):
         t = order_probe.target(case, args.dtype, args.device, args.slice_n, args.slice_m, args.row, args.col, args.form)
     except (ValueError, measure.Unavailable) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
+    try:
+        memory.check(t.bytes_needed(), f"the probe of {t.label} in {t.dtype},", t.device, not args.no_host_memory_check)
+    except memory.TooLarge as exc:
+        raise UsageError(str(exc)) from None
     guess = order_probe.expected_calls(t)
     if guess > args.max_calls:
         raise UsageError(f"revealing K = {t.k} over {t.width} probes a call needs about {guess} matmul calls "

@@ -42,6 +42,17 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     return host + prefix + ref, 0
 
 
+def probe_bytes(a: int, b: int, out: int, k: int, width: int, dtype: str, device: str) -> tuple[int, int]:
+    """(host, device) bytes of the order probe (order_probe.reveal with its replay) of a product
+    whose operands hold ``a`` and ``b`` entries as stored (a copied slice of B counted in
+    ``b``) and whose output holds ``out`` entries, in ``dtype``, on ``device``; the host also
+    holds one call's probes, ``k`` x ``width`` in float32, and the replay's draws (``k`` x 100
+    in float64, a few times over)."""
+    ops = (a + b + out) * (WIDTH[dtype] // 8)
+    host = PROCESS_BYTES + 4 * k * width + 8 * 8 * k * 100
+    return (host, ops) if device == "cuda" else (host + ops, 0)
+
+
 def available(device: str) -> tuple[int | None, int | None]:
     """Bytes available on the host (MemAvailable) and, on CUDA, free on the GPU; None if unknown."""
     host = None

@@ -46,6 +46,18 @@ class Target:
         a = "A.unsqueeze(0)" if self.form == "2d" else f"A[:{self.slice_m}]" if self.slice_m else "A"
         return f"{self.case.id} {a} @ " + (f"B[:, :{self.slice_n}]" if self.slice_n else "B")
 
+    def bytes_needed(self) -> tuple[int, int]:
+        """(host, device) bytes the probe needs (memory.probe_bytes): one Prober at a time."""
+        from . import memory
+
+        a_shape, b_shape = measure.operand_shapes(self.case, self.device)
+        s = self.case.shape(self.device)
+        batch = s.batch or 1
+        copy = batch * self.k * self.slice_n if self.slice_n and self.case.layout == "copy" else 0
+        out = batch * self.rows * self.cols
+        return memory.probe_bytes(int(np.prod(a_shape)), int(np.prod(b_shape)) + copy, out, self.k,
+                                  widths(self)[0], self.dtype, self.device)
+
     def computation(self) -> tuple:
         """What the probe's readings depend on: the op, the operands' stored shapes, the slice,
         the precision, the device, A's form and the entry; not the case's name or its inputs (the
@@ -237,7 +249,8 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
     calls, why = 0, None
     for w in widths(t):
         if calls + expected_calls(t, w) > max_calls:
-            why = (why or "") + f"; the next width ({w}) needs about {expected_calls(t, w)} calls, beyond {max_calls}"
+            beyond = f"the next width ({w}) needs about {expected_calls(t, w)} calls, beyond {max_calls}"
+            why = f"{why}; {beyond}" if why else beyond
             break
         p = Prober(t, w)
         where = f"probes in {w} {'rows' if t.by_rows else 'columns'}"
@@ -246,8 +259,10 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
         except order.NotRevealed as exc:
             calls += p.calls
             why = f"{exc} ({where})"
+            del p
             continue
         calls += p.calls
+        del p  # one set of operands at a time (Target.bytes_needed): the replay makes its own
         if verify:
             out.verified = replay(t, out.tree, width=w)  # its calls are not probe calls: not counted
             if out.verified["matched"] != out.verified["draws"]:
