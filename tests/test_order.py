@@ -210,7 +210,7 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
 @pytest.mark.parametrize("args,message", [
     (["--m", "2", "--k", "1", "--n", "4"], "no order to reveal"),
     (["--m", "1", "--k", "20000000", "--n", "1", "--dtype", "float16"], "beyond the probe's exact range"),
-    (["--case", "long-k"], "more than --max-calls"),
+    (["--case", "long-k"], "more than 4000 (--max-calls)"),
     (["--m", "4", "--k", "8", "--n", "4", "--row", "9"], "outside the 4 x 4 output"),
     (["--m", "4", "--k", "8", "--n", "4", "--device", "cuda"], "cuda"),
     (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}"], "exists"),

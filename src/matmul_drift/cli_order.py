@@ -67,10 +67,9 @@ def _target(args):
         memory.check(t.bytes_needed(), f"the probe of {t.label} in {t.dtype},", t.device, not args.no_host_memory_check)
     except memory.TooLarge as exc:
         raise UsageError(str(exc)) from None
-    guess = order_probe.expected_calls(t)
-    if guess > args.max_calls:
-        raise UsageError(f"revealing K = {t.k} over {t.width} probes a call needs about {guess} matmul calls "
-                         f"({order_probe.calls_per_round(t)} a round), more than --max-calls {args.max_calls}")
+    refused = order_probe.over_budget(t, args.max_calls)
+    if refused:
+        raise UsageError(f"{refused} (--max-calls)")
     return t
 
 

@@ -239,6 +239,16 @@ def widths(t: Target) -> list[int]:
 MAX_CALLS = 4000  # a probe expected to need more is refused (matmul-drift order --max-calls)
 
 
+def over_budget(t: Target, max_calls: int = MAX_CALLS) -> str | None:
+    """Why the probe of ``t`` is not started (its first width would need more than
+    ``max_calls`` matmul calls), or None when it fits; later widths are checked as they come."""
+    w = widths(t)[0]
+    if expected_calls(t, w) <= max_calls:
+        return None
+    return (f"revealing K = {t.k} over {w} probes a call needs about {expected_calls(t, w)} matmul calls "
+            f"({calls_per_round(t, w)} a round), more than {max_calls}")
+
+
 def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = False) -> order.Reveal:
     """The tree of ``t``'s entry; NotRevealed when the readings fit none at every width
     (``widths``) or the next width would need more than ``max_calls``. With ``verify``, a
@@ -346,9 +356,9 @@ def _order_of(t: Target, max_calls: int, verify: bool) -> dict:
     from . import catalog
 
     out = {"probed": True, "tree": None, "order_id": None, "summary": "not revealed", "calls": 0, "reason": None}
-    if expected_calls(t) > max_calls:
-        return {**out, "probed": False, "summary": "not probed",
-                "reason": f"about {expected_calls(t)} matmul calls, more than {max_calls}"}
+    refused = over_budget(t, max_calls)
+    if refused:
+        return {**out, "probed": False, "summary": "not probed", "reason": refused}
     try:
         r = reveal(t, max_calls=max_calls, verify=verify)
     except order.NotRevealed as exc:
