@@ -272,13 +272,13 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
             del p
             continue
         calls += p.calls
-        del p  # one set of operands at a time (Target.bytes_needed): the replay makes its own
-        if verify:
-            out.verified = replay(t, out.tree, width=w)  # its calls are not probe calls: not counted
-            if out.verified["matched"] != out.verified["draws"]:
-                why = (f"the replay matched {out.verified['matched']} of {out.verified['draws']} draws "
-                       f"(first mismatch {out.verified['first_mismatch']}; {where})")
-                continue
+        # on the probe's own operands (each width has its own); its calls are not probe calls
+        out.verified = replay(t, out.tree, width=w, prober=p) if verify else None
+        del p  # one set of operands at a time (Target.bytes_needed)
+        if verify and out.verified["matched"] != out.verified["draws"]:
+            why = (f"the replay matched {out.verified['matched']} of {out.verified['draws']} draws "
+                   f"(first mismatch {out.verified['first_mismatch']}; {where})")
+            continue
         out.calls, out.seconds, out.width = calls, time.perf_counter() - t0, w
         out.notes.append(f"probes in the first {w} {'rows' if t.by_rows else 'columns'}")
         return out
@@ -295,15 +295,16 @@ def _draw(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
     return (rng.choice([-1.0, 1.0], shape) * mant * np.exp2(rng.integers(lo, hi, shape))).astype(np.float32)
 
 
-def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1) -> dict:
+def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, prober: Prober | None = None) -> dict:
     """The tree evaluated in numpy (order.evaluate, in the accumulator's precision, rounded once
     to the output dtype) against the kernel's own output, on ``draws`` random inputs whose
     products are exact: each call draws the entry's row of A and the first ``width`` columns of
     B (rows of A and the entry's column of B, by rows), the ones the probes shared, the entry's
-    own among them. Returns draws, matched, and the first mismatch."""
+    own among them. Writes its draws into ``prober``'s operands (a new Prober's without).
+    Returns draws, matched, and the first mismatch."""
     import torch
 
-    p = Prober(t)
+    p = prober or Prober(t)
     rng = np.random.default_rng(seed)
     acc = np.float64 if t.dtype == "float64" else np.float32
     dt = getattr(torch, t.dtype)
