@@ -516,6 +516,22 @@ def test_output_file(capsys, tmp_path):
     assert out_file.read_text().startswith("### matmul-drift summary")
 
 
+def test_output_never_replaces_a_file_and_never_waits_on_a_fifo(capsys, tmp_path):
+    tree = F.write_tree(tmp_path / "results", n_commits=2)
+    machine_json = next(tree.root.rglob("machine.json"))  # a recorded file: the worst to lose
+    before = machine_json.read_bytes()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target, message in ((machine_json, "exists; remove it"), (fifo, "exists; remove it"),
+                            (tmp_path / "no" / "s.md", "its folder does not exist"), ("", "the name is empty")):
+        rc, out, err = run_cli(capsys, tree.root, "--output", target)
+        assert rc == 2 and out == "", (target, err)
+        assert_one_line_error(err, message)
+    assert machine_json.read_bytes() == before
+    rc, out, _ = run_cli(capsys, tree.root, "--output", os.devnull)  # a device is written to
+    assert rc == 0 and out == ""
+
+
 # ---------------------------------------------------------------------------- rendering
 
 

@@ -8,9 +8,12 @@ missing catalog entry) go to stderr; the readable rest is still summarised. Neve
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
+from pathlib import Path
 
-from . import history, render, summary
+from . import atomic, history, render, summary
 
 PROG = "matmul-drift summary"
 
@@ -35,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on", metavar="KINDS", default=None,
                         help=f"comma list of {', '.join(summary.KINDS)}, or none, or all; "
                              f"default: {','.join(k for k in summary.KINDS if k in summary.DEFAULT_FAIL_ON)}")
-    parser.add_argument("--output", metavar="FILE", help="write the report here instead of stdout")
+    parser.add_argument("--output", metavar="FILE", help="write the report to this new file (never over one that exists) instead of stdout")
     parser.add_argument("--catalog", metavar="DIR", help="catalog directory (default: beside the asv results)")
     parser.add_argument("--u-tolerance", type=float, default=summary.DEFAULT_U_TOLERANCE, metavar="F",
                         help="flag error_u when it grows or shrinks by more than this factor "
@@ -54,8 +57,37 @@ def _error(message: str) -> int:
     return 2
 
 
+def _output_problem(path: str) -> str | None:
+    """Why ``--output`` cannot be written, checked before anything is read: a file that exists is
+    never replaced (it may be a results file); a device such as /dev/null is written to."""
+    if not path:
+        return "--output: the name is empty"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        return f"--output {path}: {exc.strerror}"
+    if st is not None and not stat.S_ISCHR(st.st_mode):
+        return f"--output {path} exists; remove it or choose another name"
+    if st is None and not Path(path).absolute().parent.is_dir():
+        return f"--output {path}: its folder does not exist"
+    return None
+
+
+def _write_output(path: str, text: str) -> None:
+    if os.path.exists(path):  # a character device (_output_problem)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:  # whole or not at all
+        atomic.write_text(path, text)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the summary for parsed ``args``; returns the exit status."""
+    problem = _output_problem(args.output) if args.output is not None else None
+    if problem:
+        return _error(problem)
     try:
         fail_on = summary.parse_fail_on(args.fail_on)
         options = summary.Options(
@@ -75,10 +107,9 @@ def run(args: argparse.Namespace) -> int:
     # Each warning once, in the order met (a missing catalog entry can be asked for twice).
     for w in dict.fromkeys(result.warnings):
         print(f"{PROG}: warning: {w}", file=sys.stderr)
-    if args.output:
+    if args.output is not None:
         try:
-            with open(args.output, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            _write_output(args.output, text)
         except OSError as exc:
             return _error(f"cannot write {args.output}: {exc.strerror}")
     else:
