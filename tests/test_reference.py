@@ -95,3 +95,33 @@ def test_blocks_of_columns_give_the_same_bits(monkeypatch):
         assert np.array_equal(whole.hi, blocks.hi) and np.array_equal(whole.lo, blocks.lo)
         # |A||B| is an ordinary float64 GEMM (a normaliser, not exact): its bits may follow the route
         assert np.allclose(whole.absprod, blocks.absprod, rtol=8 * 2.0**-53, atol=0) and whole.hi.shape == blocks.hi.shape
+
+
+def test_products_among_float64_subnormals_are_judged_with_the_references_own_error(tmp_path, capsys, monkeypatch):
+    """Exact values near 2^-1070: the kernel's float64 result is within the γ_K bound with
+    underflow, (K+1)·2^-1075 (checked here in exact rationals), but the reference's hi + lo
+    is only good to 4·2^-1074 there. Comparing the two without the reference's own error
+    called a correct kernel a DEFECT (and u·|A||B| underflowed to 0: a division by zero)."""
+    import json
+    import warnings
+
+    from matmul_drift import cli
+
+    g = np.random.default_rng(7)
+    a = g.integers(1, 2**20, (3, 4)) * 2.0**-560
+    b = g.integers(1, 2**20, (4, 2)) * 2.0**-550  # products about 2^-1070: subnormal
+    c = (torch.from_numpy(a) @ torch.from_numpy(b)).numpy()
+    eta = Fraction(2) ** -1075
+    for i, row in enumerate(_exact(a, b)):
+        for j, want in enumerate(row):
+            assert abs(Fraction(float(c[i, j])) - want) <= (a.shape[1] + 1) * eta  # the truth: no defect
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning (division by zero)
+        rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
+                       "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["verdict"]["kind"] != "defect", doc["verdict"]
+    assert math.isfinite(doc["error_u"]) and doc["error_u"] > 1 and "below float64's normal range" in doc["verdict"]["text"]

@@ -280,7 +280,7 @@ def measure_operands(
         top = top_product(ops, _call(ops.product, device, full))
         kern = {"full": full} if with_kernels else {}
         c_bits, c_val, ref, absprod = top.bits, top.values, top.ref, top.ref.absprod
-        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, absprod, dtype, k)
+        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, absprod, dtype, k, ref.bound_rel)
         nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),
                      **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype)}
         routes_n: list[str] | None = [] if with_kernels else None
