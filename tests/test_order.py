@@ -257,6 +257,19 @@ def test_a_probe_larger_than_memory_is_refused_before_allocating(capsys, monkeyp
     assert cli.main([*small, "--no-host-memory-check"]) == 0 and "order-id" in capsys.readouterr().out
 
 
+def test_a_catalog_that_cannot_take_the_tree_is_one_line_before_probing(tmp_path, capsys, monkeypatch):
+    from matmul_drift import cli
+
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "file"))
+    rc = cli.main(["order", "--m", "4", "--k", "8", "--n", "4", "--dtype", "float32"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err.strip().splitlines() == [
+        f"matmul-drift: error: the catalog cannot take the tree: {tmp_path / 'file' / 'orders'}: Not a directory "
+        "(MATMUL_DRIFT_CATALOG names another)"], err
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
 def test_the_command_writes_the_tree_and_its_id(tmp_path, capsys, monkeypatch):
     from matmul_drift import catalog, cli
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from . import cases
@@ -40,7 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _target(args):
-    from . import measure, memory, order, order_probe
+    from . import catalog, measure, memory, order, order_probe
     from .cli import UsageError
 
     if (args.case is None) == (args.m is None and args.k is None and args.n is None):
@@ -67,6 +68,14 @@ def _target(args):
         memory.check(t.bytes_needed(), f"the probe of {t.label} in {t.dtype},", t.device, not args.no_host_memory_check)
     except memory.TooLarge as exc:
         raise UsageError(str(exc)) from None
+    orders = catalog.default_root() / "orders"  # checked before minutes of probing, not after
+    try:
+        orders.mkdir(parents=True, exist_ok=True)
+        if not os.access(orders, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        raise UsageError(f"the catalog cannot take the tree: {orders}: {exc.strerror or exc} "
+                         "(MATMUL_DRIFT_CATALOG names another)") from None
     refused = order_probe.over_budget(t, args.max_calls)
     if refused:
         raise UsageError(f"{refused} (--max-calls)")
@@ -85,7 +94,10 @@ def run(args) -> int:
         except order.NotRevealed as exc:
             print(f"matmul-drift order: order not revealed after {exc.calls} matmul calls: {exc}")
             return 1
-    oid = order.store(catalog.default_root(), r.tree, t.k)
+    try:
+        oid = order.store(catalog.default_root(), r.tree, t.k)
+    except OSError as exc:  # the catalog changed while probing
+        raise UsageError(f"cannot store the tree in the catalog: {exc.strerror or exc}") from None
     words = order.describe(r.tree)
     where = f"{t.case.id}" + (f"[:, :{t.slice_n}]" if t.slice_n else f"[:{t.slice_m}]" if t.slice_m else "")
     where += " (A 2-D)" if t.form == "2d" else ""
