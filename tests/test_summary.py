@@ -322,6 +322,23 @@ def test_accuracy_crossing_the_gamma_bound_is_flagged_even_within_tolerance(caps
     assert doc["flags"] == [] and rc == 0
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_extreme_values_are_flagged_without_numpy_warnings(capsys, tmp_path):
+    """A value of 5e-324 before and 1.7e308 after: every ratio overflows to inf. That is a flag
+    (each series grew without bound), not an 'overflow encountered' line on stderr."""
+    i = _idx()
+
+    def adjust(ci, ei, data):
+        for name in (F.ERROR_U, F.SLICE_N, F.TIME):
+            F.set_value(data, name, i, 1.7e308 if ci else 5e-324)
+        _set_time(data, i, 1.7e308 if ci else 5e-324, 0.0)
+
+    tree = F.write_tree(tmp_path / "results", n_commits=2, torch_versions=("2.13.0",), adjust=adjust)
+    rc, doc, err = run_json(capsys, tree.root)
+    assert err == "" and rc == 1, err
+    assert {f["kind"] for f in doc["flags"]} >= {"accuracy", "timing"}, doc["flags"]
+
+
 def _set_time(data, i, value, ci_halfwidth):
     F.set_value(data, F.TIME, i, value)
     row = data["results"][F.TIME]

@@ -278,8 +278,9 @@ def summarise(history: History, options: Options | None = None) -> Summary:
     notes = [] if options.across == "machines" else hardware_changes(history)
     judge = _Judge(history, options)
     flags: list[Flag] = []
-    for pair in pairs:
-        flags += judge.pair(pair)
+    with np.errstate(over="ignore"):  # a ratio of extreme values is inf: flagged, not warned about
+        for pair in pairs:
+            flags += judge.pair(pair)
     order = {k: i for i, k in enumerate(KINDS)}
     flags.sort(key=lambda f: (f.machine, order[f.kind], f.benchmark, f.before.date, f.after.date,
                               version_key(f.after.torch), f.after.env))
