@@ -327,6 +327,9 @@ BASE = ["--vary", "n", "--range", "2:40", "--m", "2", "--k", "32", "--dtype", "f
     ([*BASE, "--resume", "/nonexistent/scan.json"], "no such file"),
     ([*BASE, "--json", "/nonexistent/dir/scan.json"], "folder does not exist"),
     ([*BASE, "--step", "0"], "at least 1"),
+    ([*BASE, "--json", ""], "argument --json: needs a file name, got an empty one"),
+    ([*BASE, "--resume", ""], "argument --resume: needs a file name"),
+    ([*BASE, "--plot", ""], "argument --plot: needs a file name"),
     ([*BASE, "--vary", "q"], "invalid choice"),
 ])
 def test_bad_input_one_line_exit_2(args, needle, capsys):

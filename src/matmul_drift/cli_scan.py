@@ -37,6 +37,13 @@ def _range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _file(text: str) -> str:
+    # "" is falsy: unchecked, --json "" would silently record nothing
+    if not text:
+        raise argparse.ArgumentTypeError("needs a file name, got an empty one")
+    return text
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the scan's arguments to ``parser`` (a subcommand parser of matmul-drift)."""
     parser.description = __doc__.splitlines()[0]
@@ -51,11 +58,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="coarse grid spacing in sizes within each alignment class (default: each class "
                              "in 20 pieces); a route changing inside a class between grid points can be "
                              "missed, --step 1 is a dense sweep")
-    parser.add_argument("--json", metavar="FILE", help="write every point, boundary and region here, "
+    parser.add_argument("--json", type=_file, metavar="FILE", help="write every point, boundary and region here, "
                         "once a second and at the end (refuses an existing FILE: use --resume)")
-    parser.add_argument("--resume", metavar="FILE", help="continue the scan recorded in FILE (same "
+    parser.add_argument("--resume", type=_file, metavar="FILE", help="continue the scan recorded in FILE (same "
                         "parameters) and write it back there")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw the regions and the drift (matplotlib)")
+    parser.add_argument("--plot", type=_file, metavar="FILE.png", help="draw the regions and the drift (matplotlib)")
     from .cli import add_memory_argument
 
     add_memory_argument(parser, "the top of the range")
