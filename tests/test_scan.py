@@ -366,6 +366,17 @@ def test_records_are_never_overwritten_and_resume_checks_parameters(capsys, tmp_
     assert rc == 2 and "not JSON" in err
 
 
+def test_plot_and_record_in_one_file_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = scan_cli(capsys, *BASE, "--json", "same.png", "--plot", "./same.png")
+    assert rc == 2 and out == "" and not os.path.exists("same.png")
+    assert err == "matmul-drift scan: error: --plot ./same.png is the record's file too; the plot would replace the record: name it apart\n"
+    assert scan_cli(capsys, *BASE, "--json", "same.png")[0] == 0
+    before = (tmp_path / "same.png").read_bytes()
+    rc, _, err = scan_cli(capsys, *BASE, "--resume", "same.png", "--plot", tmp_path / "same.png")
+    assert rc == 2 and "the record's file too" in err and (tmp_path / "same.png").read_bytes() == before
+
+
 def test_memory_estimate_refuses_before_drawing(capsys):
     t0 = time.monotonic()
     rc, _, err = scan_cli(capsys, "--vary", "m", "--range", "1:3000000", "--k", "100000", "--n", "8", "--dtype", "float32")

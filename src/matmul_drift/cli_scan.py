@@ -77,6 +77,8 @@ def _check_paths(args) -> str | None:
     if args.resume and args.json and os.path.abspath(args.json) != os.path.abspath(args.resume):
         raise _Fail("--resume FILE writes back to FILE; drop --json or give it the same FILE")
     path = args.resume or args.json
+    if path and args.plot and os.path.realpath(path) == os.path.realpath(args.plot):
+        raise _Fail(f"--plot {args.plot} is the record's file too; the plot would replace the record: name it apart")
     if args.resume and not os.path.exists(args.resume):
         raise _Fail(f"--resume {args.resume}: no such file")
     if args.json and not args.resume and os.path.exists(args.json):
