@@ -377,6 +377,14 @@ def test_plot_and_record_in_one_file_is_refused(capsys, tmp_path, monkeypatch):
     assert rc == 2 and "the record's file too" in err and (tmp_path / "same.png").read_bytes() == before
 
 
+def test_resume_refuses_what_is_not_a_regular_file(tmp_path):
+    os.mkfifo(tmp_path / "fifo")  # opening it would wait for a writer forever
+    for name in ("fifo", "."):
+        done = subprocess.run([*ENTRY, *BASE, "--resume", str(tmp_path / name)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr == f"matmul-drift scan: error: --resume {tmp_path / name}: not a regular file\n"
+
+
 def test_memory_estimate_refuses_before_drawing(capsys):
     t0 = time.monotonic()
     rc, _, err = scan_cli(capsys, "--vary", "m", "--range", "1:3000000", "--k", "100000", "--n", "8", "--dtype", "float32")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import stat
 import sys
 
 from . import cases, scan
@@ -79,8 +80,8 @@ def _check_paths(args) -> str | None:
     path = args.resume or args.json
     if path and args.plot and os.path.realpath(path) == os.path.realpath(args.plot):
         raise _Fail(f"--plot {args.plot} is the record's file too; the plot would replace the record: name it apart")
-    if args.resume and not os.path.exists(args.resume):
-        raise _Fail(f"--resume {args.resume}: no such file")
+    if args.resume:
+        _regular_file(args.resume)
     if args.json and not args.resume and os.path.exists(args.json):
         raise _Fail(f"{args.json} exists; continue it with --resume {args.json}, or choose another name")
     if args.plot:
@@ -94,6 +95,18 @@ def _check_paths(args) -> str | None:
         if p and not os.path.isdir(os.path.dirname(os.path.abspath(p))):
             raise _Fail(f"{p}: its folder does not exist")
     return path
+
+
+def _regular_file(path: str) -> None:
+    """_Fail unless ``path`` is a regular file: opening a FIFO would wait for a writer forever."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise _Fail(f"--resume {path}: no such file") from None
+    except OSError as exc:
+        raise _Fail(f"--resume {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise _Fail(f"--resume {path}: not a regular file")
 
 
 def _dims(args) -> dict:
