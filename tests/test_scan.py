@@ -460,6 +460,41 @@ def test_resume_refuses_a_tampered_record(capsys, tmp_path):
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
 
 
+def _put(rec, where, value):
+    """``rec`` as JSON text with the value at ``where`` (keys) spelled ``value`` verbatim."""
+    rec = json.loads(json.dumps(rec))
+    *path, last = where
+    obj = rec
+    for key in path:
+        obj = obj[key]
+    obj[last] = "@@"
+    return json.dumps(rec).replace('"@@"', value)
+
+
+@pytest.mark.parametrize("where,value,needle", [
+    (("points", 0, "max_u"), "1e400", "holds the number 1e400, beyond the range of a double"),
+    (("points", 0, "error_u"), "NaN", "is not JSON: NaN is not a JSON number (RFC 8259)"),
+    (("sessions", 0, "seconds"), "-Infinity", "is not JSON: -Infinity is not a JSON number"),
+    (("points",), "5", "the record's points is not a list: 5"),
+    (("sessions",), "5", "the record's sessions is not a list: 5"),
+    (("params",), "[1]", "the record's params is not an object: [1]"),
+    (("points", 0, "kernels"), "[1, 2]", "malformed point"),
+    (("points", 0, "max_ulp"), "1" + "0" * 400, "malformed point"),  # an integer beyond a double
+    (("points", 0, "max_ulp"), "true", "malformed point"),
+    (("sessions", 0, "evaluated"), '"x"', "malformed session"),
+    ((), "[" * 100_000 + "]" * 100_000, "nested too deeply to be a scan record"),
+])
+def test_resume_refuses_a_hostile_record_in_one_line(where, value, needle, capsys, tmp_path):
+    out = tmp_path / "s.json"
+    assert scan_cli(capsys, *BASE, "--json", out)[0] == 0
+    good = json.loads(out.read_text())
+    bad = value if not where else _put(good, where, value)
+    out.write_text(bad)
+    rc, text, err = scan_cli(capsys, *BASE, "--resume", out)
+    assert rc == 2 and text == "" and needle in err and len(err.strip().splitlines()) == 1, err
+    assert out.read_text() == bad  # left as it was
+
+
 # --- alignment classes, on synthetic routes -----------------------------------------------
 
 

@@ -354,11 +354,22 @@ def check_record(rec, params: Params) -> None:
                         "on one grid and cannot be resumed by this search; start a new scan")
     if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
         raise ScanError(f"not a scan record (schema {SCHEMA} expected)")
-    recorded = rec.get("params") or {}
+    for key, kind, words in (("params", dict, "an object"), ("points", list, "a list"), ("sessions", list, "a list")):
+        if not isinstance(rec.get(key), kind):
+            raise ScanError(f"the record's {key} is not {words}: {str(rec.get(key))[:40]}")
+    recorded = rec["params"]
     differ = [f"{key}: recorded {recorded.get(key)!r}, here {value!r}" for key, value in params.to_dict().items()
               if recorded.get(key) != value]
     if differ:
         raise ScanError("the record is another scan; " + "; ".join(differ))
+    # Checked before use: a resumed point is rendered, plotted and written back as it is.
+    for p in rec["points"]:
+        if not _well_formed(p, params):
+            raise ScanError(f"the record holds a malformed point: {str(p)[:80]}")
+    for s in rec["sessions"]:
+        if not (isinstance(s, dict) and s.keys() == {"evaluated", "seconds", "complete"} and _integer(s["evaluated"])
+                and _number(s["seconds"]) and isinstance(s["complete"], bool)):
+            raise ScanError(f"the record holds a malformed session: {str(s)[:80]}")
 
 
 def boundary_count(rec: dict) -> str:
@@ -372,32 +383,52 @@ def resume_points(rec: dict, params: Params, input_checksum: str) -> dict[int, d
     check_record(rec, params)
     if rec.get("input_checksum") != input_checksum:
         raise ScanError("the record's inputs differ from this scan's (input checksum)")
-    points = {}
-    for p in rec.get("points", []):
-        if not _well_formed(p, params):
-            raise ScanError(f"the record holds a malformed point: {str(p)[:80]}")
-        points[p["size"]] = p
-    return points
+    return {p["size"]: p for p in rec["points"]}
+
+
+def _integer(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _number(x) -> bool:
+    """A finite number that fits a double: the plot converts it, json.dumps(allow_nan=False) writes it."""
+    try:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:  # an integer beyond a double
+        return False
 
 
 def _well_formed(p, params: Params) -> bool:
-    number = (int, float)
-    return (isinstance(p, dict) and isinstance(p.get("size"), int) and params.lo <= p["size"] <= params.hi
-            and isinstance(p.get("kernel_id"), str) and isinstance(p.get("kernels"), list)
-            and (p.get("error_u") is None or isinstance(p.get("error_u"), number))
-            and (p.get("max_ulp") is None) == (params.vary == "k")
-            and (params.vary == "k" or all(isinstance(p.get(key), number) for key in ("max_ulp", "frac_differ", "max_u"))))
+    return (isinstance(p, dict) and _integer(p.get("size")) and params.lo <= p["size"] <= params.hi
+            and isinstance(p.get("kernel_id"), str)
+            and isinstance(p.get("kernels"), list) and all(isinstance(k, str) for k in p["kernels"])
+            and "error_u" in p and (p["error_u"] is None or _number(p["error_u"]))
+            and all(p.get(key) is None if params.vary == "k" else _number(p.get(key))
+                    for key in ("max_ulp", "frac_differ", "max_u")))
 
 
 def load(path: str) -> dict:
     """A scan record from ``path``; ScanError (one line) if unreadable."""
+    def constant(name):  # NaN, Infinity, -Infinity: Python's extension, not JSON
+        raise ValueError(f"{name} is not a JSON number (RFC 8259)")
+
+    def number(text):  # 1e400 is valid JSON, but inf once parsed, and no rewrite could write it
+        x = float(text)
+        if not math.isfinite(x):
+            raise ScanError(f"{path} holds the number {text[:40]}, beyond the range of a double")
+        return x
+
     try:
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+            return json.load(fh, parse_constant=constant, parse_float=number)
     except OSError as exc:
         raise ScanError(f"cannot read {path}: {exc.strerror}") from None
+    except ScanError:
+        raise
     except ValueError as exc:
         raise ScanError(f"{path} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ScanError(f"{path} is nested too deeply to be a scan record") from None
 
 
 def dumps(rec: dict) -> str:
