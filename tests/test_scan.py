@@ -385,6 +385,35 @@ def test_resume_refuses_what_is_not_a_regular_file(tmp_path):
         assert done.stderr == f"matmul-drift scan: error: --resume {tmp_path / name}: not a regular file\n"
 
 
+def unwritable_folder(tmp_path):
+    """A folder this process cannot create files in. Root writes through permission bits, so
+    for root one the kernel refuses (/proc/self), where os.access says so."""
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    for folder in (ro, "/proc/self"):
+        if not os.access(folder, os.W_OK):
+            return str(folder)
+    pytest.skip("every candidate folder is writable here")
+
+
+@pytest.mark.parametrize("flag,name", [("--json", "s.json"), ("--plot", "s.png")])
+def test_unwritable_folder_is_refused_before_measuring(flag, name, capsys, tmp_path, monkeypatch):
+    target = os.path.join(unwritable_folder(tmp_path), name)
+    monkeypatch.setattr(measure, "scan_point", lambda *a, **k: pytest.fail("measured before refusing"))
+    rc, out, err = scan_cli(capsys, *BASE, flag, target)
+    assert rc == 2 and out == "" and err == f"matmul-drift scan: error: {target}: its folder is not writable\n"
+
+
+@pytest.mark.parametrize("flag,target", [("--json", "/proc/s.json"), ("--plot", "/proc/s.png")])
+def test_a_write_the_system_refuses_is_one_line(flag, target, capsys):
+    # /proc takes no new file, from root either; os.access lets root pass, so the write itself fails
+    rc, out, err = scan_cli(capsys, *BASE, flag, target)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 + (flag == "--plot" and os.access("/proc", os.W_OK)), err
+    assert lines[-1] in (f"matmul-drift scan: error: {target}: its folder is not writable",
+                         f"matmul-drift scan: error: cannot write {target}: No such file or directory")
+
+
 def test_memory_estimate_refuses_before_drawing(capsys):
     t0 = time.monotonic()
     rc, _, err = scan_cli(capsys, "--vary", "m", "--range", "1:3000000", "--k", "100000", "--n", "8", "--dtype", "float32")

@@ -440,4 +440,12 @@ def dumps(rec: dict) -> str:
 
 def write_atomic(path: str, obj: dict) -> None:
     """Write ``obj`` as JSON atomically: an interruption leaves the old file or the new one."""
-    atomic.write_text(path, dumps(obj))
+    write_file(path, dumps(obj).encode())
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically; ScanError (one line) when the system refuses."""
+    try:
+        atomic.write_bytes(path, data)
+    except OSError as exc:  # a folder made read-only meanwhile, a full disk, /proc (root passes os.access)
+        raise ScanError(f"cannot write {path}: {exc.strerror or exc}") from None

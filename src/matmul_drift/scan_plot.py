@@ -4,6 +4,7 @@ in ulps on a second axis on the right, each boundary marked. Reads the record on
 
 from __future__ import annotations
 
+import io
 import math
 
 from . import scan
@@ -75,5 +76,7 @@ def plot(result: dict, path: str) -> None:
                  f"{result['evaluations']} evaluations for {result['dense_equivalent']} sizes", fontsize=10)
     fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=8, frameon=False)
     fig.subplots_adjust(bottom=0.16 + 0.045 * len(handles), top=0.92)
-    fig.savefig(path, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    scan.write_file(path, png.getvalue())
