@@ -414,6 +414,38 @@ def test_a_write_the_system_refuses_is_one_line(flag, target, capsys):
                          f"matmul-drift scan: error: cannot write {target}: No such file or directory")
 
 
+@pytest.mark.parametrize("flag,name", [("--json", "s.json"), ("--plot", "s.png")])
+def test_a_file_made_while_scanning_is_not_replaced(flag, name, capsys, tmp_path, monkeypatch):
+    target = tmp_path / name
+    measured = measure.scan_point
+
+    def intrude(*args, **kwargs):  # someone else creates the file once the scan has started
+        if not target.exists():
+            target.write_text("someone else's")
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "scan_point", intrude)
+    extra = ["--plot", tmp_path / "p.png"] if flag == "--json" else ["--json", tmp_path / "r.json"]
+    rc, _, err = scan_cli(capsys, *BASE, flag, target, *extra)
+    assert rc == 2 and target.read_text() == "someone else's"
+    line = err.strip().splitlines()[-1]
+    head = f"matmul-drift scan: error: {target} appeared while the scan ran and is left as it is; "
+    assert line.startswith(head), err
+    kept = line[len(head):].split(" is in ")[1].split(":")[0]
+    assert os.path.dirname(kept) == str(tmp_path) and kept.endswith(".part")
+    if flag == "--plot":  # the record was written before; the plot is whole, beside the other file
+        assert line == head + f"the plot is in {kept}"
+        assert open(kept, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and json.loads((tmp_path / "r.json").read_text())["complete"]
+        return
+    assert err == line + "\n" and line == head + f"the record is in {kept}: --resume {kept} continues it" and not (tmp_path / "p.png").exists()
+    monkeypatch.setattr(measure, "scan_point", measured)
+    first = json.loads(open(kept).read())["points"]  # the record as far as it went: nothing measured was lost
+    rc, _, err = scan_cli(capsys, *BASE, "--resume", kept)
+    final = json.loads(open(kept).read())
+    assert rc == 0 and first and f"{final['evaluations'] - len(first)} evaluated here" in err
+    assert final["complete"] and all(p in final["points"] for p in first)
+
+
 def test_memory_estimate_refuses_before_drawing(capsys):
     t0 = time.monotonic()
     rc, _, err = scan_cli(capsys, "--vary", "m", "--range", "1:3000000", "--k", "100000", "--n", "8", "--dtype", "float32")

@@ -2,12 +2,15 @@
 
 Each write goes to a temporary file in the destination's directory, is flushed to disk,
 and is renamed over the destination (``os.replace`` is atomic within one file system).
+``write_new`` links it into place instead, which fails if the destination exists, so a
+file created meanwhile by someone else is never replaced.
 A process killed half-way leaves at most a ``.tmp-*.part`` file beside the destination,
 which no reader (asv, history) looks at.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -16,6 +19,42 @@ from pathlib import Path
 def write_bytes(path: Path | str, data: bytes) -> Path:
     """Replace ``path`` by ``data`` atomically (parents are created); returns the path."""
     path = Path(path)
+    tmp = _temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _discard(tmp)
+        raise
+    return path
+
+
+class Taken(FileExistsError):
+    """``write_new`` found its path taken; the data it was to write are in the file ``kept``."""
+
+    def __init__(self, path: Path, kept: str):
+        super().__init__(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+        self.kept = kept
+
+
+def write_new(path: Path | str, data: bytes) -> Path:
+    """Create ``path`` holding ``data`` atomically, unless it exists: then Taken, and the data
+    stay in a temporary file beside it. Unlike a check before write_bytes, this never replaces
+    a file that appeared meanwhile (os.link refuses an existing name)."""
+    path = Path(path)
+    tmp = _temp(path, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise Taken(path, tmp) from None
+    except BaseException:
+        _discard(tmp)
+        raise
+    os.unlink(tmp)
+    return path
+
+
+def _temp(path: Path, data: bytes) -> str:
+    """A temporary file beside ``path`` (parents are created) holding ``data``, on disk; its name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:
@@ -26,12 +65,15 @@ def write_bytes(path: Path | str, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _discard(tmp)
         raise
-    return path
+    return tmp
+
+
+def _discard(tmp: str) -> None:
+    if os.path.exists(tmp):
+        os.unlink(tmp)
 
 
 def write_text(path: Path | str, text: str) -> Path:

@@ -438,14 +438,20 @@ def dumps(rec: dict) -> str:
     return f'{head[:-2]},\n "points": [\n{points}\n ]\n}}\n'
 
 
-def write_atomic(path: str, obj: dict) -> None:
-    """Write ``obj`` as JSON atomically: an interruption leaves the old file or the new one."""
-    write_file(path, dumps(obj).encode())
+def write_atomic(path: str, obj: dict, new: bool = False) -> None:
+    """Write ``obj`` as JSON atomically: an interruption leaves the old file or the new one.
+    ``new``: the record's first write, which leaves alone a file that appeared at ``path``."""
+    write_file(path, dumps(obj).encode(), new, "the record is in {kept}: --resume {kept} continues it")
 
 
-def write_file(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically; ScanError (one line) when the system refuses."""
+def write_file(path: str, data: bytes, new: bool, kept_words: str) -> None:
+    """Write ``data`` to ``path`` atomically (``new``: only where nothing is); ScanError (one
+    line) when the system refuses, or when ``path`` appeared meanwhile: then the data are kept
+    beside it, and ``kept_words`` (with {kept}, the file's name) says where."""
     try:
-        atomic.write_bytes(path, data)
+        (atomic.write_new if new else atomic.write_bytes)(path, data)
+    except atomic.Taken as exc:
+        raise ScanError(f"{path} appeared while the scan ran and is left as it is; "
+                        + kept_words.format(kept=exc.kept)) from None
     except OSError as exc:  # a folder made read-only meanwhile, a full disk, /proc (root passes os.access)
         raise ScanError(f"cannot write {path}: {exc.strerror or exc}") from None

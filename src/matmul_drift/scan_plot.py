@@ -79,4 +79,4 @@ def plot(result: dict, path: str) -> None:
     png = io.BytesIO()
     fig.savefig(png, format="png")
     plt.close(fig)
-    scan.write_file(path, png.getvalue())
+    scan.write_file(path, png.getvalue(), True, "the plot is in {kept}")  # never over a file made meanwhile

@@ -77,12 +77,16 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
     sessions.append(session)
     t0 = time.monotonic()
 
+    claimed = [resume]  # the record's file is ours: resumed, or created by the first write
+
     def save(all_points: dict, complete: bool) -> None:
         session["seconds"] = round(time.monotonic() - t0, 3)
         session["complete"] = complete
         if path:
+            # --json was checked absent at the start; the first write must not replace a file made since.
             scan.write_atomic(path, scan.record(params, all_points, input_checksum=checksum, environment=env,
-                                                sessions=sessions, complete=complete))
+                                                sessions=sessions, complete=complete), new=not claimed[0])
+            claimed[0] = True
 
     live = dict(points)
     stopped: list[int] = []
