@@ -270,6 +270,25 @@ def test_a_catalog_that_cannot_take_the_tree_is_one_line_before_probing(tmp_path
     assert (tmp_path / "file").read_text() == "not a folder"
 
 
+def test_a_json_file_made_while_probing_is_not_replaced(tmp_path, capsys, monkeypatch):
+    from matmul_drift import cli, order_probe
+
+    target, revealed = tmp_path / "o.json", order_probe.reveal
+
+    def intrude(*args, **kwargs):  # someone else writes the file once the probe has started
+        target.write_text("someone else's")
+        return revealed(*args, **kwargs)
+
+    monkeypatch.setattr(order_probe, "reveal", intrude)
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
+    rc = cli.main(["order", "--m", "4", "--k", "8", "--n", "4", "--dtype", "float32", "--json", str(target)])
+    err = capsys.readouterr().err.strip().splitlines()
+    head = f"matmul-drift: error: --json {target} appeared while probing and is left as it is; the tree is in "
+    assert rc == 2 and len(err) == 1 and err[0].startswith(head), err
+    assert target.read_text() == "someone else's"
+    assert json.loads(open(err[0][len(head):]).read())["k"] == 8  # what was revealed is kept beside it
+
+
 def test_the_command_writes_the_tree_and_its_id(tmp_path, capsys, monkeypatch):
     from matmul_drift import catalog, cli
 

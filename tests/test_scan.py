@@ -599,3 +599,23 @@ def test_pattern_reads_as_the_route_is():
     wide = scan.class_search(1, 12000, functools.partial(periodic_point, limit=11, modulus=4, kernel_cut=513))
     assert len(wide) <= 0.05 * 12000
     assert [p["periodic"] for p in scan.pattern(wide, 1, 12000)] == [True, False, False]
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_write_new_creates_once_and_keeps_what_it_could_not_place(links, tmp_path, monkeypatch):
+    """atomic.write_new, which the record's first write and the plot use; without hard links
+    (some network file systems refuse them) it falls back to a check and a rename."""
+    import errno
+
+    from matmul_drift import atomic
+
+    if not links:
+        def refuse(src, dst):
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+        monkeypatch.setattr(os, "link", refuse)
+    path = tmp_path / "r.json"
+    atomic.write_new(path, b"first")
+    assert path.read_bytes() == b"first" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    with pytest.raises(atomic.Taken) as taken:
+        atomic.write_new(path, b"second")
+    assert path.read_bytes() == b"first" and open(taken.value.kept, "rb").read() == b"second"

@@ -549,6 +549,22 @@ def test_output_never_replaces_a_file_and_never_waits_on_a_fifo(capsys, tmp_path
     assert rc == 0 and out == ""
 
 
+def test_output_made_while_summarising_is_not_replaced(capsys, tmp_path, monkeypatch):
+    tree = F.write_tree(tmp_path / "results", n_commits=2)
+    target, rendered = tmp_path / "s.md", render.render
+
+    def intrude(*args, **kwargs):  # someone else writes the file after the check
+        target.write_text("someone else's")
+        return rendered(*args, **kwargs)
+
+    monkeypatch.setattr(render, "render", intrude)
+    rc, out, err = run_cli(capsys, tree.root, "--output", target)
+    assert rc == 2 and out == "" and target.read_text() == "someone else's"
+    assert_one_line_error(err, f"{target} appeared meanwhile and is left as it is; the report is in ")
+    kept = err.strip().rsplit(" ", 1)[1]
+    assert "matmul-drift summary" in open(kept).read()
+
+
 # ---------------------------------------------------------------------------- rendering
 
 

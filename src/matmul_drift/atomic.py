@@ -43,14 +43,27 @@ def write_new(path: Path | str, data: bytes) -> Path:
     path = Path(path)
     tmp = _temp(path, data)
     try:
-        os.link(tmp, path)
+        _link_new(tmp, path)
     except FileExistsError:
         raise Taken(path, tmp) from None
     except BaseException:
         _discard(tmp)
         raise
-    os.unlink(tmp)
+    _discard(tmp)  # its data now have the name ``path``
     return path
+
+
+def _link_new(tmp: str, path: Path) -> None:
+    """Give ``tmp``'s file the name ``path`` too, unless that exists (FileExistsError)."""
+    try:
+        os.link(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        # a file system without hard links: checked just before the rename, a narrower race
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
+        os.replace(tmp, path)
 
 
 def _temp(path: Path, data: bytes) -> str:

@@ -56,6 +56,8 @@ def _target(args):
         raise UsageError(f"--json {args.json} exists; remove it or choose another name")
     if args.json and not args.json.absolute().parent.is_dir():
         raise UsageError(f"--json {args.json}: its folder does not exist")
+    if args.json and not os.access(args.json.absolute().parent, os.W_OK):
+        raise UsageError(f"--json {args.json}: its folder is not writable")
     try:
         case = cases.get(args.case) if args.case else cases.adhoc(args.m, args.k, args.n)
         s = case.shape(args.device)
@@ -114,8 +116,11 @@ def run(args) -> int:
                 "calls": r.calls, "pairs": r.probes, "rounds": r.rounds, "seconds": round(r.seconds, 3), "notes": r.notes,
                 "verified": verified}
         text = json.dumps(meta, indent=1, allow_nan=False)
-        try:
-            atomic.write_text(args.json, text[:-2] + ',\n "tree": ' + order.to_json(r.tree) + "\n}\n")  # whole or not at all
+        try:  # whole or not at all, and never over a file made while probing
+            atomic.write_new(args.json, (text[:-2] + ',\n "tree": ' + order.to_json(r.tree) + "\n}\n").encode())
+        except atomic.Taken as exc:
+            raise UsageError(f"--json {args.json} appeared while probing and is left as it is; "
+                             f"the tree is in {exc.kept}") from None
         except OSError as exc:
             raise UsageError(f"cannot write --json {args.json}: {exc.strerror or exc}") from None
     return 0

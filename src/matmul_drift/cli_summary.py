@@ -62,25 +62,28 @@ def _output_problem(path: str) -> str | None:
     never replaced (it may be a results file); a device such as /dev/null is written to."""
     if not path:
         return "--output: the name is empty"
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        return f"--output {path}: {exc.strerror}"
-    if st is not None and not stat.S_ISCHR(st.st_mode):
+    if _is_device(path):
+        return None
+    if os.path.lexists(path):
         return f"--output {path} exists; remove it or choose another name"
-    if st is None and not Path(path).absolute().parent.is_dir():
+    if not Path(path).absolute().parent.is_dir():
         return f"--output {path}: its folder does not exist"
     return None
 
 
+def _is_device(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _write_output(path: str, text: str) -> None:
-    if os.path.exists(path):  # a character device (_output_problem)
+    if _is_device(path):  # /dev/null, /dev/stdout
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
-    else:  # whole or not at all
-        atomic.write_text(path, text)
+    else:  # whole or not at all, and never over a file made since the check
+        atomic.write_new(path, text.encode("utf-8"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         try:
             _write_output(args.output, text)
+        except atomic.Taken as exc:
+            return _error(f"{args.output} appeared meanwhile and is left as it is; the report is in {exc.kept}")
         except OSError as exc:
             return _error(f"cannot write {args.output}: {exc.strerror}")
     else:
