@@ -94,6 +94,43 @@ def test_bad_files_one_line_exit_2(tmp_path):
         assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, (args, err)
 
 
+def _main(*args):
+    """cli.main in this process: (exit status, stdout, stderr); an exception escaping is a traceback."""
+    import contextlib
+    import io
+
+    from matmul_drift import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(list(args))
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("layout", ["as-stored", "contiguous"])
+@pytest.mark.parametrize("make,needle", [
+    (lambda: torch.eye(4).to_sparse(), "a sparse tensor (torch.sparse_coo); explain measures dense operands"),
+    (lambda: torch.eye(4).to_sparse_csr(), "a sparse tensor (torch.sparse_csr)"),
+    (lambda: torch.empty(4, 4, device="meta"), "a meta tensor, shape (4, 4) and no values"),
+])
+def test_tensors_without_dense_values_are_refused_in_one_line(tmp_path, make, needle, layout):
+    torch.save(make(), tmp_path / "a.pt")
+    np.save(tmp_path / "b.npy", np.ones((4, 3), dtype=np.float32))
+    rc, out, err = _main("explain", "--a", str(tmp_path / "a.pt"), "--b", str(tmp_path / "b.npy"),
+                         "--dtype", "float32", "--layout", layout)
+    assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err
+
+
+@pytest.mark.parametrize("make", [lambda: torch.ones(4, 4, requires_grad=True), lambda: torch.nn.Parameter(torch.ones(4, 4))])
+def test_tensors_that_require_grad_are_measured_by_value(tmp_path, make):
+    torch.save(make(), tmp_path / "a.pt")
+    torch.save(make(), tmp_path / "b.pt")
+    rc, out, err = _main("explain", "--a", str(tmp_path / "a.pt"), "--b", str(tmp_path / "b.pt"), "--dtype", "float32", "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["error_u"] == 0 and r["verdict"]["kind"] == "bit-identical"  # ones @ ones: 4.0 everywhere, exactly
+
+
 def test_a_product_larger_than_memory_is_refused_before_drawing():
     from matmul_drift import memory
 

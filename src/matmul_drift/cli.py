@@ -74,6 +74,8 @@ def add_memory_argument(p: argparse.ArgumentParser, what: str) -> None:
 
 def _load_array(path: Path):
     """A float array from .npy or .pt, as a torch tensor; UsageError if unreadable."""
+    import warnings
+
     import numpy as np
     import torch
 
@@ -81,7 +83,9 @@ def _load_array(path: Path):
         if path.suffix == ".npy":
             t = torch.from_numpy(np.load(path, allow_pickle=False))
         elif path.suffix == ".pt":
-            t = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns that sparse CSR is beta: the refusal below says enough
+                warnings.simplefilter("ignore")
+                t = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(t, torch.Tensor):
                 raise UsageError(f"{path}: expected one tensor, found {type(t).__name__}")
         else:
@@ -90,9 +94,13 @@ def _load_array(path: Path):
         raise
     except Exception as exc:
         raise UsageError(f"cannot read {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    if t.layout != torch.strided:  # refused, not densified: torch.sparse's kernels are not the dense GEMM measured here
+        raise UsageError(f"{path}: a sparse tensor ({t.layout}); explain measures dense operands (save t.to_dense())")
+    if t.is_meta:
+        raise UsageError(f"{path}: a meta tensor, shape {tuple(t.shape)} and no values: nothing to measure")
     if not t.is_floating_point():
         raise UsageError(f"{path}: expected a floating-point array, found {t.dtype}")
-    return t
+    return t.detach()  # requires_grad (an nn.Parameter): the values are what is measured
 
 
 def _file_case(args):
