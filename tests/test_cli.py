@@ -121,6 +121,19 @@ def test_tensors_without_dense_values_are_refused_in_one_line(tmp_path, make, ne
     assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err
 
 
+def test_files_that_are_not_regular_are_refused_before_opening(tmp_path):
+    np.save(tmp_path / "b.npy", np.ones((4, 4), dtype=np.float32))
+    os.mkfifo(tmp_path / "fifo.npy")  # np.load or torch.load would wait for a writer forever
+    os.mkfifo(tmp_path / "fifo.pt")
+    os.symlink(tmp_path / "fifo.pt", tmp_path / "link.pt")
+    os.mkdir(tmp_path / "dir.npy")
+    for a, b, needle in [("fifo.npy", "b.npy", "fifo.npy: not a regular file (a FIFO)"),
+                         ("b.npy", "link.pt", "link.pt: not a regular file (a FIFO)"),
+                         ("b.npy", "dir.npy", "dir.npy: not a regular file (a directory)")]:
+        rc, out, err = run("explain", "--dtype", "float32", "--a", str(tmp_path / a), "--b", str(tmp_path / b), timeout=60)
+        assert (rc, out) == (2, "") and len(err.strip().splitlines()) == 1 and needle in err, (a, b, err)
+
+
 @pytest.mark.parametrize("make", [lambda: torch.ones(4, 4, requires_grad=True), lambda: torch.nn.Parameter(torch.ones(4, 4))])
 def test_tensors_that_require_grad_are_measured_by_value(tmp_path, make):
     torch.save(make(), tmp_path / "a.pt")

@@ -74,12 +74,19 @@ def add_memory_argument(p: argparse.ArgumentParser, what: str) -> None:
 
 def _load_array(path: Path):
     """A float array from .npy or .pt, as a torch tensor; UsageError if unreadable."""
+    import os
+    import stat
     import warnings
 
     import numpy as np
     import torch
 
+    from .bounded import _kind
+
     try:
+        mode = os.stat(path).st_mode  # after symlinks: a FIFO would make np.load or torch.load wait for a writer
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{path}: not a regular file ({_kind(mode)})")
         if path.suffix == ".npy":
             t = torch.from_numpy(np.load(path, allow_pickle=False))
         elif path.suffix == ".pt":
