@@ -134,6 +134,20 @@ def test_files_that_are_not_regular_are_refused_before_opening(tmp_path):
         assert (rc, out) == (2, "") and len(err.strip().splitlines()) == 1 and needle in err, (a, b, err)
 
 
+@pytest.mark.parametrize("flag,needle", [("--orders", "--orders takes --case ID or --m M --k K --n N"),
+                                          ("--try-fixes", "--try-fixes takes --case ID or --m M --k K --n N")])
+def test_files_with_orders_or_fixes_are_refused_before_measuring(tmp_path, monkeypatch, flag, needle):
+    from matmul_drift import measure
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before refusing")
+
+    monkeypatch.setattr(measure, "measure_operands", measured)
+    np.save(tmp_path / "a.npy", np.ones((4, 4), dtype=np.float32))
+    rc, out, err = _main("explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "a.npy"), "--dtype", "float32", flag)
+    assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err
+
+
 @pytest.mark.parametrize("make", [lambda: torch.ones(4, 4, requires_grad=True), lambda: torch.nn.Parameter(torch.ones(4, 4))])
 def test_tensors_that_require_grad_are_measured_by_value(tmp_path, make):
     torch.save(make(), tmp_path / "a.pt")

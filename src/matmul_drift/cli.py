@@ -185,6 +185,10 @@ def run_explain(args) -> int:
         raise UsageError("--m, --k and --n go together")
     if given[2] and (args.a is None or args.b is None):
         raise UsageError("--a and --b go together")
+    if given[2] and args.try_fixes:  # before measuring, not after
+        raise UsageError("--try-fixes takes --case ID or --m M --k K --n N (inputs the candidates can redraw)")
+    if given[2] and args.orders:
+        raise UsageError("--orders takes --case ID or --m M --k K --n N (the probe makes its own inputs)")
     try:
         case = cases.get(args.case) if given[0] else None
     except ValueError as exc:
@@ -225,8 +229,6 @@ def run_explain(args) -> int:
     if args.try_fixes:
         r["fixes"] = _try_fixes(args, case, given, slice_n, slice_m, repeat)
     if args.orders:
-        if given[2]:
-            raise UsageError("--orders takes --case ID or --m M --k K --n N (the probe makes its own inputs)")
         from . import order_probe
 
         slices = [("n", s["n"], bool(s["max_ulp"] or s["frac_differ"]), s["form"]) for s in m.slice_n]
@@ -264,8 +266,6 @@ def _check_memory(case, shape, args) -> None:
 def _try_fixes(args, case, given, slice_n, slice_m, repeat) -> dict:
     from . import fixes, fixfind, machine
 
-    if given[2]:
-        raise UsageError("--try-fixes takes --case ID or --m M --k K --n N (inputs the candidates can redraw)")
     spec = {"case": args.case} if given[0] else {"m": args.m, "k": args.k, "n": args.n}
     spec.update(dtype=args.dtype, device=args.device, repeat=repeat or 3,
                 slice_n=list(slice_n or case.slice_n), slice_m=list(slice_m or case.slice_m))
