@@ -306,3 +306,23 @@ def test_run_durations_round_before_splitting_minutes():
     from matmul_drift import cli_run
 
     assert [cli_run._minutes(s) for s in (179.6, 59.4, 0.2, 3601)] == ["3m 00s", "0m 59s", "0m 00s", "60m 01s"]
+
+
+@pytest.mark.parametrize("spelling", ["1e1000000", "1e999999", "0e99999", "1e15", "1" + "0" * 20])
+def test_catalog_ids_too_large_for_any_id_are_refused_at_once(tmp_path, spelling):
+    t0 = time.monotonic()
+    rc, out, err = _main("catalog", "--root", str(tmp_path), "--", spelling)
+    assert time.monotonic() - t0 < 5  # int(Decimal('1e999999')) took 48 s of CPU
+    assert (rc, out) == (2, "") and err == f"matmul-drift: error: {spelling!r} is not an id: ids are below 2**48 = 281474976710656\n"
+
+
+def test_catalog_spellings_of_real_ids_still_find_them(tmp_path):
+    from matmul_drift import catalog
+
+    ident = catalog.store(tmp_path, "env", {"torch": "2.13.0"})
+    for spelling in (f"{ident:012x}", f"{ident}.0", f"{ident:.3g}"):
+        assert any(lo <= ident <= hi for lo, hi in catalog.parse_spelling(spelling)), spelling
+    assert catalog.parse_spelling("281474976710655") == [(2**48 - 1, 2**48 - 1)]  # the largest id
+    assert catalog.parse_spelling("3e+14") == [(2.5e14, 3.5e14)]  # rounded, reaching below 2**48
+    rc, out, err = _main("catalog", "--root", str(tmp_path), f"{ident}.0")
+    assert rc == 0 and out.startswith(f"env {ident:012x}"), err

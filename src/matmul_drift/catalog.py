@@ -116,6 +116,8 @@ def parse_spelling(text: str) -> list[tuple[int, int]]:
         if out:
             return out
         raise ValueError(f"{text!r} is not an id: expected 12 hex digits, or a number as asv shows it")
+    if d.adjusted() >= 15:  # 1e15 and up, or rounded that coarsely: none is an id, and int(1e999999) takes a minute
+        raise ValueError(f"{text!r} is not an id: ids are below 2**48 = {1 << 4 * ID_HEX_DIGITS}")
     exp = d.as_tuple().exponent
     half = Decimal(10) ** exp / 2 if exp > 0 else Decimal(0)  # 1.9e+12 stands for [1.85e12, 1.95e12]
     lo, hi = int((d - half).to_integral_value("ROUND_CEILING")), int((d + half).to_integral_value("ROUND_FLOOR"))
