@@ -326,3 +326,17 @@ def test_catalog_spellings_of_real_ids_still_find_them(tmp_path):
     assert catalog.parse_spelling("3e+14") == [(2.5e14, 3.5e14)]  # rounded, reaching below 2**48
     rc, out, err = _main("catalog", "--root", str(tmp_path), f"{ident}.0")
     assert rc == 0 and out.startswith(f"env {ident:012x}"), err
+
+
+def test_a_catalog_entry_nested_too_deeply_is_unreadable_not_a_traceback(tmp_path):
+    import asv_fixtures as F
+
+    tree = F.write_tree(tmp_path / "results", n_commits=2)
+    entry = sorted((tree.catalog_dir / "env").glob("*.json"))[0]  # every summary reads these
+    entry.write_text("[" * 100000)
+    rc, out, err = _main("catalog", "--root", str(tree.catalog_dir), entry.stem)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"catalog entry env/{entry.stem} is unreadable: maximum recursion depth exceeded" in err
+    rc, out, err = _main("summary", str(tree.root))
+    assert rc in (0, 1) and "Traceback" not in err
+    assert [ln for ln in err.splitlines() if "warning" in ln and f"env/{entry.stem} is unreadable" in ln], err

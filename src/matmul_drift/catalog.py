@@ -87,7 +87,7 @@ def load(root: Path | str, kind: str, ident: int | float):
             canon = canonical(obj)
     except FileNotFoundError:
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is missing ({path})") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply to parse
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is unreadable: {exc}") from None
     if text_id(canon) != int(ident):
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} does not match its id")
