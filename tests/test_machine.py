@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import platform
 import re
+import subprocess
+import sys
+
+import pytest
+from asv.machine import MachineCollection
 
 from matmul_drift import machine, nightly
 
@@ -57,3 +65,58 @@ def test_this_machine_has_a_name():
     assert f["cores"] >= 1 and f["arch"] == platform.machine()
     assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*-[0-9a-f]{6}", machine.name(f)) and len(machine.name(f)) <= 64
     assert nightly.MACHINE_NAME.match(machine.name(f))
+
+
+def _register(home):
+    """`matmul-drift machine --register` with HOME=home, in a fresh process (a FIFO must not hang it)."""
+    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "machine", "--register"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "HOME": str(home)})
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_register_keeps_the_other_machines(tmp_path):
+    other = {"machine": "other", "arch": "aarch64"}
+    (tmp_path / ".asv-machine.json").write_text(json.dumps({"other": other, "version": 1}))
+    rc, out, err = _register(tmp_path)
+    assert rc == 0, err
+    name = out.strip()
+    assert name == machine.name(machine.fingerprint())
+    saved = tmp_path / ".asv-machine.json"
+    assert MachineCollection.load("other", _path=str(saved)) == other  # asv reads it back
+    assert MachineCollection.load(name, _path=str(saved))["isa"] == machine.asv_entry(machine.fingerprint())["isa"]
+
+
+@pytest.mark.parametrize("make,why", [
+    (lambda p: p.write_text("{bad"), "not JSON (Expecting property name enclosed in double quotes"),
+    (lambda p: p.write_text("[" * 100000), "not JSON (nested too deeply to read)"),
+    (lambda p: p.write_text("[1]"), "not a JSON object (a list)"),
+    (lambda p: p.mkdir(), "not a regular file (a directory)"),
+    (lambda p: os.mkfifo(p), "not a regular file (a FIFO)"),
+])
+def test_register_with_a_bad_machine_file_is_one_line_and_leaves_it(tmp_path, make, why):
+    path = tmp_path / ".asv-machine.json"
+    make(path)
+    before = path.read_bytes() if path.is_file() else path.lstat().st_mode
+    rc, out, err = _register(tmp_path)
+    assert (rc, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith(f"matmul-drift: error: cannot record this machine in {path}: {why}") and \
+        err.endswith("; the file is left as it was\n"), err
+    assert (path.read_bytes() if path.is_file() else path.lstat().st_mode) == before
+    assert os.listdir(tmp_path) == [path.name]  # no temporary file left beside it
+
+
+def test_register_that_cannot_write_is_one_line_and_leaves_the_file(tmp_path, monkeypatch, capsys):
+    from matmul_drift import atomic, cli
+
+    path = tmp_path / ".asv-machine.json"
+    path.write_text('{"version": 1}')
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    def unwritable(*args, **kwargs):  # as a read-only HOME does (root writes anywhere, so it is faked)
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path))
+
+    monkeypatch.setattr(atomic, "write_bytes", unwritable)
+    assert cli.main(["machine", "--register"]) == 2
+    assert capsys.readouterr().err == (f"matmul-drift: error: cannot record this machine in {path}: "
+                                       "Permission denied; the file is left as it was\n")
+    assert path.read_text() == '{"version": 1}'

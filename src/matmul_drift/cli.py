@@ -356,7 +356,10 @@ def run_machine(register: bool) -> int:
     from . import machine
 
     fp = machine.fingerprint()
-    print(machine.register(fp) if register else machine.name(fp))
+    try:
+        print(machine.register(fp) if register else machine.name(fp))
+    except machine.NotRegistered as exc:
+        raise UsageError(str(exc)) from None
     print(json.dumps(fp, indent=2), file=sys.stderr)
     return 0
 

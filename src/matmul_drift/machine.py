@@ -9,6 +9,7 @@ of those gives another name (a hash of all of them ends it); a host name never e
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -113,14 +114,49 @@ def asv_entry(fp: dict) -> dict:
             "gpu": ", ".join(fp["gpus"]) or "none"}
 
 
+class NotRegistered(Exception):
+    """~/.asv-machine.json cannot take the entry; the message is one line, the file is as it was."""
+
+
 def register(fp: dict | None = None) -> str:
     """Record this machine in ``~/.asv-machine.json``, as ``asv machine --yes`` does, and
-    return its name; ``asv run --machine NAME`` then takes the entry from there."""
+    return its name; ``asv run --machine NAME`` then takes the entry from there. The other
+    entries are kept, and the new file replaces the old one whole (asv's own save truncates it
+    first, and follows a FIFO or a directory there into a hang or a traceback)."""
     from asv.machine import MachineCollection
 
+    from . import atomic
+
     entry = asv_entry(fingerprint() if fp is None else fp)
-    MachineCollection.save(entry["machine"], entry)
+    path = os.path.realpath(MachineCollection.get_machine_file_path())  # a symlinked dotfile stays one
+    try:
+        machines = _machines(path)
+        if machines and not os.access(path, os.W_OK):  # read-only on purpose: a rename would override that
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        machines.update({entry["machine"]: entry, "version": MachineCollection.api_version})
+        atomic.write_text(path, json.dumps(machines, indent=4, sort_keys=True) + "\n")
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise NotRegistered(f"cannot record this machine in {path}: {why}; the file is left as it was") from None
     return entry["machine"]
+
+
+def _machines(path: str) -> dict:
+    """The entries of an asv machine file; {} where there is none. Refused (a ValueError) when it
+    is not a regular file, ValueError when it is not a JSON object."""
+    from . import bounded
+
+    try:
+        machines = json.loads(bounded.read_bytes(path))
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError("not JSON (nested too deeply to read)") from None
+    if not isinstance(machines, dict):
+        raise ValueError(f"not a JSON object (a {type(machines).__name__})")
+    return machines
 
 
 # Fields of a results file's params (asv copies the machine entry there) that are hardware:
