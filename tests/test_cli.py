@@ -340,3 +340,23 @@ def test_a_catalog_entry_nested_too_deeply_is_unreadable_not_a_traceback(tmp_pat
     rc, out, err = _main("summary", str(tree.root))
     assert rc in (0, 1) and "Traceback" not in err
     assert [ln for ln in err.splitlines() if "warning" in ln and f"env/{entry.stem} is unreadable" in ln], err
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line_exit_130(monkeypatch):
+    from matmul_drift import cli
+
+    def interrupted():  # Ctrl-C while build_parser imports the subcommands' modules (~0.3 s)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    try:
+        result = _main("catalog", "0")
+    except KeyboardInterrupt:  # escaping, it would stop pytest itself rather than fail this test
+        pytest.fail("KeyboardInterrupt escaped main: a traceback")
+    assert result == (130, "", "matmul-drift: interrupted\n")
+
+
+def test_importing_the_cli_imports_nothing_of_the_project_before_main():
+    code = "import sys, matmul_drift.cli; print(sorted(m for m in sys.modules if m.startswith('matmul_drift')))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "['matmul_drift', 'matmul_drift.cli']", p.stdout + p.stderr  # Ctrl-C there: a traceback

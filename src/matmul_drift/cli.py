@@ -10,8 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import cases
-from .cli_scan import _positive  # one parser of positive sizes for every subcommand
+# Only the standard library up here: every other import happens inside main's try, where Ctrl-C is one line.
 
 EXIT_USAGE = 2
 
@@ -32,6 +31,9 @@ def _progress(msg: str) -> None:
 
 def add_shape_arguments(p: argparse.ArgumentParser) -> None:
     """--m/--k/--n or --case: what explain and order measure."""
+    from . import cases
+    from .cli_scan import _positive  # one parser of positive sizes for every subcommand
+
     p.add_argument("--m", type=_positive)
     p.add_argument("--k", type=_positive)
     p.add_argument("--n", type=_positive)
@@ -39,6 +41,9 @@ def add_shape_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def configure_explain(p: argparse.ArgumentParser) -> None:
+    from . import cases
+    from .cli_scan import _positive
+
     add_shape_arguments(p)
     p.add_argument("--a", type=Path, help="A as .npy or .pt: (M, K) or (K,)")
     p.add_argument("--b", type=Path, help="B as .npy or .pt: (K, N)")
@@ -115,7 +120,7 @@ def _file_case(args):
     and an ad-hoc case describing them."""
     import torch
 
-    from . import inputs
+    from . import cases, inputs
     from .measure import Operands, restride, tensor_bits
 
     a, b = _load_array(args.a), _load_array(args.b)
@@ -166,7 +171,7 @@ def _render_saved(path: Path) -> int:
 
 
 def run_explain(args) -> int:
-    from . import explain
+    from . import cases, explain
     from .measure import Unavailable, check_device, measure, measure_operands
 
     if args.render is not None:
@@ -365,8 +370,8 @@ def run_machine(register: bool) -> int:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
     try:
+        parser = build_parser()  # inside: its imports take a while, and Ctrl-C may come then
         args = parser.parse_args(argv)
         if args.command == "explain":
             return run_explain(args)
