@@ -360,3 +360,27 @@ def test_importing_the_cli_imports_nothing_of_the_project_before_main():
     code = "import sys, matmul_drift.cli; print(sorted(m for m in sys.modules if m.startswith('matmul_drift')))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "['matmul_drift', 'matmul_drift.cli']", p.stdout + p.stderr  # Ctrl-C there: a traceback
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_stdout_that_fails_is_one_line_and_a_reader_that_left_is_silent(tmp_path, buffered):
+    from matmul_drift import catalog
+
+    ident = catalog.store(tmp_path, "env", {"torch": "2.13.0"})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered: it fails at the last flush
+    env.update({} if buffered else {"PYTHONUNBUFFERED": "1"})  # unbuffered: it fails in print
+    for args in (["--help"], ["catalog", "--root", str(tmp_path), f"{ident:012x}"],
+                 ["explain", "--m", "2", "--k", "8", "--n", "4", "--dtype", "float32", "--json"]):
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", *args], stdout=full, stderr=subprocess.PIPE,
+                               text=True, env=env, timeout=120)
+        assert (p.returncode, p.stderr) == (1, "matmul-drift: error: cannot write to stdout: No space left on device\n"), args
+        read, write = os.pipe()
+        os.close(read)  # `| head` gone before anything is written
+        try:
+            p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", *args], stdout=write, stderr=subprocess.PIPE,
+                               text=True, env=env, timeout=120)
+        finally:
+            os.close(write)
+        assert (p.returncode, p.stderr) == (141, ""), args

@@ -369,7 +369,60 @@ def run_machine(register: bool) -> int:
     return 0
 
 
+class OutputError(Exception):
+    """Writing stdout failed (a full disk, a reader that left). Not an OSError, so that no
+    handler of a subcommand's own files (`except OSError`) takes it for theirs."""
+
+
+class _Stdout:
+    """sys.stdout while main runs: its OSErrors become OutputError; the rest passes through."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __getattr__(self, name):  # isatty, fileno, encoding, ...
+        return getattr(self.stream, name)
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            raise OutputError(exc) from None
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            raise OutputError(exc) from None
+
+
 def main(argv=None) -> int:
+    out = sys.stdout = _Stdout(sys.stdout)
+    try:
+        try:
+            status = _main(argv)
+        except SystemExit:  # argparse's --help: its text may still be buffered
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # here, not at the interpreter's exit, where a failure is a traceback
+        return status
+    except OutputError as exc:
+        import errno
+        import os
+
+        # Whatever is still buffered goes to /dev/null, not into a second error at exit
+        # (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.stream.fileno())
+        cause = exc.args[0]
+        if cause.errno == errno.EPIPE:  # `matmul-drift ... | head`: the reader left; nothing to say
+            return 141
+        print(f"matmul-drift: error: cannot write to stdout: {cause.strerror or cause}", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = out.stream
+
+
+def _main(argv) -> int:
     try:
         parser = build_parser()  # inside: its imports take a while, and Ctrl-C may come then
         args = parser.parse_args(argv)
@@ -414,11 +467,6 @@ def main(argv=None) -> int:
             raise
         print(f"matmul-drift: error: out of memory: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # `matmul-drift ... | head`: the reader left; no traceback
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
 
 
 if __name__ == "__main__":
