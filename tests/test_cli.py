@@ -113,6 +113,7 @@ def _main(*args):
     (lambda: torch.eye(4).to_sparse_csr(), "a sparse tensor (torch.sparse_csr)"),
     (lambda: torch.empty(4, 4, device="meta"), "a meta tensor, shape (4, 4) and no values"),
 ])
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")  # torch's, making the input
 def test_tensors_without_dense_values_are_refused_in_one_line(tmp_path, make, needle, layout):
     torch.save(make(), tmp_path / "a.pt")
     np.save(tmp_path / "b.npy", np.ones((4, 3), dtype=np.float32))
