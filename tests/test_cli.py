@@ -385,3 +385,19 @@ def test_a_stdout_that_fails_is_one_line_and_a_reader_that_left_is_silent(tmp_pa
         finally:
             os.close(write)
         assert (p.returncode, p.stderr) == (141, ""), args
+
+
+def test_render_prints_a_saved_report_and_takes_no_other_option(tmp_path):
+    rc, out, _ = _main("explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32", "--json")
+    assert rc == 0
+    (tmp_path / "r.json").write_text(out)
+    rc, text, err = _main("explain", "--render", str(tmp_path / "r.json"))
+    assert rc == 0 and err == "" and "2×64 @ 64×8" in text and "γ_K bound (u)" in text
+    for extra, name in ((["--dtype", "float64"], "--dtype"), (["--json"], "--json"), (["--slice-n", "3"], "--slice-n"),
+                        (["--device", "cuda"], "--device")):
+        rc, out, err = _main("explain", "--render", str(tmp_path / "r.json"), *extra)
+        assert (rc, out) == (2, "") and err.strip().splitlines() == [
+            f"matmul-drift: error: --render prints a saved report as text and measures nothing; it takes no {name}"], err
+    (tmp_path / "bad.json").write_text("{")
+    rc, out, err = _main("explain", "--render", str(tmp_path / "bad.json"))
+    assert (rc, out) == (2, "") and len(err.strip().splitlines()) == 1, err

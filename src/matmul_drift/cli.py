@@ -175,8 +175,12 @@ def run_explain(args) -> int:
     from .measure import Unavailable, check_device, measure, measure_operands
 
     if args.render is not None:
-        if args.case or args.m or args.a or args.b or args.try_fixes:
-            raise UsageError("--render prints a saved report; it takes no inputs and measures nothing")
+        given = [f"--{k.replace('_', '-')}" for k in ("case", "m", "k", "n", "a", "b", "dtype", "slice_n", "slice_m",
+                                                       "repeat", "json", "try_fixes", "fix_timeout", "fix_budget", "orders")
+                 if getattr(args, k) not in (None, False)]
+        given += ["--device"] * (args.device != "cpu") + ["--layout"] * (args.layout != "as-stored")
+        if given:  # ignored, they would mislead: the report is as it was saved
+            raise UsageError(f"--render prints a saved report as text and measures nothing; it takes no {given[0]}")
         return _render_saved(args.render)
     if args.dtype is None:
         raise UsageError("the following arguments are required: --dtype")
