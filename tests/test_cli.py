@@ -175,6 +175,27 @@ def test_a_product_larger_than_memory_is_refused_before_drawing():
     assert time.monotonic() - t0 < 30  # refused up front: drawing 4x this machine's memory would not end
 
 
+def test_input_files_larger_than_memory_are_refused_before_reading(tmp_path):
+    """A .npy whose values would need 4x this machine's memory (a sparse file: its header is
+    real, its body holes) is mapped, not read, so the memory check comes first."""
+    from matmul_drift import memory
+
+    have = memory.available("cpu")[0]
+    if have is None:
+        pytest.skip("no MemAvailable in /proc/meminfo")
+    k = 1024
+    m = max(1, 4 * have // (4 * k))  # float32: A alone is 4x the memory available
+    a = np.lib.format.open_memmap(tmp_path / "a.npy", mode="w+", dtype=np.float32, shape=(m, k))  # holes: no disk
+    del a
+    np.save(tmp_path / "b.npy", np.ones((k, 2), dtype=np.float32))
+    t0 = time.monotonic()
+    rc, out, err = run("explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--dtype", "float32",
+                       timeout=120)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"m={m} k={k} n=2 in float32, needs about" in err and "MemAvailable" in err
+    assert time.monotonic() - t0 < 60  # refused up front: reading the file would take most of that
+
+
 def test_no_host_memory_check_starts_where_memavailable_reads_too_little(capsys, monkeypatch):
     from matmul_drift import cli, memory
 

@@ -92,12 +92,21 @@ def _load_array(path: Path):
         mode = os.stat(path).st_mode  # after symlinks: a FIFO would make np.load or torch.load wait for a writer
         if not stat.S_ISREG(mode):
             raise UsageError(f"{path}: not a regular file ({_kind(mode)})")
+        # Mapped, not read: the memory check comes before a single value is, so a file larger
+        # than memory is one line, not an OOM kill (restride copies them after the check).
         if path.suffix == ".npy":
-            t = torch.from_numpy(np.load(path, allow_pickle=False))
+            with warnings.catch_warnings():  # torch warns that the mapping is read-only: it is never written
+                warnings.simplefilter("ignore")
+                t = torch.from_numpy(np.load(path, allow_pickle=False, mmap_mode="r"))
         elif path.suffix == ".pt":
             with warnings.catch_warnings():  # torch warns that sparse CSR is beta: the refusal below says enough
                 warnings.simplefilter("ignore")
-                t = torch.load(path, map_location="cpu", weights_only=True)
+                try:
+                    t = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                except RuntimeError as exc:  # torch's legacy format cannot be mapped: read it
+                    if "_use_new_zipfile_serialization" not in str(exc):
+                        raise
+                    t = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(t, torch.Tensor):
                 raise UsageError(f"{path}: expected one tensor, found {type(t).__name__}")
         else:
@@ -133,13 +142,14 @@ def _file_case(args):
     if empty:
         raise UsageError(f"A {tuple(a.shape)} @ B {tuple(b.shape)} is empty ({', '.join(empty)}): nothing to measure"
                          + (" (with K = 0 every output is exactly 0)" if "K = 0" in empty and len(empty) == 1 else ""))
-    dt = getattr(torch, args.dtype)
-    a_t, b_t = (restride(t, dt, args.device, args.layout == "as-stored") for t in (a, b))
     shape = cases.Shape(m, b.shape[0], b.shape[1])
     case = cases.Case(
         f"files:{args.a.name}@{args.b.name}", "mv" if a.dim() == 1 else "mm", shape, shape, layout="strided",
         forms=("as-is", "2d") if a.dim() == 1 else ("as-is",),
     )
+    _check_memory(case, shape, args)  # before the files' values are read
+    dt = getattr(torch, args.dtype)
+    a_t, b_t = (restride(t, dt, args.device, args.layout == "as-stored") for t in (a, b))
     return case, Operands(a_t, b_t, case.op, case.layout), inputs.checksum(tensor_bits(a_t), tensor_bits(b_t))
 
 

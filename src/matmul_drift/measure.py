@@ -182,7 +182,7 @@ class Operands:
 def restride(t, dtype, device: str, keep: bool = True):
     """``t`` converted to ``dtype`` on ``device`` with its shape, strides and storage offset
     kept (the layout decides the kernel: a transposed view runs SGEMM(T,…)), or contiguous
-    when ``keep`` is false or the strides overlap (stride 0 cannot be written)."""
+    when ``keep`` is false or the strides overlap (stride 0 cannot be written). Always a copy."""
     import torch
 
     if keep and t.numel() and all(st > 0 or sz == 1 for sz, st in zip(t.shape, t.stride())):
@@ -193,7 +193,7 @@ def restride(t, dtype, device: str, keep: bool = True):
             return out
         except RuntimeError:  # strides that overlap some other way
             pass
-    return t.to(device=device, dtype=dtype).contiguous()
+    return t.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)  # never the file's mapping
 
 
 def describe_layout(t) -> dict:
