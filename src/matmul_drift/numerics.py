@@ -192,7 +192,7 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
     diff = np.abs((c[keep] - hi[keep]) - np.asarray(lo, dtype=np.float64)[keep])
     smallest_normal = 2.0 ** (1 - EXPONENT_BIAS[dtype])
     return {
-        "error_u": float(np.max(diff / absprod[keep] / unit_roundoff(dtype))) if diff.size else None,
+        "error_u": normalised_max(diff, absprod[keep], unit_roundoff(dtype)) if diff.size else None,
         "entries": int(np.count_nonzero(keep)),
         "of": int(c.size),
         "zero_misses": int(np.count_nonzero(ok & (absprod == 0) & (c != 0))),
