@@ -45,8 +45,7 @@ def read_bytes(path: Path | str, root: Path | str | None = None, limit: int = MA
         raise Refused(_why(exc)) from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"not a regular file ({_kind(st.st_mode)})")
+        _require_regular(st.st_mode)
         if st.st_size > limit:
             raise Refused(f"{st.st_size} bytes, more than the {limit} a file may have")
         chunks, size = [], 0
@@ -61,6 +60,23 @@ def read_bytes(path: Path | str, root: Path | str | None = None, limit: int = MA
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def check_regular(path: Path | str) -> None:
+    """Refused unless ``path`` (its symlinks followed) is a regular file, for a reader that must
+    open it by name (np.load, torch.load); FileNotFoundError passes through."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise Refused(_why(exc)) from None
+    _require_regular(mode)
+
+
+def _require_regular(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise Refused(f"not a regular file ({_kind(mode)})")
 
 
 def _kind(mode: int) -> str:

@@ -79,19 +79,18 @@ def add_memory_argument(p: argparse.ArgumentParser, what: str) -> None:
 
 def _load_array(path: Path):
     """A float array from .npy or .pt, as a torch tensor; UsageError if unreadable."""
-    import os
-    import stat
     import warnings
 
     import numpy as np
     import torch
 
-    from .bounded import _kind
+    from . import bounded
 
     try:
-        mode = os.stat(path).st_mode  # after symlinks: a FIFO would make np.load or torch.load wait for a writer
-        if not stat.S_ISREG(mode):
-            raise UsageError(f"{path}: not a regular file ({_kind(mode)})")
+        try:  # before opening: a FIFO would make np.load or torch.load wait for a writer
+            bounded.check_regular(path)
+        except bounded.Refused as exc:
+            raise UsageError(f"{path}: {exc}") from None
         # Mapped, not read: the memory check comes before a single value is, so a file larger
         # than memory is one line, not an OOM kill (restride copies them after the check).
         if path.suffix == ".npy":
@@ -219,9 +218,10 @@ def run_explain(args) -> int:
     except Unavailable as exc:
         raise UsageError(str(exc)) from None
     if given[2]:
-        case, ops, checksum = _file_case(args)
+        case, ops, checksum = _file_case(args)  # memory checked there, before the files are read
     shape = case.shape(args.device)
-    _check_memory(case, shape, args)
+    if not given[2]:
+        _check_memory(case, shape, args)
     if args.slice_n is not None and args.slice_n > shape.n:
         raise UsageError(f"--slice-n {args.slice_n} is larger than N = {shape.n}")
     if args.slice_m is not None:
