@@ -70,6 +70,9 @@ def _target(args):
         memory.check(t.bytes_needed(), f"the probe of {t.label} in {t.dtype},", t.device, not args.no_host_memory_check)
     except memory.TooLarge as exc:
         raise UsageError(str(exc)) from None
+    refused = order_probe.over_budget(t, args.max_calls)
+    if refused:
+        raise UsageError(f"{refused} (--max-calls)")
     orders = catalog.default_root() / "orders"  # checked before minutes of probing, not after
     try:
         orders.mkdir(parents=True, exist_ok=True)
@@ -78,9 +81,6 @@ def _target(args):
     except OSError as exc:
         raise UsageError(f"the catalog cannot take the tree: {orders}: {exc.strerror or exc} "
                          "(MATMUL_DRIFT_CATALOG names another)") from None
-    refused = order_probe.over_budget(t, args.max_calls)
-    if refused:
-        raise UsageError(f"{refused} (--max-calls)")
     return t
 
 

@@ -256,14 +256,14 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
     the next width is tried: probes spread over columns the kernel adds in different orders
     may yet fit some tree, and the replay is what tells."""
     t0 = time.perf_counter()
-    calls, why = 0, None
+    calls, why, axis = 0, None, "rows" if t.by_rows else "columns"
     for w in widths(t):
         if calls + expected_calls(t, w) > max_calls:
             beyond = f"the next width ({w}) needs about {expected_calls(t, w)} calls, beyond {max_calls}"
             why = f"{why}; {beyond}" if why else beyond
             break
         p = Prober(t, w)
-        where = f"probes in {w} {'rows' if t.by_rows else 'columns'}"
+        where = f"probes in {w} {axis}"
         try:
             out = order.reveal(lambda pairs, within, p=p: p.counts(pairs, within, progress), t.k)
         except order.NotRevealed as exc:
@@ -280,7 +280,7 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
                    f"(first mismatch {out.verified['first_mismatch']}; {where})")
             continue
         out.calls, out.seconds, out.width = calls, time.perf_counter() - t0, w
-        out.notes.append(f"probes in the first {w} {'rows' if t.by_rows else 'columns'}")
+        out.notes.append(f"probes in the first {w} {axis}")
         return out
     exc = order.NotRevealed(why or "no probe width fits the call budget")
     exc.calls = calls
