@@ -19,7 +19,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
 
 from matmul_drift import cli
@@ -107,9 +107,9 @@ def _independent(a, b, c, dtype):
                 nf["reference"] += 1
                 nf["mismatch"] += not (math.isnan(cij) and math.isnan(special) or cij == special)
                 continue
-            past_max = abs(val) > Fraction(big)
-            nf["overflow"] += math.isinf(cij) and past_max
-            nf["spurious"] += (not math.isfinite(cij)) and not past_max
+            rounded_inf = math.isinf(cij) and abs(val) > Fraction(big) and (cij > 0) == (val > 0)
+            nf["overflow"] += rounded_inf
+            nf["spurious"] += (not math.isfinite(cij)) and not rounded_inf
             if not math.isfinite(cij) or abs(val) > F64_MAX:
                 continue
             if absprod == 0:
@@ -204,6 +204,13 @@ def _like_file(path, dtype):
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(p=problems())
+# found by this test: the exact value (about 6e38) is beyond bfloat16's range and the partial
+# sums overflow both ways, so the kernel's answer may be NaN, not the rounded inf
+@example(p={"dtype": "bfloat16", "order": "C", "suffix": ".npy", "store": "float64",
+            "a": np.array([[float.fromhex(x) for x in ("0x1.61e0d28bbb3a1p+63", "0x1.a4ab22204681fp+64",
+                                                     "0x1.525e18ce5fc0ap+63")]]),
+            "b": np.array([[float.fromhex(x)] for x in ("-0x1.4d9bb65b49607p+65", "0x1.cf8acddd349f3p+64",
+                                                      "0x1.c9166a7847147p+63")])})
 def test_explain_matches_an_independent_computation(p, tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz")
     pa, pb = d / f"a{p['suffix']}", d / f"b{p['suffix']}"

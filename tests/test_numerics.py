@@ -127,6 +127,15 @@ def test_error_covers_finite_entries_and_counts_the_rest():
     assert nf["mismatch"] == 2 and nf["reference"] == 2
 
 
+def test_only_inf_of_the_exact_values_sign_is_a_rounded_overflow():
+    # exact values beyond float16's 65504: +inf is their rounding; NaN (partial sums that
+    # overflowed both ways) and -inf are not, nor is inf where the exact value is in range
+    hi = np.array([70000.0, 70000.0, 70000.0, -70000.0, 60000.0])
+    c = np.array([np.inf, np.nan, -np.inf, -np.inf, np.inf])
+    nf = numerics.nonfinite(c, hi, np.ones(5, dtype=bool), "float16")
+    assert nf == {"product": 5, "reference": 0, "overflow": 2, "spurious": 3, "mismatch": 0}
+
+
 def test_bound_allows_underflow_but_not_more():
     # fp16, K = 1: 3.07e-5 · -3.23e-5 = -9.9e-10 is below half fp16's smallest subnormal
     # (2^-25): 0 is its correctly rounded value, 2^-24 / (u·|A||B|) ≈ 2048 u relative.

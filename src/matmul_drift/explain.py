@@ -145,8 +145,8 @@ def verdict(r: dict) -> dict:
             parts.append(f"{nf['overflow']} outputs are inf because the exact value is beyond {dt}'s largest finite "
                          f"value {numerics.finite_max(dt):.6g}, so inf is the rounded result")
         if nf["spurious"]:
-            parts.append(f"{nf['spurious']} outputs are NaN or inf although the exact value is finite and within "
-                         "range (an intermediate sum overflowed)")
+            parts.append(f"{nf['spurious']} outputs are NaN or inf although the exact value is finite and rounds to "
+                         "something else (an intermediate sum overflowed)")
         for name, row in nonfinite_drift:
             parts.append(f"{name} {_where(name, row)} turns {row['nonfinite_differ']} entries between finite and NaN/inf")
         return {"kind": "overflow", "text": "overflow: " + "; ".join(parts) + f"; {err_text}; {drift_text}"}

@@ -206,20 +206,21 @@ def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: st
 
     ``product``: entries of C that are NaN or ±inf; ``reference``: entries whose exact
     value is NaN or ±inf (only non-finite inputs make one); ``overflow``: C is ±inf where
-    the exact value is finite but beyond the dtype's largest finite value, so inf is the
-    rounded result; ``spurious``: C is NaN or ±inf where the exact value is finite and
-    within range (an intermediate sum overflowed, or a kernel defect).
+    the exact value is finite but beyond the dtype's largest finite value, with the same
+    sign, so inf is the rounded result; ``spurious``: every other NaN or ±inf where the
+    exact value is finite: within range, NaN, or inf of the wrong sign (intermediate sums
+    overflowed, perhaps both ways, or a kernel defect).
     """
     c = np.asarray(c, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
     fin = np.asarray(exact_finite, dtype=bool)
     bad = ~np.isfinite(c)
-    beyond = np.abs(hi) > finite_max(dtype)
+    rounded_inf = fin & (np.abs(hi) > finite_max(dtype)) & np.isinf(c) & (np.sign(c) == np.sign(hi))
     return {
         "product": int(np.count_nonzero(bad)),
         "reference": int(np.count_nonzero(~fin)),
-        "overflow": int(np.count_nonzero(np.isinf(c) & fin & beyond)),
-        "spurious": int(np.count_nonzero(bad & fin & ~beyond)),
+        "overflow": int(np.count_nonzero(rounded_inf)),
+        "spurious": int(np.count_nonzero(bad & fin & ~rounded_inf)),
         "mismatch": int(np.count_nonzero(~fin & ~((np.isnan(c) & np.isnan(hi)) | (c == hi)))),
     }
 
