@@ -270,21 +270,28 @@ def test_verdicts_from_hand_built_reports():
     bad["error_u"] = 101.0
     bad["error_entries"]["beyond_bound"] = 1
     assert explain.verdict(bad)["kind"] == "defect"
+    assert explain.verdict(bad)["text"].startswith("DEFECT: 1 entry has an error beyond the γ_K bound 100 u")
     far = json.loads(json.dumps(drift))
     far["slices"]["n"][0].update(beyond_bound=3, max_u=250.0)
     assert explain.verdict(far)["kind"] == "defect"
     zero = json.loads(json.dumps(base))
     zero["error_entries"]["zero_misses"] = 1
-    assert explain.verdict(zero)["kind"] == "defect"
+    assert explain.verdict(zero) == {"kind": "defect", "text": "DEFECT: 1 output is non-zero where every product term is zero"}
     nan_in = json.loads(json.dumps(base))
     nan_in["nonfinite"].update(a=1, product=3, reference=3)
     nan_in["slices"]["n"][0].update(frac_differ=0.1, nonfinite_differ=1)
-    assert explain.verdict(nan_in)["kind"] == "non-finite inputs"
+    v = explain.verdict(nan_in)
+    assert v["kind"] == "non-finite inputs"
+    assert v["text"].startswith("non-finite inputs: A has 1 NaN or inf entry, B 0; 3 outputs are NaN or inf in the exact")
     over = json.loads(json.dumps(base))
     over["nonfinite"].update(product=2, overflow=2)
     over["error_u"] = None
     v = explain.verdict(over)
-    assert v["kind"] == "overflow" and "65504" in v["text"]
+    assert v["kind"] == "overflow" and v["text"].startswith("overflow: 2 outputs are inf because the exact value is beyond "
+                                                            "float16's largest finite value 65504")
+    over["nonfinite"].update(overflow=1, spurious=1)
+    assert "1 output is inf because" in explain.verdict(over)["text"]
+    assert "; 1 output is NaN or inf although the exact value is finite" in explain.verdict(over)["text"]
     # a real defect among the finite entries still wins over non-finite ones
     nan_in["error_entries"]["beyond_bound"] = 1
     assert explain.verdict(nan_in)["kind"] == "defect"

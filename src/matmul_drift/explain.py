@@ -119,14 +119,16 @@ def verdict(r: dict) -> dict:
     err, cover, nf = r["error_u"], r["error_entries"], r["nonfinite"]
     over = f"over {cover['entries']} of {cover['of']} entries"
     if cover["beyond_bound"]:
-        return {"kind": "defect", "text": f"DEFECT: {cover['beyond_bound']} entries have an error beyond the γ_K bound "
-                                          f"{gamma:.4g} u (error_u {_fmt(err)} u {over})"}
+        return {"kind": "defect", "text": f"DEFECT: {_count(cover['beyond_bound'], 'entry has', 'entries have')} an "
+                                          f"error beyond the γ_K bound {gamma:.4g} u (error_u {_fmt(err)} u {over})"}
     if cover["zero_misses"]:
-        return {"kind": "defect", "text": f"DEFECT: {cover['zero_misses']} outputs are non-zero where every product term is zero"}
+        return {"kind": "defect",
+                "text": f"DEFECT: {_outputs(cover['zero_misses'])} non-zero where every product term is zero"}
     for name, row in _drifts(r):
         if row.get("beyond_bound"):
-            return {"kind": "defect", "text": f"DEFECT: {name} {_where(name, row)} moves {row['beyond_bound']} entries "
-                                              f"further than 2·γ_K = {2 * gamma:.4g} u (max_u {_fmt(row['max_u'])} u)"}
+            moves = _count(row["beyond_bound"], "entry", "entries")
+            return {"kind": "defect", "text": f"DEFECT: {name} {_where(name, row)} moves {moves} further than "
+                                              f"2·γ_K = {2 * gamma:.4g} u (max_u {_fmt(row['max_u'])} u)"}
     err_text = f"error_u {err:.3g} u {over}" if err is not None else f"no entry has a finite error ({over})"
     if cover["subnormal"]:
         err_text += f", {cover['subnormal']} of them below {dt}'s normal range, where rounding is absolute"
@@ -134,21 +136,22 @@ def verdict(r: dict) -> dict:
     drift_text = _drift_text(r, moved)
     if nf["a"] or nf["b"]:
         return {"kind": "non-finite inputs", "text": (
-            f"non-finite inputs: A has {nf['a']} NaN or inf entries, B {nf['b']}; {nf['reference']} outputs are NaN or "
-            f"inf in the exact result and {nf['product']} in the product"
+            f"non-finite inputs: A has {_count(nf['a'], 'NaN or inf entry', 'NaN or inf entries')}, B {nf['b']}; "
+            f"{_outputs(nf['reference'])} NaN or inf in the exact result and {nf['product']} in the product"
             + (f" ({nf['mismatch']} of them not the exact result's NaN or inf)" if nf["mismatch"] else "")
             + f"; {err_text}; {drift_text}")}
     nonfinite_drift = [(name, row) for name, row in moved if row["nonfinite_differ"]]
     if nf["overflow"] or nf["spurious"] or nonfinite_drift:
         parts = []
         if nf["overflow"]:
-            parts.append(f"{nf['overflow']} outputs are inf because the exact value is beyond {dt}'s largest finite "
-                         f"value {numerics.finite_max(dt):.6g}, so inf is the rounded result")
+            parts.append(f"{_outputs(nf['overflow'])} inf because the exact value is beyond {dt}'s largest "
+                         f"finite value {numerics.finite_max(dt):.6g}, so inf is the rounded result")
         if nf["spurious"]:
-            parts.append(f"{nf['spurious']} outputs are NaN or inf although the exact value is finite and rounds to "
-                         "something else (an intermediate sum overflowed)")
+            parts.append(f"{_outputs(nf['spurious'])} NaN or inf although the exact value is finite and rounds "
+                         "to something else (an intermediate sum overflowed)")
         for name, row in nonfinite_drift:
-            parts.append(f"{name} {_where(name, row)} turns {row['nonfinite_differ']} entries between finite and NaN/inf")
+            turns = _count(row["nonfinite_differ"], "entry", "entries")
+            parts.append(f"{name} {_where(name, row)} turns {turns} between finite and NaN/inf")
         return {"kind": "overflow", "text": "overflow: " + "; ".join(parts) + f"; {err_text}; {drift_text}"}
     if not moved:
         return {"kind": "bit-identical",
@@ -174,6 +177,15 @@ def _drift_text(r: dict, moved: list) -> str:
     if row["sign_changes"]:
         text += f"; {row['sign_changes']} entries change sign, so that count spans zero and says nothing of size"
     return text + ")"
+
+
+def _count(n: int, one: str, many: str) -> str:
+    """'1 entry has' or '3 entries have': a count with its words in the right number."""
+    return f"{n} {one if n == 1 else many}"
+
+
+def _outputs(n: int) -> str:
+    return _count(n, "output is", "outputs are")
 
 
 def _fmt(x) -> str:
