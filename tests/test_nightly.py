@@ -222,35 +222,51 @@ def _asv_children(repo: Path) -> dict[int, str]:
     return out
 
 
-def _parent_cmdline(pid: int) -> bytes:
-    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+def _stat(pid: int) -> tuple[str, int]:
+    """A process's state letter (T: stopped, Z: a zombie; "X" when it is gone) and its parent's pid."""
     try:
-        return Path(f"/proc/{ppid}/cmdline").read_bytes()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return b""
+        return "X", 0
+    return fields[0], int(fields[1])
 
 
 def test_killed_mid_run_then_a_failing_night(world):
     tree = world.tree("a")
     args = ("--python", PY, "--machine", "box-k", "--date", "2026-01-03", "--bench", BENCH, "--no-publish")
-    proc = subprocess.Popen(["bash", "scripts/nightly.sh", *args], cwd=world.a, env=world.env,
+    # More than one case: its setup_cache measures long after it is found (square alone is done in seconds).
+    env = {**world.env, "MATMUL_DRIFT_CASES": "square,skinny,long-k,batch-invariance-2"}
+    proc = subprocess.Popen(["bash", "scripts/nightly.sh", *args], cwd=world.a, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    held = []
     try:  # killed while asv's setup_cache measures (a night's longest step), its forkserver waiting
         end, found = time.monotonic() + 300, {}
         while "setup_cache" not in found.values():
             assert proc.poll() is None and time.monotonic() < end, "the night never reached asv's setup_cache"
             time.sleep(0.02)
             found = _asv_children(world.a)
+        # Its output goes to a pipe that only the night's asv reads: with asv gone, its next
+        # progress line would end it (BrokenPipeError). The test keeps the pipe open instead.
+        cache = {p: _stat(p)[1] for p, k in found.items() if k == "setup_cache"}  # {pid: its asv's pid}
+        held = [os.open(f"/proc/{p}/fd/1", os.O_RDONLY | os.O_NONBLOCK) for p in cache]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-    # Held where it is, so that it still measures when the next night starts. Only once its asv is
-    # gone: a process group with a stopped member gets SIGHUP when it is orphaned.
-    for pid in (p for p, kind in found.items() if kind == "setup_cache"):
+    # Held where it is, so that it still measures when the next night starts. Only once it has
+    # another parent: a process group with a stopped member gets SIGHUP when it is orphaned, and
+    # a dying asv loses its command line before it hands its children on.
+    for pid, asv in cache.items():
         end = time.monotonic() + 10
-        while b"asv" in _parent_cmdline(pid) and time.monotonic() < end:
+        while _stat(pid)[1] == asv and time.monotonic() < end:
             time.sleep(0.01)
+        assert _stat(pid)[1] != asv, f"asv's setup_cache {pid} kept its killed asv {asv} as parent"
         os.kill(pid, signal.SIGSTOP)
+        end = time.monotonic() + 10
+        while (state := _stat(pid)[0]) not in "TZX" and time.monotonic() < end:
+            time.sleep(0.01)
+        assert state == "T", f"asv's setup_cache {pid} was not stopped: state {state!r}"
+    for fd in held:
+        os.close(fd)
     # Both are in process groups of their own: they outlive the killed night; the next one stops them.
     orphans = _asv_children(world.a)
     assert sorted(orphans.values()) == ["run_server", "setup_cache"], orphans
