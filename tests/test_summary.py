@@ -569,12 +569,8 @@ def test_output_made_while_summarising_is_not_replaced(capsys, tmp_path, monkeyp
 
 
 def _fixture_kernel_names() -> list[str]:
-    names = []
-    for p in (REPO / "tests" / "fixtures" / "kernel-names.txt", REPO.parent / "shared" / "fixtures" / "kernel-names.txt"):
-        if p.exists():
-            names = [ln.split("\t", 1)[1] for ln in p.read_text().splitlines()
-                     if ln and not ln.startswith("#") and "\t" in ln]
-            break
+    text = (REPO / "tests" / "fixtures" / "kernel-names.txt").read_text()
+    names = [ln.split("\t", 1)[1] for ln in text.splitlines() if ln and not ln.startswith("#") and "\t" in ln]
     # Real names lack a few characters that must be escaped too; these carry them.
     return names + ["gemm|split`k`<*>_tile", "x_y*z [link](http://e.com) @someone $a$ ~~s~~ &amp; \\|"]
 
