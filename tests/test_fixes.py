@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,8 +16,8 @@ from matmul_drift import fixes
 ALL = set(fixes.DRIFTS)
 
 
-def names(device, drifts=ALL, along="n", isa="AVX512_CORE_AMX") -> dict[str, str | None]:
-    return {c.name: why for c, why in fixes.candidates(device, drifts, along, isa)}
+def names(device, drifts=ALL, along="n", isa="AVX512_CORE_AMX", precision=None) -> dict[str, str | None]:
+    return {c.name: why for c, why in fixes.candidates(device, drifts, along, isa, precision)}
 
 
 def test_the_table_holds_every_candidate_the_issue_names():
@@ -42,6 +43,19 @@ def test_applicability_names_its_reason():
         assert cuda["batch_invariant_ops kernels"] == "batch_invariant_ops is not installed"
     assert names("cpu", along="m")["pad m to a multiple of 4"] is None
     assert names("cpu", isa="SSE41")["ONEDNN_MAX_CPU_ISA=None"].startswith("no ISA below")
+
+
+def test_tf32_off_is_offered_where_tf32_runs_and_survives_the_precisions_flags():
+    for p in ("float32-tf32", "float32-high"):
+        assert names("cuda", precision=p)["TF32 off"] is None
+    for p in ("float32", "float16", "bfloat16", "float64"):
+        assert names("cuda", precision=p)["TF32 off"] == f"changes float32-tf32 and float32-high only; this case is {p}"
+    assert names("cuda", precision="float16")["deterministic algorithms"] is None
+    # The measurement sets its precision's flags after a candidate's setup (measure.precision_flags),
+    # so a setup that set them would be undone: a candidate reaches them through the environment.
+    owned = re.compile(r"allow_tf32|set_float32_matmul_precision|fp32_precision")
+    assert not [c.name for c in fixes.CANDIDATES if owned.search(c.setup)]
+    assert next(c for c in fixes.CANDIDATES if c.name == "TF32 off").env == {"NVIDIA_TF32_OVERRIDE": "0"}
 
 
 def test_code_changes_are_marked_and_settings_are_not():

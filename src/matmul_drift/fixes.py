@@ -30,7 +30,8 @@ class Candidate:
     ``env``: environment variables of its fresh process; ``setup``: Python statements run
     there after ``import torch``; ``code``: the one-line change to the computation, for the
     candidates that change it (None for settings); ``needs``: a module that must be
-    importable; ``targets``: the drift kinds it can remove."""
+    importable; ``targets``: the drift kinds it can remove; ``precisions``: the only
+    precisions (cases.PRECISIONS) it can change, or None for every one."""
 
     name: str
     device: str  # "cpu", "cuda" or "any"
@@ -40,6 +41,7 @@ class Candidate:
     code: str | None = None
     needs: str | None = None
     compute: str | None = None  # fixrun.py's name for the code change: contiguous, full, pad:<dim>:<k>
+    precisions: tuple[str, ...] | None = None
 
     @property
     def changes_code(self) -> bool:
@@ -56,8 +58,10 @@ CANDIDATES: tuple[Candidate, ...] = (
     # oneDNN a step down: filled in by candidates() from the machine's ISA
     Candidate("ONEDNN_MAX_CPU_ISA a step down", "cpu", DRIFTS, env={"ONEDNN_MAX_CPU_ISA": ""}),
     # CUDA: cuBLAS and torch settings
-    Candidate("TF32 off", "cuda", DRIFTS,
-              setup="torch.backends.cuda.matmul.allow_tf32 = False\ntorch.backends.cudnn.allow_tf32 = False"),
+    # An environment variable, not allow_tf32 = False: the measurement sets the precision's own
+    # flags after the candidate's setup (fixrun), and NVIDIA's libraries obey this over any flag.
+    # Only the TF32 precisions use TF32: torch leaves it off for plain float32 by default.
+    Candidate("TF32 off", "cuda", DRIFTS, env={"NVIDIA_TF32_OVERRIDE": "0"}, precisions=("float32-tf32", "float32-high")),
     Candidate("reduced-precision reduction off, cuBLASLt", "cuda", DRIFTS,
               setup="torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False\n"
                     "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False\n"
@@ -106,10 +110,12 @@ def padding(dim: str, multiple: int) -> Candidate:
     return Candidate(f"pad {dim} to a multiple of {multiple}", "any", target, code=line, compute=f"pad:{dim}:{multiple}")
 
 
-def candidates(device: str, drifts: set[str], along: str, onednn_isa: str | None = None) -> list[tuple[Candidate, str | None]]:
-    """Every candidate for a case on ``device`` whose drifts are ``drifts`` (a set of DRIFTS)
-    along dimension ``along`` (m, n or k), each with None when it applies, or the one-line
-    reason it does not. ``onednn_isa``: the highest oneDNN ISA of this CPU (for the step down)."""
+def candidates(device: str, drifts: set[str], along: str, onednn_isa: str | None = None,
+               precision: str | None = None) -> list[tuple[Candidate, str | None]]:
+    """Every candidate for a case on ``device`` in ``precision`` (None: any) whose drifts are
+    ``drifts`` (a set of DRIFTS) along dimension ``along`` (m, n or k), each with None when it
+    applies, or the one-line reason it does not. ``onednn_isa``: the highest oneDNN ISA of this
+    CPU (for the step down)."""
     table = list(CANDIDATES) + [padding(along, k) for k in PAD_MULTIPLES]
     out = []
     for c in table:
@@ -119,14 +125,16 @@ def candidates(device: str, drifts: set[str], along: str, onednn_isa: str | None
             if down is None:
                 out.append((c, f"no ISA below {onednn_isa or 'this CPU'}'s is known"))
                 continue
-        out.append((c, why_not(c, device, drifts)))
+        out.append((c, why_not(c, device, drifts, precision)))
     return out
 
 
-def why_not(c: Candidate, device: str, drifts: set[str]) -> str | None:
-    """None when ``c`` applies to a case on ``device`` with ``drifts``; else the reason."""
+def why_not(c: Candidate, device: str, drifts: set[str], precision: str | None = None) -> str | None:
+    """None when ``c`` applies to a case on ``device`` in ``precision`` with ``drifts``; else the reason."""
     if c.device not in ("any", device):
         return f"a {c.device.upper()} setting; this case runs on {device}"
+    if c.precisions and precision is not None and precision not in c.precisions:
+        return f"changes {' and '.join(c.precisions)} only; this case is {precision}"
     if not set(c.targets) & drifts:
         return f"targets {', '.join(c.targets)}; this case drifts in {', '.join(sorted(drifts)) or 'nothing'}"
     if c.needs and importlib.util.find_spec(c.needs) is None:

@@ -64,7 +64,7 @@ def _table(spec: dict, drifts: set[str], onednn_isa: str | None) -> list[tuple[f
     dims = [d for d, kind in (("n", "slice_n"), ("m", "slice_m")) if kind in drifts] or ["n"]
     seen, todo = set(), []
     for dim in dims:
-        for c, why in fixes.candidates(spec["device"], drifts, dim, onednn_isa):
+        for c, why in fixes.candidates(spec["device"], drifts, dim, onednn_isa, spec["dtype"]):
             if c.name not in seen:
                 seen.add(c.name)
                 todo.append((c, why))
