@@ -8,7 +8,8 @@
 # fp16, runs the CUDA suite through asv, tries the fixes of the seed and of a
 # batch-invariance case in bf16, reveals the summation orders of the seed's 45999 and 46000
 # columns in fp16 and of batch-invariance in bf16 (full and A[:1]), and scans the seed's
-# columns. Every step has a timeout (together 8 min) and prints its time. OUT receives three
+# columns. Every step has a timeout (together 8 min) and prints its time, and the archive is
+# packed again after each, so a check stopped from outside keeps what it finished. OUT receives three
 # files: gpu-check.tar.gz (asv results, catalog entries, explain, fixes, order trees and scan
 # output), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
@@ -29,17 +30,27 @@ STEPS=$PACK/steps.txt
 failed=0
 
 # step NAME SECONDS CMD...: run CMD under a timeout (its stdout to $STEP_OUT when set),
-# print and record its time and status
+# print and record its time and status, and pack what the steps made so far. SECONDS covers
+# it all: CMD gets SECONDS - 4, then SIGKILL 2 s later if it ignored the SIGTERM, and the
+# packing 2 s.
 step() {
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
   echo "gpu_check: step $name (limit $limit s): $*"
   if declare -F "$1" > /dev/null; then set -- bash -c "$1"; fi  # timeout runs programs: a function via bash (exported)
-  if [ -n "${STEP_OUT:-}" ]; then timeout "$limit" "$@" > "$STEP_OUT"; else timeout "$limit" "$@"; fi
+  if [ -n "${STEP_OUT:-}" ]; then timeout -k 2 $((limit - 4)) "$@" > "$STEP_OUT"; else timeout -k 2 $((limit - 4)) "$@"; fi
   rc=$?
   printf '%-12s rc %3d  %4d s of %4d s\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" | tee -a "$STEPS"
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
+  pack
   return 0
+}
+
+# pack: everything the steps made so far into $OUT/gpu-check.tar.gz, whole (by a rename), so
+# that a check stopped from outside still brings back every step it finished.
+pack() {
+  timeout -k 1 1 tar -czf "$OUT/.gpu-check.tar.gz.part" -C "$PACK" . &&
+    mv -f "$OUT/.gpu-check.tar.gz.part" "$OUT/gpu-check.tar.gz" || echo "gpu_check: packing after the step failed"
 }
 
 if [ "$MODE" = --rehearse ]; then
@@ -59,7 +70,7 @@ else
           "seed-46000-float16:--case seed --slice-n 46000 --dtype float16"
           "batch-invariance-2-bfloat16:--case batch-invariance-2 --dtype bfloat16"
           "batch-invariance-2-m1-bfloat16:--case batch-invariance-2 --slice-m 1 --dtype bfloat16")
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv || true
+  timeout 20 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv || true
 fi
 
 # Install asv (with its dependencies) and the project from the wheels alone, into a folder
@@ -78,7 +89,7 @@ export -f install_wheels
 step install 20 install_wheels
 export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 export ASV_PYTHONPATH=$PYTHONPATH  # asv's benchmark processes drop PYTHONPATH and take this instead
-"$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.is_available())'
+timeout 30 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.is_available())'
 
 # asv records results against a commit: the one fetch_gpu_wheels.sh recorded in commit.json,
 # which asv reads through the plugin matmul_drift.asv_commit (no history travels, and git
@@ -100,7 +111,9 @@ PYEOF
 export COMMIT
 export -f write_config
 step config 10 write_config
-machine=$("$PY" -m matmul_drift.cli machine --register 2>/dev/null)
+machine=$(timeout 30 "$PY" -m matmul_drift.cli machine --register 2>/dev/null)
+printf '%s\n' "$machine" > "$PACK/MACHINE"
+printf '%s\n' "$COMMIT" > "$PACK/COMMIT"
 export MATMUL_DRIFT_DEVICES=$DEVICE MATMUL_DRIFT_CATALOG=$PACK/results/catalog MATMUL_DRIFT_CASES=$CASES
 export PYTORCH_NVML_BASED_CUDA_CHECK=1
 # The seed, answered on this device first: the kernels of its 45999 and 46000 columns and the
@@ -108,7 +121,7 @@ export PYTORCH_NVML_BASED_CUDA_CHECK=1
 # survives them. Every explain and scan skips the host's memory check: the GPU machine's
 # memory grows as it is used, so MemAvailable reads too little there.
 STEP_OUT=$PACK/seed-float16.json step explain 30 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --no-host-memory-check --json
-STEP_OUT=$PACK/seed-float16.txt step explain-txt 5 "$PY" -m matmul_drift.cli explain --render "$PACK/seed-float16.json"
+STEP_OUT=$PACK/seed-float16.txt step explain-txt 8 "$PY" -m matmul_drift.cli explain --render "$PACK/seed-float16.json"
 # The suite: one setup_cache measures the cases on this device, most telling first, and
 # starts none after 80 s (MATMUL_DRIFT_BUDGET; the rest are skipped and say so), so asv
 # finishes and writes its results within the step. Its fix finder (a fresh process per
@@ -118,22 +131,24 @@ STEP_OUT=$PACK/seed-float16.txt step explain-txt 5 "$PY" -m matmul_drift.cli exp
 # which a timeout does not reach: they are ended after the step.
 MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_BUDGET=80 step suite 160 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench 'drift\.Drift' --launch-method forkserver --show-stderr
-pkill -KILL -f "$WORK/site/asv" && echo "gpu_check: ended asv's processes left by the suite step"
+# asvrun.reap_orphans, as the nightly's: the image need not have pkill
+timeout 10 "$PY" -c 'import sys; from pathlib import Path; from matmul_drift import asvrun
+for line in asvrun.reap_orphans(Path(sys.argv[1])): print("gpu_check:", line)' "$ROOT"
 # The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16. Each
 # process has its timeout and none starts after the budget (those rows say "not tried"), so
 # explain prints its report inside the step's limit: measuring + budget + timeout < limit.
 STEP_OUT=$PACK/fixes-seed-float16.json step fixes-seed 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --no-host-memory-check --try-fixes \
-  --fix-timeout 20 --fix-budget 35 --json
+  --fix-timeout 20 --fix-budget 31 --json
 STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 45 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
-  --no-host-memory-check --try-fixes --fix-timeout 12 --fix-budget 15 --json
+  --no-host-memory-check --try-fixes --fix-timeout 12 --fix-budget 13 --json
 # The summation orders (matmul-drift order, replayed on 100 draws): one tree per file,
-# order-NAME.json. Each probe may take an equal share of the time left (of 48 s), so that a
+# order-NAME.json. Each probe may take an equal share of the time left (of 44 s), so that a
 # slow one leaves time for the others.
 reveal_orders() {
   local spec share rc=0 left t0=$SECONDS
   left=$(wc -l <<< "$ORDERS_TEXT")
   while IFS= read -r spec; do
-    share=$(((48 - (SECONDS - t0)) / left))
+    share=$(((44 - (SECONDS - t0)) / left))
     [ "$share" -ge 1 ] || share=1  # timeout 0 would mean none
     # shellcheck disable=SC2086  # the spec's words are the arguments
     timeout "$share" "$PY" -m matmul_drift.cli order ${spec#*:} --device "$DEVICE" --verify \
@@ -150,17 +165,14 @@ step scan 60 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --no-host-memory-check 
   --plot "$PACK/scan-seed-float16.png"
 step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-check --json "$PACK/scan-seed-dense.json"
 
-# Three files come back: the archive, a one-page summary, the log.
+# Three files come back: the archive (packed after every step), a one-page summary, the log.
 {
   echo "gpu_check on $machine at ${COMMIT:0:12} ($MODE): $failed step(s) failed"
-  "$PY" -c 'import torch; print("torch", torch.__version__, "git", torch.version.git_version[:12], "CUDA", torch.version.cuda)'
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
+  timeout 30 "$PY" -c 'import torch; print("torch", torch.__version__, "git", torch.version.git_version[:12], "CUDA", torch.version.cuda)'
+  timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
   cat "$STEPS"
   head -c 4000 "$PACK/seed-float16.txt" 2>/dev/null
 } > "$OUT/summary.txt"
-printf '%s\n' "$machine" > "$PACK/MACHINE"
-printf '%s\n' "$COMMIT" > "$PACK/COMMIT"
-step archive 5 tar -czf "$OUT/gpu-check.tar.gz" -C "$PACK" .
 rm -rf "$WORK"
 echo "gpu_check: done, $failed step(s) failed; in $OUT: $(cd "$OUT" && echo *)"
 [ "$failed" -eq 0 ]

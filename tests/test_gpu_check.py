@@ -15,17 +15,19 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 from checkout import ROOT, committed_copy
 
-from matmul_drift import catalog, gpucheck, history, order
+from matmul_drift import asvrun, catalog, gpucheck, history, order
 
 LIMITS = {"files": 8, "file_bytes": 16 << 20, "total_bytes": 64 << 20}  # what comes back from $OUT
 OURS = 4  # the issue's own bound on the files the check leaves
@@ -102,7 +104,7 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
     assert all(rc == "0" and int(t) <= int(limit) for _, rc, t, limit in steps)
     # The real run's limits, as the script states them, sum to at most 8 minutes.
     limits = [int(n) for n in re.findall(r"^\s*(?:\S+=\S+ )*step \S+ (\d+) ", (ROOT / "scripts/gpu_check.sh").read_text(), re.M)]
-    assert len(limits) == 11 and sum(limits) <= 480, limits
+    assert len(limits) == 10 and sum(limits) <= 480, limits
     assert "0 step(s) failed" in summary and "torch" in summary
 
 
@@ -119,6 +121,40 @@ def test_what_comes_back_fits_the_limits(rehearsal):
             "./order-seed-47-float16.json", "./order-seed-48-float16.json", "./order-batch-bfloat16.json",
             "./order-batch-m1-bfloat16.json"} <= set(names)
     assert any(n.startswith("./results/asv/") and n.endswith(".json") and "machine" not in n for n in names)
+
+
+def test_a_check_killed_midway_still_brings_back_the_steps_it_finished(rehearsal, tmp_path):
+    # As the device's own limit stops it: the archive in OUT holds every finished step, whole.
+    base, _, _, _, _ = rehearsal
+    tree, out = base / "tree", tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATMUL_DRIFT_")}
+    (tmp_path / "tmp").mkdir()
+    env.update(PYTHON=str(base / "image/bin/python"), HOME=str(base / "home"), TMPDIR=str(tmp_path / "tmp"))
+    proc = subprocess.Popen(["bash", "scripts/gpu_check.sh", str(out), "--rehearse"], cwd=tree, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = out / "log.txt"
+    try:  # killed as the suite starts, after the seed's explain steps
+        end = time.monotonic() + 300
+        while not (log.exists() and "gpu_check: step suite" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < end, "the check never reached its suite step"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        time.sleep(1)  # an asv setup_cache in a process group of its own outlives the kill
+        asvrun.reap_orphans(tree)
+    assert not (out / "summary.txt").exists()  # it was stopped before its end
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        names = set(tar.getnames())
+        steps = tar.extractfile("./steps.txt").read().decode()
+        answer = json.loads(tar.extractfile("./seed-float16.json").read())
+    assert {"./seed-float16.json", "./seed-float16.txt", "./MACHINE", "./COMMIT"} <= names
+    assert [line.split()[0] for line in steps.splitlines()] == ["install", "config", "explain", "explain-txt"]
+    assert answer["dtype"] == "float16"
+    results = tmp_path / "results"  # and it imports: the answer without the suite's results
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/import_gpu_check.py"), str(out / "gpu-check.tar.gz"),
+                        "--results", str(results)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "the suite step did not finish" in p.stderr, p.stderr
 
 
 def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
