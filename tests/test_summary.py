@@ -215,7 +215,7 @@ def test_an_order_change_is_flagged_as_order_even_with_the_same_kernels(capsys, 
                                         "kernel-id unchanged: the same kernels add in another order",
         ("order", "square", "float16"): "order of entry (0, 0): sequential -> pairwise",
         ("order", "tall", "float64"): "order of entry (0, 0): sequential -> not revealed; "
-                                      "kernel-id unchanged: the same kernels add in another order",
+                                      "kernel-id unchanged: the probe read the same kernels' order on one side only",
     }
     rc, out, _ = run_cli(capsys, tree.root, "--across", "commits", "--fail-on", "kernel")
     assert rc == 1 and "synthetic: order" in out and "sequential -> pairwise" in out

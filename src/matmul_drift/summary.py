@@ -550,16 +550,22 @@ def describe_order(entry) -> str:
 
 
 def order_detail(id_b: float, id_a: float, eb, ea, same_kernels: bool) -> str:
-    """The two orders in words; says when the kernel-id stayed (same kernels, another order)."""
+    """The two orders in words; says when the kernel-id stayed (same kernels, another order, or
+    an order read on one side only: a tree null there says nothing about the order)."""
+    one_side = False
     if not isinstance(eb, dict) or not isinstance(ea, dict):
         text = f"order-id {hex_id(id_b)} -> {hex_id(id_a)} (trees not in the catalog)"
     else:
+        one_side = (eb.get("tree") is None) != (ea.get("tree") is None)
         wb, wa = describe_order(eb), describe_order(ea)
         text = (f"order of entry (0, 0): {wb} -> {wa}" if wb != wa else
                 f"order of entry (0, 0): another tree, alike in words ({wb}; order-id {hex_id(id_b)} -> {hex_id(id_a)})")
         if eb.get("k") != ea.get("k"):
             text += f"; K {eb.get('k')} -> {ea.get('k')}"
-    return text + ("; kernel-id unchanged: the same kernels add in another order" if same_kernels else "")
+    if not same_kernels:
+        return text
+    return text + ("; kernel-id unchanged: the probe read the same kernels' order on one side only" if one_side else
+                   "; kernel-id unchanged: the same kernels add in another order")
 
 
 def _fix(ctx: _Ctx, vb, va, both) -> list[Flag]:
