@@ -8,6 +8,7 @@ change a product's bits belongs here; nothing that changes from run to run does
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 import platform
@@ -63,6 +64,7 @@ def flags() -> dict:
     }
 
 
+@functools.cache  # a process loads one cuBLAS; the search walks nvidia/*'s trees (headers and all)
 def _cublas_version() -> str | None:
     """cuBLAS's own version, read through ctypes from the library torch loaded or ships."""
     import torch
@@ -90,6 +92,7 @@ def _cublas_version() -> str | None:
     return None
 
 
+@functools.cache
 def _driver_version() -> str | None:
     try:
         h = ctypes.CDLL("libcuda.so.1")
