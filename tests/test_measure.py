@@ -11,8 +11,7 @@ import torch
 from matmul_drift import cases, catalog, kernels, measure, numerics, suite
 from matmul_drift.cases import Case, Shape
 
-# A copy of ../shared/fixtures/kernel-names.txt, committed so that a clone without shared/ runs the test.
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "kernel-names.txt")
+import kernel_names
 
 CPU_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
@@ -157,7 +156,7 @@ def test_seed_case_shape_and_slices():
 
 
 def test_normalised_names_from_fixture():
-    lines = [line.rstrip("\n").split("\t", 1) for line in open(FIXTURE) if line[:1] not in ("#", "\n")]
+    lines = kernel_names.tagged()
     cpu = [kernels.normalise_mkl(name) for tag, name in lines if tag == "cpu"]
     assert cpu[0] == cpu[1] == cpu[2] == "MKL SGEMM(N,N) CNR:OFF NThr:2"  # sizes, pointers, times gone
     assert cpu[3] == "MKL SGEMM(N,N) CNR:COMPATIBLE NThr:2"  # the CNR mode stays
