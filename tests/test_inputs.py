@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from matmul_drift import cases, inputs, measure
+from matmul_drift import blocks, cases, inputs, measure
 
 # Frozen from the first run. If one of these changes, every recorded input_id changes
 # with it and the summary will refuse to compare old and new results.
@@ -41,10 +41,15 @@ def test_golden_case_operands(case_id, dtype):
     assert measure.operand_bits(cases.get(case_id), dtype, "cpu")[2][:16] == GOLDEN_CASES[(case_id, dtype)]
 
 
-def test_independent_of_chunking(monkeypatch):
+def test_independent_of_chunking_and_threads(monkeypatch):
     whole = inputs.draw(3, "x", (1000,), "signed")
+    rounded = {dtype: inputs.round_bits(whole, dtype) for dtype in inputs.BITS_DTYPE}
     monkeypatch.setattr(inputs, "_CHUNK", 7)
+    monkeypatch.setattr(blocks, "SIZE", 13)  # 77 blocks, on every core
+    monkeypatch.setattr(blocks, "workers", lambda: 4)
     assert np.array_equal(whole, inputs.draw(3, "x", (1000,), "signed"))
+    for dtype, bits in rounded.items():
+        assert np.array_equal(bits, inputs.round_bits(whole, dtype)), dtype
 
 
 def test_ranges():

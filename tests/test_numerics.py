@@ -4,7 +4,7 @@ import numpy as np
 import torch
 import pytest
 
-from matmul_drift import numerics
+from matmul_drift import blocks, numerics
 
 
 def bits32(values):
@@ -154,3 +154,34 @@ def test_bound_allows_underflow_but_not_more():
     assert e["beyond_bound"] == 1 and e["error_u"] == 4.0
     assert numerics.error(np.array([1.0]), np.array([1.0]), np.zeros(1), np.ones(1, bool), np.array([1.0]),
                           "float16", k=4096)["beyond_bound"] == 0  # K·u ≥ 1: no bound, never beyond
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_blocks_and_threads_change_nothing(monkeypatch, dtype):
+    # error, nonfinite and drift work in blocks on several threads: the same answers as in
+    # one block, on entries of every kind (NaN, ±inf, ±0, subnormal, beyond range, |A||B| = 0)
+    rng = np.random.default_rng(0)
+    n = 1000
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 2.0**-24, 7e4, -7e4])
+    hi = np.where(rng.random(n) < 0.1, rng.choice(special, n), rng.standard_normal(n) * 100)
+    finite = np.isfinite(hi) | (rng.random(n) < 0.5)
+    with np.errstate(over="ignore"):
+        c = hi.astype(dtype).astype(np.float64)
+    c[rng.random(n) < 0.3] = np.nan
+    y = c.copy()
+    moved = rng.random(n) < 0.2
+    y[moved] = np.nextafter(c[moved].astype(dtype), np.asarray(np.inf, dtype)).astype(np.float64)
+    lo = rng.standard_normal(n) * 1e-12
+    absprod = np.abs(hi) * np.where(rng.random(n) < 0.1, 0.0, 1.5)
+    bits = lambda v: v.astype(dtype).view(np.uint16 if dtype == "float16" else np.uint32)  # noqa: E731
+
+    def answers():
+        return (numerics.error(c, hi, lo, finite, absprod, dtype, k=64), numerics.nonfinite(c, hi, finite, dtype),
+                numerics.drift(bits(c), bits(y), c, y, absprod, dtype, k=64))
+
+    monkeypatch.setattr(blocks, "SIZE", 10**9)
+    whole = answers()
+    monkeypatch.setattr(blocks, "SIZE", 7)
+    monkeypatch.setattr(blocks, "workers", lambda: 3)
+    assert answers() == whole
+    assert whole[0]["entries"] > 0 and whole[2]["frac_differ"] > 0 and whole[1]["product"] > 0

@@ -13,6 +13,8 @@ import hashlib
 
 import numpy as np
 
+from . import blocks
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -52,40 +54,50 @@ def draw(seed: int, name: str, shape: tuple[int, ...], dist: str = "uniform", in
     if dist not in DISTRIBUTIONS:
         raise ValueError(f"unknown distribution {dist!r}")
     key = stream_key(seed, name)
-    size = int(np.prod(shape, dtype=np.int64))
-    out = np.empty(size, dtype=np.float32)
-    z, tmp = np.empty(_CHUNK, dtype=np.uint64), np.empty(_CHUNK, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for start in range(0, size, _CHUNK):
-            stop = min(size, start + _CHUNK)
-            k = z[: stop - start]
-            k[:] = np.arange(start, stop, dtype=np.uint64)
-            _splitmix(k, key, tmp)
-            np.right_shift(k, np.uint64(40), out=k)  # 24 bits
-            if dist == "uniform":
-                np.multiply(k, np.float32(2.0**-24), out=out[start:stop], casting="unsafe")
-            elif dist == "signed":
-                out[start:stop] = (k.astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(2.0**-23)
-            else:
-                out[start:stop] = (k % np.uint64(2 * int_range + 1)).astype(np.int64) - int_range
+    out = np.empty(int(np.prod(shape, dtype=np.int64)), dtype=np.float32)
+
+    def fill(part: slice) -> None:
+        z, tmp = np.empty(_CHUNK, dtype=np.uint64), np.empty(_CHUNK, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            for start in range(part.start, part.stop, _CHUNK):
+                stop = min(part.stop, start + _CHUNK)
+                k = z[: stop - start]
+                k[:] = np.arange(start, stop, dtype=np.uint64)
+                _splitmix(k, key, tmp)
+                np.right_shift(k, np.uint64(40), out=k)  # 24 bits
+                if dist == "uniform":
+                    np.multiply(k, np.float32(2.0**-24), out=out[start:stop], casting="unsafe")
+                elif dist == "signed":
+                    out[start:stop] = (k.astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(2.0**-23)
+                else:
+                    out[start:stop] = (k % np.uint64(2 * int_range + 1)).astype(np.int64) - int_range
+
+    blocks.map_blocks(out.size, fill)
     return out.reshape(shape)
 
 
 def round_bits(values: np.ndarray, dtype: str) -> np.ndarray:
     """Round exact float32 ``values`` to ``dtype`` (nearest, ties to even) and return its bits."""
+    if dtype not in BITS_DTYPE:
+        raise ValueError(f"unknown dtype {dtype!r}")
     v = np.ascontiguousarray(values, dtype=np.float32)
-    if dtype == "float64":
-        return v.astype(np.float64).view(np.uint64)
-    if dtype == "float32":
-        return v.view(np.uint32).copy()
-    if dtype == "float16":
-        return v.astype(np.float16).view(np.uint16)
-    if dtype == "bfloat16":
-        # finite float32 bits + 0x8000 stay below 2^32, so uint32 cannot wrap
-        b = v.view(np.uint32)
-        rounded = b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))
-        return (rounded >> np.uint32(16)).astype(np.uint16)
-    raise ValueError(f"unknown dtype {dtype!r}")
+    out = np.empty(v.shape, dtype=BITS_DTYPE[dtype])
+    src, dst = v.reshape(-1), out.reshape(-1)
+
+    def fill(part: slice) -> None:
+        x, bits = src[part], dst[part]
+        if dtype == "float64":
+            bits.view(np.float64)[:] = x
+        elif dtype == "float32":
+            bits[:] = x.view(np.uint32)
+        elif dtype == "float16":
+            bits.view(np.float16)[:] = x
+        else:  # bfloat16: finite float32 bits + 0x8000 stay below 2^32, so uint32 cannot wrap
+            b = x.view(np.uint32)
+            bits[:] = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+
+    blocks.map_blocks(src.size, fill)
+    return out
 
 
 def checksum(*arrays: np.ndarray) -> str:

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from . import blocks
+
 # Unit roundoff u = 2^-p of each output dtype (p = significand bits incl. the hidden one).
 UNIT_ROUNDOFF = {
     "float64": 2.0**-53,
@@ -113,19 +115,25 @@ def drift(
     ``beyond_bound``: finite entries further apart than twice ``allowance`` (each product
     may be that far from the truth), which no correct pair of kernels can be.
     """
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    absprod = np.asarray(absprod, dtype=np.float64)
-    n = x.size
-    both_finite = np.isfinite(x) & np.isfinite(y)
-    max_u_entries = int(np.count_nonzero(both_finite & (absprod > 0) & np.isfinite(absprod)))
+    flat = [np.asarray(v).reshape(-1) for v in (x_bits, y_bits)]
+    flat += [np.asarray(v, dtype=np.float64).reshape(-1) for v in (x, y, absprod)]
+    n = flat[0].size
+
     # Entries with equal bits add nothing below (no ulp, no difference, no sign change), so
     # the rest looks at the others alone: on a GPU's 8192 x 8192 output, most often few.
-    at = np.flatnonzero(np.asarray(x_bits) != np.asarray(y_bits))
-    x_bits, y_bits, x, y, absprod, both_finite = (v.reshape(-1)[at] for v in (np.asarray(x_bits), np.asarray(y_bits),
-                                                                          x, y, absprod, both_finite))
-    same = (ulp_distance(x_bits, y_bits, WIDTH[dtype]) == 0) | (np.isnan(x) & np.isnan(y))
-    d = ulp_distance(x_bits[both_finite], y_bits[both_finite], WIDTH[dtype])
+    def part(s: slice) -> tuple:
+        x_bits, y_bits, x, y, absprod = (v[s] for v in flat)
+        kept = np.isfinite(x) & np.isfinite(y) & (absprod > 0) & np.isfinite(absprod)
+        return np.count_nonzero(kept), s.start + np.flatnonzero(x_bits != y_bits)
+
+    parts = blocks.map_blocks(n, part)
+    max_u_entries = int(sum(p[0] for p in parts))
+    at = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.intp)
+    x_bits, y_bits, x, y, absprod = (v[at] for v in flat)
+    both_finite = np.isfinite(x) & np.isfinite(y)
+    d = ulp_distance(x_bits, y_bits, WIDTH[dtype])
+    same = (d == 0) | (np.isnan(x) & np.isnan(y))
+    d = d[both_finite]
     max_ulp = int(d.max()) if d.size else 0
     x, y, absprod = x[both_finite], y[both_finite], absprod[both_finite]
     diff = np.abs(x - y)
@@ -184,21 +192,29 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
     the reference may be off by (``ref_bound_rel``·|A||B|: Reference.bound_rel, large only
     where the exact value lies among float64's subnormals).
     """
-    c = np.asarray(c, dtype=np.float64)
-    hi = np.asarray(hi, dtype=np.float64)
-    absprod = np.asarray(absprod, dtype=np.float64)
-    ok = np.isfinite(c) & np.asarray(exact_finite, dtype=bool) & np.isfinite(hi)
-    keep = ok & (absprod > 0) & np.isfinite(absprod)
-    diff = np.abs((c[keep] - hi[keep]) - np.asarray(lo, dtype=np.float64)[keep])
-    smallest_normal = 2.0 ** (1 - EXPONENT_BIAS[dtype])
-    return {
-        "error_u": normalised_max(diff, absprod[keep], unit_roundoff(dtype)) if diff.size else None,
-        "entries": int(np.count_nonzero(keep)),
-        "of": int(c.size),
-        "zero_misses": int(np.count_nonzero(ok & (absprod == 0) & (c != 0))),
-        "subnormal": int(np.count_nonzero(np.abs(hi[keep]) < smallest_normal)),
-        "beyond_bound": _beyond(diff, absprod[keep], k, dtype, 1.0, ref_bound_rel),
-    }
+    flat = [np.asarray(v, dtype=np.float64).reshape(-1) for v in (c, hi, lo, absprod)]
+    fin = np.asarray(exact_finite, dtype=bool).reshape(-1)
+    u, smallest_normal = unit_roundoff(dtype), 2.0 ** (1 - EXPONENT_BIAS[dtype])
+
+    def part(at: slice) -> tuple:
+        c, hi, lo, absprod = (v[at] for v in flat)
+        ok = np.isfinite(c) & fin[at] & np.isfinite(hi)
+        keep = ok & (absprod > 0) & np.isfinite(absprod)
+        zero_misses = int(np.count_nonzero(ok & (absprod == 0) & (c != 0)))
+        if not keep.all():
+            c, hi, lo, absprod = c[keep], hi[keep], lo[keep], absprod[keep]
+        if not c.size:
+            return None, 0, zero_misses, 0, 0
+        diff = np.abs((c - hi) - lo)
+        subnormal = int(np.count_nonzero(np.abs(hi) < smallest_normal))
+        return (normalised_max(diff, absprod, u), c.size, zero_misses, subnormal,
+                _beyond(diff, absprod, k, dtype, 1.0, ref_bound_rel))
+
+    parts = blocks.map_blocks(fin.size, part)
+    worst = [p[0] for p in parts if p[0] is not None]
+    entries, zero_misses, subnormal, beyond = (sum(p[i] for p in parts) for i in range(1, 5))
+    return {"error_u": max(worst) if worst else None, "entries": entries, "of": fin.size,
+            "zero_misses": zero_misses, "subnormal": subnormal, "beyond_bound": beyond}
 
 
 def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: str) -> dict:
@@ -211,18 +227,21 @@ def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: st
     exact value is finite: within range, NaN, or inf of the wrong sign (intermediate sums
     overflowed, perhaps both ways, or a kernel defect).
     """
-    c = np.asarray(c, dtype=np.float64)
-    hi = np.asarray(hi, dtype=np.float64)
-    fin = np.asarray(exact_finite, dtype=bool)
-    bad = ~np.isfinite(c)
-    rounded_inf = fin & (np.abs(hi) > finite_max(dtype)) & np.isinf(c) & (np.sign(c) == np.sign(hi))
-    return {
-        "product": int(np.count_nonzero(bad)),
-        "reference": int(np.count_nonzero(~fin)),
-        "overflow": int(np.count_nonzero(rounded_inf)),
-        "spurious": int(np.count_nonzero(bad & fin & ~rounded_inf)),
-        "mismatch": int(np.count_nonzero(~fin & ~((np.isnan(c) & np.isnan(hi)) | (c == hi)))),
-    }
+    c, hi = (np.asarray(v, dtype=np.float64).reshape(-1) for v in (c, hi))
+    fin = np.asarray(exact_finite, dtype=bool).reshape(-1)
+    top = finite_max(dtype)
+
+    def part(at: slice) -> tuple:
+        c_, hi_, fin_ = c[at], hi[at], fin[at]
+        bad = ~np.isfinite(c_)
+        rounded_inf = fin_ & (np.abs(hi_) > top) & np.isinf(c_) & (np.sign(c_) == np.sign(hi_))
+        return (np.count_nonzero(bad), np.count_nonzero(~fin_), np.count_nonzero(rounded_inf),
+                np.count_nonzero(bad & fin_ & ~rounded_inf),
+                np.count_nonzero(~fin_ & ~((np.isnan(c_) & np.isnan(hi_)) | (c_ == hi_))))
+
+    parts = blocks.map_blocks(fin.size, part)
+    return {name: int(sum(p[i] for p in parts))
+            for i, name in enumerate(("product", "reference", "overflow", "spurious", "mismatch"))}
 
 
 def ulp_of(x: float, dtype: str) -> float:
