@@ -60,6 +60,25 @@ def test_cuda_and_tf32_are_skipped_on_cpu(cpu_suite):
         ]
 
 
+def test_precisions_are_measured_as_selected_and_in_that_order(monkeypatch, tmp_path):
+    monkeypatch.setenv(suite.PRECISIONS_VAR, "float16,float32-tf32,flot32")
+    with pytest.raises(ValueError, match=r"MATMUL_DRIFT_PRECISIONS names unknown precisions: flot32; known precisions: "
+                                         r"float64, float32, float16, bfloat16, float32-tf32, float32-high$"):
+        suite.selected_precisions()
+    monkeypatch.setenv(suite.PRECISIONS_VAR, " bfloat16, float64 ")
+    assert suite.selected_precisions() == ("bfloat16", "float64")
+    monkeypatch.setenv(suite.ORDERS_VAR, "0")
+    monkeypatch.setenv(suite.FIXES_VAR, "0")
+    got = suite.measure_all(case_ids=("bmm",), devices=("cpu",), root=tmp_path)
+    assert list(got) == [suite.key("bmm", p, "cpu") for p in ("bfloat16", "float64")]
+    with pytest.raises(NotImplementedError, match="not measured"):
+        suite.lookup(got, "bmm", "float32", "cpu")
+    with pytest.raises(NotImplementedError, match="not selected"):
+        suite.timed_call("bmm", "float32", "cpu")
+    monkeypatch.delenv(suite.PRECISIONS_VAR)
+    assert suite.selected_precisions() == cases.PRECISIONS
+
+
 def test_no_measurement_starts_once_the_budget_is_spent(monkeypatch, tmp_path):
     for bad in ("0", "-1", "nan", "inf", "ten"):
         monkeypatch.setenv(suite.BUDGET_VAR, bad)

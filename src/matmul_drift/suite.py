@@ -38,21 +38,35 @@ SUBSET_VAR = "MATMUL_DRIFT_CASES"  # comma list of case ids: run only these (tes
 
 
 DEVICES_VAR = "MATMUL_DRIFT_DEVICES"  # comma list of devices to measure (a GPU check: cuda)
+PRECISIONS_VAR = "MATMUL_DRIFT_PRECISIONS"  # comma list of precisions, in the order to measure them
 FIXES_VAR = "MATMUL_DRIFT_FIXES"  # "0": no fix finder (fix_cost, fix_id NaN): quicker runs
 ORDERS_VAR = "MATMUL_DRIFT_ORDERS"  # "0": no order probe (order_id NaN)
 BUDGET_VAR = "MATMUL_DRIFT_BUDGET"  # seconds: start no measurement after them (a GPU check's fixed slot)
 TORCH_VAR = "MATMUL_DRIFT_EXPECT_TORCH"  # the torch version an `existing` environment must hold
 
 
-def selected_devices() -> tuple[str, ...]:
+def _selected(var: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """The comma list in ``$var``, in its order, or all of ``known`` where it is empty; a
+    name not in ``known`` fails loudly here, not as a silent empty run."""
     import os
 
-    raw = os.environ.get(DEVICES_VAR, "").strip()
-    wanted = tuple(d.strip() for d in raw.split(",") if d.strip()) or cases.DEVICES
-    bad = [d for d in wanted if d not in cases.DEVICES]
+    wanted = tuple(w.strip() for w in os.environ.get(var, "").split(",") if w.strip())
+    bad = [w for w in wanted if w not in known]
     if bad:
-        raise ValueError(f"${DEVICES_VAR} names unknown devices: {', '.join(bad)}")
-    return wanted
+        raise ValueError(f"${var} names unknown {what}: {', '.join(bad)}; known {what}: {', '.join(known)}")
+    return wanted or known
+
+
+def selected_devices() -> tuple[str, ...]:
+    return _selected(DEVICES_VAR, cases.DEVICES, "devices")
+
+
+def selected_precisions() -> tuple[str, ...]:
+    return _selected(PRECISIONS_VAR, cases.PRECISIONS, "precisions")
+
+
+def selected_cases() -> tuple[str, ...]:
+    return _selected(SUBSET_VAR, cases.CASE_IDS, "cases")
 
 
 def expected_torch(env: dict | None = None) -> str | None:
@@ -94,19 +108,6 @@ def selected_budget() -> float | None:
     return budget
 
 
-def selected_cases() -> tuple[str, ...]:
-    """The case ids to measure: all, or those named in $MATMUL_DRIFT_CASES."""
-    import os
-
-    raw = os.environ.get(SUBSET_VAR, "").strip()
-    if not raw:
-        return cases.CASE_IDS
-    wanted = tuple(c.strip() for c in raw.split(",") if c.strip())
-    for c in wanted:
-        cases.get(c)  # an unknown id fails loudly here, not as a silent empty run
-    return wanted
-
-
 def key(case: str, precision: str, device: str) -> str:
     return f"{case}|{precision}|{device}"
 
@@ -134,7 +135,7 @@ def track_values(m, root) -> dict:
     }
 
 
-def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=None, root=None, log=sys.stderr) -> dict:
+def measure_all(case_ids=None, precisions=None, devices=None, root=None, log=sys.stderr) -> dict:
     """Measure every combination; returns {key: values | {"skip": why} | {"error": text}}.
     With $MATMUL_DRIFT_BUDGET, no combination starts after that many seconds: the rest are
     skipped, and say why (the order probe and the fix finder come after, outside it)."""
@@ -145,6 +146,7 @@ def measure_all(case_ids=None, precisions=cases.PRECISIONS, devices=None, root=N
 
     check_torch(torch.__version__)
     devices = selected_devices() if devices is None else devices
+    precisions = selected_precisions() if precisions is None else precisions
     combos = [(c, p, d) for d in devices for c in case_ids for p in precisions]
     budget = selected_budget()
     t0 = time.monotonic()
@@ -278,8 +280,8 @@ def timed_call(case: str, precision: str, device: str):
     import torch
 
     check_torch(torch.__version__)
-    if case not in selected_cases() or device not in selected_devices():
-        raise NotImplementedError(f"not selected by ${SUBSET_VAR}")
+    if case not in selected_cases() or precision not in selected_precisions() or device not in selected_devices():
+        raise NotImplementedError(f"not selected by ${SUBSET_VAR}, ${PRECISIONS_VAR} or ${DEVICES_VAR}")
     if device != "cpu":
         raise NotImplementedError("CUDA time is recorded by track_cuda_seconds with CUDA events")
     return _cpu_product(case, precision)
