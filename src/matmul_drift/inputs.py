@@ -18,7 +18,7 @@ from . import blocks
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_CHUNK = 1 << 16  # entries per block: its two uint64 buffers (1 MiB) stay in L2
+_CHUNK = 1 << 16  # entries per step within a block (blocks.SIZE): its two uint64 buffers (1 MiB) stay in L2
 
 BITS_DTYPE = {"float64": np.uint64, "float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
 DISTRIBUTIONS = ("uniform", "signed", "int")

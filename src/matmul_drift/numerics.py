@@ -163,8 +163,8 @@ def _beyond(absdiff: np.ndarray, absprod: np.ndarray, k: int | None, dtype: str,
     allowed = None if k is None else allowance(absprod, k, dtype)
     if allowed is None:
         return 0
-    keep = np.isfinite(absprod)
-    return int(np.count_nonzero(absdiff[keep] > times * allowed[keep] + slack_rel * absprod[keep]))
+    absdiff, allowed, absprod = _kept(np.isfinite(absprod), absdiff, allowed, absprod)
+    return int(np.count_nonzero(absdiff > times * allowed + slack_rel * absprod))
 
 
 def normalised_max(absdiff: np.ndarray, absprod: np.ndarray, u: float) -> float:
@@ -174,7 +174,14 @@ def normalised_max(absdiff: np.ndarray, absprod: np.ndarray, u: float) -> float:
     keep = (absprod > 0) & np.isfinite(absprod)
     if not keep.any():
         return 0.0
-    return float(np.max(absdiff[keep] / absprod[keep] / u))  # u·|A||B| would underflow to 0 for subnormals
+    absdiff, absprod = _kept(keep, absdiff, absprod)
+    return float(np.max(absdiff / absprod / u))  # u·|A||B| would underflow to 0 for subnormals
+
+
+def _kept(keep: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each array's entries where ``keep`` holds: the arrays themselves where it holds
+    everywhere, as it most often does (a copy through an all-true mask is work for nothing)."""
+    return arrays if keep.all() else tuple(a[keep] for a in arrays)
 
 
 def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarray, absprod: np.ndarray,
@@ -201,8 +208,7 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
         ok = np.isfinite(c) & fin[at] & np.isfinite(hi)
         keep = ok & (absprod > 0) & np.isfinite(absprod)
         zero_misses = int(np.count_nonzero(ok & (absprod == 0) & (c != 0)))
-        if not keep.all():
-            c, hi, lo, absprod = c[keep], hi[keep], lo[keep], absprod[keep]
+        c, hi, lo, absprod = _kept(keep, c, hi, lo, absprod)
         if not c.size:
             return None, 0, zero_misses, 0, 0
         diff = np.abs((c - hi) - lo)
