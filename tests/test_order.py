@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from matmul_drift import order
@@ -112,6 +114,197 @@ def test_order_id_is_the_canonical_trees_content_id():
 
 
 # ---------------------------------------------------------------------------- on this CPU's kernels
+
+
+# ---------------------------------------------------------------- tensor cores' fused adds
+
+
+def truncating(tree):
+    """measure_pairs of a tensor core: at a node of three or more children (a fused add that
+    cuts every term to the largest one's bits) the pair takes the whole node with it, the
+    products of it that the probe holds (``within``); elsewhere as ``simulated``."""
+    exact = simulated(tree)
+    parent, below = {}, {}
+    stack = [(tree, None)]
+    while stack:
+        node, par = stack.pop()
+        parent[id(node) if isinstance(node, list) else ("l", node)] = par
+        if isinstance(node, list):
+            below[id(node)] = set(order.leaves(node))
+            stack.extend((c, node) for c in node)
+
+    def meet(i, j):
+        seen, x = set(), parent[("l", i)]
+        while x is not None:
+            seen.add(id(x))
+            x = parent[id(x)]
+        x = parent[("l", j)]
+        while id(x) not in seen:
+            x = parent[id(x)]
+        return x
+
+    def measure(pairs, within):
+        sets, out = {}, []
+        for (i, j), w in zip(pairs, within):
+            node = meet(i, j)
+            if len(node) > 2:
+                out.append(len(below[id(node)] & sets.setdefault(id(w), set(w))))
+            else:
+                out.append(exact([(i, j)], [w])[0])
+        return out
+
+    return measure
+
+
+def running(group, k, start=0):
+    """A tensor core's loop: each fused add takes the running sum and the next ``group`` products."""
+    t = list(range(start, start + group))
+    for lo in range(start + group, start + k, group):
+        t = [t, *range(lo, lo + group)]
+    return t
+
+
+WITH_THE_SUM = "each added with the running sum in one rounding"
+TENSOR_CORE_TREES = {
+    "groups of 16": (running(16, 64), f"sequential in 4 fused groups of 16, {WITH_THE_SUM}"),
+    "groups of 4": (running(4, 64), f"sequential in 16 fused groups of 4, {WITH_THE_SUM}"),
+    "split in 2": ([running(16, 32), running(16, 32, 32)],
+                   f"2 chunks of 32; each: sequential in 2 fused groups of 16, {WITH_THE_SUM}; chunks sequential"),
+    "4 splits, pairwise": (pw([running(8, 16, lo) for lo in range(0, 64, 16)]), None),
+    "interleaved groups": (seq([[*range(g, g + 4), *range(g + 32, g + 36)] for g in range(0, 32, 4)]),
+                           "8 chunks of 8; each: fused group of 8; chunks sequential"),
+    "one group": (list(range(16)), "fused group of 16"),
+}
+
+
+@pytest.mark.parametrize("name", list(TENSOR_CORE_TREES))
+def test_a_tensor_cores_fused_adds_are_found_by_one_more_pair_each(name):
+    tree, words = TENSOR_CORE_TREES[name]
+    k = len(order.leaves(tree))
+    probe = truncating(tree)
+    chains = order.reveal(probe, k).tree
+    assert order.fused_nodes(chains) == 0  # with the rest left 0, a fused add reads as a chain
+    got, pairs, merged = order.fuse(chains, probe, k)
+    assert got == order.canonical(tree) and merged > 0
+    assert pairs == k - 1 and order.fused_nodes(chains) == 0  # one pair per two-child node; the input kept
+    if words:
+        assert order.describe(got) == words
+
+
+@pytest.mark.parametrize("name", list(TREES))
+def test_rounded_additions_and_exact_fused_adds_are_not_merged(name):
+    tree, _ = TREES[name]
+    got, _, merged = order.fuse(order.canonical(tree), simulated(tree), K)
+    assert merged == 0 and got == order.canonical(tree)
+
+
+def test_a_reading_that_fits_no_fused_node_is_not_revealed():
+    chain = seq(list(range(8)))  # node sizes 2..8: no node of 9 above any of them
+    with pytest.raises(order.NotRevealed, match="neither its node's"):
+        order.fuse(chain, lambda pairs, within: [9] * len(pairs), 8)
+    with pytest.raises(order.NotRevealed, match="counted 1"):
+        order.fuse(chain, lambda pairs, within: [1] * len(pairs), 8)
+
+
+def _exponent(x: Fraction) -> int:
+    """e with 2^e <= |x| < 2^(e+1), exactly."""
+    x = abs(x)
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    return e - 1 if Fraction(2) ** e > x else e + 1 if Fraction(2) ** (e + 1) <= x else e
+
+
+def _to_fp32(x: Fraction, toward_zero: bool) -> Fraction:
+    """x at 24 significant bits, cut toward zero or rounded to nearest even."""
+    if x == 0:
+        return x
+    q = Fraction(2) ** (_exponent(x) - 23)
+    return (int(x / q) if toward_zero else round(x / q)) * q
+
+
+def _fused(terms, way: str) -> Fraction:
+    """One fused add on exact rationals: "exact" rounds the exact sum to nearest once;
+    "truncated-P" cuts each term to P bits below the largest's leading bit, then the sum
+    toward zero."""
+    terms = [Fraction(x) for x in terms]
+    if way == "exact":
+        return _to_fp32(sum(terms), toward_zero=False)
+    big = max(abs(x) for x in terms)
+    if big == 0:
+        return Fraction(0)
+    q = Fraction(2) ** (_exponent(big) + 1 - int(way.rpartition("-")[2]))
+    return _to_fp32(sum(int(x / q) * q for x in terms), toward_zero=True)
+
+
+def _tree_sum(node, column, way: str) -> Fraction:
+    if not isinstance(node, list):
+        return Fraction(column[node])
+    kids = [_tree_sum(c, column, way) for c in node]
+    return _fused(kids, way) if len(kids) > 2 else _to_fp32(kids[0] + kids[1], toward_zero=False)
+
+
+def test_each_fused_add_rounds_as_exact_rationals_say():
+    # by hand: 2^24 + 1 + 1 + 1 is 2^24 cut to 24 bits, 2^24 + 2 cut to 25, 2^24 + 4 rounded exactly
+    big = np.array([[2.0**24], [1.0], [1.0], [1.0]])
+    for way, want in (("truncated-24", 2**24), ("truncated-25", 2**24 + 2), ("exact", 2**24 + 4)):
+        assert order.evaluate([0, 1, 2, 3], big, np.float32, way)[0] == want
+        assert order.evaluate([0, 1, 2, 3], -big, np.float32, way)[0] == -want  # toward zero, not down
+    rng = np.random.default_rng(7)
+    terms = (rng.choice([-1.0, 1.0], (17, 400)) * (1 + rng.integers(0, 2**23, (17, 400)) / 2**23)
+             * np.exp2(rng.integers(-30, 30, (17, 400)))).astype(np.float32).astype(np.float64)
+    terms[:, :20] = 0  # all zero
+    terms[3, 20:40] = 0
+    for way in order.FUSED:
+        got = order.evaluate(list(range(17)), terms, np.float32, way)
+        assert [Fraction(float(g)) for g in got] == [_fused(col, way) for col in terms.T], way
+    with pytest.raises(ValueError, match="float32 accumulator"):
+        order.evaluate([0, 1, 2], terms[:3], np.float64, "truncated-25")
+
+
+@pytest.mark.parametrize("way", order.FUSED)
+def test_the_replay_names_the_fused_add_the_kernel_used(way):
+    from matmul_drift import inputs, order_probe
+
+    tree = order.canonical(running(16, 64))
+    binary = order.canonical(seq(list(range(64))))
+    for dtype in ("float16", "float32"):  # the replay's draws for each: exact products of 4 + 4 bits
+        products = order_probe._draw(np.random.default_rng(3), (64, 100), dtype).astype(np.float64) * \
+            order_probe._draw(np.random.default_rng(4), (64, 100), dtype)
+        sums = np.array([float(_tree_sum(tree, col, way)) for col in products.T], dtype=np.float32)
+        kernel = [(int(b), float(v)) for b, v in zip(inputs.round_bits(sums, dtype), sums)]
+        got = order_probe.match(tree, products, kernel, dtype)
+        assert way in got["fused_add"] and got["matched"] == 100 and got["first_mismatch"] is None, dtype
+        assert order_probe.match(binary, products, kernel, dtype)["fused_add"] is None
+    assert got["fused_add"] == [way]  # fp32 draws and output tell the ways apart
+    chain = order_probe.match(binary, products, kernel, "float32")  # nor is it a chain of rounded additions
+    assert chain["matched"] < 100 and chain["first_mismatch"] is not None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_tensor_core_kernel_is_revealed_through_the_probe_and_replayed(dtype, monkeypatch):
+    """The whole probe (its chunks of k, the products outside a set left 0, M and -M, the builder,
+    the extra pairs and the replay) against a kernel that sums square's entry (0, 0) as a
+    tensor core: two halves of k, each a loop of fused adds of 16 products and the running sum
+    cut to 25 bits, the halves added."""
+    import torch
+
+    from matmul_drift import cases, inputs, order_probe
+
+    t = order_probe.target(cases.get("square"), dtype, "cpu")
+    truth = [running(16, t.k // 2), running(16, t.k // 2, t.k // 2)]
+
+    def tensor_core(self):
+        row = self.a0[t.row].double().numpy()
+        sums = order.evaluate(truth, row[:, None] * self.b0.double().numpy(), np.float32, "truncated-25")
+        with np.errstate(over="ignore"):  # the replay's draws may overflow fp16, as the kernel's would
+            bits = inputs.round_bits(sums, dtype)
+        return torch.from_numpy(bits.astype(np.int16)).view(getattr(torch, dtype))
+
+    monkeypatch.setattr(order_probe.Prober, "product", tensor_core)
+    got = order_probe.reveal(t, verify=True)
+    assert got.tree == order.canonical(truth)
+    assert "truncated-25" in got.verified["fused_add"] and got.verified["matched"] == 100
+    assert any("fused adds" in n for n in got.notes), got.notes
+    assert order.describe(got.tree).startswith("2 chunks of 256; each: sequential in 16 fused groups of 16")
 
 
 def _routes() -> dict[tuple, tuple]:

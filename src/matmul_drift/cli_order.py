@@ -108,7 +108,9 @@ def run(args) -> int:
           f"{r.seconds:.1f} s; {'; '.join(r.notes)}")
     verified = r.verified
     if verified:
-        print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to the kernel")
+        ways = verified.get("fused_add")
+        print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to the kernel"
+              + (f"; its fused adds round as {' or '.join(ways)}" if ways else ""))
     if args.json:
         meta = {"case": t.case.id, "slice_n": t.slice_n, "slice_m": t.slice_m, "form": t.form, "dtype": t.dtype,
                 "device": t.device,

@@ -18,7 +18,14 @@ the kernel on random inputs whose products are exact.
 
 Tree format (JSON): a leaf is the index k (0-based); an inner node is a list of two or more
 children, children ordered by their smallest leaf; two children are one rounded addition,
-three or more are summed exactly and rounded once; a sequential loop is a left-deep chain.
+three or more are one fused add (rounded once, as ``FUSED`` says); a sequential loop is a
+left-deep chain.
+
+Tensor cores add a group of products and the running sum in one fused add that cuts every
+term to a fixed width below the largest (Fasi et al., PeerJ CS 2021). M then takes the whole
+fused node with it, not only the two children holding i and j (FPRev's reading), and with the
+products outside a set left 0 such a node reads as a chain of two-child nodes: ``fuse`` tells
+them apart with one more pair per two-child node, every product present.
 """
 
 from __future__ import annotations
@@ -40,6 +47,12 @@ PROBE = {
     "bfloat16": (24, 8, 1.0, 2.0**40),
 }
 MAX_K = {"float64": 2**30, "float32": 2**24, "float16": 2**24, "bfloat16": 2**24}
+
+# How a fused node rounds, tried in this order by the replay: "exact" (summed exactly, rounded
+# to nearest once), or "truncated-P": every term cut toward zero to P bits below the largest
+# term's leading bit, the cut terms summed exactly, the sum cut toward zero to the accumulator
+# (tensor cores: P = 24 on V100, Fasi et al. 2021; 25 reported for H100; 26 and 27 leave room).
+FUSED = ("exact", "truncated-24", "truncated-25", "truncated-26", "truncated-27")
 
 
 class NotRevealed(Exception):
@@ -192,6 +205,58 @@ def reveal(measure_pairs, k: int, max_rounds: int | None = None, progress=None) 
             progress(out.rounds, out.probes)
     out.tree = canonical(holder[0])
     return out
+
+
+def fuse(tree, measure_pairs, k: int):
+    """The tree with every chain of two-child nodes that is one fused add of a tensor core
+    merged into that node: (tree, pairs measured, links merged); the tree given is left as it
+    is. One pair per two-child node, a leaf of each child, with all k products present: it
+    counts the node's own leaves where the node is a rounded addition, and the whole fused
+    node's where it is a link of such a chain (M cut every term of it away). NotRevealed when
+    a reading fits neither."""
+    tree = from_json(to_json(tree))  # a copy, made without recursion
+    if not isinstance(tree, list):
+        return tree, 0, 0
+    parent: dict[int, list | None] = {id(tree): None}
+    order_, stack = [], [tree]
+    while stack:  # parents before children
+        x = stack.pop()
+        order_.append(x)
+        for c in x:
+            if isinstance(c, list):
+                parent[id(c)] = x
+                stack.append(c)
+    size: dict[int, int] = {}
+    least: dict[int, int] = {}
+    for x in reversed(order_):
+        size[id(x)] = sum(size[id(c)] if isinstance(c, list) else 1 for c in x)
+        least[id(x)] = min(least[id(c)] if isinstance(c, list) else c for c in x)
+    first = lambda c: least[id(c)] if isinstance(c, list) else c  # noqa: E731
+    links = [x for x in order_ if len(x) == 2]
+    everything = list(range(k))  # one list: the probe fills its products once for all pairs
+    got = measure_pairs([(first(x[0]), first(x[1])) for x in links], [everything] * len(links)) if links else []
+    reading = {id(x): r for x, r in zip(links, got)}
+    merged = set()
+    for x in links:
+        r = reading[id(x)]
+        if r == size[id(x)]:
+            continue
+        top = parent[id(x)]
+        while top is not None and id(top) in reading and reading[id(top)] > size[id(top)]:
+            top = parent[id(top)]  # the chain goes on above
+        if r < size[id(x)] or top is None or size[id(top)] != r:
+            raise NotRevealed(f"the pair ({first(x[0])}, {first(x[1])}) with every product present counted {r}: "
+                              f"neither its node's {size[id(x)]} products nor a fused node's above it")
+        merged.add(id(x))
+    for x in reversed(order_):  # children first: a link's children go up into its parent's place
+        if id(x) in merged:
+            up = parent[id(x)]
+            at = next(i for i, c in enumerate(up) if c is x)
+            up[at:at + 1] = x
+            for c in x:
+                if isinstance(c, list):
+                    parent[id(c)] = up
+    return canonical(tree), len(links), len(merged)
 
 
 def canonical(node):
@@ -358,6 +423,8 @@ def describe(node, depth: int = 0) -> str:
     if len(node) > 2:
         if all(not isinstance(c, list) for c in node):
             return f"fused group of {len(node)}"
+        if running := _running(node):
+            return running
         return _parts(list(node), "fused into one rounding", depth)
     options = []
     # A left-deep chain ((a + b) + c) + d read down its left spine: the deepest stop at which
@@ -391,6 +458,22 @@ def describe(node, depth: int = 0) -> str:
     return _parts(parts, how, depth)
 
 
+def _running(node) -> str | None:
+    """A tensor core's loop in words: a left-deep chain of fused adds, each of the running sum
+    and a group of products, down to a first group; None for any other tree."""
+    groups, x = [], node
+    while isinstance(x, list) and len(x) > 2 and isinstance(x[0], list) and not any(isinstance(c, list) for c in x[1:]):
+        groups.append(len(x) - 1)
+        x = x[0]
+    if not groups or not isinstance(x, list) or any(isinstance(c, list) for c in x):
+        return None
+    groups.append(len(x))
+    size = f"{groups[0]}" if len(set(groups)) == 1 else f"{min(groups)}..{max(groups)}"
+    seen = leaves(node)
+    return (f"sequential in {len(groups)} fused groups of {size}, each added with the running sum in one rounding"
+            + ("" if seen == sorted(seen) else " (out of index order)"))
+
+
 def _parts(parts: list, how: str, depth: int) -> str:
     sizes = [len(leaves(p)) for p in parts]
     first = sorted(leaves(parts[0]))
@@ -409,10 +492,39 @@ def _parts(parts: list, how: str, depth: int) -> str:
 # ---------------------------------------------------------------------------- replay
 
 
-def evaluate(tree, values: np.ndarray, acc: np.dtype) -> np.ndarray:
+def fused_nodes(tree) -> int:
+    """How many nodes of the tree have three or more children."""
+    n, stack = 0, [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, list):
+            n += len(x) > 2
+            stack.extend(c for c in x if isinstance(c, list))
+    return n
+
+
+def truncated_sum(terms: np.ndarray, bits: int) -> np.ndarray:
+    """A tensor core's fused add of ``terms`` (shape (n, draws), float64, each exact in float32):
+    per draw every term cut toward zero to ``bits`` bits below the largest one's leading bit,
+    the cut terms summed exactly, the sum cut toward zero to float32. Returns float32 (draws,)."""
+    _, e = np.frexp(np.max(np.abs(terms), axis=0))  # the largest term < 2^e
+    scale = (bits - e)[None, :]
+    cut = np.ldexp(np.trunc(np.ldexp(terms, scale)), -scale)
+    s = cut.sum(axis=0)  # exact: multiples of 2^(e - bits), n of them each below 2^e
+    out = s.astype(np.float32)
+    over = np.abs(out.astype(np.float64)) > np.abs(s)  # rounded away from zero: one step back
+    out[over] = np.nextafter(out[over], np.float32(0))
+    return out
+
+
+def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact") -> np.ndarray:
     """The tree's sum of ``values`` (products, shape (k, draws), exact in ``acc``), each two-child
-    node one rounded addition in ``acc``, each larger node an exact sum rounded once."""
+    node one rounded addition in ``acc``, each larger node one fused add as ``fused`` (one of
+    ``FUSED``; "truncated-P" only with a float32 accumulator) says."""
     acc = np.dtype(acc)
+    bits = None if fused == "exact" else int(fused.rpartition("-")[2])
+    if bits is not None and acc != np.float32:
+        raise ValueError(f"{fused} is a float32 accumulator's fused add, not {acc}'s")
     memo: dict[int, np.ndarray] = {}
     stack = [(tree, False)]
     while stack:
@@ -426,6 +538,8 @@ def evaluate(tree, values: np.ndarray, acc: np.dtype) -> np.ndarray:
         kids = [values[c].astype(acc) if not isinstance(c, list) else memo.pop(id(c)) for c in node]
         if len(kids) == 2:
             memo[id(node)] = (kids[0] + kids[1]).astype(acc)
+        elif bits is not None:
+            memo[id(node)] = truncated_sum(np.stack(kids).astype(np.float64), bits)
         else:
             cols = np.stack(kids).astype(np.float64)
             memo[id(node)] = np.array([math.fsum(col) for col in cols.T], dtype=np.float64).astype(acc)

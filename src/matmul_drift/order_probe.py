@@ -223,6 +223,17 @@ def expected_calls(t: Target, width: int | None = None) -> int:
     return calls_per_round(t, width) * ROUNDS
 
 
+def fuse_calls(t: Target, tree, width: int) -> int:
+    """Matmul calls order.fuse makes: a pair per two-child node, every chunk of k, ``width`` a call."""
+    binary, stack = 0, [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, list):
+            binary += len(x) == 2
+            stack.extend(x)
+    return -(-binary * len(order.chunks(t.k, order.chunk_size(t.dtype))) // width)
+
+
 def widths(t: Target) -> list[int]:
     """The probe widths to try, widest first. A kernel may add the columns (rows) of a tail
     tile, or of another thread's block, in another order than the first ones, so the tries keep
@@ -254,7 +265,10 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
     (``widths``) or the next width would need more than ``max_calls``. With ``verify``, a
     tree must also replay bit for bit on 100 draws in the columns (rows) its probes used, or
     the next width is tried: probes spread over columns the kernel adds in different orders
-    may yet fit some tree, and the replay is what tells."""
+    may yet fit some tree, and the replay is what tells. Before the replay, ``verify`` also
+    reads one more pair per two-child node with every product present (order.fuse): a tensor
+    core's fused add reads as a chain of them until then, and an fp16 or bf16 output's rounding
+    can hide the difference from the replay."""
     t0 = time.perf_counter()
     calls, why, axis = 0, None, "rows" if t.by_rows else "columns"
     for w in widths(t):
@@ -271,9 +285,24 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
             why = f"{exc} ({where})"
             del p
             continue
-        calls += p.calls
+        if verify:  # a tensor core's fused add reads as a chain of two-child nodes: one more pair each
+            if calls + p.calls + fuse_calls(t, out.tree, w) > max_calls:
+                out.notes.append("fused adds not looked for: beyond the call budget")
+            else:
+                try:
+                    measured = lambda pairs, within, p=p: p.counts(pairs, within, progress)  # noqa: E731
+                    out.tree, pairs, merged = order.fuse(out.tree, measured, t.k)
+                except order.NotRevealed as exc:
+                    calls += p.calls
+                    why = f"{exc} ({where})"
+                    del p
+                    continue
+                out.probes += pairs
+                if merged:
+                    out.notes.append(f"{order.fused_nodes(out.tree)} fused adds, {merged} links of their chains merged")
         # on the probe's own operands (each width has its own); its calls are not probe calls
         out.verified = replay(t, out.tree, width=w, prober=p) if verify else None
+        calls += p.calls
         del p  # one set of operands at a time (Target.bytes_needed)
         if verify and out.verified["matched"] != out.verified["draws"]:
             why = (f"the replay matched {out.verified['matched']} of {out.verified['draws']} draws "
@@ -301,12 +330,14 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     products are exact: each call draws the entry's row of A and the first ``width`` columns of
     B (rows of A and the entry's column of B, by rows), the ones the probes shared, the entry's
     own among them. Writes its draws into ``prober``'s operands (a new Prober's without).
-    Returns draws, matched, and the first mismatch."""
+    A tree with fused nodes is tried with each way of order.FUSED to round them (fp32
+    accumulators; fp64 rounds them exactly) and keeps the first that matches every draw, else
+    the one that matches most. Returns draws, matched, the first mismatch and fused_add (that
+    way; None for a tree of two-child nodes only)."""
     import torch
 
     p = prober or Prober(t)
     rng = np.random.default_rng(seed)
-    acc = np.float64 if t.dtype == "float64" else np.float32
     dt = getattr(torch, t.dtype)
     products, kernel = np.empty((t.k, draws)), []
     d = 0
@@ -326,15 +357,33 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
         kernel += [(int(b), float(v)) for b, v in zip(bits, got.double().cpu().numpy())]
         products[:, d:d + w] = (lhs * rhs).cpu().numpy().T  # exact: 4 + 4 significant bits
         d += w
-    want = order.evaluate(tree, products, acc)  # every draw at once
-    want_bits = want.view(np.uint64) if acc is np.float64 else inputs.round_bits(want, t.dtype)
-    matched, first = 0, None
-    for i, ((bits, value), w) in enumerate(zip(kernel, want_bits)):
-        if int(w) == bits:
-            matched += 1
-        elif first is None:
-            first = {"draw": i, "kernel": value, "tree": float(want[i])}
-    return {"draws": draws, "matched": matched, "first_mismatch": first}
+    return match(tree, products, kernel, t.dtype)
+
+
+def match(tree, products: np.ndarray, kernel: list[tuple[int, float]], dtype: str) -> dict:
+    """The tree's sums of ``products`` ((k, draws), exact in the accumulator) against the
+    kernel's outputs (bits, value) in ``dtype``: draws, matched and the first mismatch (under
+    the first way that matches most draws), and fused_add: for a tree with fused nodes, every
+    way of order.FUSED (fp32 accumulators; fp64 rounds exactly) that matches every draw, often
+    more than one where the output's rounding hides the accumulator's; None for a tree of
+    two-child nodes."""
+    acc = np.float64 if dtype == "float64" else np.float32
+    fused = order.fused_nodes(tree) > 0
+    best, ways = None, []
+    for way in order.FUSED if fused and acc is np.float32 else order.FUSED[:1]:
+        want = order.evaluate(tree, products, acc, way)  # every draw at once
+        want_bits = want.view(np.uint64) if acc is np.float64 else inputs.round_bits(want, dtype)
+        matched, first = 0, None
+        for i, ((bits, value), w) in enumerate(zip(kernel, want_bits)):
+            if int(w) == bits:
+                matched += 1
+            elif first is None:
+                first = {"draw": i, "kernel": value, "tree": float(want[i])}
+        if best is None or matched > best["matched"]:
+            best = {"draws": len(kernel), "matched": matched, "first_mismatch": first}
+        if matched == len(kernel):
+            ways.append(way)
+    return {**best, "fused_add": ways if fused else None}
 
 
 def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True, memo: dict | None = None) -> dict:
