@@ -174,6 +174,19 @@ step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-chec
   timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
   cat "$STEPS"
   head -c 4000 "$PACK/seed-float16.txt" 2>/dev/null
+  # the orders, one line each: the tree in words, its replay and how its fused adds round
+  timeout 10 "$PY" - "$PACK" <<'PYEOF'
+import json, pathlib, sys
+for p in sorted(pathlib.Path(sys.argv[1]).glob("order-*.json")):
+    try:
+        o = json.loads(p.read_text())
+        v = o.get("verified") or {}
+        ways = " or ".join(v.get("fused_add") or []) or "-"
+        print(f"order {p.stem[6:]}: {o['summary']}; replay {v.get('matched')}/{v.get('draws')}, fused adds {ways}; "
+              f"order-id {o['order_id']}; {'; '.join(o.get('notes', []))}")
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"order {p.stem[6:]}: unreadable ({exc})")
+PYEOF
 } > "$OUT/summary.txt"
 rm -rf "$WORK"
 echo "gpu_check: done, $failed step(s) failed; in $OUT: $(cd "$OUT" && echo *)"

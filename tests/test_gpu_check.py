@@ -106,6 +106,8 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
     limits = [int(n) for n in re.findall(r"^\s*(?:\S+=\S+ )*step \S+ (\d+) ", (ROOT / "scripts/gpu_check.sh").read_text(), re.M)]
     assert len(limits) == 10 and sum(limits) <= 480, limits
     assert "0 step(s) failed" in summary and "torch" in summary
+    orders = re.findall(r"^order (\S+): .+; replay 100/100, fused adds .+; order-id [0-9a-f]{12}; ", summary, re.M)
+    assert orders == ["batch-bfloat16", "batch-m1-bfloat16", "seed-47-float16", "seed-48-float16"], summary[-2000:]
 
 
 def test_what_comes_back_fits_the_limits(rehearsal):
