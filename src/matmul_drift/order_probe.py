@@ -330,10 +330,9 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     products are exact: each call draws the entry's row of A and the first ``width`` columns of
     B (rows of A and the entry's column of B, by rows), the ones the probes shared, the entry's
     own among them. Writes its draws into ``prober``'s operands (a new Prober's without).
-    A tree with fused nodes is tried with each way of order.FUSED to round them (fp32
-    accumulators; fp64 rounds them exactly) and keeps the first that matches every draw, else
-    the one that matches most. Returns draws, matched, the first mismatch and fused_add (that
-    way; None for a tree of two-child nodes only)."""
+    A tree with fused nodes is tried with each way of order.FUSED to round them (``match``).
+    Returns draws, matched, the first mismatch and fused_add (the ways that matched every
+    draw; None for a tree of two-child nodes only)."""
     import torch
 
     p = prober or Prober(t)
