@@ -191,6 +191,29 @@ def test_a_tensor_cores_fused_adds_are_found_by_one_more_pair_each(name):
         assert order.describe(got) == words
 
 
+def _random_tree(leaves: list[int], rng):
+    """Two to five children a node (three or more: a fused add), over leaves in any order."""
+    if len(leaves) == 1:
+        return leaves[0]
+    k = min(rng.choice([2, 2, 2, 3, 4, 5]), len(leaves))
+    cuts = sorted(rng.sample(range(1, len(leaves)), k - 1))
+    return [_random_tree(leaves[a:b], rng) for a, b in zip([0, *cuts], [*cuts, len(leaves)])]
+
+
+def test_random_trees_of_rounded_and_fused_adds_are_revealed_exactly():
+    import random
+
+    for seed in range(1000):
+        rng = random.Random(seed)
+        leaves = list(range(rng.randint(2, 40)))
+        if seed % 2:
+            rng.shuffle(leaves)
+        tree = _random_tree(leaves, rng)
+        probe = truncating(tree)
+        got, _, _ = order.fuse(order.reveal(probe, len(leaves)).tree, probe, len(leaves))
+        assert got == order.canonical(order.from_json(order.to_json(tree))), (seed, order.to_json(tree))
+
+
 @pytest.mark.parametrize("name", list(TREES))
 def test_rounded_additions_and_exact_fused_adds_are_not_merged(name):
     tree, _ = TREES[name]
