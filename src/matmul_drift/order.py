@@ -453,8 +453,7 @@ def describe(node, depth: int = 0) -> str:
         return _parts(list(node), "added", depth)
     parts, how = max(options, key=lambda o: len(o[0]))  # the finest reading with parts all alike
     if not isinstance(parts[0], list):  # single products
-        seen = leaves(node)
-        return how + ("" if how != "sequential" or seen == sorted(seen) else " (out of index order)")
+        return how + (_index_order(node) if how == "sequential" else "")
     return _parts(parts, how, depth)
 
 
@@ -469,9 +468,14 @@ def _running(node) -> str | None:
         return None
     groups.append(len(x))
     size = f"{groups[0]}" if len(set(groups)) == 1 else f"{min(groups)}..{max(groups)}"
-    seen = leaves(node)
     return (f"sequential in {len(groups)} fused groups of {size}, each added with the running sum in one rounding"
-            + ("" if seen == sorted(seen) else " (out of index order)"))
+            + _index_order(node))
+
+
+def _index_order(node) -> str:
+    """" (out of index order)" where a sequential reading meets the products out of index order."""
+    seen = leaves(node)
+    return "" if seen == sorted(seen) else " (out of index order)"
 
 
 def _parts(parts: list, how: str, depth: int) -> str:
@@ -492,15 +496,20 @@ def _parts(parts: list, how: str, depth: int) -> str:
 # ---------------------------------------------------------------------------- replay
 
 
-def fused_nodes(tree) -> int:
-    """How many nodes of the tree have three or more children."""
-    n, stack = 0, [tree]
+def arities(tree) -> list[int]:
+    """The number of children of each inner node of the tree (iterative)."""
+    out, stack = [], [tree]
     while stack:
         x = stack.pop()
         if isinstance(x, list):
-            n += len(x) > 2
+            out.append(len(x))
             stack.extend(c for c in x if isinstance(c, list))
-    return n
+    return out
+
+
+def fused_nodes(tree) -> int:
+    """How many nodes of the tree have three or more children."""
+    return sum(n > 2 for n in arities(tree))
 
 
 def truncated_sum(terms: np.ndarray, bits: int) -> np.ndarray:
@@ -538,9 +547,8 @@ def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact") -> n
         kids = [values[c].astype(acc) if not isinstance(c, list) else memo.pop(id(c)) for c in node]
         if len(kids) == 2:
             memo[id(node)] = (kids[0] + kids[1]).astype(acc)
-        elif bits is not None:
-            memo[id(node)] = truncated_sum(np.stack(kids).astype(np.float64), bits)
         else:
-            cols = np.stack(kids).astype(np.float64)
-            memo[id(node)] = np.array([math.fsum(col) for col in cols.T], dtype=np.float64).astype(acc)
+            terms = np.stack(kids).astype(np.float64)
+            memo[id(node)] = (truncated_sum(terms, bits) if bits is not None else
+                              np.array([math.fsum(col) for col in terms.T], dtype=np.float64).astype(acc))
     return memo[id(tree)] if isinstance(tree, list) else values[tree].astype(acc)

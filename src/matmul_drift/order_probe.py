@@ -225,12 +225,7 @@ def expected_calls(t: Target, width: int | None = None) -> int:
 
 def fuse_calls(t: Target, tree, width: int) -> int:
     """Matmul calls order.fuse makes: a pair per two-child node, every chunk of k, ``width`` a call."""
-    binary, stack = 0, [tree]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, list):
-            binary += len(x) == 2
-            stack.extend(x)
+    binary = order.arities(tree).count(2)
     return -(-binary * len(order.chunks(t.k, order.chunk_size(t.dtype))) // width)
 
 
@@ -278,28 +273,22 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
             break
         p = Prober(t, w)
         where = f"probes in {w} {axis}"
+        measured = lambda pairs, within, p=p: p.counts(pairs, within, progress)  # noqa: E731
         try:
-            out = order.reveal(lambda pairs, within, p=p: p.counts(pairs, within, progress), t.k)
+            out = order.reveal(measured, t.k)
+            # a tensor core's fused add reads as a chain of two-child nodes: one more pair each
+            if verify and calls + p.calls + fuse_calls(t, out.tree, w) > max_calls:
+                out.notes.append("fused adds not looked for: beyond the call budget")
+            elif verify:
+                out.tree, pairs, merged = order.fuse(out.tree, measured, t.k)
+                out.probes += pairs
+                if merged:
+                    out.notes.append(f"{order.fused_nodes(out.tree)} fused adds, {merged} links of their chains merged")
         except order.NotRevealed as exc:
             calls += p.calls
             why = f"{exc} ({where})"
             del p
             continue
-        if verify:  # a tensor core's fused add reads as a chain of two-child nodes: one more pair each
-            if calls + p.calls + fuse_calls(t, out.tree, w) > max_calls:
-                out.notes.append("fused adds not looked for: beyond the call budget")
-            else:
-                try:
-                    measured = lambda pairs, within, p=p: p.counts(pairs, within, progress)  # noqa: E731
-                    out.tree, pairs, merged = order.fuse(out.tree, measured, t.k)
-                except order.NotRevealed as exc:
-                    calls += p.calls
-                    why = f"{exc} ({where})"
-                    del p
-                    continue
-                out.probes += pairs
-                if merged:
-                    out.notes.append(f"{order.fused_nodes(out.tree)} fused adds, {merged} links of their chains merged")
         # on the probe's own operands (each width has its own); its calls are not probe calls
         out.verified = replay(t, out.tree, width=w, prober=p) if verify else None
         calls += p.calls
