@@ -284,6 +284,23 @@ def test_each_fused_add_rounds_as_exact_rationals_say():
 
 
 @pytest.mark.parametrize("way", order.FUSED)
+def test_fused_adds_of_inf_nan_zero_and_overflow_are_ieee(way):
+    import warnings
+
+    big = float(np.finfo(np.float32).max)
+    cols = np.array([[np.inf, np.inf, np.nan, big, 0.0, 2.0**-149],
+                     [1.0, -np.inf, 1.0, big, 0.0, 1.0],
+                     [1.0, 1.0, 1.0, big, 0.0, 2.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning either
+        got = order.evaluate([0, 1, 2], cols, np.float32, way)
+    assert got[0] == np.inf and np.isnan(got[1]) and np.isnan(got[2]) and got[4] == 0
+    assert got[3] == (np.inf if way == "exact" else big)  # to nearest overflows; toward zero stays at the top
+    assert got[5] == 3.0  # the smallest subnormal: cut below the largest's bits, or rounded away
+    assert order.evaluate([0, 1, 2], cols[:, :0], np.float32, way).shape == (0,)  # no draws
+
+
+@pytest.mark.parametrize("way", order.FUSED)
 def test_the_replay_names_the_fused_add_the_kernel_used(way):
     from matmul_drift import inputs, order_probe
 

@@ -516,14 +516,26 @@ def truncated_sum(terms: np.ndarray, bits: int) -> np.ndarray:
     """A tensor core's fused add of ``terms`` (shape (n, draws), float64, each exact in float32):
     per draw every term cut toward zero to ``bits`` bits below the largest one's leading bit,
     the cut terms summed exactly, the sum cut toward zero to float32. Returns float32 (draws,)."""
-    _, e = np.frexp(np.max(np.abs(terms), axis=0))  # the largest term < 2^e
-    scale = (bits - e)[None, :]
-    cut = np.ldexp(np.trunc(np.ldexp(terms, scale)), -scale)
-    s = cut.sum(axis=0)  # exact: multiples of 2^(e - bits), n of them each below 2^e
-    out = s.astype(np.float32)
-    over = np.abs(out.astype(np.float64)) > np.abs(s)  # rounded away from zero: one step back
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN go through as IEEE says
+        _, e = np.frexp(np.max(np.abs(terms), axis=0))  # the largest term < 2^e
+        scale = (bits - e)[None, :]
+        cut = np.ldexp(np.trunc(np.ldexp(terms, scale)), -scale)
+        s = cut.sum(axis=0)  # exact: multiples of 2^(e - bits), n of them each below 2^e
+        out = s.astype(np.float32)
+        over = np.abs(out.astype(np.float64)) > np.abs(s)  # rounded away from zero: one step back
     out[over] = np.nextafter(out[over], np.float32(0))
     return out
+
+
+def exact_sum(terms: np.ndarray, acc: np.dtype) -> np.ndarray:
+    """The exact sum of ``terms`` (shape (n, draws), float64) per draw, rounded once to ``acc``;
+    a draw holding inf or NaN sums as IEEE says (inf, or NaN for inf - inf), where fsum raises."""
+    finite = np.isfinite(terms).all(axis=0)
+    with np.errstate(invalid="ignore"):
+        out = terms.sum(axis=0)
+    out[finite] = [math.fsum(col) for col in terms[:, finite].T]
+    with np.errstate(over="ignore"):
+        return out.astype(acc)
 
 
 def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact") -> np.ndarray:
@@ -549,6 +561,5 @@ def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact") -> n
             memo[id(node)] = (kids[0] + kids[1]).astype(acc)
         else:
             terms = np.stack(kids).astype(np.float64)
-            memo[id(node)] = (truncated_sum(terms, bits) if bits is not None else
-                              np.array([math.fsum(col) for col in terms.T], dtype=np.float64).astype(acc))
+            memo[id(node)] = truncated_sum(terms, bits) if bits is not None else exact_sum(terms, acc)
     return memo[id(tree)] if isinstance(tree, list) else values[tree].astype(acc)
