@@ -619,3 +619,30 @@ def test_write_new_creates_once_and_keeps_what_it_could_not_place(links, tmp_pat
     with pytest.raises(atomic.Taken) as taken:
         atomic.write_new(path, b"second")
     assert path.read_bytes() == b"first" and open(taken.value.kept, "rb").read() == b"second"
+
+
+def test_a_profiler_that_loses_kernels_stops_the_scan_with_its_points_kept(capsys, tmp_path, monkeypatch):
+    """kernels.ProfilerLost (CUDA only: no try of a traced call was whole) ends the scan in one
+    line, exit 1, with the points so far recorded; --resume finishes the same record."""
+    whole = tmp_path / "whole.json"
+    assert scan_cli(capsys, *BASE, "--json", whole)[0] == 0
+    point, done = measure.scan_point, []
+
+    def loses_after_five(*args, **kw):
+        if len(done) == 5:
+            raise kernels.ProfilerLost("the profiler lost kernel records at each of 4 tries")
+        done.append(1)
+        return point(*args, **kw)
+
+    monkeypatch.setattr(measure, "scan_point", loses_after_five)
+    out = tmp_path / "s.json"
+    rc, text, err = scan_cli(capsys, *BASE, "--json", out)
+    assert rc == 1 and text == ""
+    assert err == (f"matmul-drift scan: stopped after 5 evaluations: the profiler lost kernel records at each of 4 "
+                   f"tries; {out} holds them: continue with --resume {out}\n")
+    rec = json.loads(out.read_text())
+    assert rec["complete"] is False and len(rec["points"]) == 5
+    monkeypatch.setattr(measure, "scan_point", point)
+    rc, _, err = scan_cli(capsys, *BASE, "--resume", out)
+    want = json.loads(whole.read_text())
+    assert rc == 0 and json.loads(out.read_text())["boundaries"] == want["boundaries"]

@@ -475,6 +475,11 @@ def _main(argv) -> int:
         print("matmul-drift: interrupted", file=sys.stderr)
         return 130
     except (MemoryError, RuntimeError) as exc:  # the estimate ahead of time can err: one line, not a traceback
+        from .kernels import ProfilerLost
+
+        if isinstance(exc, ProfilerLost):
+            print(f"matmul-drift: error: {exc}", file=sys.stderr)
+            return 1
         text = str(exc).strip()
         if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
                 or "can't allocate memory" in text):

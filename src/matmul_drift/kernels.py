@@ -186,24 +186,113 @@ def cpu_route(fn) -> tuple[object, list[str]]:
     return result, ops + route
 
 
+# Sentinels: torch.profiler can lose a session's first kernel records. Kineto registers
+# CUPTI's timestamp callback again at every session, and from then on the first k records of
+# the k-th session get bad timestamps and are dropped, silently (pytorch/pytorch#192021; the
+# very first session can lose all of them, pytorch/kineto#996). Each traced call opens a
+# session of its own, so a scan would soon read "(no kernel)". Spin kernels launched before
+# the call (padding that the loss eats first) and one after it bracket the call's kernels: a
+# list between a surviving head sentinel and the tail one is whole, or the call is traced again.
+SPIN_CYCLES = 1000  # about a microsecond of torch.cuda._sleep: a kernel no matmul launches
+TRIES = 4
+
+
+class ProfilerLost(RuntimeError):
+    """The profiler lost kernel records of the traced call at every try."""
+
+
+def device_names(events, cuda_type) -> list[str]:
+    """The normalised names of the device-side events (kernels, memcpy, memset), in time order.
+    Each kernel is one event; its launch is a CPU event. A kernel launched twice stays twice."""
+    return [normalise_cuda(e.name) for e in events if getattr(e, "device_type", None) == cuda_type]
+
+
+def bracketed(names: list[str], sentinel: str, pad: int) -> tuple[list[str], int] | None:
+    """(the call's kernels, head records lost) from one session's ``names``: ``pad`` sentinels,
+    the call's kernels, one sentinel. None where they are not bracketed, so some of the call's
+    own records may be lost: no sentinel at the end, or none left before the call's kernels.
+    A call that launched nothing leaves sentinels only: at least two of them are whole."""
+    if not names or names[-1] != sentinel:
+        return None
+    head = 0
+    while head < len(names) and names[head] == sentinel:
+        head += 1
+    if head == len(names):  # sentinels only: the tail and, for a whole list, a head one
+        return ([], pad + 1 - head) if head >= 2 else None
+    if head == 0:
+        return None
+    return names[head:-1], max(0, pad - head)
+
+
+class Sentinels:
+    """Per process: the sentinel kernel's name (learned from a session of sentinels alone, None
+    where the profiler shows none: tracing then goes unchecked) and the padding, twice the
+    largest head loss seen so far plus 4 (the loss grows by about one a session)."""
+
+    def __init__(self, record_alone):
+        self.lost = 0
+        self.name = None
+        for _ in range(TRIES):
+            names = record_alone(8)
+            if names:
+                self.name = names[-1]
+                return
+        print("matmul-drift: warning: the profiler showed no sentinel kernel; CUDA kernel lists go unchecked",
+              file=sys.stderr)
+
+    @property
+    def pad(self) -> int:
+        return 2 * self.lost + 4
+
+    def kernels(self, record) -> list[str]:
+        """The call's kernels from ``record(pad)`` (one traced call with ``pad`` sentinels before
+        it and one after), traced again with more padding while a try is not bracketed."""
+        if self.name is None:
+            return record(0)
+        pads, seen = [], []
+        for _ in range(TRIES):
+            pads.append(self.pad)
+            names = record(pads[-1])
+            got = bracketed(names, self.name, pads[-1])
+            if got is not None:
+                self.lost = max(self.lost, got[1])
+                return got[0]
+            seen.append(len(names))
+            self.lost = pads[-1]  # an unbracketed try lost at least its padding
+        raise ProfilerLost(f"the profiler lost kernel records at each of {TRIES} tries (sentinels before the call: "
+                           f"{', '.join(map(str, pads))}; device events seen: {', '.join(map(str, seen))})")
+
+
+_SENTINELS: list[Sentinels] = []
+
+
 def cuda_kernels(fn) -> tuple[object, list[str]]:
-    """Run ``fn`` once under torch.profiler: (its result, the device kernels it launched, in order)."""
+    """Run ``fn`` under torch.profiler: (its result, the device kernels it launched, in order).
+    A try whose records are not whole (``Sentinels``) runs ``fn`` again: the result and the
+    kernels returned come from the same call. ProfilerLost where no try was whole."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with captured_fds((2,)) as box:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            result = fn()
-            torch.cuda.synchronize()
-    _pass_on_stderr(box[2])
-    names = []
-    for e in prof.events():
-        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
-            names.append(normalise_cuda(e.name))
-    # The profiler can list an event twice (launch and kernel): keep order, drop repeats in a row.
-    out = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
-    return result, out or ["(no kernel)"]
+    box: list = []
+
+    def record(pad: int, call=True) -> list[str]:
+        torch.cuda.synchronize()
+        with captured_fds((2,)) as err:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(pad):
+                    torch.cuda._sleep(SPIN_CYCLES)
+                if call:
+                    box[:] = [fn()]
+                if call and pad:
+                    torch.cuda._sleep(SPIN_CYCLES)
+                torch.cuda.synchronize()
+        _pass_on_stderr(err[2])
+        return device_names(prof.events(), torch.autograd.DeviceType.CUDA)
+
+    if not _SENTINELS:  # a torch without _sleep has no sentinel: tracing goes unchecked
+        _SENTINELS.append(Sentinels(lambda pad: record(pad, call=False) if hasattr(torch.cuda, "_sleep") else []))
+    names = _SENTINELS[0].kernels(record)
+    return box[0], names or ["(no kernel)"]
 
 
 def traced(fn, device: str) -> tuple[object, list[str]]:

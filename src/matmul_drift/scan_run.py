@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import cases, memory, scan
+from . import cases, kernels, memory, scan
 
 SAVE_EVERY_S = 1.0  # the --json record is rewritten at most this often while scanning (seconds)
 
@@ -120,12 +120,14 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         points = scan.class_search(lo, hi, evaluate, known=points, step=step)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, kernels.ProfilerLost) as exc:
         bar.close()
         if path and session["evaluated"]:
             save(live, complete=False)  # the points since the last write (each is whole)
         where = (f"{path} holds them: continue with --resume {path}" if path
                  else "nothing was recorded (--json FILE keeps a resumable record)")
+        if isinstance(exc, kernels.ProfilerLost):
+            return Outcome(1, None, f"stopped after {session['evaluated']} evaluations: {exc}; {where}")
         return Outcome(128 + (stopped[0] if stopped else signal.SIGINT), None,
                        f"interrupted after {session['evaluated']} evaluations; {where}")
     finally:
