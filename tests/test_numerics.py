@@ -156,6 +156,58 @@ def test_bound_allows_underflow_but_not_more():
                           "float16", k=4096)["beyond_bound"] == 0  # K·u ≥ 1: no bound, never beyond
 
 
+def chop32(x: np.ndarray) -> np.ndarray:
+    """float64 values cut toward zero to float32."""
+    f = x.astype(np.float32)
+    return np.where(np.abs(f.astype(np.float64)) > np.abs(x), np.nextafter(f, np.float32(0)), f)
+
+
+def tf32_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A TF32 tensor core at its worst: each fp32 input cut to 10 fraction bits, products exact,
+    the running sum cut toward zero to fp32 after every addition (each sum exact in float64:
+    the terms lie within 2^29 of each other)."""
+    cut = lambda v: (v.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)  # noqa: E731
+    terms = cut(a)[:, :, None] * cut(b)[None, :, :]
+    s = np.zeros((a.shape[0], b.shape[1]))
+    for i in range(a.shape[1]):
+        s = chop32(s + terms[:, i, :])
+    return s.astype(np.float32)
+
+
+def test_tf32s_bound_holds_where_gamma_k_alone_does_not():
+    """The TF32 precisions' bound (numerics.bound_u) against exact sums (math.fsum of float64
+    products of float32 inputs, each exact): a kernel that cuts every input and every sum is
+    within it, and beyond γ_K, which would call that correct kernel a defect."""
+    import math
+    # by hand, K = 1: 1 + 2^-10 − 2^-23 cut to 10 bits is 1, so its square loses 2^-9 (2^15 u)
+    a = np.array([[1 + 2.0**-10 - 2.0**-23]], dtype=np.float32)
+    c = tf32_kernel(a, a.T)
+    exact = float(a[0, 0]) ** 2
+    e = numerics.error(c, np.array([[exact]]), np.zeros((1, 1)), np.ones((1, 1), bool), np.array([[exact]]), "float32",
+                       k=1, precision="float32-tf32")
+    assert c[0, 0] == 1.0 and e["error_u"] == pytest.approx((exact - 1) / exact * 2**24) and e["beyond_bound"] == 0
+    assert numerics.gamma_k_u(1, 2.0**-24) < 1.01 < 32000 < e["error_u"]
+    assert e["error_u"] < numerics.bound_u(1, "float32", "float32-tf32")
+    # K = 4096, positive inputs, so that every cut errs the same way
+    rng = np.random.default_rng(3)
+    k = 4096
+    a = rng.uniform(0.5, 1, (4, k)).astype(np.float32)
+    b = rng.uniform(0.5, 1, (k, 6)).astype(np.float32)
+    c = tf32_kernel(a, b)
+    terms = a.astype(np.float64)[:, :, None] * b.astype(np.float64)[None, :, :]
+    exact = np.array([[math.fsum(terms[i, :, j]) for j in range(6)] for i in range(4)])
+    hi = exact.astype(np.float64)
+    lo = np.array([[float(math.fsum([*terms[i, :, j], -hi[i, j]])) for j in range(6)] for i in range(4)])
+    args = (c, hi, lo, np.ones(c.shape, bool), exact, "float32")
+    tf32, plain = numerics.error(*args, k=k, precision="float32-tf32"), numerics.error(*args, k=k)
+    bound = numerics.bound_u(k, "float32", "float32-tf32")
+    assert numerics.gamma_k_u(k, 2.0**-24) < tf32["error_u"] < bound
+    assert tf32["beyond_bound"] == 0 and plain["beyond_bound"] == 24
+    assert bound == pytest.approx(((1 + 2.0**-10) ** 2 * (1 + 2 * 2.0**-24 * k / (1 - 2 * k * 2.0**-24)) - 1) * 2**24)
+    assert numerics.bound_u(k, "float32") == numerics.gamma_k_u(k, 2.0**-24)  # other precisions keep γ_K
+    assert numerics.bound_u(2**23, "float32", "float32-high") is None  # 2K·u ≥ 1
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_blocks_and_threads_change_nothing(monkeypatch, dtype):
     # error, nonfinite and drift work in blocks on several threads: the same answers as in

@@ -19,6 +19,13 @@ LEGEND = (
     "ulp: the gap between neighbouring floats at a value; an ulp count is how many floats lie between two results.",
     "γ_K: K·u / (1 − K·u), the worst error (in u) any order of summing K products can make; none where K·u ≥ 1.",
 )
+TF32_LEGEND = ("γ_K(TF32): ((1 + 2^-10)² (1 + γ_K at 2u) − 1) / u, the same for TF32, which takes each input to 10 "
+               "fraction bits and adds cutting toward zero.")
+
+
+def _gamma(r: dict) -> str:
+    """The bound's name: γ_K, or γ_K(TF32) for a TF32 precision (numerics.bound_u)."""
+    return "γ_K(TF32)" if r["dtype"] in numerics.TF32 else "γ_K"
 
 
 def _worst(row: dict) -> tuple:
@@ -115,12 +122,12 @@ def verdict(r: dict) -> dict:
     may be that far from the truth). Non-finite values never make a defect, nor
     "bit-identical".
     """
-    gamma, dt = r["gamma_k_u"], r["dtype"]
+    gamma, dt, g = r["gamma_k_u"], r["dtype"], _gamma(r)
     err, cover, nf = r["error_u"], r["error_entries"], r["nonfinite"]
     over = f"over {cover['entries']} of {cover['of']} entries"
     if cover["beyond_bound"]:
         return {"kind": "defect", "text": f"DEFECT: {_count(cover['beyond_bound'], 'entry has', 'entries have')} an "
-                                          f"error beyond the γ_K bound {gamma:.4g} u (error_u {_fmt(err)} u {over})"}
+                                          f"error beyond the {g} bound {gamma:.4g} u (error_u {_fmt(err)} u {over})"}
     if cover["zero_misses"]:
         return {"kind": "defect",
                 "text": f"DEFECT: {_outputs(cover['zero_misses'])} non-zero where every product term is zero"}
@@ -128,7 +135,7 @@ def verdict(r: dict) -> dict:
         if row.get("beyond_bound"):
             moves = _count(row["beyond_bound"], "entry", "entries")
             return {"kind": "defect", "text": f"DEFECT: {name} {_where(name, row)} moves {moves} further than "
-                                              f"2·γ_K = {2 * gamma:.4g} u (max_u {_fmt(row['max_u'])} u)"}
+                                              f"2·{g} = {2 * gamma:.4g} u (max_u {_fmt(row['max_u'])} u)"}
     err_text = f"error_u {err:.3g} u {over}" if err is not None else f"no entry has a finite error ({over})"
     if cover["subnormal"]:
         err_text += f", {cover['subnormal']} of them below {dt}'s normal range, where rounding is absolute"
@@ -163,7 +170,7 @@ def verdict(r: dict) -> dict:
         why = f"a different kernel ran ({'; '.join(extra) or 'another order of the same kernels'})"
     else:
         why = "the same kernels ran, so the library summed in another order for this shape"
-    bound = f"within the bound 2·γ_K = {2 * gamma:.4g} u" if gamma else "K·u ≥ 1, so γ_K gives no bound"
+    bound = f"within the bound 2·{g} = {2 * gamma:.4g} u" if gamma else f"K·u ≥ 1, so {g} gives no bound"
     return {"kind": "rounding", "text": f"rounding-level drift: {drift_text}; {why}; {bound}; {err_text}"}
 
 
@@ -213,7 +220,7 @@ def render(r: dict) -> str:
     head = [
         ["case", r["case"]], ["shape", shape], ["dtype", r["dtype"]], ["device", r["device"]],
         ["error_u (u)", f"{_fmt(r['error_u'])} over {cover['entries']} of {cover['of']} entries"],
-        ["γ_K bound (u)", _fmt(r["gamma_k_u"]) if r["gamma_k_u"] else "none (K·u ≥ 1)"],
+        [f"{_gamma(r)} bound (u)", _fmt(r["gamma_k_u"]) if r["gamma_k_u"] else "none (K·u ≥ 1)"],
         ["reference", f"{r['reference']['method']}, error ≤ {r['reference']['error_bound_u']:.2g} u"],
         ["run-to-run", f"{_fmt(r['run_to_run']['max_u'])} u over {r['run_to_run']['repeat']} calls"],
         ["seconds per product", _seconds(r["seconds"])], ["input checksum", r["input_checksum"][:16]],
@@ -237,7 +244,8 @@ def render(r: dict) -> str:
     kern = [[name, "\n".join(names)] for name, names in r["kernels"].items() if names]
     parts.append(tabulate(kern, headers=["product", "kernels (normalised)"]))
     u = numerics.unit_roundoff(r["dtype"].split("-", 1)[0])
-    parts.append("\n".join(line.format(u=f"2^{round(math.log2(u))} = {u:.3g}") for line in LEGEND))
+    legend = LEGEND + ((TF32_LEGEND,) if r["dtype"] in numerics.TF32 else ())
+    parts.append("\n".join(line.format(u=f"2^{round(math.log2(u))} = {u:.3g}") for line in legend))
     parts.append(r["verdict"]["text"])
     return "\n\n".join(parts)
 

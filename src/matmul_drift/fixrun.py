@@ -117,19 +117,20 @@ def run(spec: dict) -> dict:
         if not lean:
             top = measure.top_product(ops)
             bits, values, absprod = top.bits, top.values, top.ref.absprod
-            error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, absprod, dtype, k)["error_u"]
+            error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, absprod, dtype, k,
+                                     precision=precision)["error_u"]
         else:  # drift only: |A||B| from a float64 product scales max_u; no exact reference, no error_u
             bits, values = measure._host(ops.product())
             absprod = ops.product(ops.a.abs().double(), ops.b.abs().double()).cpu().numpy()
             error_u = None
-        worst = measure.repeat_drift(ops, bits, values, absprod, dtype, k, spec.get("repeat", 3))
+        worst = measure.repeat_drift(ops, bits, values, absprod, dtype, k, spec.get("repeat", 3), precision)
         worst = {key: worst[key] for key in KEYS}
         for code in spec.get("codes", [None]):
             out: dict = {"drift": {}, "kernels": {}, "error_u": error_u, "seconds": None}
             routes: dict[str, list] = {}
             for kind, call, cut in computations(ops, case, {**spec, "code": code}):
                 y, names = (call(), []) if lean else kernels.traced(call, device)
-                d = measure._compare(bits, values, y, absprod, dtype, cut, k)
+                d = measure._compare(bits, values, y, absprod, dtype, cut, k, precision)
                 out["drift"][kind] = _worse(d, out["drift"].get(kind))
                 routes.setdefault(kind, []).extend(names)
                 calls.setdefault(str(code), []).append(call)

@@ -219,9 +219,9 @@ def _host(t) -> tuple[np.ndarray, np.ndarray]:
     return tensor_bits(t), t.double().cpu().numpy()
 
 
-def _compare(x_bits, x, y_tensor, absprod, dtype, cut, k) -> dict:
+def _compare(x_bits, x, y_tensor, absprod, dtype, cut, k, precision=None) -> dict:
     y_bits, y = _host(y_tensor)
-    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], absprod[cut], dtype, k)
+    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], absprod[cut], dtype, k, precision)
 
 
 @dataclass
@@ -280,7 +280,7 @@ def measure_operands(
         top = top_product(ops, _call(ops.product, device, full))
         kern = {"full": full} if with_kernels else {}
         c_bits, c_val, ref, absprod = top.bits, top.values, top.ref, top.ref.absprod
-        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, absprod, dtype, k, ref.bound_rel)
+        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, absprod, dtype, k, ref.bound_rel, precision)
         nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),
                      **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype)}
         routes_n: list[str] | None = [] if with_kernels else None
@@ -296,27 +296,27 @@ def measure_operands(
                 if form == "2d":
                     y = y.squeeze(0)
                 cols = min(n, case.compare_cols or n)
-                d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, cols)), k)
+                d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, cols)), k, precision)
                 slices_n.append({"n": n, "form": form, "cols": cols, **d})
         slices_m = []
         for m in slice_m:
             a_m = ops.a[..., :m, :]
             y = _call(lambda a_m=a_m: ops.product(a_m), device, routes_m)
-            d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)), k)
+            d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)), k, precision)
             slices_m.append({"m": m, **d})
         if routes_n:
             kern["slice_n"] = kernels.unique(routes_n)
         if routes_m:
             kern["slice_m"] = kernels.unique(routes_m)
 
-        run_to_run = {"repeat": repeat, **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat)}
+        run_to_run = {"repeat": repeat, **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat, precision)}
         seconds = time_call(ops.product, device) if timing else None
         env = environment.describe(device, kernels.seen_mkl_banner() if device == "cpu" else None)
 
     s = case.shape(device)
     return Measurement(
         case=case.id, precision=precision, device=device, m=s.m, k=k, n=s.n, batch=s.batch,
-        error_u=err.pop("error_u"), gamma_k_u=numerics.gamma_k_u(k, u), error=err, nonfinite=nonfinite,
+        error_u=err.pop("error_u"), gamma_k_u=numerics.bound_u(k, dtype, precision), error=err, nonfinite=nonfinite,
         reference=ref.describe(u), slice_n=slices_n, slice_m=slices_m,
         run_to_run=run_to_run, kernels=kern, kernel_id=catalog.object_id(kernel_entry(device, kern)),
         environment=env, env_id=catalog.object_id(env), input_checksum=checksum, seconds=seconds,
@@ -324,13 +324,14 @@ def measure_operands(
     )
 
 
-def repeat_drift(ops: Operands, c_bits, c_val, absprod, dtype: str, k: int, repeat: int) -> dict:
+def repeat_drift(ops: Operands, c_bits, c_val, absprod, dtype: str, k: int, repeat: int,
+                 precision: str | None = None) -> dict:
     """The worst drift (by share of entries, then ulps) of ``repeat`` − 1 more full products
     against the first (``c_bits``/``c_val``); numerics.drift's keys, all 0 when none differ."""
     worst = {"max_ulp": 0, "max_u": 0.0, "max_u_entries": 0, "frac_differ": 0.0, "nonfinite_differ": 0,
              "sign_changes": 0, "beyond_bound": 0}
     for _ in range(max(repeat - 1, 0)):
-        d = _compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,), k)
+        d = _compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,), k, precision)
         if (d["frac_differ"], d["max_ulp"]) >= (worst["frac_differ"], worst["max_ulp"]):
             worst = {key: d[key] for key in worst}
     return worst

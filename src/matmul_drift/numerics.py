@@ -40,6 +40,24 @@ def gamma_k_u(k: int, u: float) -> float | None:
     return k / (1 - k * u)
 
 
+# The TF32 precisions (CUDA): tensor cores take each fp32 input to 10 fraction bits, cut or
+# rounded (a relative error below 2^-10 either way), multiply exactly and add in fp32 cutting
+# toward zero (Fasi et al. 2021), whose unit roundoff is 2u. γ_K alone does not bound them.
+TF32 = ("float32-tf32", "float32-high")
+TF32_INPUT_REL = 2.0**-10
+
+
+def bound_u(k: int, dtype: str, precision: str | None = None) -> float | None:
+    """The deterministic bound on |C − AB| / (u·|A||B|) of a K-term product, in units of u of
+    ``dtype``: γ_K / u; for a TF32 ``precision`` ((1 + r)²(1 + γ_K(2u)) − 1) / u with r =
+    2^-10, the inputs' rounding and a sum cut toward zero. None where K·u (2K·u) ≥ 1."""
+    u = unit_roundoff(dtype)
+    if precision not in TF32:
+        return gamma_k_u(k, u)
+    g = gamma_k_u(k, 2 * u)
+    return None if g is None else ((1 + TF32_INPUT_REL) ** 2 * (1 + 2 * u * g) - 1) / u
+
+
 def ordered(bits: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Split bit patterns into (negative?, magnitude) so that value order is integer order.
 
@@ -77,12 +95,13 @@ def underflow_step(dtype: str) -> float:
     return 2.0 ** (1 - EXPONENT_BIAS[dtype] - MANTISSA_BITS[dtype] - 1)
 
 
-def allowance(absprod: np.ndarray, k: int, dtype: str) -> np.ndarray | None:
+def allowance(absprod: np.ndarray, k: int, dtype: str, precision: str | None = None) -> np.ndarray | None:
     """The largest error a correct kernel may make per entry (output units):
-    γ_K·u·|A||B| + (K+1)·η, the γ_K bound with gradual underflow (K products and one final
-    rounding may each lose η; additions are exact there). None where K·u ≥ 1."""
+    γ_K·u·|A||B| + (K+1)·η, the γ_K bound (``bound_u``: TF32's for a TF32 ``precision``) with
+    gradual underflow (K products and one final rounding may each lose η; additions are exact
+    there). None where K·u ≥ 1."""
     u = unit_roundoff(dtype)
-    g = gamma_k_u(k, u)
+    g = bound_u(k, dtype, precision)
     if g is None:
         return None
     return g * u * np.asarray(absprod, dtype=np.float64) + (k + 1) * underflow_step(dtype)
@@ -96,8 +115,9 @@ def drift(
     absprod: np.ndarray,
     dtype: str,
     k: int | None = None,
+    precision: str | None = None,
 ) -> dict:
-    """Drift between two products of one dtype.
+    """Drift between two products of one dtype (of one ``precision``, for the bound).
 
     ``x_bits``/``y_bits`` are the raw bits, ``x``/``y`` the same values as float64 and
     ``absprod`` is |A||B| in float64 for the same entries. Two entries agree when their
@@ -152,15 +172,15 @@ def drift(
         "max_u_entries": max_u_entries,
         "max_abs": max_abs,
         "ulp_at_max": ulp_at_max,
-        "beyond_bound": _beyond(diff, absprod, k, dtype, 2.0),
+        "beyond_bound": _beyond(diff, absprod, k, dtype, 2.0, precision=precision),
     }
 
 
 def _beyond(absdiff: np.ndarray, absprod: np.ndarray, k: int | None, dtype: str, times: float,
-            slack_rel: float = 0.0) -> int:
+            slack_rel: float = 0.0, precision: str | None = None) -> int:
     """Entries whose absdiff exceeds ``times`` × allowance plus ``slack_rel``·|A||B| (what the
     reference itself may be off by; dimensionless); 0 without K, or where K·u ≥ 1."""
-    allowed = None if k is None else allowance(absprod, k, dtype)
+    allowed = None if k is None else allowance(absprod, k, dtype, precision)
     if allowed is None:
         return 0
     absdiff, allowed, absprod = _kept(np.isfinite(absprod), absdiff, allowed, absprod)
@@ -185,7 +205,7 @@ def _kept(keep: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarray, absprod: np.ndarray,
-          dtype: str, k: int | None = None, ref_bound_rel: float = 0.0) -> dict:
+          dtype: str, k: int | None = None, ref_bound_rel: float = 0.0, precision: str | None = None) -> dict:
     """The error of a product C against the exact product hi + lo (double-double, float64).
 
     Returns ``error_u`` = max |C − (hi + lo)| / (u·|A||B|) in u of the output ``dtype``
@@ -214,7 +234,7 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
         diff = np.abs((c - hi) - lo)
         subnormal = int(np.count_nonzero(np.abs(hi) < smallest_normal))
         return (normalised_max(diff, absprod, u), c.size, zero_misses, subnormal,
-                _beyond(diff, absprod, k, dtype, 1.0, ref_bound_rel))
+                _beyond(diff, absprod, k, dtype, 1.0, ref_bound_rel, precision))
 
     parts = blocks.map_blocks(fin.size, part)
     worst = [p[0] for p in parts if p[0] is not None]
