@@ -176,10 +176,11 @@ step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-chec
   head -c 4000 "$PACK/seed-float16.txt" 2>/dev/null
   # the orders, one line each: the tree in words, its replay and how its fused adds round
   timeout 10 "$PY" - "$PACK" <<'PYEOF'
-import json, pathlib, sys
+import pathlib, sys
+from matmul_drift import order
 for p in sorted(pathlib.Path(sys.argv[1]).glob("order-*.json")):
     try:
-        o = json.loads(p.read_text())
+        o = order.read_report(p.read_text())  # json.loads stops at about 1000 levels; a tree may be K deep
         v = o.get("verified") or {}
         ways = " or ".join(v.get("fused_add") or []) or "-"
         print(f"order {p.stem[6:]}: {o['summary']}; replay {v.get('matched')}/{v.get('draws')}, fused adds {ways}; "

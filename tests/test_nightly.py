@@ -508,6 +508,31 @@ def test_plan_merge_copies_new_skips_same_flags_conflicts(tmp_path):
     assert conflicts == ["results/asv/a/x.json differs from the recorded file"] and len(copies) == 1
 
 
+def test_a_merge_reads_order_trees_deeper_than_json_loads_goes(tmp_path):
+    """A sequential tree is K deep: the project's own results hold such catalog entries, and a
+    GPU check's order-*.json reports; json.loads stops at about 1000 levels."""
+    from matmul_drift import order
+
+    deep = 0
+    for i in range(1, 1500):
+        deep = [deep, i]
+    entry = order.entry_text(deep, 1500).encode()
+    report = order.report_text({"k": 1500, "summary": "sequential"}, deep).encode()
+    with pytest.raises(RecursionError):
+        json.loads(entry)
+    tree = _tree_with(tmp_path / "tree", {})
+    src = _tree_with(tmp_path / "src", {"results/catalog/orders/0123456789ab.json": entry,
+                                        "results/gpu-check/h200/0123abcd/order-seed-float16.json": report})
+    copies, _, conflicts = nightly.plan_merge(tree, [src])
+    assert sorted(str(d.relative_to(tree)) for _, d in copies) == [
+        "results/catalog/orders/0123456789ab.json", "results/gpu-check/h200/0123abcd/order-seed-float16.json"]
+    back = order.read_report(report.decode())
+    assert order.to_json(back.pop("tree")) == order.to_json(deep) and back == {"k": 1500, "summary": "sequential"}
+    cut = _tree_with(tmp_path / "cut", {"results/catalog/orders/0123456789ab.json": entry[:-9]})
+    with pytest.raises(nightly.UsageError, match="orders/0123456789ab.json is not valid JSON"):
+        nightly.plan_merge(tree, [cut])
+
+
 def test_import_night_never_replaces_without_force(tmp_path):
     commit = "ab" * 20
     staging = _tree_with(tmp_path / "staging", {f"m/{commit[:8]}-env.json": b'{"new": 1}', "m/machine.json": b"{}",

@@ -12,7 +12,6 @@ not revealed (at no width a tree that fits, and replays with ``--verify``), 2 fo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -117,9 +116,8 @@ def run(args) -> int:
                 "row": t.row, "col": t.col, "k": t.k, "order_id": catalog.hex_id(oid), "summary": words,
                 "calls": r.calls, "pairs": r.probes, "rounds": r.rounds, "seconds": round(r.seconds, 3), "notes": r.notes,
                 "verified": verified}
-        text = json.dumps(meta, indent=1, allow_nan=False)
         try:  # whole or not at all, and never over a file made while probing
-            atomic.write_new(args.json, (text[:-2] + ',\n "tree": ' + order.to_json(r.tree) + "\n}\n").encode())
+            atomic.write_new(args.json, order.report_text(meta, r.tree).encode())
         except atomic.Taken as exc:
             raise UsageError(f"--json {args.json} appeared while probing and is left as it is; "
                              f"the tree is in {exc.kept}") from None

@@ -664,6 +664,18 @@ def _rank(rel: Path) -> int:
     return 1 if rel.name == "machine.json" else 2 if rel.parts[0] == RESULTS else 3
 
 
+def _loads(rel: Path, text: str):
+    """A file's JSON. Order trees are K deep, past json.loads' recursion: a catalog entry of
+    orders/ and an `order --json` report (a GPU check's order-*.json) are read without it."""
+    from . import order
+
+    if rel.parent.name == "orders" and rel.parts[:2] == (RESULTS, "catalog"):
+        return order.parse_entry(text)
+    if rel.name.startswith("order-") and rel.parts[:2] == (RESULTS, "gpu-check"):
+        return order.read_report(text)
+    return json.loads(text)
+
+
 def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]], list[Path], list[str]]:
     """(copies in writing order, benchmarks.json files, conflicts) for merging ``sources``
     into ``tree``. A file the tree lacks is copied; an identical one skipped; a different one
@@ -681,8 +693,8 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
                 check_night_file(rel, data)
             elif rel.suffix == ".json":
                 try:
-                    doc = json.loads(data.decode("utf-8"))
-                except ValueError:
+                    doc = _loads(rel, data.decode("utf-8"))
+                except (ValueError, RecursionError):
                     raise UsageError(f"--merge {src}: {rel} is not valid JSON (truncated?); nothing merged") from None
                 if rel.name == "benchmarks.json" and not isinstance(doc, dict):
                     raise UsageError(f"--merge {src}: {rel} is not a JSON object; nothing merged")

@@ -30,6 +30,7 @@ them apart with one more pair per two-child node, every product present.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -356,6 +357,27 @@ def parse_entry(text: str) -> dict:
     if m is None:
         raise ValueError("not an order entry: expected {\"k\":K,\"tree\":...}")
     return {"k": int(m.group(1)), "tree": from_json(m.group(2))}
+
+
+TREE_MEMBER = ',\n "tree": '  # `order --json` writes the tree last, after this
+
+
+def report_text(meta: dict, tree) -> str:
+    """The text of `order --json`: ``meta`` as indented RFC 8259 JSON, then the tree (to_json)."""
+    text = json.dumps(meta, indent=1, allow_nan=False)
+    return text[:-2] + TREE_MEMBER + to_json(tree) + "\n}\n"
+
+
+def read_report(text: str) -> dict:
+    """report_text's inverse, the tree read without recursion (json.loads stops at about 1000
+    levels, and a sequential loop is K deep). ValueError for anything else."""
+    head, sep, tail = text.rstrip().rpartition(TREE_MEMBER)
+    if not sep or not tail.endswith("}"):
+        raise ValueError("not an order report: no tree at its end")
+    obj = json.loads(head + "\n}")
+    if not isinstance(obj, dict):
+        raise ValueError("not an order report: not a JSON object")
+    return {**obj, "tree": from_json(tail[:-1])}
 
 
 def order_id(tree, k: int) -> int:
