@@ -429,3 +429,18 @@ def test_render_prints_a_saved_report_and_takes_no_other_option(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     rc, out, err = _main("explain", "--render", str(tmp_path / "bad.json"))
     assert (rc, out) == (2, "") and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("shape,needle", [(("--m", "4", "--k", "1", "--n", "4"), "--orders: K = 1: a sum of one product"),
+                                          (("--m", "1", "--k", "2", "--n", "2"), None)])
+def test_orders_that_cannot_be_probed_are_refused_before_measuring(monkeypatch, shape, needle):
+    """K = 1 has no order: one line, exit 2, before a measurement the probe would then lose."""
+    from matmul_drift import measure
+
+    if needle:
+        monkeypatch.setattr(measure, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+    rc, out, err = _main("explain", *shape, "--dtype", "float32", "--orders", "--json")
+    if needle:
+        assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err
+    else:
+        assert rc == 0 and json.loads(out)["orders"]["full"]["order_id"], err

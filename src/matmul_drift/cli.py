@@ -229,6 +229,13 @@ def run_explain(args) -> int:
             raise UsageError("--slice-m needs a 2-D A; this A is 1-D")
         if args.slice_m > shape.m:
             raise UsageError(f"--slice-m {args.slice_m} is larger than M = {shape.m}")
+    if args.orders:  # before measuring, not after: K = 1, or beyond the probe's exact range
+        from . import order, order_probe
+
+        try:
+            order_probe.target(case, args.dtype, args.device)
+        except order.ProbeError as exc:
+            raise UsageError(f"--orders: {exc}") from None
     slice_n = (args.slice_n,) if args.slice_n else None
     slice_m = (args.slice_m,) if args.slice_m else None
     repeat = args.repeat
