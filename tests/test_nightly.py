@@ -562,6 +562,9 @@ def test_cli_errors_are_one_line_exit_2(world, tmp_path):
         (("--python", PY, "--machine", "x"), tmp_path, "not inside a git checkout"),
         (("--python", PY, "--machine", "x", "--tree", str(tmp_path / "t")), world.b, "already checked out"),
         (("--python", str(bare / "bin" / "python"), "--machine", "x"), world.b, "cannot describe its torch environment"),
+        (("--python", "/bin/true", "--machine", "x"), world.b, "/bin/true is not a Python that can describe"),
+        (("--python", "/bin/echo", "--machine", "x"), world.b, "/bin/echo is not a Python that can describe"),
+        (("--python", PY, "--machine", "x", "--date", "9999-12-31"), world.b, "a night is tonight or one before"),
         # a value git would read as an option never reaches git
         (("--python", PY, "--machine", "x", "--remote", "--upload-pack=touch /tmp/pwned"), world.b, "--remote"),
         (("--python", PY, "--machine", "x", "--branch=--orphan"), world.b, "not a valid git branch name"),
@@ -683,6 +686,13 @@ def test_axis_commits_are_what_git_makes(tmp_path):
     assert axis.night_of(axis.commit("2020-02-29"), "2020-03-03") == "2020-02-29"
     with pytest.raises(axis.AxisError, match="before 2020-01-01"):
         axis.commit("2019-12-31")
+    from datetime import datetime, timedelta, timezone
+
+    today = datetime.now(timezone.utc).date()
+    axis.commit(str(today + timedelta(days=1)))  # a clock ahead of UTC
+    for late in (str(today + timedelta(days=2)), "9999-12-31"):  # 9999-12-31 had no next day: OverflowError
+        with pytest.raises(axis.AxisError, match="a night is tonight or one before"):
+            axis.commit(late)
 
 
 def test_no_push_tree_adopts_the_remote_and_keeps_its_files(tmp_path):

@@ -151,7 +151,15 @@ def describe_python(python: str) -> dict:
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         raise UsageError(f"{python} cannot describe its torch environment "
                          f"(it needs torch, asv and matmul-drift): {lines[-1] if lines else p.returncode}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    lines = p.stdout.strip().splitlines()
+    try:
+        got = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        got = None
+    if not isinstance(got, dict) or not {"python", "device", "environment"} <= got.keys():
+        raise UsageError(f"{python} is not a Python that can describe its torch environment: it ran, and printed "
+                         + (f"{lines[-1][:60]!r} last" if lines else "nothing"))
+    return got
 
 
 def gpu_clocks() -> list[dict] | None:
