@@ -444,3 +444,15 @@ def test_orders_that_cannot_be_probed_are_refused_before_measuring(monkeypatch, 
         assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err
     else:
         assert rc == 0 and json.loads(out)["orders"]["full"]["order_id"], err
+
+
+@pytest.mark.parametrize("args", [
+    ("explain", "--m", "9223372036854775807", "--k", "4", "--n", "4", "--dtype", "float32"),
+    ("explain", "--m", "99999999999999999999", "--k", "4", "--n", "4", "--dtype", "float32"),
+    ("order", "--m", "9223372036854775807", "--k", "4", "--n", "4", "--dtype", "float32"),
+    ("scan", "--vary", "n", "--range", "1:99999999999999999999", "--m", "2", "--k", "4", "--dtype", "float32"),
+])
+def test_sizes_beyond_any_machine_are_one_line_even_without_the_host_memory_check(args):
+    """--no-host-memory-check skips MemAvailable, not sense: sizes past int64 were tracebacks."""
+    rc, out, err = _main(*args, "--no-host-memory-check")
+    assert (rc, out) == (2, "") and err.count("\n") == 1 and "beyond any machine's memory (1 EiB)" in err, err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .numerics import WIDTH
 
+ANY_MACHINE = 1 << 60  # bytes: refused even with --no-host-memory-check
 PROCESS_BYTES = 512 << 20  # torch and its libraries, resident before any operand (measured: ~300 to 400 MiB)
 
 
@@ -73,7 +74,11 @@ def available(device: str) -> tuple[int | None, int | None]:
 
 def check(need: tuple[int, int], what: str, device: str, host: bool = True) -> None:
     """TooLarge (one line naming ``what``) when ``need`` (host, device bytes) exceeds what is
-    available: on the host (MemAvailable, unless not ``host``) or free on the GPU."""
+    available: on the host (MemAvailable, unless not ``host``) or free on the GPU; and always
+    beyond ANY_MACHINE."""
+    beyond = max(need)
+    if beyond > ANY_MACHINE:  # also where a size would overflow torch's int64 element counts
+        raise TooLarge(f"{what} needs about {beyond / 2**30:.3g} GiB, beyond any machine's memory (1 EiB)")
     have_host, gpu = available(device)
     have_host = have_host if host else None
     for n, have, where in ((need[0], have_host, "memory available (MemAvailable); --no-host-memory-check starts "
