@@ -109,7 +109,7 @@ def test_a_row_naming_a_hundred_million_combinations_is_skipped(tree):
     assert rc in (0, 1) and [ln for ln in lines if "100000000 combinations" in ln], lines
 
 
-@pytest.mark.parametrize("bad", [True, "143656636881798.0", "1.5", [1.0]])
+@pytest.mark.parametrize("bad", [True, "143656636881798.0", "1.5", [1.0], float("inf"), float("-inf")])
 def test_a_value_of_the_wrong_type_is_skipped_with_a_warning_not_read_as_a_number(tree, bad):
     rc0, clean, _ = summary_of(tree.root)
     data = F.load_results(tree.file(1, 0))
@@ -123,7 +123,7 @@ def test_a_value_of_the_wrong_type_is_skipped_with_a_warning_not_read_as_a_numbe
     assert not run.series["drift.Drift.track_kernel_id"].failed.any()
     rc, text, lines = summary_of(tree.root)
     assert rc == rc0 == 0, text  # no false failing flag
-    assert [ln for ln in lines if "not numbers, skipped" in ln], lines
+    assert [ln for ln in lines if "not finite numbers, skipped" in ln], lines
 
 
 def test_bounded_reader_refuses_more_than_its_limit(tmp_path):

@@ -516,7 +516,7 @@ def read_results_file(path: Path, machine: str, interned: dict | None = None,
             raise BadFile(f"{name}: row is not a list")
         series[name] = _read_row(name, row, col, interned, odd)
     if odd and warnings is not None:
-        warnings.append(f"{path}: {len(odd)} values are not numbers, skipped (e.g. {odd[0]})")
+        warnings.append(f"{path}: {len(odd)} values are not finite numbers, skipped (e.g. {odd[0]})")
     return Run(machine, commit, env_name, int(date), env_params, path, series)
 
 
@@ -559,8 +559,9 @@ def _read_row(name: str, row: list, col: dict, interned: dict, odd: list[str]) -
 def _floats(name: str, column: str, lst, n: int, nulls: bool = True,
             odd: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask or None).
-    An entry that is neither a number nor null (true, "1.5", a list) becomes NaN, and its
-    description is appended to ``odd``: numpy alone would read true as 1 and "1.5" as 1.5."""
+    An entry that is neither a number nor null (true, "1.5", a list), or is ±Infinity (no
+    value of this suite, and one the judge could not compare), becomes NaN, and its description
+    is appended to ``odd``: numpy alone would read true as 1 and "1.5" as 1.5."""
     if not isinstance(lst, list) or len(lst) != n:
         raise BadFile(f"{name}: {column} has {len(lst) if isinstance(lst, list) else 'no'} entries, "
                       f"params give {n}")
@@ -571,7 +572,7 @@ def _floats(name: str, column: str, lst, n: int, nulls: bool = True,
         failed = np.fromiter((v is None for v in lst), dtype=bool, count=n)
     else:
         failed = np.zeros(n, dtype=bool)
-    bad = [i for i, v in enumerate(lst) if v is not None and type(v) not in (int, float)]
+    bad = [i for i, v in enumerate(lst) if v is not None and (type(v) not in (int, float) or v in (math.inf, -math.inf))]
     if bad:
         if odd is not None:
             odd += [f"{name} {column}[{i}] = {json.dumps(lst[i])[:40]}" for i in bad]
