@@ -186,7 +186,9 @@ def test_catalog_names_a_kernel_id_as_asv_shows_it(project, capsys):
 
 
 def test_bad_input_is_one_line(project):
-    for args, needle in ((("--torch", "latest"),), "not a version"), ((("--machine", "a b"),), "machine"):
+    for args, needle in (((("--torch", "latest"),), "not a version"), ((("--machine", "a b"),), "machine"),
+                         ((("--machine", "unregistered"),), "--machine unregistered is not in ~/.asv-machine.json"),
+                         ((("--torch", ","),), "--torch ',' names no torch version")):
         p = project.run(*args[0])
         assert p.returncode == 2 and "Traceback" not in p.stderr
         errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]

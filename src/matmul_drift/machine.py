@@ -141,6 +141,17 @@ def register(fp: dict | None = None) -> str:
     return entry["machine"]
 
 
+def is_registered(name: str) -> bool:
+    """Whether ``~/.asv-machine.json`` holds an entry ``name`` (which `asv run --machine` needs);
+    False where the file is missing or unreadable."""
+    from asv.machine import MachineCollection
+
+    try:
+        return isinstance(_machines(os.path.realpath(MachineCollection.get_machine_file_path())).get(name), dict)
+    except (OSError, ValueError):
+        return False
+
+
 def _machines(path: str) -> dict:
     """The entries of an asv machine file; {} where there is none. Refused (a ValueError) when it
     is not a regular file, ValueError when it is not a JSON object."""

@@ -285,6 +285,9 @@ def run(o: Options) -> Report:
     conf = project_config(o.repo)
     builds = [check_build(b) for b in (o.builds or matrix_builds(conf))]
     commit = head_commit(o.repo)
+    if o.machine and not machine.is_registered(o.machine):  # asv would fail each build, in several lines
+        raise UsageError(f"--machine {o.machine} is not in ~/.asv-machine.json: leave --machine out (this hardware "
+                         f"registers itself), or add it with `asv machine --machine {o.machine}`")
     name = o.machine or machine.register()
     log(f"machine {name}; commit {commit[:8]}; torch builds {', '.join(builds)}")
     for line in asvrun.reap_orphans(o.repo):
