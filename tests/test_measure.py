@@ -199,3 +199,26 @@ def test_torch_version_check():
     with pytest.raises(RuntimeError):
         suite.check_torch("2.14.1", {"MATMUL_DRIFT_EXPECT_TORCH": "2.13.0"})
     suite.check_torch("2.14.1", {})  # an existing environment names nothing
+
+
+def test_the_recorded_flags_name_every_matmul_mode_and_stay_put_across_precisions():
+    """flags() records the matmul switches torch has (a torch that changes a default is then
+    named in the attribution), and reads the same before, inside and after every other
+    precision's block, from a fresh process on: the env-id must not depend on which combination
+    was measured first. (fp32_precision, torch 2.9's spelling, reads "none" until a precision
+    is first set, then "ieee".)"""
+    code = """
+from matmul_drift import cases, environment, measure
+first = environment.flags()
+for key in ("allow_fp16_accumulation", "allow_fp16_reduced_precision_reduction_split_k",
+            "allow_bf16_reduced_precision_reduction_split_k", "allow_bf16_reduced_precision_reduction"):
+    assert isinstance(first[key], bool), key  # torch >= 2.7 has them all
+for precision in cases.PRECISIONS:
+    with measure.precision_flags(precision):
+        inside = environment.flags()
+    assert environment.flags() == first, (precision, environment.flags(), first)
+    assert inside == first or precision in ("float32-tf32", "float32-high"), (precision, inside, first)
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.stdout == "ok\n", p.stderr[-2000:]

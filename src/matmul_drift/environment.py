@@ -19,6 +19,8 @@ ROUTE_VARS = (
     "MKL_CBWR", "MKL_NUM_THREADS", "MKL_DYNAMIC", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS",
     "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
     "NVIDIA_TF32_OVERRIDE", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT",
+    # cuBLAS 12.9 and newer: fp32 (and fp64) emulated on tensor cores, and how eagerly
+    "CUBLAS_EMULATE_SINGLE_PRECISION", "CUBLAS_EMULATE_DOUBLE_PRECISION", "CUBLAS_EMULATION_STRATEGY",
 )
 
 
@@ -58,6 +60,13 @@ def flags() -> dict:
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "allow_fp16_reduced_precision_reduction": _safe(lambda: bool(m.allow_fp16_reduced_precision_reduction)),
         "allow_bf16_reduced_precision_reduction": _safe(lambda: bool(m.allow_bf16_reduced_precision_reduction)),
+        # torch 2.7 and newer: fp16 accumulation and split-K's reduction. (Not fp32_precision: it
+        # reads "none" until a precision is first set, then "ieee", within one process.)
+        "allow_fp16_accumulation": _safe(lambda: bool(m.allow_fp16_accumulation)),
+        "allow_fp16_reduced_precision_reduction_split_k":
+            _safe(lambda: bool(m.allow_fp16_reduced_precision_reduction_split_k)),
+        "allow_bf16_reduced_precision_reduction_split_k":
+            _safe(lambda: bool(m.allow_bf16_reduced_precision_reduction_split_k)),
         "preferred_blas_library": _safe(lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
