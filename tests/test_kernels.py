@@ -29,11 +29,13 @@ class LossyProfiler:
     def record(self, pad: int) -> list[str]:
         self.calls += 1
         truth = self.truths[self.current]
-        return self._lose([SPIN] * pad + truth + ([SPIN] if pad else []))
+        return self._lose([SPIN] * pad + truth + [SPIN] * (kernels.TAIL if pad else 0))
 
     def _lose(self, names: list[str]) -> list[str]:
         self.session += 1
-        return names[self.loss(self.session):]
+        return names[self.loss(self.session):len(names) - self.tail_loss]
+
+    tail_loss = 0
 
 
 def grows(session: int) -> int:
@@ -46,17 +48,17 @@ def test_the_sentinel_is_the_kernel_torch_cuda_sleep_launches():
 
 
 @pytest.mark.parametrize("names, want", [
-    ([SPIN] * 4 + ["a", "b"] + [SPIN], (["a", "b"], 0)),
-    ([SPIN] * 2 + ["a", "a"] + [SPIN], (["a", "a"], 2)),  # a kernel launched twice stays twice
-    ([SPIN] + ["a"] + [SPIN], (["a"], 3)),
-    (["a"] + [SPIN], None),  # every head sentinel lost: "a" may not be the call's first kernel
+    ([SPIN] * 4 + ["a", "b"] + [SPIN] * 4, (["a", "b"], 0)),
+    ([SPIN] * 2 + ["a", "a"] + [SPIN] * 4, (["a", "a"], 2)),  # a kernel launched twice stays twice
+    ([SPIN] + ["a"] + [SPIN], (["a"], 3)),  # the last records lost too: a tail sentinel is left
+    (["a"] + [SPIN] * 4, None),  # every head sentinel lost: "a" may not be the call's first kernel
     ([SPIN] * 4 + ["a"], None),  # no tail: the call's last kernels may be missing
-    ([SPIN] * 5, ([], 0)),  # the call launched nothing (an empty product)
-    ([SPIN] * 2, ([], 3)),
-    ([SPIN], None),  # the tail alone: the call's kernels may all be lost
+    ([SPIN] * 8, ([], 0)),  # the call launched nothing (an empty product)
+    ([SPIN] * 5, ([], 3)),
+    ([SPIN] * 4, None),  # the tail alone: the call's kernels may all be lost
     ([], None),
 ])
-def test_a_list_is_whole_only_between_a_head_sentinel_and_the_tail_one(names, want):
+def test_a_list_is_whole_only_between_surviving_sentinels(names, want):
     assert kernels.bracketed(names, SPIN, 4) == want
 
 
@@ -75,6 +77,16 @@ def test_kernel_lists_stay_whole_while_the_profiler_loses_more_each_session():
     bare = LossyProfiler(grows, truths)
     bare.current = 7
     assert [bare.record(0) for _ in range(3)] == [[], [], []]
+
+
+def test_a_profiler_that_loses_the_last_records_instead_is_covered_by_the_tail():
+    truths = [[NAMES[i % len(NAMES)], NAMES[0]] for i in range(20)] + [[]]
+    prof = LossyProfiler(lambda k: k % 3, truths)
+    prof.tail_loss = kernels.TAIL - 1
+    s = kernels.Sentinels(prof.alone)
+    for prof.current, truth in enumerate(truths):
+        assert s.kernels(prof.record) == truth
+    assert prof.calls == len(truths)
 
 
 def test_a_profiler_that_loses_every_try_is_one_clear_error():

@@ -191,9 +191,10 @@ def cpu_route(fn) -> tuple[object, list[str]]:
 # the k-th session get bad timestamps and are dropped, silently (pytorch/pytorch#192021; the
 # very first session can lose all of them, pytorch/kineto#996). Each traced call opens a
 # session of its own, so a scan would soon read "(no kernel)". Spin kernels launched before
-# the call (padding that the loss eats first) and one after it bracket the call's kernels: a
-# list between a surviving head sentinel and the tail one is whole, or the call is traced again.
+# the call (padding that the loss eats first) and a few after it bracket the call's kernels: a
+# list between surviving sentinels on both sides is whole, or the call is traced again.
 SPIN_CYCLES = 1000  # about a microsecond of torch.cuda._sleep: a kernel no matmul launches
+TAIL = 4  # sentinels after the call: should a profiler lose the last records instead
 TRIES = 4
 
 
@@ -207,21 +208,25 @@ def device_names(events, cuda_type) -> list[str]:
     return [normalise_cuda(e.name) for e in events if getattr(e, "device_type", None) == cuda_type]
 
 
-def bracketed(names: list[str], sentinel: str, pad: int) -> tuple[list[str], int] | None:
+def bracketed(names: list[str], sentinel: str, pad: int, tail: int = TAIL) -> tuple[list[str], int] | None:
     """(the call's kernels, head records lost) from one session's ``names``: ``pad`` sentinels,
-    the call's kernels, one sentinel. None where they are not bracketed, so some of the call's
-    own records may be lost: no sentinel at the end, or none left before the call's kernels.
-    A call that launched nothing leaves sentinels only: at least two of them are whole."""
+    the call's kernels, ``tail`` sentinels. None where they are not bracketed, so some of the
+    call's own records may be lost: no sentinel at the end, or none left before the call's
+    kernels. A call that launched nothing leaves sentinels only: more than ``tail`` of them
+    (a head one among them) are whole."""
     if not names or names[-1] != sentinel:
         return None
     head = 0
     while head < len(names) and names[head] == sentinel:
         head += 1
-    if head == len(names):  # sentinels only: the tail and, for a whole list, a head one
-        return ([], pad + 1 - head) if head >= 2 else None
+    if head == len(names):
+        return ([], pad + tail - head) if head > tail else None
     if head == 0:
         return None
-    return names[head:-1], max(0, pad - head)
+    end = len(names)
+    while names[end - 1] == sentinel:
+        end -= 1
+    return names[head:end], max(0, pad - head)
 
 
 class Sentinels:
@@ -246,7 +251,7 @@ class Sentinels:
 
     def kernels(self, record) -> list[str]:
         """The call's kernels from ``record(pad)`` (one traced call with ``pad`` sentinels before
-        it and one after), traced again with more padding while a try is not bracketed."""
+        it and TAIL after), traced again with more padding while a try is not bracketed."""
         if self.name is None:
             return record(0)
         pads, seen = [], []
@@ -283,7 +288,7 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
                     torch.cuda._sleep(SPIN_CYCLES)
                 if call:
                     box[:] = [fn()]
-                if call and pad:
+                for _ in range(TAIL if call and pad else 0):
                     torch.cuda._sleep(SPIN_CYCLES)
                 torch.cuda.synchronize()
         _pass_on_stderr(err[2])
