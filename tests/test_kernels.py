@@ -13,29 +13,30 @@ from matmul_drift import kernels
 import kernel_names
 
 SPIN = "spin_kernel"  # torch.cuda._sleep's kernel, as normalise_cuda gives "void spin_kernel(long)"
+ADD = "at::native::vectorized_elementwise_kernel<4,at::native::CUDAFunctorOnSelf_add<unsigned char>>"  # a byte add
+MARKS = (SPIN, ADD)
 NAMES = [kernels.normalise_cuda(n) for tag, n in kernel_names.tagged() if tag == "full"]
 
 
 class LossyProfiler:
-    """Sessions as torch.profiler gives them: the sentinels, the call's kernels, the tail
-    sentinel, less the first ``loss(session)`` records."""
+    """Sessions as torch.profiler gives them: the spins, the call's kernels, the byte adds,
+    less the first ``loss(session)`` records and the last ``tail_loss``."""
+
+    tail_loss = 0
 
     def __init__(self, loss, truths):
-        self.loss, self.truths, self.session, self.calls = loss, truths, 0, 0
+        self.loss, self.truths, self.session, self.calls, self.current = loss, truths, 0, 0, 0
 
-    def alone(self, pad: int) -> list[str]:
-        return self._lose([SPIN] * pad)
+    def alone(self, pad: tuple[int, int]) -> list[str]:
+        return self._lose([SPIN] * pad[0] + [ADD] * pad[1])
 
-    def record(self, pad: int) -> list[str]:
+    def record(self, pad: tuple[int, int]) -> list[str]:
         self.calls += 1
-        truth = self.truths[self.current]
-        return self._lose([SPIN] * pad + truth + [SPIN] * (kernels.TAIL if pad else 0))
+        return self._lose([SPIN] * pad[0] + self.truths[self.current] + [ADD] * pad[1])
 
     def _lose(self, names: list[str]) -> list[str]:
         self.session += 1
         return names[self.loss(self.session):len(names) - self.tail_loss]
-
-    tail_loss = 0
 
 
 def grows(session: int) -> int:
@@ -43,23 +44,25 @@ def grows(session: int) -> int:
     return 10**9 if session == 1 else session
 
 
-def test_the_sentinel_is_the_kernel_torch_cuda_sleep_launches():
+def test_the_markers_are_kernels_no_matmul_launches():
     assert kernels.normalise_cuda("void spin_kernel(long)") == SPIN
+    assert not any(SPIN in n or "unsigned char" in n for n in NAMES)
 
 
 @pytest.mark.parametrize("names, want", [
-    ([SPIN] * 4 + ["a", "b"] + [SPIN] * 4, (["a", "b"], 0)),
-    ([SPIN] * 2 + ["a", "a"] + [SPIN] * 4, (["a", "a"], 2)),  # a kernel launched twice stays twice
-    ([SPIN] + ["a"] + [SPIN], (["a"], 3)),  # the last records lost too: a tail sentinel is left
-    (["a"] + [SPIN] * 4, None),  # every head sentinel lost: "a" may not be the call's first kernel
-    ([SPIN] * 4 + ["a"], None),  # no tail: the call's last kernels may be missing
-    ([SPIN] * 8, ([], 0)),  # the call launched nothing (an empty product)
-    ([SPIN] * 5, ([], 3)),
-    ([SPIN] * 4, None),  # the tail alone: the call's kernels may all be lost
-    ([], None),
+    ([SPIN] * 4 + ["a", "b"] + [ADD] * 4, (["a", "b"], (0, 0))),
+    ([SPIN] * 2 + ["a", "a"] + [ADD] * 4, (["a", "a"], (2, 0))),  # a kernel launched twice stays twice
+    ([SPIN] + ["a"] + [ADD], (["a"], (3, 3))),  # the last records lost too: an add is left
+    (["a"] + [ADD] * 4, (None, (4, 0))),  # every spin lost: "a" may not be the call's first kernel
+    ([SPIN] * 4 + ["a"], (None, (0, 4))),  # no add: the call's last kernels may be missing
+    ([SPIN] * 4 + [ADD] * 4, ([], (0, 0))),  # the call launched nothing (an empty product)
+    ([SPIN] + [ADD], ([], (3, 3))),
+    ([ADD] * 4, (None, (4, 0))),  # adds alone: the call's kernels may all be lost
+    ([SPIN] * 3, (None, (1, 4))),  # spins alone: so may they, at the end
+    ([], (None, (4, 4))),
 ])
-def test_a_list_is_whole_only_between_surviving_sentinels(names, want):
-    assert kernels.bracketed(names, SPIN, 4) == want
+def test_a_list_is_whole_only_between_a_surviving_spin_and_a_surviving_add(names, want):
+    assert kernels.bracketed(names, MARKS, (4, 4)) == want
 
 
 def test_kernel_lists_stay_whole_while_the_profiler_loses_more_each_session():
@@ -68,41 +71,44 @@ def test_kernel_lists_stay_whole_while_the_profiler_loses_more_each_session():
     truths[7] = [NAMES[0], NAMES[0]]
     prof = LossyProfiler(grows, truths)
     s = kernels.Sentinels(prof.alone)
-    assert s.name == SPIN
+    assert s.marks == MARKS
     for prof.current, truth in enumerate(truths):
         assert s.kernels(prof.record) == truth
     # one try a call, while the loss rose past 300 records a session; the padding kept ahead
-    assert prof.calls == 300 and prof.session == 302 and 302 < s.pad < 2 * 302 + 8
+    assert prof.calls == 300 and prof.session == 302 and 302 < s.pad[0] < 2 * 302 + 8 and s.pad[1] == 4
     # the same sessions without sentinels: the old lists read "(no kernel)"
     bare = LossyProfiler(grows, truths)
     bare.current = 7
-    assert [bare.record(0) for _ in range(3)] == [[], [], []]
+    assert [bare.record((0, 0)) for _ in range(3)] == [[], [], []]
 
 
-def test_a_profiler_that_loses_the_last_records_instead_is_covered_by_the_tail():
-    truths = [[NAMES[i % len(NAMES)], NAMES[0]] for i in range(20)] + [[]]
+def test_a_profiler_that_loses_the_last_records_too_gives_whole_lists():
+    """Losing the last records as well, 3 a session and now and then 9: every list is whole,
+    the adds after the call grow to cover the end's loss, and the spins follow the head's loss
+    alone (they grew without end when every failed try counted as a loss of all of them)."""
+    truths = [[NAMES[i % len(NAMES)], NAMES[0]] for i in range(200)] + [[]]
     prof = LossyProfiler(lambda k: k % 3, truths)
-    prof.tail_loss = kernels.TAIL - 1
     s = kernels.Sentinels(prof.alone)
     for prof.current, truth in enumerate(truths):
+        prof.tail_loss = 3 if prof.current % 10 else 9
         assert s.kernels(prof.record) == truth
-    assert prof.calls == len(truths)
+    # the first call's loss of 9 took everything, read as the whole padding lost on both sides
+    assert s.pad == (2 * 4 + 4, 2 * 9 + 4) and prof.calls < len(truths) + 4
 
 
 def test_a_profiler_that_loses_every_try_is_one_clear_error():
     prof = LossyProfiler(lambda k: 0 if k == 1 else 10**9, [[NAMES[0]]])
-    prof.current = 0
     s = kernels.Sentinels(prof.alone)
-    with pytest.raises(kernels.ProfilerLost, match=r"lost kernel records at each of 4 tries \(sentinels before the "
-                                                   r"call: 4, 12, 28, 60; device events seen: 0, 0, 0, 0\)"):
+    with pytest.raises(kernels.ProfilerLost, match=r"lost kernel records at each of 4 tries \(markers before and "
+                                                   r"after the call: 4\+4, 12\+12, 28\+28, 60\+60; device events "
+                                                   r"seen: 0, 0, 0, 0\)"):
         s.kernels(prof.record)
 
 
-def test_without_a_sentinel_the_lists_go_unchecked_and_say_so(capsys):
+def test_without_markers_the_lists_go_unchecked_and_say_so(capsys):
     prof = LossyProfiler(lambda k: 0, [[NAMES[1]]])
-    prof.current = 0
     s = kernels.Sentinels(lambda pad: [])
-    assert s.name is None and "CUDA kernel lists go unchecked" in capsys.readouterr().err
+    assert s.marks is None and "CUDA kernel lists go unchecked" in capsys.readouterr().err
     assert s.kernels(prof.record) == [NAMES[1]]
 
 

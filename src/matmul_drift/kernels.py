@@ -190,12 +190,14 @@ def cpu_route(fn) -> tuple[object, list[str]]:
 # CUPTI's timestamp callback again at every session, and from then on the first k records of
 # the k-th session get bad timestamps and are dropped, silently (pytorch/pytorch#192021; the
 # very first session can lose all of them, pytorch/kineto#996). Each traced call opens a
-# session of its own, so a scan would soon read "(no kernel)". Spin kernels launched before
-# the call (padding that the loss eats first) and a few after it bracket the call's kernels: a
-# list between surviving sentinels on both sides is whole, or the call is traced again.
-SPIN_CYCLES = 1000  # about a microsecond of torch.cuda._sleep: a kernel no matmul launches
-TAIL = 4  # sentinels after the call: should a profiler lose the last records instead
+# session of its own, so a scan would soon read "(no kernel)". Kernels no matmul launches
+# bracket the call: spins before it (padding that the loss eats first) and adds to a uint8
+# scratch byte after it (should a profiler lose the last records instead; a float matmul
+# launches no uint8 kernel). A list between a surviving spin and a surviving add is whole;
+# otherwise the call is traced again with more padding on the side that lost.
+SPIN_CYCLES = 1000  # about a microsecond of torch.cuda._sleep
 TRIES = 4
+MAX_PAD = 1 << 14  # markers on either side of a call; a profiler losing more is ProfilerLost
 
 
 class ProfilerLost(RuntimeError):
@@ -208,64 +210,68 @@ def device_names(events, cuda_type) -> list[str]:
     return [normalise_cuda(e.name) for e in events if getattr(e, "device_type", None) == cuda_type]
 
 
-def bracketed(names: list[str], sentinel: str, pad: int, tail: int = TAIL) -> tuple[list[str], int] | None:
-    """(the call's kernels, head records lost) from one session's ``names``: ``pad`` sentinels,
-    the call's kernels, ``tail`` sentinels. None where they are not bracketed, so some of the
-    call's own records may be lost: no sentinel at the end, or none left before the call's
-    kernels. A call that launched nothing leaves sentinels only: more than ``tail`` of them
-    (a head one among them) are whole."""
-    if not names or names[-1] != sentinel:
-        return None
+def bracketed(names: list[str], marks: tuple[str, str], pad: tuple[int, int]) -> tuple[list[str] | None, tuple]:
+    """(the call's kernels, or None where some may be lost; the records lost at the head and at
+    the end, at least) from one session's ``names``: ``pad[0]`` spins, the call's kernels,
+    ``pad[1]`` byte adds (``marks``: the spin's and the add's names). Whole only between a
+    surviving spin and a surviving add: a loss at the head takes the spins first, one at the
+    end the adds."""
+    spin, add = marks
     head = 0
-    while head < len(names) and names[head] == sentinel:
+    while head < len(names) and names[head] == spin:
         head += 1
-    if head == len(names):
-        return ([], pad + tail - head) if head > tail else None
-    if head == 0:
-        return None
     end = len(names)
-    while names[end - 1] == sentinel:
+    while end > head and names[end - 1] == add:
         end -= 1
-    return names[head:end], max(0, pad - head)
+    # where no marker of a side is left, the loss there reached at least the call
+    lost = (max(0, pad[0] - head) if head else pad[0],
+            max(0, pad[1] - (len(names) - end)) if end < len(names) else pad[1])
+    if not head or end == len(names):
+        return None, lost
+    return names[head:end], lost
 
 
 class Sentinels:
-    """Per process: the sentinel kernel's name (learned from a session of sentinels alone, None
-    where the profiler shows none: tracing then goes unchecked) and the padding, twice the
-    largest head loss seen so far plus 4 (the loss grows by about one a session)."""
+    """Per process: the names of the two markers (learned from sessions of markers alone; None
+    where the profiler shows them not: tracing then goes unchecked) and the padding on each
+    side, twice the largest loss seen there so far plus 4 (the loss grows by about one a
+    session)."""
 
     def __init__(self, record_alone):
-        self.lost = 0
-        self.name = None
-        for _ in range(TRIES):
-            names = record_alone(8)
-            if names:
-                self.name = names[-1]
+        self.lost = (0, 0)
+        self.marks = None
+        for n in (8, 64, 512, 4096):
+            names = record_alone((n, n))  # spins, then byte adds
+            if names and names[0] != names[-1]:
+                self.marks = (names[0], names[-1])
                 return
-        print("matmul-drift: warning: the profiler showed no sentinel kernel; CUDA kernel lists go unchecked",
+        print("matmul-drift: warning: the profiler showed no sentinel kernels; CUDA kernel lists go unchecked",
               file=sys.stderr)
 
     @property
-    def pad(self) -> int:
-        return 2 * self.lost + 4
+    def pad(self) -> tuple[int, int]:
+        return (2 * self.lost[0] + 4, 2 * self.lost[1] + 4)
 
     def kernels(self, record) -> list[str]:
-        """The call's kernels from ``record(pad)`` (one traced call with ``pad`` sentinels before
-        it and TAIL after), traced again with more padding while a try is not bracketed."""
-        if self.name is None:
-            return record(0)
+        """The call's kernels from ``record(pad)`` (one traced call with ``pad[0]`` spins before
+        it and ``pad[1]`` byte adds after), traced again with more padding while a try is not
+        bracketed."""
+        if self.marks is None:
+            return record((0, 0))
         pads, seen = [], []
         for _ in range(TRIES):
+            if max(self.pad) > MAX_PAD:
+                break
             pads.append(self.pad)
             names = record(pads[-1])
-            got = bracketed(names, self.name, pads[-1])
+            got, lost = bracketed(names, self.marks, pads[-1])
+            self.lost = (max(self.lost[0], lost[0]), max(self.lost[1], lost[1]))
             if got is not None:
-                self.lost = max(self.lost, got[1])
-                return got[0]
+                return got
             seen.append(len(names))
-            self.lost = pads[-1]  # an unbracketed try lost at least its padding
-        raise ProfilerLost(f"the profiler lost kernel records at each of {TRIES} tries (sentinels before the call: "
-                           f"{', '.join(map(str, pads))}; device events seen: {', '.join(map(str, seen))})")
+        raise ProfilerLost(f"the profiler lost kernel records at each of {len(pads)} tries (markers before and after "
+                           f"the call: {', '.join(f'{a}+{b}' for a, b in pads)}; device events seen: "
+                           f"{', '.join(map(str, seen))})")
 
 
 _SENTINELS: list[Sentinels] = []
@@ -279,22 +285,24 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
     from torch.profiler import ProfilerActivity, profile
 
     box: list = []
+    scratch = torch.empty(1, dtype=torch.uint8, device="cuda")
 
-    def record(pad: int, call=True) -> list[str]:
+    def record(pad: tuple[int, int], call=True) -> list[str]:
+        box.clear()  # a retry holds one result at a time
         torch.cuda.synchronize()
         with captured_fds((2,)) as err:
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for _ in range(pad):
+                for _ in range(pad[0]):
                     torch.cuda._sleep(SPIN_CYCLES)
                 if call:
-                    box[:] = [fn()]
-                for _ in range(TAIL if call and pad else 0):
-                    torch.cuda._sleep(SPIN_CYCLES)
+                    box.append(fn())
+                for _ in range(pad[1]):
+                    scratch.add_(1)
                 torch.cuda.synchronize()
         _pass_on_stderr(err[2])
         return device_names(prof.events(), torch.autograd.DeviceType.CUDA)
 
-    if not _SENTINELS:  # a torch without _sleep has no sentinel: tracing goes unchecked
+    if not _SENTINELS:  # a torch without _sleep has no spin: tracing goes unchecked
         _SENTINELS.append(Sentinels(lambda pad: record(pad, call=False) if hasattr(torch.cuda, "_sleep") else []))
     names = _SENTINELS[0].kernels(record)
     return box[0], names or ["(no kernel)"]
