@@ -528,6 +528,7 @@ def test_a_merge_reads_order_trees_deeper_than_json_loads_goes(tmp_path):
         "results/catalog/orders/0123456789ab.json", "results/gpu-check/h200/0123abcd/order-seed-float16.json"]
     back = order.read_report(report.decode())
     assert order.to_json(back.pop("tree")) == order.to_json(deep) and back == {"k": 1500, "summary": "sequential"}
+    assert order.to_json(order.read_report(report.decode().replace("\n", "\r\n"))["tree"]) == order.to_json(deep)
     cut = _tree_with(tmp_path / "cut", {"results/catalog/orders/0123456789ab.json": entry[:-9]})
     with pytest.raises(nightly.UsageError, match="orders/0123456789ab.json is not valid JSON"):
         nightly.plan_merge(tree, [cut])
@@ -564,7 +565,7 @@ def test_cli_errors_are_one_line_exit_2(world, tmp_path):
         (("--python", str(bare / "bin" / "python"), "--machine", "x"), world.b, "cannot describe its torch environment"),
         (("--python", "/bin/true", "--machine", "x"), world.b, "/bin/true is not a Python that can describe"),
         (("--python", "/bin/echo", "--machine", "x"), world.b, "/bin/echo is not a Python that can describe"),
-        (("--python", PY, "--machine", "x", "--date", "9999-12-31"), world.b, "a night is tonight or one before"),
+        (("--python", PY, "--machine", "x", "--date", "9999-12-31"), world.b, "more than a year from today"),
         # a value git would read as an option never reaches git
         (("--python", PY, "--machine", "x", "--remote", "--upload-pack=touch /tmp/pwned"), world.b, "--remote"),
         (("--python", PY, "--machine", "x", "--branch=--orphan"), world.b, "not a valid git branch name"),
@@ -689,10 +690,15 @@ def test_axis_commits_are_what_git_makes(tmp_path):
     from datetime import datetime, timedelta, timezone
 
     today = datetime.now(timezone.utc).date()
-    axis.commit(str(today + timedelta(days=1)))  # a clock ahead of UTC
-    for late in (str(today + timedelta(days=2)), "9999-12-31"):  # 9999-12-31 had no next day: OverflowError
-        with pytest.raises(axis.AxisError, match="a night is tonight or one before"):
+    axis.commit(str(today + timedelta(days=30)))  # a results date from a clock ahead: still on the axis
+    for late in (str(today + timedelta(days=400)), "9999-12-31"):  # 9999-12-31 had no next day: OverflowError
+        with pytest.raises(axis.AxisError, match="more than a year from today"):
             axis.commit(late)
+    # the CLI's --date: tonight, or tomorrow for a clock ahead of UTC (3 days: no flake at midnight)
+    assert nightly.check_date(str(today + timedelta(days=1)), tonight=True) == str(today + timedelta(days=1))
+    with pytest.raises(nightly.UsageError, match="a night is tonight or one before"):
+        nightly.check_date(str(today + timedelta(days=3)), tonight=True)
+    assert nightly.check_date(str(today + timedelta(days=3))) == str(today + timedelta(days=3))  # a merged night
 
 
 def test_no_push_tree_adopts_the_remote_and_keeps_its_files(tmp_path):

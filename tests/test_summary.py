@@ -492,6 +492,8 @@ def test_results_of_another_format_version_are_named(capsys, tree):
     (lambda p: (p / "empty").mkdir(), ["{root}/empty"], "no asv results"),
     (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--catalog", "{root}/nope"],
      "/nope is not a directory"),  # was rc 0 and a warning per id
+    (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--catalog", ""],
+     "--catalog '' is not a directory"),  # '' read as '.'
     (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--machine", "nope"],
      "unknown machine 'nope'"),
     (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--fail-on", "bogus"],

@@ -81,7 +81,7 @@ def options(args: argparse.Namespace) -> nightly.Options:
             raise nightly.UsageError(f"--merge {src}: not a directory")
     return nightly.Options(
         machine=None if merging else nightly.check_machine(args.machine),
-        date=nightly.check_date(args.date) if args.date else nightly.today(),
+        date=nightly.check_date(args.date, tonight=True) if args.date else nightly.today(),
         tree=(args.tree or repo / "nightly").absolute(), repo=repo, python=python, branch=args.branch,
         remote=args.remote, push=args.push, force=args.force, bench=args.bench, quick=args.quick,
         launch_method=args.launch_method, publish=args.publish,

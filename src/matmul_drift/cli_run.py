@@ -50,7 +50,8 @@ def options(args: argparse.Namespace) -> mainjob.Options:
     given = args.torch or ([os.environ["TORCH_VERSION"]] if os.environ.get("TORCH_VERSION") else [])
     builds = [b for t in given for b in t.split(",") if b.strip()]
     if given and not builds:  # not every build of the matrix, silently
-        raise mainjob.UsageError(f"--torch {','.join(given)!r} names no torch version (e.g. --torch 2.13.0,2.14.1)")
+        where = "--torch" if args.torch else "$TORCH_VERSION"
+        raise mainjob.UsageError(f"{where} {','.join(given)!r} names no torch version (e.g. --torch 2.13.0,2.14.1)")
     if args.machine is not None:
         from .nightly import check_machine, UsageError as NightUsage
 

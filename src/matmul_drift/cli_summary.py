@@ -89,8 +89,8 @@ def _write_output(path: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the summary for parsed ``args``; returns the exit status."""
     problem = _output_problem(args.output) if args.output is not None else None
-    if args.catalog is not None and not Path(args.catalog).is_dir():  # else a warning for every id
-        problem = f"--catalog {args.catalog} is not a directory"
+    if args.catalog is not None and not (args.catalog and Path(args.catalog).is_dir()):  # else a warning per id
+        problem = f"--catalog {args.catalog or repr('')} is not a directory"
     if problem:
         return _error(problem)
     try:

@@ -80,7 +80,8 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
     if m.error_u is None:
         nulls["error_u"] = "no entry is finite in both the product and the exact result, with 0 < Σ|a·b| < inf"
     if m.gamma_k_u is None:
-        nulls["gamma_k_u"] = "K·u ≥ 1: the γ_K bound says nothing"
+        nulls["gamma_k_u"] = ("2K·u ≥ 1: the γ_K(TF32) bound says nothing" if m.precision in numerics.TF32
+                              else "K·u ≥ 1: the γ_K bound says nothing")
     out = _finite(out, "", nulls)
     out["nulls"] = nulls
     out["verdict"] = verdict(out)

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from . import asvrun, atomic, axis, bounded, history, render, resultsbranch, site, summary
@@ -114,7 +114,9 @@ def check_machine(name: str) -> str:
     return name
 
 
-def check_date(text: str) -> str:
+def check_date(text: str, tonight: bool = False) -> str:
+    """The night ``text`` names, on asv's axis; with ``tonight`` (the CLI's --date) no later than
+    tomorrow (UTC; tomorrow for a clock ahead of it). UsageError otherwise."""
     try:
         night = datetime.strptime(text, "%Y-%m-%d").strftime("%Y-%m-%d")
         axis.commit(night)
@@ -122,6 +124,9 @@ def check_date(text: str) -> str:
         raise UsageError(f"--date {text!r} is not a date like 2026-01-31") from None
     except axis.AxisError as exc:
         raise UsageError(f"--date: {exc}") from None
+    latest = (datetime.now(timezone.utc) + timedelta(days=1)).strftime("%Y-%m-%d")
+    if tonight and night > latest:
+        raise UsageError(f"--date {night} lies after {latest}: a night is tonight or one before")
     return night
 
 

@@ -371,7 +371,7 @@ def report_text(meta: dict, tree) -> str:
 def read_report(text: str) -> dict:
     """report_text's inverse, the tree read without recursion (json.loads stops at about 1000
     levels, and a sequential loop is K deep). ValueError for anything else."""
-    head, sep, tail = text.rstrip().rpartition(TREE_MEMBER)
+    head, sep, tail = text.replace("\r\n", "\n").rstrip().rpartition(TREE_MEMBER)  # a copy with CRLF too
     if not sep or not tail.endswith("}"):
         raise ValueError("not an order report: no tree at its end")
     obj = json.loads(head + "\n}")
