@@ -218,15 +218,9 @@ def fuse(tree, measure_pairs, k: int):
     tree = from_json(to_json(tree))  # a copy, made without recursion
     if not isinstance(tree, list):
         return tree, 0, 0
+    order_ = inner_nodes(tree)  # parents before children
     parent: dict[int, list | None] = {id(tree): None}
-    order_, stack = [], [tree]
-    while stack:  # parents before children
-        x = stack.pop()
-        order_.append(x)
-        for c in x:
-            if isinstance(c, list):
-                parent[id(c)] = x
-                stack.append(c)
+    parent.update((id(c), x) for x in order_ for c in x if isinstance(c, list))
     size: dict[int, int] = {}
     least: dict[int, int] = {}
     for x in reversed(order_):
@@ -260,17 +254,23 @@ def fuse(tree, measure_pairs, k: int):
     return canonical(tree), len(links), len(merged)
 
 
-def canonical(node):
-    """Children ordered by their smallest leaf (iterative: trees can be thousands deep)."""
-    if not isinstance(node, list):
-        return node
-    order, stack = [], [node]
+def inner_nodes(tree) -> list[list]:
+    """The inner nodes of a tree, each before its children (iterative: trees can be thousands
+    deep); [] for a single product or None."""
+    order, stack = [], [tree] if isinstance(tree, list) else []
     while stack:
         x = stack.pop()
         order.append(x)
         stack.extend(c for c in x if isinstance(c, list))
+    return order
+
+
+def canonical(node):
+    """Children ordered by their smallest leaf (iterative: trees can be thousands deep)."""
+    if not isinstance(node, list):
+        return node
     least: dict[int, int] = {}  # id(subtree) -> its smallest leaf, children first
-    for x in reversed(order):
+    for x in reversed(inner_nodes(node)):
         x.sort(key=lambda c: least[id(c)] if isinstance(c, list) else c)
         least[id(x)] = least[id(x[0])] if isinstance(x[0], list) else x[0]
     return node
@@ -408,13 +408,7 @@ def _shapes(node) -> dict[int, int]:
     """{id(subtree): a small int naming its shape (the tree with its leaves erased)}, iterative."""
     names: dict[tuple, int] = {}
     out: dict[int, int] = {}
-    order, stack = [], [node]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, list):
-            order.append(x)
-            stack.extend(c for c in x if isinstance(c, list))
-    for x in reversed(order):
+    for x in reversed(inner_nodes(node)):
         key = tuple(out[id(c)] if isinstance(c, list) else 0 for c in x)
         out[id(x)] = names.setdefault(key, len(names) + 1)
     return out
@@ -519,14 +513,8 @@ def _parts(parts: list, how: str, depth: int) -> str:
 
 
 def arities(tree) -> list[int]:
-    """The number of children of each inner node of the tree (iterative)."""
-    out, stack = [], [tree]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, list):
-            out.append(len(x))
-            stack.extend(c for c in x if isinstance(c, list))
-    return out
+    """The number of children of each inner node of the tree."""
+    return [len(x) for x in inner_nodes(tree)]
 
 
 def fused_nodes(tree) -> int:
