@@ -572,7 +572,8 @@ def _floats(name: str, column: str, lst, n: int, nulls: bool = True,
         failed = np.fromiter((v is None for v in lst), dtype=bool, count=n)
     else:
         failed = np.zeros(n, dtype=bool)
-    bad = [i for i, v in enumerate(lst) if v is not None and (type(v) not in (int, float) or v in (math.inf, -math.inf))]
+    bad = [i for i, v in enumerate(lst)
+           if v is not None and (type(v) not in (int, float) or v in (math.inf, -math.inf))]
     if bad:
         if odd is not None:
             odd += [f"{name} {column}[{i}] = {json.dumps(lst[i])[:40]}" for i in bad]

@@ -128,7 +128,7 @@ def register(fp: dict | None = None) -> str:
     from . import atomic
 
     entry = asv_entry(fingerprint() if fp is None else fp)
-    path = os.path.realpath(MachineCollection.get_machine_file_path())  # a symlinked dotfile stays one
+    path = _machine_file()
     try:
         machines = _machines(path)
         if machines and not os.access(path, os.W_OK):  # read-only on purpose: a rename would override that
@@ -144,12 +144,17 @@ def register(fp: dict | None = None) -> str:
 def is_registered(name: str) -> bool:
     """Whether ``~/.asv-machine.json`` holds an entry ``name`` (which `asv run --machine` needs);
     False where the file is missing or unreadable."""
-    from asv.machine import MachineCollection
-
     try:
-        return isinstance(_machines(os.path.realpath(MachineCollection.get_machine_file_path())).get(name), dict)
+        return isinstance(_machines(_machine_file()).get(name), dict)
     except (OSError, ValueError):
         return False
+
+
+def _machine_file() -> str:
+    """asv's machine file, ~/.asv-machine.json, its link followed (a symlinked dotfile stays one)."""
+    from asv.machine import MachineCollection
+
+    return os.path.realpath(MachineCollection.get_machine_file_path())
 
 
 def _machines(path: str) -> dict:
