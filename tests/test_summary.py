@@ -301,8 +301,10 @@ def test_accuracy_tolerance(capsys, tmp_path, factor, tolerance, flagged):
     assert rc == (1 if flagged else 0)
 
 
-def test_accuracy_crossing_the_gamma_bound_is_flagged_even_within_tolerance(capsys, tmp_path):
-    i = _idx(dtype="float32")
+@pytest.mark.parametrize("dtype,name", [("float32", "γ_K"), ("float32-high", "γ_K(TF32)")])
+def test_accuracy_crossing_the_gamma_bound_is_flagged_even_within_tolerance(capsys, tmp_path, dtype, name):
+    """The flag names the bound that the u-bound series holds: TF32's for a TF32 precision."""
+    i = _idx(dtype=dtype)
     bound = F.K / (1 - F.K * 2.0**-24)
 
     def change(data, cat):
@@ -314,7 +316,7 @@ def test_accuracy_crossing_the_gamma_bound_is_flagged_even_within_tolerance(caps
     tree = F.write_tree(tmp_path / "results", n_commits=2, torch_versions=("2.13.0",), adjust=before)
     rc, doc, _ = run_json(capsys, tree.root)
     (f,) = doc["flags"]
-    assert f["kind"] == "accuracy" and "now above the γ_K bound" in f["detail"] and rc == 1
+    assert f["kind"] == "accuracy" and f"now above the {name} bound " in f["detail"] and rc == 1
     # Vacuous bound (fp16: K u >= 1 gives NaN): no crossing, and 1.3x is within tolerance.
     j = _idx(dtype="float16")
     tree2 = F.write_tree(tmp_path / "r2", n_commits=2, torch_versions=("2.13.0",),

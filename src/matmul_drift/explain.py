@@ -25,7 +25,7 @@ TF32_LEGEND = ("γ_K(TF32): ((1 + 2^-10)² (1 + γ_K at 2u) − 1) / u, the same
 
 def _gamma(r: dict) -> str:
     """The bound's name: γ_K, or γ_K(TF32) for a TF32 precision (numerics.bound_u)."""
-    return "γ_K(TF32)" if r["dtype"] in numerics.TF32 else "γ_K"
+    return numerics.bound_name(r["dtype"])
 
 
 def _worst(row: dict) -> tuple:

@@ -58,6 +58,11 @@ def bound_u(k: int, dtype: str, precision: str | None = None) -> float | None:
     return None if g is None else ((1 + TF32_INPUT_REL) ** 2 * (1 + 2 * u * g) - 1) / u
 
 
+def bound_name(precision: str | None) -> str:
+    """The name of ``bound_u``'s bound for ``precision``: "γ_K", or "γ_K(TF32)"."""
+    return "γ_K(TF32)" if precision in TF32 else "γ_K"
+
+
 def ordered(bits: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Split bit patterns into (negative?, magnitude) so that value order is integer order.
 

@@ -19,7 +19,7 @@ kernel-id   ``kernel``: the id differs (any change of the ordered kernel list).
 ulp         ``invariance``: 0 -> non-zero (lost) or non-zero -> 0 (regained);
             ``ulp-growth`` (informational): non-zero and grew by more than ``ulp_growth``.
 u           ``accuracy``: max/min of the two values exceeds ``u_tolerance``, or the value
-            crosses the γ_K bound read from the ``u-bound`` series of the same class.
+            crosses the bound (γ_K, or γ_K(TF32)) read from the ``u-bound`` series of the same class.
 seconds     ``timing``: the ratio exceeds ``time_factor`` and, where asv recorded stats
             for both sides (repeat > 1), the 99 % confidence intervals do not overlap
             (IQR where there is no CI); with no stats, the ratio alone decides.
@@ -52,6 +52,7 @@ import numpy as np
 
 from .catalog import hex_id
 from . import machine as hardware
+from . import numerics
 from .history import History, Run, Series, version_key
 
 KINDS = ("kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix", "timing", "ulp-growth", "failure", "code")
@@ -607,6 +608,12 @@ def _ulp(ctx: _Ctx, vb, va, both) -> list[Flag]:
     return flags
 
 
+def _bound_name(combo: tuple) -> str:
+    """γ_K, or γ_K(TF32) where a parameter (an asv repr) names a TF32 precision."""
+    names = [p.strip("'\"") for p in combo]
+    return numerics.bound_name(next((p for p in names if p in numerics.TF32), None))
+
+
 def _accuracy(ctx: _Ctx, vb, va, both) -> list[Flag]:
     tol = ctx.judge.o.u_tolerance
     lo, hi = np.minimum(vb, va), np.maximum(vb, va)
@@ -625,8 +632,9 @@ def _accuracy(ctx: _Ctx, vb, va, both) -> list[Flag]:
         ratio = "" if vb[i] == 0 else f" ({va[i] / vb[i]:.3g}x)"
         detail = f"error {format_value(vb[i], 'u')} -> {format_value(va[i], 'u')}{ratio}"
         if crossed[i]:
-            detail += (f"; now above the γ_K bound {format_value(ga[i], 'u')}" if va[i] > ga[i]
-                       else f"; back within the γ_K bound {format_value(ga[i], 'u')}")
+            g = _bound_name(ctx.combo(i))
+            detail += (f"; now above the {g} bound {format_value(ga[i], 'u')}" if va[i] > ga[i]
+                       else f"; back within the {g} bound {format_value(ga[i], 'u')}")
         flags.append(ctx.flag("accuracy", i, detail))
     return flags
 
