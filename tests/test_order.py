@@ -448,6 +448,7 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     (["--m", "4", "--k", "8", "--n", "4", "--device", "cuda"], "cuda"),
     (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}"], "exists"),
     (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}/no/such/o.json"], "folder does not exist"),
+    (["--m", "4", "--k", "8", "--n", "4", "--json", "/proc/o.json"], "/proc/o.json: its folder is not writable ("),
     (["--m", "4", "--k", "8", "--n", "4", "--json", ""], "--json: needs a file name, got an empty one"),  # was ". exists"
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path):

@@ -84,6 +84,21 @@ def _temp(path: Path, data: bytes) -> str:
     return tmp
 
 
+def folder_problem(path: Path | str) -> str | None:
+    """Why no file can be written at ``path`` by these functions, or None: its folder is missing,
+    or refuses a new file. Tried with a temporary file, as a write makes one there: os.access
+    says yes to root where the file system still says no (/proc)."""
+    folder = Path(path).absolute().parent
+    if not folder.is_dir():
+        return "its folder does not exist"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".tmp-", suffix=".part"):
+            pass
+    except OSError as exc:
+        return f"its folder is not writable ({exc.strerror})"
+    return None
+
+
 def _discard(tmp: str) -> None:
     if os.path.exists(tmp):
         os.unlink(tmp)

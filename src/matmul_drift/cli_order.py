@@ -41,7 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _target(args):
-    from . import catalog, measure, memory, order, order_probe
+    from . import atomic, catalog, measure, memory, order, order_probe
     from .cli import UsageError
 
     if (args.case is None) == (args.m is None and args.k is None and args.n is None):
@@ -54,10 +54,9 @@ def _target(args):
         raise UsageError("give one of --slice-n and --slice-m")
     if args.json and args.json.exists():  # as scan's --json: nothing recorded is overwritten
         raise UsageError(f"--json {args.json} exists; remove it or choose another name")
-    if args.json and not args.json.absolute().parent.is_dir():
-        raise UsageError(f"--json {args.json}: its folder does not exist")
-    if args.json and not os.access(args.json.absolute().parent, os.W_OK):
-        raise UsageError(f"--json {args.json}: its folder is not writable")
+    problem = args.json and atomic.folder_problem(args.json)
+    if problem:
+        raise UsageError(f"--json {args.json}: {problem}")
     try:
         case = cases.get(args.case) if args.case else cases.adhoc(args.m, args.k, args.n)
         s = case.shape(args.device)

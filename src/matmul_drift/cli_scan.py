@@ -16,7 +16,7 @@ import os
 import stat
 import sys
 
-from . import cases, scan
+from . import atomic, cases, scan
 
 PROG = "matmul-drift scan"
 
@@ -92,11 +92,9 @@ def _check_paths(args) -> str | None:
         if importlib.util.find_spec("matplotlib") is None:
             raise _Fail("--plot needs matplotlib (pip install matplotlib)")
     for p in (path, args.plot):
-        folder = os.path.dirname(os.path.abspath(p)) if p else None
-        if p and not os.path.isdir(folder):
-            raise _Fail(f"{p}: its folder does not exist")
-        if p and not os.access(folder, os.W_OK):  # each write goes through a temporary file there
-            raise _Fail(f"{p}: its folder is not writable")
+        problem = p and atomic.folder_problem(p)
+        if problem:
+            raise _Fail(f"{p}: {problem}")
     return path
 
 

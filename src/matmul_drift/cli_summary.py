@@ -66,9 +66,8 @@ def _output_problem(path: str) -> str | None:
         return None
     if os.path.lexists(path):
         return f"--output {path} exists; remove it or choose another name"
-    if not Path(path).absolute().parent.is_dir():
-        return f"--output {path}: its folder does not exist"
-    return None
+    problem = atomic.folder_problem(path)
+    return problem and f"--output {path}: {problem}"
 
 
 def _is_device(path: str) -> bool:
