@@ -173,6 +173,8 @@ step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-chec
   timeout 30 "$PY" -c 'import torch; print("torch", torch.__version__, "git", torch.version.git_version[:12], "CUDA", torch.version.cuda)'
   timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
   cat "$STEPS"
+  # kernels.Sentinels' note, one per process whose profiler dropped records (pytorch#192021)
+  grep -ho "the profiler lost kernel records.*" "$OUT/log.txt" | sort | uniq -c | sort -rn | head -8 || true
   head -c 4000 "$PACK/seed-float16.txt" 2>/dev/null
   # the orders, one line each: the tree in words, its replay and how its fused adds round
   timeout 10 "$PY" - "$PACK" <<'PYEOF'

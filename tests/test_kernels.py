@@ -76,6 +76,10 @@ def test_kernel_lists_stay_whole_while_the_profiler_loses_more_each_session():
         assert s.kernels(prof.record) == truth
     # one try a call, while the loss rose past 300 records a session; the padding kept ahead
     assert prof.calls == 300 and prof.session == 302 and 302 < s.pad[0] < 2 * 302 + 8 and s.pad[1] == 4
+    # the log's line: nothing retried, a head loss of 302 (the last session's) and none at the end
+    assert s.report() == ("matmul-drift: note: the profiler lost kernel records, up to 302 before a traced call and 0 "
+                          f"after it; 0 of 300 calls were traced again, and every kernel list kept is whole (markers "
+                          f"now {2 * 302 + 4}+4)")
     # the same sessions without sentinels: the old lists read "(no kernel)"
     bare = LossyProfiler(grows, truths)
     bare.current = 7
@@ -94,6 +98,14 @@ def test_a_profiler_that_loses_the_last_records_too_gives_whole_lists():
         assert s.kernels(prof.record) == truth
     # the first call's loss of 9 took everything, read as the whole padding lost on both sides
     assert s.pad == (2 * 4 + 4, 2 * 9 + 4) and prof.calls < len(truths) + 4
+    assert f"; {prof.calls - len(truths)} of {len(truths)} calls were traced again" in s.report()
+    assert prof.calls > len(truths)
+
+
+def test_a_profiler_that_loses_nothing_leaves_no_note():
+    prof = LossyProfiler(lambda k: 0, [[NAMES[0]]])
+    s = kernels.Sentinels(prof.alone)
+    assert s.kernels(prof.record) == [NAMES[0]] and s.report() is None
 
 
 def test_a_profiler_that_loses_every_try_is_one_clear_error():

@@ -8,6 +8,7 @@ stay. A kernel-id therefore changes when the route changes, not when the shape d
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import re
@@ -239,6 +240,7 @@ class Sentinels:
 
     def __init__(self, record_alone):
         self.lost = (0, 0)
+        self.calls = self.retried = 0  # traced calls, and those that took more than one try
         self.marks = None
         for n in (8, 64, 512, 4096):
             names = record_alone((n, n))  # spins, then byte adds
@@ -259,6 +261,7 @@ class Sentinels:
         if self.marks is None:
             return record((0, 0))
         pads, seen = [], []
+        self.calls += 1
         for _ in range(TRIES):
             if max(self.pad) > MAX_PAD:
                 break
@@ -267,6 +270,7 @@ class Sentinels:
             got, lost = bracketed(names, self.marks, pads[-1])
             self.lost = (max(self.lost[0], lost[0]), max(self.lost[1], lost[1]))
             if got is not None:
+                self.retried += len(pads) > 1
                 return got
             seen.append(len(names))
         raise ProfilerLost(f"the profiler lost kernel records at each of {len(pads)} tries (markers before and after "
@@ -274,7 +278,23 @@ class Sentinels:
                            f"{', '.join(map(str, seen))})")
 
 
+    def report(self) -> str | None:
+        """One line on what the profiler lost in this process, or None where it lost nothing."""
+        if self.lost == (0, 0):
+            return None
+        return (f"matmul-drift: note: the profiler lost kernel records, up to {self.lost[0]} before a traced call and "
+                f"{self.lost[1]} after it; {self.retried} of {self.calls} calls were traced again, and every kernel "
+                f"list kept is whole (markers now {self.pad[0]}+{self.pad[1]})")
+
+
 _SENTINELS: list[Sentinels] = []
+
+
+def _report_at_exit() -> None:
+    """So that a run's log says whether the profiler dropped records (pytorch#192021), and how many."""
+    line = _SENTINELS[0].report() if _SENTINELS else None
+    if line:
+        print(line, file=sys.stderr)
 
 
 def cuda_kernels(fn) -> tuple[object, list[str]]:
@@ -304,6 +324,7 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
 
     if not _SENTINELS:  # a torch without _sleep has no spin: tracing goes unchecked
         _SENTINELS.append(Sentinels(lambda pad: record(pad, call=False) if hasattr(torch.cuda, "_sleep") else []))
+        atexit.register(_report_at_exit)
     names = _SENTINELS[0].kernels(record)
     return box[0], names or ["(no kernel)"]
 
