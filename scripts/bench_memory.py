@@ -6,7 +6,8 @@ probes (with --verify; their trees go to a temporary catalog), each in a process
 prints its peak resident size (the kernel's ru_maxrss), the estimate (memory.bytes_needed,
 which explain and scan check before they start; Target.bytes_needed for order) and their ratio.
 A ratio above 1 means the estimate is too low: the check could let through a shape that
-then runs out of memory. Took 2 min 3 s on 2 cores (Intel Xeon with AMX).
+then runs out of memory. Took 2 min 3 s on 2 cores (Intel Xeon with AMX); on an AMD EPYC Zen 4
+(no native fp16: torch's own loop) its first three explains alone took 10 min.
 
     python scripts/bench_memory.py
 """
