@@ -5,6 +5,7 @@ first can lose all, pytorch/kineto#996) simulated over real cuBLAS kernel names.
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
@@ -76,10 +77,9 @@ def test_kernel_lists_stay_whole_while_the_profiler_loses_more_each_session():
         assert s.kernels(prof.record) == truth
     # one try a call, while the loss rose past 300 records a session; the padding kept ahead
     assert prof.calls == 300 and prof.session == 302 and 302 < s.pad[0] < 2 * 302 + 8 and s.pad[1] == 4
-    # the log's line: nothing retried, a head loss of 302 (the last session's) and none at the end
-    assert s.report() == ("matmul-drift: note: the profiler lost kernel records, up to 302 before a traced call and 0 "
-                          f"after it; 0 of 300 calls were traced again, and every kernel list kept is whole (markers "
-                          f"now {2 * 302 + 4}+4)")
+    # the note: nothing traced again, and the padding after a head loss of 302 (the last session's)
+    assert s.report() == ("the profiler lost kernel records; of 300 traced calls, 0 were traced again with more "
+                          f"markers and 0 given up; markers now {2 * 302 + 4} before a call and 4 after it")
     # the same sessions without sentinels: the old lists read "(no kernel)"
     bare = LossyProfiler(grows, truths)
     bare.current = 7
@@ -98,23 +98,42 @@ def test_a_profiler_that_loses_the_last_records_too_gives_whole_lists():
         assert s.kernels(prof.record) == truth
     # the first call's loss of 9 took everything, read as the whole padding lost on both sides
     assert s.pad == (2 * 4 + 4, 2 * 9 + 4) and prof.calls < len(truths) + 4
-    assert f"; {prof.calls - len(truths)} of {len(truths)} calls were traced again" in s.report()
-    assert prof.calls > len(truths)
+    retried = prof.calls - len(truths)  # each call that failed once took one more try: a loss of 9 fits in 22
+    assert retried > 0 and s.report() == (f"the profiler lost kernel records; of {len(truths)} traced calls, "
+                                          f"{retried} were traced again with more markers and 0 given up; markers "
+                                          "now 12 before a call and 22 after it")
 
 
-def test_a_profiler_that_loses_nothing_leaves_no_note():
+def test_a_profiler_that_loses_nothing_leaves_no_note(monkeypatch, capsys):
     prof = LossyProfiler(lambda k: 0, [[NAMES[0]]])
     s = kernels.Sentinels(prof.alone)
     assert s.kernels(prof.record) == [NAMES[0]] and s.report() is None
+    monkeypatch.setattr(kernels, "_SENTINELS", [s])
+    kernels._report_at_exit()
+    assert capsys.readouterr().err == ""
 
 
-def test_a_profiler_that_loses_every_try_is_one_clear_error():
+def test_a_profiler_that_loses_every_try_is_one_clear_error(monkeypatch, tmp_path, capsys):
     prof = LossyProfiler(lambda k: 0 if k == 1 else 10**9, [[NAMES[0]]])
     s = kernels.Sentinels(prof.alone)
     with pytest.raises(kernels.ProfilerLost, match=r"lost kernel records at each of 4 tries \(markers before and "
                                                    r"after the call: 4\+4, 12\+12, 28\+28, 60\+60; device events "
                                                    r"seen: 0, 0, 0, 0\)"):
         s.kernels(prof.record)
+    # the process's note at exit, on stderr and appended to $MATMUL_DRIFT_PROFILER_NOTES
+    notes = tmp_path / "notes.txt"
+    notes.write_text("an earlier process's note\n")
+    monkeypatch.setenv(kernels.NOTES_ENV, str(notes))
+    monkeypatch.setattr(kernels, "_SENTINELS", [s])
+    kernels._report_at_exit()
+    line = "the profiler lost kernel records; of 1 traced calls, 0 were traced again with more markers and 1 given " \
+           "up; markers now 124 before a call and 124 after it"
+    assert capsys.readouterr().err == f"matmul-drift: note: {line}\n"
+    assert notes.read_text().splitlines()[0] == "an earlier process's note"
+    assert notes.read_text().splitlines()[1].startswith(f"{line} (")
+    monkeypatch.setattr(sys, "stderr", None)  # stderr closed: nothing raised, nothing on stdout
+    kernels._report_at_exit()
+    assert capsys.readouterr().out == "" and len(notes.read_text().splitlines()) == 3
 
 
 def test_without_markers_the_lists_go_unchecked_and_say_so(capsys):

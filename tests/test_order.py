@@ -505,6 +505,16 @@ def test_a_catalog_that_cannot_take_the_tree_is_one_line_before_probing(tmp_path
     assert (tmp_path / "file").read_text() == "not a folder"
 
 
+def test_a_dangling_link_as_json_is_refused_before_probing(tmp_path, capsys):
+    from matmul_drift import cli
+
+    (tmp_path / "o.json").symlink_to(tmp_path / "nowhere" / "o.json")
+    rc = cli.main(["order", "--m", "4", "--k", "8", "--n", "4", "--dtype", "float32", "--json", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"matmul-drift: error: --json {tmp_path / 'o.json'} exists; remove it or choose another "
+                               "name"], err
+
+
 def test_a_json_file_made_while_probing_is_not_replaced(tmp_path, capsys, monkeypatch):
     from matmul_drift import cli, order_probe
 

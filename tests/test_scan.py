@@ -417,6 +417,21 @@ def test_a_write_the_system_refuses_is_refused_before_measuring(flag, target, ca
     assert err.startswith(f"matmul-drift scan: error: {target}: its folder is not writable ("), err
 
 
+@pytest.mark.parametrize("flag,ext", [("--json", ".json"), ("--plot", ".png")])
+def test_a_dangling_link_or_a_name_too_long_is_refused_before_measuring(flag, ext, capsys, tmp_path, monkeypatch):
+    """A link to nowhere is a name taken (the write would fail on it only after the scan), and
+    a name longer than the folder takes fails only when written: both are refused first."""
+    monkeypatch.setattr(measure, "scan_point", lambda *a, **k: pytest.fail("measured before refusing"))
+    link = tmp_path / f"link{ext}"
+    link.symlink_to(tmp_path / "nowhere" / f"x{ext}")
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
+    long = tmp_path / ("a" * (longest + 1 - len(ext)) + ext)
+    for target, message in ((link, "exists"), (long, f"its name is longer than its folder takes ({longest} bytes)")):
+        rc, out, err = scan_cli(capsys, *BASE, flag, target)
+        assert rc == 2 and out == "" and len(err.splitlines()) == 1 and message in err, err
+    assert os.path.islink(link) and not os.path.lexists(long)
+
+
 @pytest.mark.parametrize("flag,name", [("--json", "s.json"), ("--plot", "s.png")])
 def test_a_file_made_while_scanning_is_not_replaced(flag, name, capsys, tmp_path, monkeypatch):
     target = tmp_path / name

@@ -92,6 +92,12 @@ def folder_problem(path: Path | str) -> str | None:
     if not folder.is_dir():
         return "its folder does not exist"
     try:
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    if len(os.fsencode(Path(path).name)) > longest:
+        return f"its name is longer than its folder takes ({longest} bytes)"
+    try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".tmp-", suffix=".part"):
             pass
     except OSError as exc:

@@ -52,7 +52,7 @@ def _target(args):
         raise UsageError("--slice-n and --slice-m go with --case")
     if args.slice_n and args.slice_m:
         raise UsageError("give one of --slice-n and --slice-m")
-    if args.json and args.json.exists():  # as scan's --json: nothing recorded is overwritten
+    if args.json and os.path.lexists(args.json):  # as scan's --json: nothing recorded is overwritten (a link either)
         raise UsageError(f"--json {args.json} exists; remove it or choose another name")
     problem = args.json and atomic.folder_problem(args.json)
     if problem:
@@ -75,11 +75,11 @@ def _target(args):
     orders = catalog.default_root() / "orders"  # checked before minutes of probing, not after
     try:
         orders.mkdir(parents=True, exist_ok=True)
-        if not os.access(orders, os.W_OK):
-            raise PermissionError(13, "Permission denied")
+        problem = atomic.folder_problem(orders / "tree.json")
     except OSError as exc:
-        raise UsageError(f"the catalog cannot take the tree: {orders}: {exc.strerror or exc} "
-                         "(MATMUL_DRIFT_CATALOG names another)") from None
+        problem = exc.strerror or str(exc)
+    if problem:
+        raise UsageError(f"the catalog cannot take the tree: {orders}: {problem} (MATMUL_DRIFT_CATALOG names another)")
     return t
 
 

@@ -82,12 +82,12 @@ def _check_paths(args) -> str | None:
         raise _Fail(f"--plot {args.plot} is the record's file too; the plot would replace the record: name it apart")
     if args.resume:
         _regular_file(args.resume)
-    if args.json and not args.resume and os.path.exists(args.json):
+    if args.json and not args.resume and os.path.lexists(args.json):  # a dangling link too: the write would fail
         raise _Fail(f"{args.json} exists; continue it with --resume {args.json}, or choose another name")
     if args.plot:
         if not args.plot.lower().endswith(".png"):
             raise _Fail(f"--plot {args.plot}: the plot is a PNG; name it FILE.png")
-        if os.path.exists(args.plot):
+        if os.path.lexists(args.plot):
             raise _Fail(f"{args.plot} exists; remove it or choose another name")
         if importlib.util.find_spec("matplotlib") is None:
             raise _Fail("--plot needs matplotlib (pip install matplotlib)")

@@ -240,7 +240,7 @@ class Sentinels:
 
     def __init__(self, record_alone):
         self.lost = (0, 0)
-        self.calls = self.retried = 0  # traced calls, and those that took more than one try
+        self.calls = self.retried = self.failed = 0  # traced calls; those traced again; those given up
         self.marks = None
         for n in (8, 64, 512, 4096):
             names = record_alone((n, n))  # spins, then byte adds
@@ -273,28 +273,41 @@ class Sentinels:
                 self.retried += len(pads) > 1
                 return got
             seen.append(len(names))
+        self.failed += 1
         raise ProfilerLost(f"the profiler lost kernel records at each of {len(pads)} tries (markers before and after "
                            f"the call: {', '.join(f'{a}+{b}' for a, b in pads)}; device events seen: "
                            f"{', '.join(map(str, seen))})")
 
-
     def report(self) -> str | None:
-        """One line on what the profiler lost in this process, or None where it lost nothing."""
+        """One line on what the profiler lost in this process, or None where it lost nothing.
+        The padding tells how much: twice the largest loss seen on each side, plus 4 (a side
+        whose every marker went counts its whole padding as lost)."""
         if self.lost == (0, 0):
             return None
-        return (f"matmul-drift: note: the profiler lost kernel records, up to {self.lost[0]} before a traced call and "
-                f"{self.lost[1]} after it; {self.retried} of {self.calls} calls were traced again, and every kernel "
-                f"list kept is whole (markers now {self.pad[0]}+{self.pad[1]})")
+        return (f"the profiler lost kernel records; of {self.calls} traced calls, {self.retried} were traced again "
+                f"with more markers and {self.failed} given up; markers now {self.pad[0]} before a call and "
+                f"{self.pad[1]} after it")
 
 
 _SENTINELS: list[Sentinels] = []
+NOTES_ENV = "MATMUL_DRIFT_PROFILER_NOTES"  # a file that each process appends its note to
 
 
 def _report_at_exit() -> None:
-    """So that a run's log says whether the profiler dropped records (pytorch#192021), and how many."""
+    """So that a run says whether the profiler dropped records (pytorch#192021), and how many:
+    on stderr, and in the file $MATMUL_DRIFT_PROFILER_NOTES where set, which also takes the
+    notes of processes whose stderr nobody shows (asv's setup_cache, the fix finder's)."""
     line = _SENTINELS[0].report() if _SENTINELS else None
-    if line:
-        print(line, file=sys.stderr)
+    if not line:
+        return
+    try:
+        if sys.stderr is not None:
+            print(f"matmul-drift: note: {line}", file=sys.stderr, flush=True)
+        if os.environ.get(NOTES_ENV):
+            with open(os.environ[NOTES_ENV], "a", encoding="utf-8") as fh:
+                fh.write(f"{line} ({' '.join(sys.argv)[:160]})\n")
+    except (OSError, ValueError):  # stderr closed, the file gone: the run itself is done
+        pass
 
 
 def cuda_kernels(fn) -> tuple[object, list[str]]:
