@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import sys
+import types
 
 import pytest
 
@@ -141,6 +142,60 @@ def test_without_markers_the_lists_go_unchecked_and_say_so(capsys):
     s = kernels.Sentinels(lambda pad: [])
     assert s.marks is None and "CUDA kernel lists go unchecked" in capsys.readouterr().err
     assert s.kernels(prof.record) == [NAMES[1]]
+
+
+def test_session_events_are_the_profilers_own_events_in_its_order():
+    """The fast reader gives what prof.events() gives, name for name and device for device, in
+    the same order: over a session of many small ops, a product and a copy (and on CUDA, where
+    there is one, the device's kernels too)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if "cuda" in devices else [])
+    for device in devices:
+        a, b = torch.rand(8, 64, device=device), torch.rand(64, 16, device=device)
+        byte = torch.zeros(1, dtype=torch.uint8, device=device)
+        with profile(activities=activities) as prof:
+            for _ in range(50):
+                byte.add_(1)
+            (a @ b).to(torch.float16)
+            a[:, :5].contiguous() @ b[:5]
+        want = [(e.name, e.device_type) for e in prof.events()]
+        got = [(e.name, e.device_type) for e in kernels.session_events(prof)]
+        assert got == want and len(got) > 100, (len(got), len(want))
+
+
+def test_session_events_sort_kinetos_records_by_time_and_drop_what_prof_events_drops():
+    """On CUDA, Kineto hands over the device's records after the CPU's: the reader sorts them
+    by start (the longer first on a tie), and drops the utility ops and hidden events."""
+    class Raw:
+        def __init__(self, name, device, start, end, hidden=False):
+            self._v = (name, device, start, end, hidden)
+
+        def name(self):
+            return self._v[0]
+
+        def device_type(self):
+            return self._v[1]
+
+        def start_ns(self):
+            return self._v[2]
+
+        def end_ns(self):
+            return self._v[3]
+
+        def is_hidden_event(self):
+            return self._v[4]
+
+    raw = [Raw("aten::mm", "cpu", 10, 50), Raw("cudaLaunchKernel", "cpu", 20, 30), Raw("aten::is_leaf", "cpu", 12, 13),
+           Raw("hidden", "cpu", 14, 15, hidden=True), Raw(NAMES[1], "cuda", 60, 70), Raw(NAMES[0], "cuda", 31, 40),
+           Raw("void spin_kernel(long)", "cuda", 31, 35)]
+    prof = types.SimpleNamespace(profiler=types.SimpleNamespace(kineto_results=types.SimpleNamespace(
+        events=lambda: raw)))
+    assert [(e.name, e.device_type) for e in kernels.session_events(prof)] == [
+        ("aten::mm", "cpu"), ("cudaLaunchKernel", "cpu"), (NAMES[0], "cuda"), ("void spin_kernel(long)", "cuda"),
+        (NAMES[1], "cuda")]
 
 
 def test_device_names_keep_the_device_events_in_order_and_every_repeat():

@@ -15,6 +15,7 @@ import re
 import sys
 import tempfile
 from contextlib import contextmanager
+from typing import NamedTuple
 
 _MKL_CALL = re.compile(r"MKL_VERBOSE\s+([A-Z0-9_]+)\(([^)]*)\)(.*)")
 _MKL_KEEP = ("CNR", "NThr")
@@ -205,6 +206,28 @@ class ProfilerLost(RuntimeError):
     """The profiler lost kernel records of the traced call at every try."""
 
 
+class Event(NamedTuple):
+    name: str
+    device_type: object  # torch.autograd.DeviceType
+
+
+def session_events(prof) -> list:
+    """A profiler session's events as ``prof.events()`` lists them (name and device type, in
+    time order), read from Kineto's records without building ``prof.events()``'s tree, which
+    costs about 30 µs an event: the sentinels' padding may put thousands of markers in each
+    session of a long scan when the profiler loses records. ``prof.events()`` where torch has
+    no such records."""
+    try:
+        from torch.autograd.profiler_util import _filter_name
+
+        raw = prof.profiler.kineto_results.events()
+    except (AttributeError, ImportError):
+        return [Event(e.name, e.device_type) for e in prof.events()]
+    kept = [e for e in raw if not _filter_name(e.name()) and not getattr(e, "is_hidden_event", lambda: False)()]
+    kept.sort(key=lambda e: (e.start_ns(), -e.end_ns()))  # prof.events()'s order
+    return [Event(e.name(), e.device_type()) for e in kept]
+
+
 def device_names(events, cuda_type) -> list[str]:
     """The normalised names of the device-side events (kernels, memcpy, memset), in time order.
     Each kernel is one event; its launch is a CPU event. A kernel launched twice stays twice."""
@@ -333,7 +356,7 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
                     scratch.add_(1)
                 torch.cuda.synchronize()
         _pass_on_stderr(err[2])
-        return device_names(prof.events(), torch.autograd.DeviceType.CUDA)
+        return device_names(session_events(prof), torch.autograd.DeviceType.CUDA)
 
     if not _SENTINELS:  # a torch without _sleep has no spin: tracing goes unchecked
         _SENTINELS.append(Sentinels(lambda pad: record(pad, call=False) if hasattr(torch.cuda, "_sleep") else []))
