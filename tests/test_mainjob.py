@@ -193,4 +193,17 @@ def test_bad_input_is_one_line(project):
         assert p.returncode == 2 and "Traceback" not in p.stderr
         errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
         assert len(errors) == 1 and needle in errors[0], p.stderr
+    # a selection the suite would refuse: refused before asv starts, nothing recorded (it once
+    # ran a minute and recorded every benchmark failed, exit 0)
+    def recorded():
+        return {p: p.stat().st_mtime_ns for p in (project.path / "results").rglob("*") if p.is_file()}
+
+    before = recorded()
+    for var, value, needle in (("MATMUL_DRIFT_CASES", "bogus", "$MATMUL_DRIFT_CASES names unknown cases: bogus"),
+                               ("MATMUL_DRIFT_BUDGET", "abc", "$MATMUL_DRIFT_BUDGET must be a positive number"),
+                               ("MATMUL_DRIFT_FIXES", "maybe", "$MATMUL_DRIFT_FIXES is 0 (off) or 1 (on), not 'maybe'")):
+        p = project.run(**{var: value})
+        errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+        assert p.returncode == 2 and len(errors) == 1 and needle in errors[0], p.stderr
+        assert recorded() == before, p.stderr
     assert mainjob.check_build(" 2.14.1 ") == "2.14.1"

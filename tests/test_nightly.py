@@ -571,8 +571,11 @@ def test_cli_errors_are_one_line_exit_2(world, tmp_path):
         (("--python", PY, "--machine", "x", "--branch=--orphan"), world.b, "not a valid git branch name"),
         (("--python", PY, "--machine", "x", "--branch", "a..b"), world.b, "not a valid git branch name"),
     ]
+    # a selection the suite would refuse stops the night before it starts
+    cases.append((("--python", PY, "--machine", "x"), world.b, "$MATMUL_DRIFT_PRECISIONS names unknown precisions: fp8"))
     for args, cwd, needle in cases:
-        p = subprocess.run([PY, "-m", "matmul_drift.cli_nightly", *args], cwd=cwd, env=world.env,
+        env = {**world.env, "MATMUL_DRIFT_PRECISIONS": "fp8"} if "fp8" in needle else world.env
+        p = subprocess.run([PY, "-m", "matmul_drift.cli_nightly", *args], cwd=cwd, env=env,
                            capture_output=True, text=True, timeout=120)
         lines = p.stderr.strip().splitlines()  # progress lines may come before the one error line
         assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr)

@@ -17,7 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import nightly, resultsbranch
+from . import nightly, resultsbranch, suite
 
 PROG = "matmul-drift nightly"
 
@@ -66,6 +66,8 @@ def options(args: argparse.Namespace) -> nightly.Options:
     try:
         resultsbranch.check_names(args.branch, args.remote)
         repo = resultsbranch.project_checkout(args.repo)
+        if not merging:
+            suite.check_selection()
     except ValueError as exc:
         raise nightly.UsageError(str(exc)) from None
     python = None

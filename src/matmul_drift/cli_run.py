@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import mainjob, resultsbranch
+from . import mainjob, resultsbranch, suite
 
 PROG = "matmul-drift run"
 
@@ -45,6 +45,7 @@ def _minutes(seconds: float) -> str:
 def options(args: argparse.Namespace) -> mainjob.Options:
     try:
         repo = resultsbranch.project_checkout(args.repo)
+        suite.check_selection()
     except ValueError as exc:
         raise mainjob.UsageError(str(exc)) from None
     given = args.torch or ([os.environ["TORCH_VERSION"]] if os.environ.get("TORCH_VERSION") else [])

@@ -108,6 +108,19 @@ def selected_budget() -> float | None:
     return budget
 
 
+def check_selection() -> None:
+    """ValueError naming the first $MATMUL_DRIFT_* setting the suite would refuse, so that
+    `matmul-drift run` and a night refuse it in one line before asv starts, rather than record
+    every benchmark as failed (a record that then stands in the way of a corrected run)."""
+    import os
+
+    selected_cases(), selected_precisions(), selected_devices(), selected_budget()
+    for var in (FIXES_VAR, ORDERS_VAR):
+        value = os.environ.get(var, "").strip()
+        if value not in ("", "0", "1"):
+            raise ValueError(f"${var} is 0 (off) or 1 (on), not {value!r}")
+
+
 def key(case: str, precision: str, device: str) -> str:
     return f"{case}|{precision}|{device}"
 
