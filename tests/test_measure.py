@@ -67,6 +67,12 @@ def test_precisions_are_measured_as_selected_and_in_that_order(monkeypatch, tmp_
         suite.selected_precisions()
     monkeypatch.setenv(suite.PRECISIONS_VAR, " bfloat16, float64 ")
     assert suite.selected_precisions() == ("bfloat16", "float64")
+    for value, on in (("", True), ("1", True), (" 0 ", False)):
+        monkeypatch.setenv(suite.FIXES_VAR, value)
+        assert suite.switched_on(suite.FIXES_VAR) is on
+    monkeypatch.setenv(suite.ORDERS_VAR, "off")  # refused, not read as on
+    with pytest.raises(ValueError, match=r"^\$MATMUL_DRIFT_ORDERS is 0 \(off\) or 1 \(on\), not 'off'$"):
+        suite.check_selection()
     monkeypatch.setenv(suite.ORDERS_VAR, "0")
     monkeypatch.setenv(suite.FIXES_VAR, "0")
     got = suite.measure_all(case_ids=("bmm",), devices=("cpu",), root=tmp_path)

@@ -23,11 +23,6 @@ TF32_LEGEND = ("γ_K(TF32): ((1 + 2^-10)² (1 + γ_K at 2u) − 1) / u, the same
                "fraction bits and adds cutting toward zero.")
 
 
-def _gamma(r: dict) -> str:
-    """The bound's name: γ_K, or γ_K(TF32) for a TF32 precision (numerics.bound_u)."""
-    return numerics.bound_name(r["dtype"])
-
-
 def _worst(row: dict) -> tuple:
     max_u = math.inf if row["max_u"] is None else row["max_u"]  # None: made null, was inf
     return (row["nonfinite_differ"], max_u, row["max_ulp"])
@@ -123,7 +118,7 @@ def verdict(r: dict) -> dict:
     may be that far from the truth). Non-finite values never make a defect, nor
     "bit-identical".
     """
-    gamma, dt, g = r["gamma_k_u"], r["dtype"], _gamma(r)
+    gamma, dt, g = r["gamma_k_u"], r["dtype"], numerics.bound_name(r["dtype"])
     err, cover, nf = r["error_u"], r["error_entries"], r["nonfinite"]
     over = f"over {cover['entries']} of {cover['of']} entries"
     if cover["beyond_bound"]:
@@ -221,7 +216,7 @@ def render(r: dict) -> str:
     head = [
         ["case", r["case"]], ["shape", shape], ["dtype", r["dtype"]], ["device", r["device"]],
         ["error_u (u)", f"{_fmt(r['error_u'])} over {cover['entries']} of {cover['of']} entries"],
-        [f"{_gamma(r)} bound (u)", _fmt(r["gamma_k_u"]) if r["gamma_k_u"] else "none (K·u ≥ 1)"],
+        [f"{numerics.bound_name(r['dtype'])} bound (u)", _fmt(r["gamma_k_u"]) if r["gamma_k_u"] else "none (K·u ≥ 1)"],
         ["reference", f"{r['reference']['method']}, error ≤ {r['reference']['error_bound_u']:.2g} u"],
         ["run-to-run", f"{_fmt(r['run_to_run']['max_u'])} u over {r['run_to_run']['repeat']} calls"],
         ["seconds per product", _seconds(r["seconds"])], ["input checksum", r["input_checksum"][:16]],

@@ -108,17 +108,23 @@ def selected_budget() -> float | None:
     return budget
 
 
+def switched_on(var: str) -> bool:
+    """$var (FIXES_VAR, ORDERS_VAR): on unless "0"; a value other than 0, 1 or none fails
+    loudly here, not as a silent choice."""
+    import os
+
+    value = os.environ.get(var, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${var} is 0 (off) or 1 (on), not {value!r}")
+    return value != "0"
+
+
 def check_selection() -> None:
     """ValueError naming the first $MATMUL_DRIFT_* setting the suite would refuse, so that
     `matmul-drift run` and a night refuse it in one line before asv starts, rather than record
     every benchmark as failed (a record that then stands in the way of a corrected run)."""
-    import os
-
     selected_cases(), selected_precisions(), selected_devices(), selected_budget()
-    for var in (FIXES_VAR, ORDERS_VAR):
-        value = os.environ.get(var, "").strip()
-        if value not in ("", "0", "1"):
-            raise ValueError(f"${var} is 0 (off) or 1 (on), not {value!r}")
+    switched_on(FIXES_VAR), switched_on(ORDERS_VAR)
 
 
 def key(case: str, precision: str, device: str) -> str:
@@ -191,11 +197,9 @@ def add_orders(out: dict, root, log=sys.stderr) -> None:
     id of the tree ``null`` where the readings fit no tree or the replay differs ("not
     revealed": a kernel whose order stops being a tree changes the id); NaN where the probe
     does not run (K beyond its range, or more matmul calls than order_probe.MAX_CALLS)."""
-    import os
-
     from . import order, order_probe
 
-    if os.environ.get(ORDERS_VAR, "").strip() == "0":
+    if not switched_on(ORDERS_VAR):
         return
     todo = [k for k, v in out.items() if "skip" not in v and "error" not in v]
     t0, memo = time.monotonic(), {}  # slice-n-view and slice-n-copy share their full product
@@ -235,11 +239,9 @@ def add_fixes(out: dict, root, log=sys.stderr) -> None:
     the default's (a ratio), NaN where none does; 1.0 where there is no drift to remove.
     fix_id: the id of ``fix_entry``. The drifting combinations go through the fix finder
     together: one fresh process for the default and the code changes, one per setting."""
-    import os
-
     from . import fixes, fixfind, machine
 
-    if os.environ.get(FIXES_VAR, "").strip() == "0":
+    if not switched_on(FIXES_VAR):
         return
     todo = [k for k, v in out.items() if "skip" not in v and "error" not in v and _drifts(v)]
     for k, v in out.items():

@@ -608,12 +608,6 @@ def _ulp(ctx: _Ctx, vb, va, both) -> list[Flag]:
     return flags
 
 
-def _bound_name(combo: tuple) -> str:
-    """γ_K, or γ_K(TF32) where a parameter (an asv repr) names a TF32 precision."""
-    names = [p.strip("'\"") for p in combo]
-    return numerics.bound_name(next((p for p in names if p in numerics.TF32), None))
-
-
 def _accuracy(ctx: _Ctx, vb, va, both) -> list[Flag]:
     tol = ctx.judge.o.u_tolerance
     lo, hi = np.minimum(vb, va), np.maximum(vb, va)
@@ -632,7 +626,7 @@ def _accuracy(ctx: _Ctx, vb, va, both) -> list[Flag]:
         ratio = "" if vb[i] == 0 else f" ({va[i] / vb[i]:.3g}x)"
         detail = f"error {format_value(vb[i], 'u')} -> {format_value(va[i], 'u')}{ratio}"
         if crossed[i]:
-            g = _bound_name(ctx.combo(i))
+            g = numerics.bound_name(ctx.judge.h.params_dict(ctx.name, ctx.sb.params, ctx.combo(i)).get("dtype"))
             detail += (f"; now above the {g} bound {format_value(ga[i], 'u')}" if va[i] > ga[i]
                        else f"; back within the {g} bound {format_value(ga[i], 'u')}")
         flags.append(ctx.flag("accuracy", i, detail))
