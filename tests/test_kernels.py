@@ -168,7 +168,8 @@ def test_session_events_are_the_profilers_own_events_in_its_order():
 
 def test_session_events_sort_kinetos_records_by_time_and_drop_what_prof_events_drops():
     """On CUDA, Kineto hands over the device's records after the CPU's: the reader sorts them
-    by start (the longer first on a tie), and drops the utility ops and hidden events."""
+    by start (the longer first on a tie), drops the utility ops and hidden events, and
+    demangles names."""
     class Raw:
         def __init__(self, name, device, start, end, hidden=False):
             self._v = (name, device, start, end, hidden)
@@ -190,11 +191,11 @@ def test_session_events_sort_kinetos_records_by_time_and_drop_what_prof_events_d
 
     raw = [Raw("aten::mm", "cpu", 10, 50), Raw("cudaLaunchKernel", "cpu", 20, 30), Raw("aten::is_leaf", "cpu", 12, 13),
            Raw("hidden", "cpu", 14, 15, hidden=True), Raw(NAMES[1], "cuda", 60, 70), Raw(NAMES[0], "cuda", 31, 40),
-           Raw("void spin_kernel(long)", "cuda", 31, 35)]
+           Raw("_Z11spin_kernell", "cuda", 31, 35)]  # a mangled name is demangled, as prof.events() does
     prof = types.SimpleNamespace(profiler=types.SimpleNamespace(kineto_results=types.SimpleNamespace(
         events=lambda: raw)))
     assert [(e.name, e.device_type) for e in kernels.session_events(prof)] == [
-        ("aten::mm", "cpu"), ("cudaLaunchKernel", "cpu"), (NAMES[0], "cuda"), ("void spin_kernel(long)", "cuda"),
+        ("aten::mm", "cpu"), ("cudaLaunchKernel", "cpu"), (NAMES[0], "cuda"), ("spin_kernel(long)", "cuda"),
         (NAMES[1], "cuda")]
 
 

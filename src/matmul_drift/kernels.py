@@ -218,14 +218,15 @@ def session_events(prof) -> list:
     session of a long scan when the profiler loses records. ``prof.events()`` where torch has
     no such records."""
     try:
-        from torch.autograd.profiler_util import _filter_name
+        from torch.autograd.profiler_util import _filter_name, _rewrite_name
 
         raw = prof.profiler.kineto_results.events()
     except (AttributeError, ImportError):
         return [Event(e.name, e.device_type) for e in prof.events()]
     kept = [e for e in raw if not _filter_name(e.name()) and not getattr(e, "is_hidden_event", lambda: False)()]
     kept.sort(key=lambda e: (e.start_ns(), -e.end_ns()))  # prof.events()'s order
-    return [Event(e.name(), e.device_type()) for e in kept]
+    # prof.events() demangles every name (Kineto demangles kernels, but not every record)
+    return [Event(_rewrite_name(e.name(), with_wildcard=True), e.device_type()) for e in kept]
 
 
 def device_names(events, cuda_type) -> list[str]:
