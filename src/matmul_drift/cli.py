@@ -213,22 +213,18 @@ def run_explain(args) -> int:
         raise UsageError(str(exc)) from None
     if given[1]:
         case = cases.adhoc(args.m, args.k, args.n)
+    if not given[2]:  # before the device: a slice the case lacks says so on a machine without the GPU too
+        _check_slices(args, case, case.shape(args.device))
     try:
         check_device(args.device, args.dtype)
     except Unavailable as exc:
         raise UsageError(str(exc)) from None
     if given[2]:
         case, ops, checksum = _file_case(args)  # memory checked there, before the files are read
+        _check_slices(args, case, case.shape(args.device))
     shape = case.shape(args.device)
     if not given[2]:
         _check_memory(case, shape, args)
-    if args.slice_n is not None and args.slice_n > shape.n:
-        raise UsageError(f"--slice-n {args.slice_n} is larger than N = {shape.n}")
-    if args.slice_m is not None:
-        if case.op == "mv":
-            raise UsageError("--slice-m needs a 2-D A; this A is 1-D")
-        if args.slice_m > shape.m:
-            raise UsageError(f"--slice-m {args.slice_m} is larger than M = {shape.m}")
     if args.orders:  # before measuring, not after: K = 1, or beyond the probe's exact range
         from . import order, order_probe
 
@@ -274,6 +270,17 @@ def run_explain(args) -> int:
         print(f"matmul-drift explain: error: --try-fixes: {r['fixes']['failed']}", file=sys.stderr)
         return 1
     return 1 if r["verdict"]["kind"] == "defect" else 0
+
+
+def _check_slices(args, case, shape) -> None:
+    """UsageError (one line) when --slice-n or --slice-m asks for more than the case has."""
+    if args.slice_n is not None and args.slice_n > shape.n:
+        raise UsageError(f"--slice-n {args.slice_n} is larger than N = {shape.n}")
+    if args.slice_m is not None:
+        if case.op == "mv":
+            raise UsageError("--slice-m needs a 2-D A; this A is 1-D")
+        if args.slice_m > shape.m:
+            raise UsageError(f"--slice-m {args.slice_m} is larger than M = {shape.m}")
 
 
 def _check_memory(case, shape, args) -> None:
