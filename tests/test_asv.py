@@ -111,3 +111,30 @@ def test_quick_run(project, method, bench):
             assert entry["k"] == t.k and entry["tree"] is not None
             assert order_probe.replay(t, entry["tree"], width=64)["matched"] == 100
         assert math.isnan(got[("drift.Drift.track_order_id", "square", "float32", "cuda")])
+
+
+def test_the_selection_regex_picks_exactly_the_selected_combinations_in_asvs_own_naming(monkeypatch):
+    # asv's own selection over the benchmarks.json its discovery wrote: the GPU check runs only
+    # the combinations it measures (the rest are NaN without a process each)
+    import itertools
+    import types
+
+    from asv.benchmarks import Benchmarks
+
+    from matmul_drift import cases, suite
+
+    monkeypatch.setenv(suite.SUBSET_VAR, "seed,batch-invariance-2")
+    monkeypatch.setenv(suite.PRECISIONS_VAR, "float16,float32-tf32")
+    monkeypatch.setenv(suite.DEVICES_VAR, "cuda")
+    found = json.loads((ROOT / "results/asv/benchmarks.json").read_text())
+    found.pop("version", None)
+    conf = types.SimpleNamespace(benchmark_dir=str(ROOT / "benchmarks"))
+    chosen = Benchmarks(conf, list(found.values()), regex=[suite.selection_regex(r"drift\.Drift\.track_\w+")])
+    drift = sorted(n for n in found if n.startswith("drift.Drift.track_"))
+    assert sorted(chosen) == drift and len(drift) >= 12
+    combos = list(itertools.product(cases.CASE_IDS, cases.PRECISIONS, cases.DEVICES))
+    want = [i for i, (c, p, d) in enumerate(combos)
+            if c in ("seed", "batch-invariance-2") and p in ("float16", "float32-tf32") and d == "cuda"]
+    assert len(want) == 4
+    for name in drift:
+        assert chosen.benchmark_selection[name] == want, name

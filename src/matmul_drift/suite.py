@@ -69,6 +69,21 @@ def selected_cases() -> tuple[str, ...]:
     return _selected(SUBSET_VAR, cases.CASE_IDS, "cases")
 
 
+def selection_regex(benchmarks: str) -> str:
+    """An `asv run --bench` regex for the Drift benchmarks whose names match ``benchmarks``
+    (a regex), at the (case, dtype, device) combinations this selection measures. asv
+    names each combination ``name('case', 'dtype', 'device')`` and records the others as NaN
+    without a process for each: a skip still costs a fork, some 20 to 30 ms here, and a
+    run of the 13 Drift benchmarks has 108 combinations each."""
+    import re
+
+    def any_of(names) -> str:
+        return "|".join(re.escape(repr(n)) for n in names)
+
+    return (rf"^(?:{benchmarks})\(({any_of(selected_cases())}), ({any_of(selected_precisions())}), "
+            rf"({any_of(selected_devices())})\)$")
+
+
 def expected_torch(env: dict | None = None) -> str | None:
     """The torch version this asv environment names: $MATMUL_DRIFT_EXPECT_TORCH, else the
     ``torch<version>`` part of $ASV_ENV_NAME (asv mangles ``2.13.0+cpu`` to ``2.13.0``)."""
