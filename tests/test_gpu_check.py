@@ -125,6 +125,34 @@ def test_what_comes_back_fits_the_limits(rehearsal):
     assert any(n.startswith("./results/asv/") and n.endswith(".json") and "machine" not in n for n in names)
 
 
+def test_the_real_runs_steps_fail_here_for_want_of_the_gpu_alone(rehearsal, tmp_path):
+    # The real run's own command lines (its cases, slices, flags), which the rehearsal does not
+    # use, on this machine without a GPU: each step that needs the GPU stops at its check, no
+    # argument or slice is refused, and the suite runs the 40 combinations it measures there.
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the real check would run")
+    base, _, _, _, _ = rehearsal
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MATMUL_DRIFT_", "PIP_CONSTRAINT"))}
+    (tmp_path / "tmp").mkdir()
+    env.update(PYTHON=str(base / "image/bin/python"), HOME=str(base / "home"), TMPDIR=str(tmp_path / "tmp"),
+               PIP_NO_INDEX="1", http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
+    run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out)], cwd=base / "tree", env=env, capture_output=True,
+                         text=True, timeout=600)
+    log = (out / "log.txt").read_text()
+    steps = dict(re.findall(r"^(\S+)\s+rc\s+(\d+)\s", (out / "summary.txt").read_text(), re.M))
+    assert run.returncode == 1 and steps == {
+        "install": "0", "config": "0", "explain": "2", "explain-txt": "2", "suite": "0", "fixes-seed": "2",
+        "fixes-batch": "2", "orders": "1", "scan": "2", "dense": "2"}, log[-3000:]
+    errors = re.findall(r"^matmul-drift(?: scan)?: error: (.*)$", log, re.M)
+    assert errors.count("cuda requested but no CUDA GPU is available") == 9, errors  # 3 explains, 4 orders, 2 scans
+    assert len(errors) == 10 and "not an explain report" in errors[1], errors  # explain-txt: the answer is missing
+    assert "Traceback" not in log and "usage:" not in log
+    assert log.count("asv: skipped: NotImplementedError('cuda requested but no CUDA GPU is available')") == 13 * 40
+
+
 def test_a_check_killed_midway_still_brings_back_the_steps_it_finished(rehearsal, tmp_path):
     # As the device's own limit stops it: the archive in OUT holds every finished step, whole.
     base, _, _, _, _ = rehearsal
