@@ -78,6 +78,19 @@ def test_bad_arguments_one_line_exit_2(args, needle):
     assert len(err.strip().splitlines()) == 1 and needle in err, err
 
 
+def test_a_slice_the_case_lacks_is_named_before_a_missing_gpu():
+    # the GPU check's command lines are tried on machines without one: a bad slice must show there
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    for args, needle in ((["--slice-n", "60000"], "--slice-n 60000 is larger than N = 51000"),
+                         (["--slice-m", "1"], "--slice-m needs a 2-D A"),
+                         ([], "cuda requested but no CUDA GPU is available")):
+        rc, out, err = run("explain", "--case", "seed", "--dtype", "float16", "--device", "cuda", *args)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
 def test_bad_files_one_line_exit_2(tmp_path):
     np.save(tmp_path / "a.npy", np.ones((3, 4)))
     np.save(tmp_path / "b.npy", np.ones((5, 2)))

@@ -150,6 +150,8 @@ def test_the_real_runs_steps_fail_here_for_want_of_the_gpu_alone(rehearsal, tmp_
     assert errors.count("cuda requested but no CUDA GPU is available") == 9, errors  # 3 explains, 4 orders, 2 scans
     assert len(errors) == 10 and "not an explain report" in errors[1], errors  # explain-txt: the answer is missing
     assert "Traceback" not in log and "usage:" not in log
+    # only the 40 combinations measured there start a process (the others would say "not measured")
+    assert log.count("asv: skipped:") == 13 * 40
     assert log.count("asv: skipped: NotImplementedError('cuda requested but no CUDA GPU is available')") == 13 * 40
 
 
