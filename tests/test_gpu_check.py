@@ -48,6 +48,19 @@ def image_python(base) -> str:
     return str(base / "image/bin/python")
 
 
+def image_env(base, tmp_path=None) -> dict:
+    """The environment a check runs in here, as on the GPU machine: the image's Python (made by
+    the rehearsal in ``base``), a HOME of its own, the network refused, none of the caller's
+    $MATMUL_DRIFT_* settings or pip constraints, and a TMPDIR in ``tmp_path`` where given."""
+    env = {**os.environ, "PYTHON": str(base / "image/bin/python"), "HOME": str(base / "home"), "PIP_NO_INDEX": "1",
+           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    if tmp_path is not None:
+        (tmp_path / "tmp").mkdir()
+        env["TMPDIR"] = str(tmp_path / "tmp")
+    return {k: v for k, v in env.items() if not k.startswith(("MATMUL_DRIFT_", "PIP_CONSTRAINT"))}
+
+
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     base = tmp_path_factory.mktemp("gpu-check")
@@ -65,10 +78,7 @@ def rehearsal(tmp_path_factory):
     image = image_python(base)
     assert subprocess.run([image, "-c", "import asv"], capture_output=True).returncode == 1
     assert subprocess.run([image, "-c", "import matmul_drift"], capture_output=True).returncode == 1
-    refused = {**os.environ, "PYTHON": image, "HOME": str(base / "home"), "PIP_NO_INDEX": "1",
-               "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
-               "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
-    refused = {k: v for k, v in refused.items() if not k.startswith(("MATMUL_DRIFT_", "PIP_CONSTRAINT"))}
+    refused = image_env(base)
     # git first on PATH fails and says so in a log: the check must not need it
     nogit = base / "nogit"
     nogit.mkdir()
@@ -135,11 +145,8 @@ def test_the_real_runs_steps_fail_here_for_want_of_the_gpu_alone(rehearsal, tmp_
         pytest.skip("a GPU is here: the real check would run")
     base, _, _, _, _ = rehearsal
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MATMUL_DRIFT_", "PIP_CONSTRAINT"))}
-    (tmp_path / "tmp").mkdir()
-    env.update(PYTHON=str(base / "image/bin/python"), HOME=str(base / "home"), TMPDIR=str(tmp_path / "tmp"),
-               PIP_NO_INDEX="1", http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
-    run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out)], cwd=base / "tree", env=env, capture_output=True,
+    run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out)], cwd=base / "tree", env=image_env(base, tmp_path),
+                         capture_output=True,
                          text=True, timeout=600)
     log = (out / "log.txt").read_text()
     steps = dict(re.findall(r"^(\S+)\s+rc\s+(\d+)\s", (out / "summary.txt").read_text(), re.M))
@@ -159,10 +166,7 @@ def test_a_check_killed_midway_still_brings_back_the_steps_it_finished(rehearsal
     # As the device's own limit stops it: the archive in OUT holds every finished step, whole.
     base, _, _, _, _ = rehearsal
     tree, out = base / "tree", tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MATMUL_DRIFT_")}
-    (tmp_path / "tmp").mkdir()
-    env.update(PYTHON=str(base / "image/bin/python"), HOME=str(base / "home"), TMPDIR=str(tmp_path / "tmp"))
-    proc = subprocess.Popen(["bash", "scripts/gpu_check.sh", str(out), "--rehearse"], cwd=tree, env=env,
+    proc = subprocess.Popen(["bash", "scripts/gpu_check.sh", str(out), "--rehearse"], cwd=tree, env=image_env(base, tmp_path),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     log = out / "log.txt"
     try:  # killed as the suite starts, after the seed's explain steps
@@ -292,7 +296,7 @@ def test_a_tree_that_is_not_the_fetched_commit_is_refused(rehearsal, tmp_path):
     tree = tmp_path / "tree"
     shutil.copytree(proj, tree, ignore=shutil.ignore_patterns(".git"))
     run = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / "out"), "--rehearse"], cwd=tree,
-                         env={**os.environ, "PYTHON": str(base / "image/bin/python")}, capture_output=True, text=True,
+                         env=image_env(base), capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 1 and "this tree is not the commit" in run.stdout
     assert re.search(r"^install\s+rc\s+1 ", (tmp_path / "out/summary.txt").read_text(), re.M)
