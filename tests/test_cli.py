@@ -78,16 +78,22 @@ def test_bad_arguments_one_line_exit_2(args, needle):
     assert len(err.strip().splitlines()) == 1 and needle in err, err
 
 
-def test_a_slice_the_case_lacks_is_named_before_a_missing_gpu():
-    # the GPU check's command lines are tried on machines without one: a bad slice must show there
+@pytest.mark.parametrize("command", ["explain", "order"])
+def test_a_slice_the_case_lacks_is_named_before_a_missing_gpu(command):
+    # the GPU check's command lines are tried on machines without one: a bad slice must show there.
+    # explain and order check slices in one place (order once took A[:1] of the seed's 1-D A
+    # and died in an IndexError)
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
-    for args, needle in ((["--slice-n", "60000"], "--slice-n 60000 is larger than N = 51000"),
-                         (["--slice-m", "1"], "--slice-m needs a 2-D A"),
-                         ([], "cuda requested but no CUDA GPU is available")):
-        rc, out, err = run("explain", "--case", "seed", "--dtype", "float16", "--device", "cuda", *args)
+    no_gpu = "cuda requested but no CUDA GPU is available"
+    tries = [(["--slice-n", "60000"], "--slice-n 60000 is larger than N = 51000"),
+             (["--slice-m", "1"], "--slice-m needs a 2-D A"), ([], no_gpu)]
+    if command == "order":  # its --form 2d makes the 1-D A one row
+        tries += [(["--form", "2d", "--slice-m", "1"], no_gpu), (["--form", "2d", "--slice-m", "2"], "--slice-m 2 is larger than M = 1")]
+    for args, needle in tries:
+        rc, out, err = run(command, "--case", "seed", "--dtype", "float16", "--device", "cuda", *args)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, err
 
 

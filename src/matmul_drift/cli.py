@@ -272,12 +272,13 @@ def run_explain(args) -> int:
     return 1 if r["verdict"]["kind"] == "defect" else 0
 
 
-def _check_slices(args, case, shape) -> None:
-    """UsageError (one line) when --slice-n or --slice-m asks for more than the case has."""
+def _check_slices(args, case, shape, form: str = "as-is") -> None:
+    """UsageError (one line) when --slice-n or --slice-m asks for more than the case has.
+    form "2d" (order's --form) makes a 1-D A into one row, which --slice-m can take."""
     if args.slice_n is not None and args.slice_n > shape.n:
         raise UsageError(f"--slice-n {args.slice_n} is larger than N = {shape.n}")
     if args.slice_m is not None:
-        if case.op == "mv":
+        if case.op == "mv" and form != "2d":
             raise UsageError("--slice-m needs a 2-D A; this A is 1-D")
         if args.slice_m > shape.m:
             raise UsageError(f"--slice-m {args.slice_m} is larger than M = {shape.m}")

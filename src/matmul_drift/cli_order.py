@@ -19,7 +19,6 @@ from . import cases
 from .cli_scan import _file, _positive
 
 
-
 def configure(p: argparse.ArgumentParser) -> None:
     from .cli import add_memory_argument, add_shape_arguments
 
@@ -41,8 +40,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _target(args):
-    from . import atomic, catalog, measure, memory, order, order_probe
-    from .cli import UsageError
+    from . import atomic, catalog, measure, memory, order_probe
+    from .cli import UsageError, _check_slices
 
     if (args.case is None) == (args.m is None and args.k is None and args.n is None):
         raise UsageError("give --case ID or --m M --k K --n N")
@@ -59,9 +58,7 @@ def _target(args):
         raise UsageError(f"--json {args.json}: {problem}")
     try:
         case = cases.get(args.case) if args.case else cases.adhoc(args.m, args.k, args.n)
-        s = case.shape(args.device)
-        if args.slice_n and args.slice_n > s.n or args.slice_m and args.slice_m > s.m:
-            raise order.ProbeError(f"the slice is larger than the case ({s.m} x {s.k} x {s.n})")
+        _check_slices(args, case, case.shape(args.device), args.form)
         t = order_probe.target(case, args.dtype, args.device, args.slice_n, args.slice_m, args.row, args.col, args.form)
     except (ValueError, measure.Unavailable) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
