@@ -1,5 +1,7 @@
 """Known truths for numerics: hand-built bit patterns and the unit roundoffs."""
 
+import math
+
 import numpy as np
 import torch
 import pytest
@@ -134,6 +136,30 @@ def test_only_inf_of_the_exact_values_sign_is_a_rounded_overflow():
     c = np.array([np.inf, np.nan, -np.inf, -np.inf, np.inf])
     nf = numerics.nonfinite(c, hi, np.ones(5, dtype=bool), "float16")
     assert nf == {"product": 5, "reference": 0, "overflow": 2, "spurious": 3, "mismatch": 0}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_an_inf_is_the_rounding_only_from_the_dtypes_rounding_threshold(dtype):
+    # torch's own rounding says where: between the largest finite value and that plus half
+    # its ulp, an exact value rounds down to the largest finite value, not to inf
+    top, over = numerics.finite_max(dtype), numerics.overflow_threshold(dtype)
+    if dtype != "float64":
+        # the threshold's neighbour below, in the widest type that rounds to the dtype at once:
+        # torch rounds float64 to float16 and bfloat16 through float32, twice
+        wide = np.float64 if dtype == "float32" else np.float32
+        below = float(np.nextafter(wide(over), wide(0)))
+        t = torch.tensor([top, below, over], dtype=getattr(torch, wide.__name__)).to(getattr(torch, dtype)).double()
+        assert t.tolist() == [top, top, math.inf]
+    else:  # beyond float64's own range: only an exact value that is itself inf in float64
+        below, over = top, math.inf
+    nf = numerics.nonfinite(np.array([np.inf, np.inf]), np.array([below, over]), np.ones(2, dtype=bool), dtype)
+    assert (nf["overflow"], nf["spurious"]) == (1, 1)
+    # a reference that may be off by more than the value (inputs spanning float64's range):
+    # an inf it may round to, of either sign, is no spurious overflow
+    hi, c = np.array([0.0, 0.0]), np.array([-np.inf, np.inf])
+    assert numerics.nonfinite(c, hi, np.ones(2, dtype=bool), dtype)["spurious"] == 2
+    nf = numerics.nonfinite(c, hi, np.ones(2, dtype=bool), dtype, np.array([np.inf, 1.0]))
+    assert (nf["overflow"], nf["spurious"]) == (1, 1)
 
 
 def test_bound_allows_underflow_but_not_more():

@@ -10,11 +10,31 @@ import torch
 from matmul_drift import reference
 
 F64_MAX = Fraction(float(np.finfo(np.float64).max))
+F64_OVER = F64_MAX + Fraction(2) ** 970  # the largest finite value plus half its ulp: rounds to inf
 
 
 def _exact(a: np.ndarray, b: np.ndarray) -> list[list[Fraction]]:
     return [[sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(row, col)), Fraction(0))
              for col in b.T] for row in a]
+
+
+def _within_bound(a: np.ndarray, b: np.ndarray) -> reference.Reference:
+    """The reference of a @ b, checked entry by entry against exact rational sums: within its
+    own bound (bound_rel·|A||B|)."""
+    r = reference.exact_product(torch.matmul, torch.from_numpy(a), torch.from_numpy(b))
+    for i, row in enumerate(_exact(a, b)):
+        for j, want in enumerate(row):
+            absprod = sum(abs(Fraction(float(x)) * Fraction(float(y))) for x, y in zip(a[i], b[:, j]))
+            if abs(want) >= F64_OVER or math.isinf(r.hi[i, j]):  # finite, but rounds beyond float64
+                assert abs(want) >= F64_OVER or not r.exact, (i, j)
+                assert (r.hi[i, j] == (math.inf if want > 0 else -math.inf) or not r.exact) and r.finite[i, j], (i, j)
+                if math.isinf(r.hi[i, j]):
+                    continue
+            got = Fraction(float(r.hi[i, j])) + Fraction(float(r.lo[i, j]))
+            # below float64's range (|A||B| itself rounds to 0) only the subnormal step holds
+            slack = Fraction(2.0**-1074) if r.absprod[i, j] == 0 else 0
+            assert abs(got - want) <= Fraction(r.bound_rel) * absprod + slack, (i, j, a.tolist(), b.tolist())
+    return r
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -25,20 +45,52 @@ def test_float64_reference_is_exact_to_its_bound(seed):
         # magnitudes from 2^-1000 to 2^1000, mixed within a row: cancellation and wide spreads
         a = g.standard_normal((m, k)) * 2.0 ** g.integers(-1000, 1000, (m, k)).astype(float) / 2**500
         b = g.standard_normal((k, n)) * 2.0 ** g.integers(-20, 20, (k, n)).astype(float)
-        r = reference.exact_product(torch.matmul, torch.from_numpy(a), torch.from_numpy(b))
-        for i, row in enumerate(_exact(a, b)):
-            for j, want in enumerate(row):
-                absprod = sum(abs(Fraction(float(x)) * Fraction(float(y))) for x, y in zip(a[i], b[:, j]))
-                if abs(want) > F64_MAX:
-                    assert math.isinf(r.hi[i, j]) and r.finite[i, j]  # finite, but beyond float64
-                    continue
-                got = Fraction(float(r.hi[i, j])) + Fraction(float(r.lo[i, j]))
-                # below float64's range (|A||B| itself rounds to 0) only the subnormal step holds
-                slack = Fraction(2.0**-1074) if r.absprod[i, j] == 0 else 0
-                assert abs(got - want) <= Fraction(r.bound_rel) * absprod + slack, (i, j)
+        r = _within_bound(a, b)
         tiny = r.absprod[r.absprod > 0]
         if r.exact and (tiny.size == 0 or tiny.min() >= 2.0**-960):
             assert r.bound_rel < 2.0**-96  # 2^-104 per slice product, far below float64's u, unless lo is subnormal
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_float64_reference_holds_its_bound_where_a_row_and_a_column_span_float64(seed):
+    """Tiny entries of A's rows meet huge ones of B's columns, and zeros keep the large terms
+    apart. Scaling each row to a maximum below 1 once pushed the tiny entries among the
+    subnormals (rounded, or flushed to zero), and slice products underflowed, while the
+    reference still called itself exact: a correct kernel was called a DEFECT."""
+    g = np.random.default_rng(100 + seed)
+    for _ in range(25):
+        m, k, n = g.integers(1, 6, 3)
+        a, b = (g.standard_normal(s) * 2.0 ** g.integers(-1074, 1020, s).astype(float) for s in ((m, k), (k, n)))
+        a[g.random((m, k)) < 0.3], b[g.random((k, n)) < 0.3] = 0.0, 0.0
+        _within_bound(a, b)
+
+
+def test_float64_reference_at_the_ends_of_a_row_hand_built():
+    # one tiny entry of A meets B's only non-zero entry: the product is the tiny entry's
+    for a, b in (([[1.0, 1e-310], [3.0, 7e-312]], [[0.0], [1e300]]), ([[1.0, 5e-324]], [[0.0], [2.0**1000]])):
+        r = _within_bound(np.array(a), np.array(b))
+        assert r.exact and r.bound_rel < 2.0**-96
+        assert [Fraction(h) + Fraction(lo) for h, lo in zip(r.hi[:, 0], r.lo[:, 0])] == [
+            Fraction(row[1]) * Fraction(b[1][0]) for row in a]
+    # 1·1 = 1 between 2^1000s that meet zeros: each 1 is 2^-1000 of its row's maximum, too far
+    # below it for their slices' product; the reference says so rather than call 0 exact
+    r = _within_bound(np.array([[2.0**1000, 1.0, 0.0]]), np.array([[0.0], [1.0], [2.0**1000]]))
+    assert not r.exact and r.bound_rel >= 1
+
+
+def test_a_reference_too_coarse_for_its_inputs_makes_no_defect(tmp_path, capsys, monkeypatch):
+    import json
+
+    from matmul_drift import cli
+
+    np.save(tmp_path / "a.npy", np.array([[2.0**1000, 1.0, 0.0]]))
+    np.save(tmp_path / "b.npy", np.array([[0.0], [1.0], [2.0**1000]]))
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
+    rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
+                   "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["verdict"]["kind"] != "defect", doc["verdict"]
+    assert not doc["reference"]["exact_products"] and "against a reference good only to" in doc["verdict"]["text"]
 
 
 def test_cancellation_to_zero_and_exact_integers():

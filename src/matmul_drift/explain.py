@@ -133,7 +133,12 @@ def verdict(r: dict) -> dict:
             return {"kind": "defect", "text": f"DEFECT: {name} {_where(name, row)} moves {moves} further than "
                                               f"2·{g} = {2 * gamma:.4g} u (max_u {_fmt(row['max_u'])} u)"}
     err_text = f"error_u {err:.3g} u {over}" if err is not None else f"no entry has a finite error ({over})"
-    if cover["subnormal"]:
+    ref = r.get("reference") or {}
+    if not ref.get("exact_products", True) and (ref.get("error_bound_u") or 0) >= 1:
+        # float64 rows or columns too wide in range for the slices: error_u may be the reference's own
+        err_text += (f", against a reference good only to {ref['error_bound_u']:.2g} u here (rows of A or "
+                     "columns of B span too many binades for float64 to slice exactly)")
+    elif cover["subnormal"]:
         err_text += f", {cover['subnormal']} of them below {dt}'s normal range, where rounding is absolute"
     moved = [(name, row) for name, row in _drifts(r) if row["frac_differ"] > 0]
     drift_text = _drift_text(r, moved)

@@ -94,6 +94,14 @@ def finite_max(dtype: str) -> float:
     return math.ldexp(2.0 - 2.0 ** (1 - p), bias)
 
 
+def overflow_threshold(dtype: str) -> float:
+    """The smallest magnitude that rounds to ±inf in ``dtype`` (output units; round to
+    nearest): the largest finite value plus half its ulp, (2 − 2^-p) · 2^emax. For float64
+    it lies beyond float64 itself: inf, which only a value beyond that range reaches."""
+    p, bias = MANTISSA_BITS[dtype] + 1, EXPONENT_BIAS[dtype]
+    return math.ldexp(2.0 - 2.0**-p, bias) if dtype != "float64" else math.inf
+
+
 def underflow_step(dtype: str) -> float:
     """η: half the smallest subnormal of ``dtype`` (output units), the absolute error one
     rounding may add below the normal range, where u·|x| no longer bounds it."""
@@ -248,24 +256,30 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
             "zero_misses": zero_misses, "subnormal": subnormal, "beyond_bound": beyond}
 
 
-def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: str) -> dict:
+def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: str,
+              slack: np.ndarray | None = None) -> dict:
     """Counts of non-finite outputs, by cause.
 
     ``product``: entries of C that are NaN or ±inf; ``reference``: entries whose exact
     value is NaN or ±inf (only non-finite inputs make one); ``overflow``: C is ±inf where
-    the exact value is finite but beyond the dtype's largest finite value, with the same
-    sign, so inf is the rounded result; ``spurious``: every other NaN or ±inf where the
-    exact value is finite: within range, NaN, or inf of the wrong sign (intermediate sums
-    overflowed, perhaps both ways, or a kernel defect).
+    the exact value is finite but rounds to inf in the dtype (at least ``overflow_threshold``),
+    with the same sign, so inf is the rounded result; ``spurious``: every other NaN or ±inf
+    where the exact value is finite: within range, NaN, or inf of the wrong sign
+    (intermediate sums overflowed, perhaps both ways, or a kernel defect). ``slack``
+    (output units, per entry): how far hi may be from the exact value (the reference's own
+    bound times |A||B|); an inf that the exact value may round to within it is ``overflow``.
     """
     c, hi = (np.asarray(v, dtype=np.float64).reshape(-1) for v in (c, hi))
     fin = np.asarray(exact_finite, dtype=bool).reshape(-1)
-    top = finite_max(dtype)
+    slack = np.zeros(1) if slack is None else np.asarray(slack, dtype=np.float64).reshape(-1)
+    over = overflow_threshold(dtype)
 
     def part(at: slice) -> tuple:
         c_, hi_, fin_ = c[at], hi[at], fin[at]
+        s = slack if slack.size == 1 else slack[at]
         bad = ~np.isfinite(c_)
-        rounded_inf = fin_ & (np.abs(hi_) > top) & np.isinf(c_) & (np.sign(c_) == np.sign(hi_))
+        sign_ok = (np.sign(c_) == np.sign(hi_)) | (np.abs(hi_) <= s)  # within the slack of 0: either sign
+        rounded_inf = fin_ & (np.abs(hi_) + s >= over) & np.isinf(c_) & sign_ok
         return (np.count_nonzero(bad), np.count_nonzero(~fin_), np.count_nonzero(rounded_inf),
                 np.count_nonzero(bad & fin_ & ~rounded_inf),
                 np.count_nonzero(~fin_ & ~((np.isnan(c_) & np.isnan(hi_)) | (c_ == hi_))))

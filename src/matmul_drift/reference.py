@@ -7,8 +7,11 @@ slices, summed over K in any order (BLAS, split-K, FMA), is exact in float64. Th
 products are then added in double-double (TwoSum, Ogita–Rump–Oishi Sum2), so the result
 is hi + lo with a relative error near 2^-104: at least twice the precision of float64.
 The suite's generated float64 inputs (24 bits) need 2 slices each (4 GEMMs), full float64
-inputs 3. float32, float16 and bfloat16 inputs: one float64 GEMM, whose products are
-exact and whose sum is within γ_K·2^-53·|A||B| (K·2^-29 u of float32 at most).
+inputs 3. Where a row or column spans more binades than 8 slices reach, or so many that
+its smallest bits fall among float64's subnormals, the reference says it is not exact and
+bounds what it missed (``exact``, ``bound_rel``). float32, float16 and bfloat16 inputs: one
+float64 GEMM, whose products are exact and whose sum is within γ_K·2^-53·|A||B| (K·2^-29 u
+of float32 at most).
 
 Non-finite inputs follow IEEE arithmetic on the exact terms: an output is NaN when a
 term is NaN (NaN, or inf × 0) or when +inf and −inf terms meet, ±inf when only one sign
@@ -24,6 +27,16 @@ import numpy as np
 
 METHOD = "ozaki-double-double"
 MAX_SLICES = 8  # per operand; each slice carries 53 − ρ bits (≥ 8 even for K = 2^36)
+# Rows of A and columns of B are scaled to a maximum near 2^HEADROOM, not near 1: scaling
+# down loses the bits it pushes below 2^-1074, and a slice product underflows there too: the
+# high scale keeps the first away from rows spanning under 1470 binades, and the second from
+# a row and a column spanning under 1970 together. Sums of K slice products stay below
+# K·2^896, far from overflow.
+HEADROOM = 448
+SMALLEST = 2.0**-1074  # float64's smallest subnormal: its spacing below 2^-1021
+# Where terms underflowed, the reference is within 7·|A||B| of the truth (each rounding moves
+# a sum by at most the term it rounds; a rounded entry is at most doubled): the bound then.
+LOST = 8.0
 
 
 @dataclass
@@ -83,11 +96,12 @@ def _pow2_scale(x, dim: int, mu=None):
     return torch.where(mu > 0, e, torch.zeros_like(e))
 
 
-def _split(x, dim: int, r: int) -> tuple[list, object]:
-    """Ozaki slices of x (already scaled so max|x| ≤ 1 per row/column) and the remainder."""
+def _split(x, dim: int, r: int) -> tuple[list, object, float]:
+    """Ozaki slices of x (already scaled per row/column) and the remainder, and the smallest
+    step any slice's entries are multiples of (σ·2^-53 of the smallest σ used)."""
     import torch
 
-    out, rest = [], x
+    out, rest, step = [], x, math.inf
     one = torch.ones((), dtype=x.dtype, device=x.device)
     while len(out) < MAX_SLICES and rest.numel():
         mu = _abs_max(rest, dim)
@@ -96,8 +110,9 @@ def _split(x, dim: int, r: int) -> tuple[list, object]:
         sigma = torch.ldexp(one, (_pow2_scale(rest, dim, mu) + r).to(x.dtype))
         part = (rest + sigma).sub_(sigma)  # the leading 53 − ρ bits relative to the row's max
         out.append(part)
+        step = min(step, float(sigma[mu > 0].min()) * 2.0**-53)
         rest = rest - part if rest is x else rest.sub_(part)  # exact; x itself is kept
-    return out, rest
+    return out, rest, step
 
 
 def _two_sum(a, b):
@@ -111,7 +126,7 @@ def _ldexp(x, e):
     import torch
 
     e = e.to(torch.float64)  # e is per row or column: small beside x
-    for _ in range(3):  # |e| < 3000 always: exponents of two float64 row maxima plus ρ
+    for _ in range(4):  # |e| < 3100 always: exponents of two float64 row maxima less 2·HEADROOM
         step = e.clamp(-1000, 1000)
         x = x * torch.exp2(step)
         e = e - step
@@ -196,8 +211,9 @@ def _float64_gemm(product, a, b) -> Reference:
 class _Sliced:
     """One float64 operand made ready for Ozaki's product: ``x64`` as given, ``absf`` the
     absolute value of its finite part, ``scaled`` that finite part times 2^-e per row or
-    column (max < 1), ``slices`` and ``rest`` of ``scaled`` (``whole``: rest is all zero),
-    ``clean`` whether it had no NaN/inf."""
+    column (max near 2^HEADROOM), ``slices`` and ``rest`` of ``scaled`` (``whole``: rest is all
+    zero), ``clean`` whether it had no NaN/inf, ``lost`` whether scaling rounded an entry, and
+    ``step`` the smallest power of two every slice entry is a multiple of."""
 
     x64: object
     absf: object
@@ -207,6 +223,8 @@ class _Sliced:
     rest: object
     whole: bool
     clean: bool
+    lost: bool = False
+    step: float = math.inf
 
 
 def _sliced(x, dim: int, r: int) -> _Sliced:
@@ -215,18 +233,20 @@ def _sliced(x, dim: int, r: int) -> _Sliced:
     x64 = x.double()
     clean = all_finite(x64)
     xf = x64 if clean else torch.where(torch.isfinite(x64), x64, 0.0)
-    # Rows of A and columns of B scaled to max < 1 by powers of two (exact), so neither
-    # Ozaki's σ nor a slice product can overflow; undone on the result.
-    e = _pow2_scale(xf, dim)
+    # Rows of A and columns of B scaled to a maximum in [2^(HEADROOM-1), 2^HEADROOM) by powers
+    # of two, so neither Ozaki's σ nor a slice product can overflow; undone on the result.
+    e = _pow2_scale(xf, dim) - HEADROOM
     scaled = _ldexp(xf, -e)
-    slices, rest = _split(scaled, dim, r)
-    return _Sliced(x64, xf.abs(), scaled, e, slices, rest, not bool((rest != 0).any()), clean)
+    # scaling down rounds the entries it pushes among the subnormals: rows beyond 2^HEADROOM only
+    lost = bool((e > 0).any()) and bool((_ldexp(scaled, e) != xf).any())
+    slices, rest, step = _split(scaled, dim, r)
+    return _Sliced(x64, xf.abs(), scaled, e, slices, rest, not bool((rest != 0).any()), clean, lost, step)
 
 
 def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     import torch
 
-    a_s, b_s, sa, sb, rest_a, rest_b = a.scaled, b.scaled, a.slices, b.slices, a.rest, b.rest
+    a_s, b_s, sa, sb = a.scaled, b.scaled, a.slices, b.slices
     absprod = product(a.absf, b.absf)
     hi = product(a_s, b_s) * 0.0 if not (sa and sb) else None  # A or B all zero
     lo = None if hi is None else torch.zeros_like(hi)
@@ -241,10 +261,10 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     hi, lo = _two_sum(hi, lo)
     exact = a.whole and b.whole
     bound = 2.0**-104 * (len(sa) * len(sb) + 2)  # Sum2 over the slice products
-    if not exact:  # MAX_SLICES ran out: bound what the slices left out, relative to |A||B|
-        left = product(rest_a.abs(), b_s.abs()) + product(a_s.abs(), rest_b.abs())
-        whole = product(a_s.abs(), b_s.abs())
-        bound += float((left / torch.where(whole > 0, whole, 1.0)).max())
+    under = a.step * b.step < SMALLEST
+    if not exact or a.lost or b.lost or under:
+        bound += _left_out(product, a, b, absprod, under)
+        exact = False
 
     # e_i + e_j in the output's shape: (…, M, 1) + (…, 1, N), or for a 1-D A, (1,) + (N,)
     scale = a.e + (b.e.squeeze(-2) if a.x64.dim() == 1 else b.e)
@@ -260,6 +280,27 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
         bound += 4 * 2.0**-1074 / float(tiny.min())
     return Reference(hi.cpu().numpy(), lo.cpu().numpy(), finite.cpu().numpy(), absprod,
                      (len(sa), len(sb)), exact, bound)
+
+
+def _left_out(product, a: _Sliced, b: _Sliced, absprod, under: bool) -> float:
+    """What hi + lo may miss of the exact product, relative to |A||B| (its largest over the
+    entries, at most LOST): the rests R the slices left (MAX_SLICES ran out), as
+    |R_a||B| + |A||R_b| + |R_a||R_b|; and below 2^-1021, where float64 keeps only multiples
+    of 2^-1074, entries the scaling rounded (``lost``) and slice products with their sums
+    (``under``: two slices' steps multiply to less than 2^-1074), each off by at most 2^-1075.
+    Computed in float64 and rounded up: K·2^-52 relative, K·2^-1074 absolute."""
+    import torch
+
+    a_s, b_s, k = a.scaled.abs(), b.scaled.abs(), int(a.scaled.shape[-1])
+    whole = product(a_s, b_s)
+    floor = whole * (1 - (k + 2) * 2.0**-52) - k * SMALLEST  # at most |A||B| (scaled), however whole rounded
+    err = k * SMALLEST * (len(a.slices) * len(b.slices) * under + 2.0 ** (HEADROOM + 1) * (a.lost + b.lost) + 3)
+    if not (a.whole and b.whole):
+        ra, rb = a.rest.abs(), b.rest.abs()
+        err = err + (product(ra, b_s) + product(a_s, rb) + product(ra, rb)) * (1 + (k + 2) * 2.0**-52)
+    some = (whole > 0) | (torch.as_tensor(absprod, device=whole.device) > 0)  # |A||B| = 0: an exact zero
+    rel = torch.where(floor > 0, err / torch.where(floor > 0, floor, 1.0), LOST)
+    return min(float(torch.where(some, rel, 0.0).max()), LOST) if rel.numel() else 0.0
 
 
 def _nonfinite(product, a64, b64, hi):
