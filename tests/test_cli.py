@@ -1,6 +1,7 @@
 """`matmul-drift explain`: its JSON contract, its verdicts and its one-line errors."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -446,8 +447,15 @@ def test_render_prints_a_saved_report_and_takes_no_other_option(tmp_path):
         assert (rc, out) == (2, "") and err.strip().splitlines() == [
             f"matmul-drift: error: --render prints a saved report as text and measures nothing; it takes no {name}"], err
     (tmp_path / "bad.json").write_text("{")
-    rc, out, err = _main("explain", "--render", str(tmp_path / "bad.json"))
-    assert (rc, out) == (2, "") and len(err.strip().splitlines()) == 1, err
+    good = json.loads((tmp_path / "r.json").read_text())
+    damaged = [json.dumps({**good, "verdict": {"text": "hello"}}),  # no kind: once a KeyError past the checks
+               json.dumps({**good, "reference": {**good["reference"], "error_bound_u": 10**400}}),  # once an OverflowError
+               json.dumps({**good, "error_u": math.nan})]  # NaN: no JSON number
+    for i, text in enumerate(damaged):
+        (tmp_path / f"bad{i}.json").write_text(text)
+    for name in ["bad.json"] + [f"bad{i}.json" for i in range(len(damaged))]:
+        rc, out, err = _main("explain", "--render", str(tmp_path / name))
+        assert (rc, out) == (2, "") and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (name, err)
 
 
 @pytest.mark.parametrize("shape,needle", [(("--m", "4", "--k", "1", "--n", "4"), "--orders: K = 1: a sum of one product"),

@@ -167,16 +167,20 @@ def _render_saved(path: Path) -> int:
     """The text of an explain report saved with --json (and its fixes, if tried)."""
     from . import bounded, explain, fixfind
 
+    def constant(name):  # NaN, Infinity: Python's extension, never in a report explain writes
+        raise ValueError(f"{name} is not a JSON number (RFC 8259)")
+
     try:
-        r = json.loads(bounded.read_bytes(path))
+        r = json.loads(bounded.read_bytes(path), parse_constant=constant)
         text = explain.render(r) + ("\n" + fixfind.render(r["fixes"]) if r.get("fixes") else "")
         text += "\n" + _render_orders(r["orders"]) if r.get("orders") else ""
+        defect = r["verdict"]["kind"] == "defect"
     except (OSError, bounded.Refused) as exc:
         raise UsageError(f"--render {path}: cannot read it: {exc}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, ArithmeticError) as exc:
         raise UsageError(f"--render {path}: not an explain report saved with --json ({type(exc).__name__}: {exc})") from None
     print(text)
-    return 1 if r["verdict"]["kind"] == "defect" else 0
+    return 1 if defect else 0
 
 
 def run_explain(args) -> int:
