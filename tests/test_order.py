@@ -445,6 +445,8 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     (["--m", "1", "--k", "20000000", "--n", "1", "--dtype", "float16"], "beyond the probe's exact range"),
     (["--case", "long-k"], "more than 4000 (--max-calls)"),
     (["--m", "4", "--k", "8", "--n", "4", "--row", "9"], "outside the 4 x 4 output"),
+    (["--case", "seed", "--col", "51000"], "outside the 1 x 51000 output"),
+    (["--case", "seed", "--col", "45000"], "seed's slices are compared in their first 45000 columns"),  # inside, yet refused
     (["--m", "4", "--k", "8", "--n", "4", "--device", "cuda"], "cuda"),
     (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}"], "exists"),
     (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}/no/such/o.json"], "folder does not exist"),

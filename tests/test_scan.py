@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matmul_drift import cases, catalog, cli, cli_scan, kernels, measure, scan
+from matmul_drift import cases, catalog, cli, cli_scan, kernels, measure, numerics, scan
 
 ENTRY = [sys.executable, "-m", "matmul_drift.cli", "scan"]
 
@@ -65,6 +65,19 @@ def test_search_finds_every_boundary_of_regions_at_least_a_step_wide(step, width
     assert all(a["hi"] + 1 == b["lo"] for a, b in zip(regs, regs[1:]))
     # the search replays over its own points without evaluating anything: how --resume works
     assert scan.search(lo, hi, step, lambda s: pytest.fail(f"re-evaluated {s}"), known=points) == points
+
+
+def test_bits_that_differ_only_where_one_side_is_inf_are_drift():
+    # 65504 in one product, inf in the other (a sum that overflowed in one order only):
+    # max_ulp leaves such entries out, frac_differ counts them, and both say drift
+    x = np.array([65504.0, 1.0], dtype=np.float16)
+    y = np.array([np.inf, 1.0], dtype=np.float16)
+    d = numerics.drift(x.view(np.uint16), y.view(np.uint16), x.astype(np.float64), y.astype(np.float64),
+                       np.array([70000.0, 1.0]), "float16")
+    assert d["max_ulp"] == 0 and d["frac_differ"] == 0.5
+    point = {"kernel_id": "k", **{key: d[key] for key in ("max_ulp", "frac_differ", "max_u")}}
+    assert scan.region_key(point) == ("k", True)
+    assert scan.region_key({**point, "frac_differ": 0.0}) == ("k", False)
 
 
 def test_a_region_narrower_than_the_step_can_be_missed():
@@ -364,6 +377,14 @@ def test_records_are_never_overwritten_and_resume_checks_parameters(capsys, tmp_
     (tmp_path / "junk.json").write_text("{not json")
     rc, _, err = scan_cli(capsys, *BASE, "--resume", tmp_path / "junk.json")
     assert rc == 2 and "not JSON" in err
+    (tmp_path / "null.json").write_text("null")  # JSON, and no record: once started afresh and written over
+    rc, _, err = scan_cli(capsys, *BASE, "--resume", tmp_path / "null.json")
+    assert rc == 2 and "not a scan record" in err and (tmp_path / "null.json").read_text() == "null"
+    # a link: writing back replaced the link with a file and left the record it points to behind
+    os.symlink(out, tmp_path / "link.json")
+    rc, _, err = scan_cli(capsys, *BASE, "--resume", tmp_path / "link.json")
+    assert rc == 2 and "symbolic link" in err and str(out) in err and len(err.strip().splitlines()) == 1
+    assert os.path.islink(tmp_path / "link.json") and out.read_bytes() == before
 
 
 def test_plot_and_record_in_one_file_is_refused(capsys, tmp_path, monkeypatch):

@@ -99,7 +99,11 @@ def _check_paths(args) -> str | None:
 
 
 def _regular_file(path: str) -> None:
-    """_Fail unless ``path`` is a regular file: opening a FIFO would wait for a writer forever."""
+    """_Fail unless ``path`` is a regular file: opening a FIFO would wait for a writer forever,
+    and the record is written back by replacing ``path``, which would put a file in a link's
+    place and leave the record it points to behind."""
+    if os.path.islink(path):
+        raise _Fail(f"--resume {path}: a symbolic link; resume the record itself ({os.path.realpath(path)})")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:

@@ -82,8 +82,11 @@ def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=
     s = case.shape(device)
     rows = 1 if case.op == "mv" else slice_m or s.m
     cols = slice_n or s.n
-    if not 0 <= row < rows or not 0 <= col < min(cols, case.compare_cols or cols):
+    if not 0 <= row < rows or not 0 <= col < cols:
         raise order.ProbeError(f"entry ({row}, {col}) is outside the {rows} x {cols} output")
+    if case.compare_cols and col >= case.compare_cols:
+        raise order.ProbeError(f"entry ({row}, {col}): {case.id}'s slices are compared in their first "
+                               f"{case.compare_cols} columns; choose a column below {case.compare_cols}")
     order.check(s.k, dtype)
     return Target(case, dtype, device, slice_n, slice_m, row, col, s.k, rows, cols, precision, form)
 

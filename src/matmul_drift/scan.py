@@ -74,9 +74,11 @@ def parse_range(text: str) -> tuple[int, int]:
 
 
 def region_key(point: dict) -> tuple:
-    """What must match for two points to share a region: kernel-id and whether drift is zero."""
+    """What must match for two points to share a region: kernel-id and whether drift is zero.
+    Drift is any entry that differs: max_ulp leaves out entries non-finite on either side
+    (65504 against inf), frac_differ counts them, as explain and the fix finder do."""
     ulp = point.get("max_ulp")
-    return point["kernel_id"], None if ulp is None else ulp > 0
+    return point["kernel_id"], None if ulp is None else bool(ulp or point.get("frac_differ"))
 
 
 def search(lo: int, hi: int, step: int, evaluate, known: dict[int, dict] | None = None) -> dict[int, dict]:

@@ -58,7 +58,7 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
     params = scan.Params(vary, lo, hi, fixed["m"], fixed["k"], fixed["n"], dtype, device, step,
                          measure.SEED, catalog.hex_id(catalog.object_id(env)))
     rec = scan.load(path) if resume else None
-    if rec is not None:
+    if resume:  # a file of JSON null too: it is no record, and must not be written over
         scan.check_record(rec, params)  # before drawing inputs, which can take minutes
 
     # Inputs as explain draws them for this shape: uniform [0, 1), as the seed.
