@@ -711,7 +711,9 @@ def test_runs_with_different_params_are_compared_on_the_common_combinations(caps
     assert flag_keys(doc) == {("accuracy", F.ERROR_U, params_of(tree, i_new))}, doc["flags"]
     (f,) = doc["flags"]
     assert f["before"]["value"] == pytest.approx(0.05 + 0.01 * (i_new % 13)) and f["after"]["value"] == 50.0
-    assert rc == 1 and err == ""
+    # and said once, for the one pair: a combination in one run only is never compared
+    (line,) = err.strip().splitlines()
+    assert rc == 1 and "the benchmarks' params differ" in line and f"{tree.commits[0][:8]} (" in line, err
 
 
 def test_timing_without_intervals_falls_back_on_iqr_then_on_the_ratio(capsys, tmp_path):
@@ -749,6 +751,24 @@ def _other_cpu(data: dict) -> None:
     for i in range(len(data["results"][F.KERNEL][F.COL["result"]])):
         if F.get_value(data, F.KERNEL, i) is not None and not math.isnan(F.get_value(data, F.KERNEL, i)):
             F.set_value(data, F.KERNEL, i, F.get_value(data, F.KERNEL, i) + 1)  # other routes on that CPU
+
+
+def test_two_folders_naming_one_machine_keep_the_one_named_for_it(tmp_path, capsys):
+    # a copy of the machine's folder under another name, holding the last commit's runs: the
+    # later folder once replaced the first without a word, and the first's runs were dropped
+    i = _idx(case="square", dtype="float32")
+    tree = _tree_with(tmp_path, lambda d, c: F.set_value(d, F.ERROR_U, i, 50.0), n_commits=3)
+    rc, doc, err = run_json(capsys, tree.root)
+    assert rc == 1 and err == "" and ("accuracy", F.ERROR_U, params_of(tree, i)) in flag_keys(doc)
+    twin = tree.machine_dir.parent / ("zz-" + tree.machine_dir.name)
+    twin.mkdir()
+    shutil.copy(tree.machine_dir / "machine.json", twin)
+    for ei in range(len(tree.env_names)):
+        shutil.move(tree.file(2, ei), twin)
+    rc, doc2, err = run_json(capsys, tree.root)
+    (line,) = err.strip().splitlines()
+    assert f"skipping results in {twin}" in line and f"as {tree.machine_dir}'s does" in line, err
+    assert doc2["pairs"] < doc["pairs"] and not [f for f in doc2["flags"] if f["kind"] == "accuracy"], doc2["flags"]
 
 
 def test_one_machine_name_on_two_hardwares_is_never_judged_as_one_history(tmp_path, capsys):

@@ -317,9 +317,17 @@ def read_history(
     dirs_by_machine: dict[str, Path] = {}
     for d in machine_dirs:
         info = _read_machine(d, warnings)
-        if info is not None:
-            machines[info["machine"]] = info
-            dirs_by_machine[info["machine"]] = d
+        if info is None:
+            continue
+        name, other = info["machine"], dirs_by_machine.get(info["machine"])
+        if other is not None:  # two folders, one machine: asv keeps one, named for it
+            keep, drop = (d, other) if d.name == name != other.name else (other, d)
+            warnings.append(f"skipping results in {drop}: its machine.json names {name!r}, as {keep}'s does; "
+                            "asv keeps one folder per machine, named for it")
+            if keep is other:
+                continue
+        machines[name] = info
+        dirs_by_machine[name] = d
     if machine is not None:
         if machine not in dirs_by_machine:
             known = ", ".join(sorted(dirs_by_machine)) or "none"

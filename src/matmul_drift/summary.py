@@ -361,6 +361,7 @@ class _Judge:
         in_b = _series_of_unit(B, self.units, "input-id")
         in_a = _series_of_unit(A, self.units, "input-id")
         inputs_comparable = in_b is not None and in_a is not None and in_b.version == in_a.version
+        unmatched = 0  # combinations of one run with no counterpart in the other (params changed)
         for name in sorted(B.series.keys() & A.series.keys()):
             unit = self.units.get(name)
             if unit is None:
@@ -375,6 +376,8 @@ class _Judge:
             if unit not in _RULES and unit != "input-id":
                 continue  # env-id and u-bound serve the others; unknown units are not judged
             ctx = _Ctx(self, pair, name, unit, sb, sa, *self.align(sb, sa))
+            if ctx.ib is not None:
+                unmatched += sb.values.size + sa.values.size - 2 * len(ctx.ib)
             vb, va = ctx.take_b(sb.values), ctx.take_a(sa.values)
             fb, fa = ctx.take_b(sb.failed), ctx.take_a(sa.failed)
             comparable = np.ones(vb.shape, dtype=bool)
@@ -396,6 +399,9 @@ class _Judge:
                                                       f"{hex_id(va[i])}); this combination is not compared"))
                 continue
             flags += _RULES[unit](ctx, vb, va, both)
+        if unmatched:  # else a renamed case's flags would vanish without a word
+            self.h.warnings.append(f"{pair.machine}: {B.commit[:8]} ({B.env_name}) -> {A.commit[:8]} ({A.env_name}): "
+                                   f"the benchmarks' params differ; {unmatched} combinations in one run only, not compared")
         return flags
 
     def _code_flag(self, pair: Pair, name: str, unit: str, sb: Series, sa: Series) -> Flag:
