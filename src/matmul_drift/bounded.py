@@ -62,6 +62,12 @@ def read_bytes(path: Path | str, root: Path | str | None = None, limit: int = MA
         os.close(fd)
 
 
+def no_constant(name: str):
+    """For json's ``parse_constant``: NaN, Infinity and -Infinity are Python's extension, no
+    JSON number (RFC 8259), and nothing this project writes holds them."""
+    raise ValueError(f"{name} is not a JSON number (RFC 8259)")
+
+
 def check_regular(path: Path | str) -> None:
     """Refused unless ``path`` (its symlinks followed) is a regular file, for a reader that must
     open it by name (np.load, torch.load); FileNotFoundError passes through."""

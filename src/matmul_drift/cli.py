@@ -167,11 +167,8 @@ def _render_saved(path: Path) -> int:
     """The text of an explain report saved with --json (and its fixes, if tried)."""
     from . import bounded, explain, fixfind
 
-    def constant(name):  # NaN, Infinity: Python's extension, never in a report explain writes
-        raise ValueError(f"{name} is not a JSON number (RFC 8259)")
-
     try:
-        r = json.loads(bounded.read_bytes(path), parse_constant=constant)
+        r = json.loads(bounded.read_bytes(path), parse_constant=bounded.no_constant)
         text = explain.render(r) + ("\n" + fixfind.render(r["fixes"]) if r.get("fixes") else "")
         text += "\n" + _render_orders(r["orders"]) if r.get("orders") else ""
         defect = r["verdict"]["kind"] == "defect"

@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from . import atomic
+from . import atomic, bounded
 
 SCHEMA = "matmul-drift-scan/2"  # /1: one grid over all sizes, before alignment classes
 DIMS = ("m", "k", "n")
@@ -411,9 +411,6 @@ def _well_formed(p, params: Params) -> bool:
 
 def load(path: str) -> dict:
     """A scan record from ``path``; ScanError (one line) if unreadable."""
-    def constant(name):  # NaN, Infinity, -Infinity: Python's extension, not JSON
-        raise ValueError(f"{name} is not a JSON number (RFC 8259)")
-
     def number(text):  # 1e400 is valid JSON, but inf once parsed, and no rewrite could write it
         x = float(text)
         if not math.isfinite(x):
@@ -422,7 +419,7 @@ def load(path: str) -> dict:
 
     try:
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh, parse_constant=constant, parse_float=number)
+            return json.load(fh, parse_constant=bounded.no_constant, parse_float=number)
     except OSError as exc:
         raise ScanError(f"cannot read {path}: {exc.strerror}") from None
     except ScanError:
