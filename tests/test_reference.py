@@ -34,6 +34,9 @@ def _within_bound(a: np.ndarray, b: np.ndarray) -> reference.Reference:
             # below float64's range (|A||B| itself rounds to 0) only the subnormal step holds
             slack = Fraction(2.0**-1074) if r.absprod[i, j] == 0 else 0
             assert abs(got - want) <= Fraction(r.bound_rel) * absprod + slack, (i, j, a.tolist(), b.tolist())
+            if r.slack is not None and math.isfinite(r.slack[i, j]):  # and entry by entry (inf: none known)
+                assert abs(got - want) <= Fraction(float(r.slack[i, j])), (i, j, a.tolist(), b.tolist())
+    assert r.slack is None or not r.exact
     return r
 
 
@@ -76,6 +79,11 @@ def test_float64_reference_at_the_ends_of_a_row_hand_built():
     # below it for their slices' product; the reference says so rather than call 0 exact
     r = _within_bound(np.array([[2.0**1000, 1.0, 0.0]]), np.array([[0.0], [1.0], [2.0**1000]]))
     assert not r.exact and r.bound_rel >= 1
+    # a row of such a product leaves the other rows' own bound tight
+    r = _within_bound(np.array([[3.0, 5.0, 7.0], [2.0**1000, 1.0, 0.0]]), np.array([[0.0, 1.0], [1.0, 1.0], [2.0**1000, 1.0]]))
+    assert r.bound_rel >= 1 and r.slack[1, 0] >= 1 and r.slack[0, 1] < 2.0**-90 * r.absprod[0, 1]
+    # a slice step below float64's range (2^-1074 beside 2^447) is no underflow by itself
+    assert _within_bound(np.array([[2.0**447, 2.0**-1074]]), np.array([[1.0], [1.0]])).exact
 
 
 def test_a_reference_too_coarse_for_its_inputs_makes_no_defect(tmp_path, capsys, monkeypatch):
@@ -91,6 +99,29 @@ def test_a_reference_too_coarse_for_its_inputs_makes_no_defect(tmp_path, capsys,
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["verdict"]["kind"] != "defect", doc["verdict"]
     assert not doc["reference"]["exact_products"] and "against a reference good only to" in doc["verdict"]["text"]
+
+
+def test_an_overflow_in_one_row_is_judged_on_that_rows_own_reference(tmp_path, capsys, monkeypatch):
+    """Row 0's exact value is 1e308, in range, and its inf an intermediate sum's (spurious);
+    row 1 makes the reference inexact. One bound for the whole product, times row 0's |A||B|
+    (which overflows), once called row 0's inf the rounding of an exact value beyond range."""
+    import json
+
+    from matmul_drift import cli
+
+    a = np.array([[1e308, 1e308, -1e308], [2.0**1000, 1.0, 0.0]])
+    b = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0**1000]])
+    c = torch.from_numpy(a) @ torch.from_numpy(b)
+    r = _within_bound(a, b)
+    assert not r.exact and r.hi[0, 0] == 1e308 and math.isinf(r.absprod[0, 0]) and math.isfinite(r.slack[0, 0])
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
+    rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
+                   "--json"])
+    nf = json.loads(capsys.readouterr().out)["nonfinite"]
+    spurious = int(math.isinf(c[0, 0]))  # the sum's order is the kernel's: count what it gave
+    assert rc == 0 and nf["spurious"] == spurious and nf["overflow"] == int(math.isinf(c[0, 1])), nf
 
 
 def test_cancellation_to_zero_and_exact_integers():

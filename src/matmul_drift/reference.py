@@ -34,8 +34,9 @@ MAX_SLICES = 8  # per operand; each slice carries 53 − ρ bits (≥ 8 even for
 # K·2^896, far from overflow.
 HEADROOM = 448
 SMALLEST = 2.0**-1074  # float64's smallest subnormal: its spacing below 2^-1021
-# Where terms underflowed, the reference is within 7·|A||B| of the truth (each rounding moves
-# a sum by at most the term it rounds; a rounded entry is at most doubled): the bound then.
+# Where terms underflowed, the reference is within about 3·|A||B| of the truth (each rounding
+# moves a sum by at most the term it rounds; the slices' magnitudes add up to at most 3|x|):
+# the relative bound is capped there, with room.
 LOST = 8.0
 
 
@@ -48,7 +49,10 @@ class Reference:
     beyond float64's range. ``absprod`` is |A||B| over the finite terms (float64).
     ``slices`` (A's, B's) and ``exact`` (every input bit was used, so hi + lo is exact up
     to the final double-double rounding) describe the method; ``bound_rel`` bounds
-    |hi + lo − exact| / |A||B| (dimensionless).
+    |hi + lo − exact| / |A||B| (dimensionless) over all entries. ``slack`` (output units, per
+    entry; float64 inputs the reference could not take exactly, else None) bounds
+    |hi + lo − exact| entry by entry: one row beyond the split's reach leaves the others'
+    bound tight, and it holds where |A||B| itself overflows float64.
     """
 
     hi: np.ndarray
@@ -59,6 +63,7 @@ class Reference:
     exact: bool
     bound_rel: float
     method: str = METHOD
+    slack: np.ndarray | None = None
 
     def describe(self, u: float) -> dict:
         """The JSON entry: method, slices, and the reference's own error bound in u."""
@@ -71,7 +76,14 @@ class Reference:
 
     def __getitem__(self, cut) -> Reference:
         return Reference(self.hi[cut], self.lo[cut], self.finite[cut], self.absprod[cut],
-                         self.slices, self.exact, self.bound_rel, self.method)
+                         self.slices, self.exact, self.bound_rel, self.method,
+                         None if self.slack is None else self.slack[cut])
+
+    def slack_or_relative(self) -> np.ndarray:
+        """``slack``, or where there is none ``bound_rel``·|A||B| (0 where that overflows)."""
+        if self.slack is not None:
+            return self.slack
+        return np.where(np.isfinite(self.absprod), self.bound_rel * self.absprod, 0.0)
 
 
 def rho(k: int) -> int:
@@ -97,8 +109,9 @@ def _pow2_scale(x, dim: int, mu=None):
 
 
 def _split(x, dim: int, r: int) -> tuple[list, object, float]:
-    """Ozaki slices of x (already scaled per row/column) and the remainder, and the smallest
-    step any slice's entries are multiples of (σ·2^-53 of the smallest σ used)."""
+    """Ozaki slices of x (already scaled per row/column) and the remainder, and the exponent
+    of the smallest step any slice's entries are multiples of (σ·2^-53 of the smallest σ
+    used; an integer, or inf without slices)."""
     import torch
 
     out, rest, step = [], x, math.inf
@@ -107,10 +120,11 @@ def _split(x, dim: int, r: int) -> tuple[list, object, float]:
         mu = _abs_max(rest, dim)
         if not bool((mu > 0).any()):
             break
-        sigma = torch.ldexp(one, (_pow2_scale(rest, dim, mu) + r).to(x.dtype))
+        e = _pow2_scale(rest, dim, mu) + r
+        sigma = torch.ldexp(one, e.to(x.dtype))
         part = (rest + sigma).sub_(sigma)  # the leading 53 − ρ bits relative to the row's max
         out.append(part)
-        step = min(step, float(sigma[mu > 0].min()) * 2.0**-53)
+        step = min(step, int(e[mu > 0].min()) - 53)  # an exponent: 2^step may be below float64's range
         rest = rest - part if rest is x else rest.sub_(part)  # exact; x itself is kept
     return out, rest, step
 
@@ -162,9 +176,11 @@ def exact_product(product, a, b) -> Reference:
     if n > step:
         parts = [_exact_block(product, sa, _sliced(b[..., j:j + step], -2, r)) for j in range(0, n, step)]
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=-1)  # noqa: E731
+        slack = None if all(p.slack is None for p in parts) else np.concatenate(
+            [p.slack_or_relative() for p in parts], axis=-1)
         return Reference(cat("hi"), cat("lo"), cat("finite"), cat("absprod"),
                          tuple(max(p.slices[i] for p in parts) for i in (0, 1)),
-                         all(p.exact for p in parts), max(p.bound_rel for p in parts))
+                         all(p.exact for p in parts), max(p.bound_rel for p in parts), slack=slack)
     return _exact_block(product, sa, _sliced(b, -2, r))
 
 
@@ -213,7 +229,7 @@ class _Sliced:
     absolute value of its finite part, ``scaled`` that finite part times 2^-e per row or
     column (max near 2^HEADROOM), ``slices`` and ``rest`` of ``scaled`` (``whole``: rest is all
     zero), ``clean`` whether it had no NaN/inf, ``lost`` whether scaling rounded an entry, and
-    ``step`` the smallest power of two every slice entry is a multiple of."""
+    ``step`` the exponent of the smallest power of two every slice entry is a multiple of."""
 
     x64: object
     absf: object
@@ -224,7 +240,7 @@ class _Sliced:
     whole: bool
     clean: bool
     lost: bool = False
-    step: float = math.inf
+    step: float = math.inf  # an exponent
 
 
 def _sliced(x, dim: int, r: int) -> _Sliced:
@@ -261,13 +277,16 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     hi, lo = _two_sum(hi, lo)
     exact = a.whole and b.whole
     bound = 2.0**-104 * (len(sa) * len(sb) + 2)  # Sum2 over the slice products
-    under = a.step * b.step < SMALLEST
-    if not exact or a.lost or b.lost or under:
-        bound += _left_out(product, a, b, absprod, under)
-        exact = False
-
+    under = a.step + b.step < -1074
+    slack = None
     # e_i + e_j in the output's shape: (…, M, 1) + (…, 1, N), or for a 1-D A, (1,) + (N,)
     scale = a.e + (b.e.squeeze(-2) if a.x64.dim() == 1 else b.e)
+    if not exact or a.lost or b.lost or under:
+        rel, err = _left_out(product, a, b, absprod, under, bound)
+        bound += rel
+        slack = (_ldexp(err, scale) + 2 * SMALLEST).cpu().numpy()  # + the rounding of that scaling
+        exact = False
+
     hi, lo = _ldexp(hi, scale), _ldexp(lo, scale)
     lo = torch.where(torch.isfinite(hi), lo, 0.0)  # beyond float64's range: hi is ±inf alone
     finite = torch.ones_like(hi, dtype=torch.bool)
@@ -279,12 +298,13 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     if tiny.size and tiny.min() < 2.0**-960:  # lo lands among the subnormals: absolute steps 2^-1074
         bound += 4 * 2.0**-1074 / float(tiny.min())
     return Reference(hi.cpu().numpy(), lo.cpu().numpy(), finite.cpu().numpy(), absprod,
-                     (len(sa), len(sb)), exact, bound)
+                     (len(sa), len(sb)), exact, bound, slack=slack)
 
 
-def _left_out(product, a: _Sliced, b: _Sliced, absprod, under: bool) -> float:
-    """What hi + lo may miss of the exact product, relative to |A||B| (its largest over the
-    entries, at most LOST): the rests R the slices left (MAX_SLICES ran out), as
+def _left_out(product, a: _Sliced, b: _Sliced, absprod, under: bool, base: float) -> tuple:
+    """What hi + lo may miss of the exact product: relative to |A||B| (its largest over the
+    entries, at most LOST), and per entry in the scaled domain (a tensor, with ``base``·|A||B|,
+    the double-double sum's own error, added): the rests R the slices left (MAX_SLICES ran out), as
     |R_a||B| + |A||R_b| + |R_a||R_b|; and below 2^-1021, where float64 keeps only multiples
     of 2^-1074, entries the scaling rounded (``lost``) and slice products with their sums
     (``under``: two slices' steps multiply to less than 2^-1074), each off by at most 2^-1075.
@@ -300,7 +320,8 @@ def _left_out(product, a: _Sliced, b: _Sliced, absprod, under: bool) -> float:
         err = err + (product(ra, b_s) + product(a_s, rb) + product(ra, rb)) * (1 + (k + 2) * 2.0**-52)
     some = (whole > 0) | (torch.as_tensor(absprod, device=whole.device) > 0)  # |A||B| = 0: an exact zero
     rel = torch.where(floor > 0, err / torch.where(floor > 0, floor, 1.0), LOST)
-    return min(float(torch.where(some, rel, 0.0).max()), LOST) if rel.numel() else 0.0
+    worst = min(float(torch.where(some, rel, 0.0).max()), LOST) if rel.numel() else 0.0
+    return worst, err + base * whole * (1 + (k + 2) * 2.0**-52)
 
 
 def _nonfinite(product, a64, b64, hi):
