@@ -280,9 +280,10 @@ def measure_operands(
         top = top_product(ops, _call(ops.product, device, full))
         kern = {"full": full} if with_kernels else {}
         c_bits, c_val, ref, absprod = top.bits, top.values, top.ref, top.ref.absprod
-        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, absprod, dtype, k, ref.bound_rel, precision, ref.slack)
-        nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),  # within the reference's own error
-                     **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype, None if ref.exact else ref.slack_or_relative())}
+        slack = ref.slack_or_relative()  # how far hi + lo may be from the exact value, per entry
+        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, absprod, dtype, k, precision, slack)
+        nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),
+                     **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype, None if ref.exact else slack)}
         routes_n: list[str] | None = [] if with_kernels else None
         routes_m: list[str] | None = [] if with_kernels else None
 

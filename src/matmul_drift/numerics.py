@@ -190,14 +190,13 @@ def drift(
 
 
 def _beyond(absdiff: np.ndarray, absprod: np.ndarray, k: int | None, dtype: str, times: float,
-            slack_rel: float = 0.0, precision: str | None = None, slack: np.ndarray | None = None) -> int:
-    """Entries whose absdiff exceeds ``times`` × allowance plus what the reference itself may
-    be off by: ``slack`` (output units, per entry) where given, else ``slack_rel``·|A||B|
-    (dimensionless); 0 without K, or where K·u ≥ 1."""
+            precision: str | None = None, slack: np.ndarray | None = None) -> int:
+    """Entries whose absdiff exceeds ``times`` × allowance plus ``slack`` (output units, per
+    entry: what the reference itself may be off by); 0 without K, or where K·u ≥ 1."""
     allowed = None if k is None else allowance(absprod, k, dtype, precision)
     if allowed is None:
         return 0
-    slack = slack_rel * absprod if slack is None else slack
+    slack = np.zeros(absdiff.shape) if slack is None else slack
     absdiff, allowed, slack = _kept(np.isfinite(absprod), absdiff, allowed, slack)
     return int(np.count_nonzero(absdiff > times * allowed + slack))
 
@@ -220,8 +219,7 @@ def _kept(keep: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarray, absprod: np.ndarray,
-          dtype: str, k: int | None = None, ref_bound_rel: float = 0.0, precision: str | None = None,
-          ref_slack: np.ndarray | None = None) -> dict:
+          dtype: str, k: int | None = None, precision: str | None = None, ref_slack: np.ndarray | None = None) -> dict:
     """The error of a product C against the exact product hi + lo (double-double, float64).
 
     Returns ``error_u`` = max |C − (hi + lo)| / (u·|A||B|) in u of the output ``dtype``
@@ -232,9 +230,9 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
     ``subnormal``: covered entries whose exact value is below the dtype's smallest normal
     number, where error_u (relative to |A||B|) can be large for a correct kernel.
     ``beyond_bound`` (given K): covered entries whose error exceeds ``allowance`` plus what
-    the reference may be off by (``ref_bound_rel``·|A||B|: Reference.bound_rel, large only
-    where the exact value lies among float64's subnormals; or ``ref_slack``, per entry in
-    output units, Reference.slack, where given).
+    the reference may be off by (``ref_slack``, per entry in output units:
+    Reference.slack_or_relative(), large only where the exact value lies among float64's
+    subnormals or the inputs span more binades than the reference's split reaches).
     """
     flat = [np.asarray(v, dtype=np.float64).reshape(-1) for v in (c, hi, lo, absprod)]
     if ref_slack is not None:
@@ -253,7 +251,7 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
         diff = np.abs((c - hi) - lo)
         subnormal = int(np.count_nonzero(np.abs(hi) < smallest_normal))
         return (normalised_max(diff, absprod, u), c.size, zero_misses, subnormal,
-                _beyond(diff, absprod, k, dtype, 1.0, ref_bound_rel, precision, slack[0] if slack else None))
+                _beyond(diff, absprod, k, dtype, 1.0, precision, slack[0] if slack else None))
 
     parts = blocks.map_blocks(fin.size, part)
     worst = [p[0] for p in parts if p[0] is not None]

@@ -296,7 +296,7 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     absprod = absprod.cpu().numpy()
     tiny = absprod[absprod > 0]
     if tiny.size and tiny.min() < 2.0**-960:  # lo lands among the subnormals: absolute steps 2^-1074
-        bound += 4 * 2.0**-1074 / float(tiny.min())
+        bound += 4 * SMALLEST / float(tiny.min())
     return Reference(hi.cpu().numpy(), lo.cpu().numpy(), finite.cpu().numpy(), absprod,
                      (len(sa), len(sb)), exact, bound, slack=slack)
 
