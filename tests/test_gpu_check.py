@@ -218,13 +218,37 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
         o = json.loads((results / "gpu-check" / machine / runs[0].commit[:8] / f"order-{name}.json").read_text())
         assert o["verified"]["matched"] == 100 and sorted(order.leaves(o["tree"])) == list(range(o["k"]))
         assert catalog.load(results / "catalog", "orders", int(o["order_id"], 16))["k"] == o["k"]
-    # Imported twice: the same files, nothing refused; other values under the same name are refused.
+    # Imported twice: the same files, nothing refused, nothing written again.
     again = gpucheck.import_archive(out / "gpu-check.tar.gz", results)
-    assert again.written and not again.warnings
-    path = runs[0].path
-    path.write_text(path.read_text().replace('"torch":', '"torch_was":', 1))
-    with pytest.raises(gpucheck.ImportRefused, match="already recorded"):
-        gpucheck.import_archive(out / "gpu-check.tar.gz", results)
+    assert again.written == [] and not again.warnings
+
+
+def _tree(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_what_an_import_finds_recorded_is_never_lost(rehearsal, tmp_path):
+    """An asv result or an output already recorded with other content (a second check at the
+    same commit) is refused before anything is written, and with --force kept beside."""
+    _, _, out, _, _ = rehearsal
+    results = tmp_path / "results"
+    gpucheck.import_archive(out / "gpu-check.tar.gz", results)
+    (machine, runs), = history.read_history(results).runs.items()
+    seed = results / "gpu-check" / machine / runs[0].commit[:8] / "seed-float16.json"
+    for changed in (runs[0].path, seed):
+        old = changed.read_bytes()
+        changed.write_bytes(old.replace(b'"', b'"_', 1))
+        before = _tree(results)
+        p = subprocess.run([sys.executable, str(ROOT / "scripts/import_gpu_check.py"), str(out / "gpu-check.tar.gz"),
+                            "--results", str(results)], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and "already recorded" in p.stderr, p.stderr
+        assert str(changed) in p.stderr and _tree(results) == before
+        forced = gpucheck.import_archive(out / "gpu-check.tar.gz", results, force=True)
+        assert forced.written == [changed] and changed.read_bytes() == old
+        (kept,) = changed.parent.glob(changed.name + ".replaced-*")
+        assert kept.read_bytes() == before[changed.relative_to(results)]
+        assert [r.path for r in history.read_history(results).runs[machine]] == [runs[0].path]  # kept is no result
+        kept.unlink()
 
 
 def test_an_archive_without_the_suites_results_still_gives_the_rest(rehearsal, tmp_path):

@@ -6,10 +6,11 @@ Python's path there), the catalog entries they name, and the explain and scan ou
 names the environment after the torch build that ran (``existing-torch<version>``, the
 version read from the run's env-id catalog entry), and copies everything in atomically:
 asv results under results/asv/<machine>/, catalog entries under results/catalog/, the
-other outputs under results/gpu-check/<machine>/<commit8>/. A results file already there
-with other content is refused (ImportRefused, one line) unless ``force``, which keeps the
-old file beside it. An archive without asv results (the suite step did not finish) still
-gives its other outputs, with a warning.
+other outputs under results/gpu-check/<machine>/<commit8>/. A file already there with
+other content, asv result or other output, is refused (ImportRefused, one line, before
+anything is written) unless ``force``, which keeps the old file beside it. An archive
+without asv results (the suite step did not finish) still gives its other outputs, with a
+warning.
 """
 
 from __future__ import annotations
@@ -80,37 +81,46 @@ def import_archive(archive: Path | str, results: Path | str, force: bool = False
             why = f"it holds no asv results of {machine} at {commit[:8]}"
         if not runs:
             done.warnings.append(f"{archive}: {why}: the suite step did not finish; its other outputs are imported")
+        # Every results file and output this archive gives, decided before anything is written,
+        # so that a refusal leaves results/ as it was.
+        asv_src, asv_dst = src / "results" / "asv", results / "asv"
+        extras = results / "gpu-check" / machine / commit[:8]
+        planned = [(asv_dst / machine / f"{run.commit[:8]}-{_env_name(run)}.json", _run_bytes(run)) for run in runs]
+        planned += [(extras / p.name, p.read_bytes()) for p in sorted(src.iterdir())
+                    if p.is_file() and p.name not in ("MACHINE", "COMMIT")]
+        changed = [dst for dst, data in planned if dst.exists() and dst.read_bytes() != data]
+        if changed and not force:
+            others = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+            raise ImportRefused(f"{changed[0]}{others} already recorded with other content; pass --force "
+                                "to keep the old beside and import the new")
         for p in sorted((src / "results" / "catalog").rglob("*.json")):  # content-addressed: same name, same bytes
             dst = results / "catalog" / p.relative_to(src / "results" / "catalog")
             if not dst.exists():
                 done.written.append(atomic.copy(p, dst))
         if runs:
-            asv_src, asv_dst = src / "results" / "asv", results / "asv"
             asvrun.merge_benchmarks(asv_dst / "benchmarks.json", json.loads(_one_line(asv_src / "benchmarks.json", src)))
             machine_json = asv_src / machine / "machine.json"
             if machine_json.is_file() and not (asv_dst / machine / "machine.json").exists():
                 done.written.append(atomic.copy(machine_json, asv_dst / machine / "machine.json"))
-            for run in runs:
-                done.written.append(_import_run(run, asv_dst / machine, force))
-        extras = results / "gpu-check" / machine / commit[:8]
-        for p in sorted(src.iterdir()):
-            if p.is_file() and p.name not in ("MACHINE", "COMMIT"):
-                done.written.append(atomic.copy(p, extras / p.name))
+        for dst, data in planned:  # the asv results first: a reader never meets outputs without them
+            if dst in changed:
+                asvrun.backup(dst)
+            elif dst.exists():
+                continue  # the same bytes already recorded
+            done.written.append(atomic.write_bytes(dst, data))
         return done
 
 
-def _import_run(run: history.Run, dest: Path, force: bool) -> Path:
-    """The run's results file under an environment named after its torch build."""
+def _env_name(run: history.Run) -> str:
+    """The environment's name for a run on the GPU machine: its torch build's ("2.11.0+cu130"
+    gives existing-torch2.11.0-cu130: a file name, a URL)."""
+    return "existing-torch" + re.sub(r"[^A-Za-z0-9._-]", "-", run.torch or "unknown")
+
+
+def _run_bytes(run: history.Run) -> bytes:
+    """The run's results file under the environment named after its torch build (UTF-8)."""
     data = json.loads(run.path.read_text(encoding="utf-8"))
-    torch = run.torch or "unknown"
-    env = "existing-torch" + re.sub(r"[^A-Za-z0-9._-]", "-", torch)  # "2.11.0+cu130": a file name, a URL
-    data["env_name"] = env
-    data["params"] = {**data.get("params", {}), "torch": torch}
+    data["env_name"] = _env_name(run)
+    data["params"] = {**data.get("params", {}), "torch": run.torch or "unknown"}
     text = json.dumps(data, separators=(",", ":")) + "\n"  # asv's own format (it writes NaN for skipped)
-    dst = dest / f"{run.commit[:8]}-{env}.json"
-    if dst.exists() and dst.read_text(encoding="utf-8") != text:
-        if not force:
-            raise ImportRefused(f"{dst} is already recorded with other values; pass --force to keep it "
-                                "beside and import the new one")
-        asvrun.backup(dst)
-    return atomic.write_text(dst, text)
+    return text.encode("utf-8")
