@@ -363,7 +363,7 @@ def test_killed_at_every_step_that_writes_then_the_next_run_recovers(world, tmp_
     assert p.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), p.stderr[-2000:]
     assert "recovered: removed" in p.stderr and not any(p.exists() for p in locks)
     assert commits_of_the_night(tree) == 1 and commits_of_the_night(remote) == 0
-    assert not (tree / ".nightly/pending.json").exists()
+    assert json.loads((tree / ".nightly/pending.json").read_text())["stage"] == "committed"  # not yet published
 
     # 4. Meanwhile another machine pushes; the next run must rebase, and is killed in the rebase.
     theirs = other / "nightly"
@@ -417,6 +417,116 @@ def test_a_night_killed_while_copying_is_set_aside_and_run_again(tmp_path):
     assert not (tree / "results/asv/m/abcd1234-env.json").exists()
     kept = list((tree / "results/asv/m").glob("abcd1234-env.json.replaced-*"))
     assert len(kept) == 1 and kept[0].read_bytes() == b"{}"
+
+
+def test_a_forced_night_killed_while_copying_puts_the_recorded_files_back(tmp_path):
+    # --force moved the recorded result aside and was killed before copying its own.
+    tree = tmp_path / "tree"
+    git(tmp_path, "init", "-q", "-b", "results", str(tree))
+    rel = "results/asv/m/abcd1234-env.json"
+    _tree_with(tree, {"nights/2026-01-05-m.json": json.dumps({"date": "2026-01-05", "machine": "m"}).encode(),
+                      rel: b'{"recorded": 1}'})
+    git(tree, "add", "-A")
+    git(tree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "night")
+    (tree / rel).rename(tree / f"{rel}.replaced-20260105T000000Z")
+    (tree / ".nightly").mkdir()
+    (tree / ".nightly/pending.json").write_text(json.dumps({
+        "stage": "copying", "date": "2026-01-05", "machine": "m", "point": "abcd1234" * 5,
+        "files": [rel, "nights/2026-01-05-m.json"]}))
+    assert nightly._finish_pending(tree) is None and not (tree / ".nightly/pending.json").exists()
+    assert (tree / rel).read_bytes() == b'{"recorded": 1}'
+    assert (tree / f"{rel}.replaced-20260105T000000Z").read_bytes() == b'{"recorded": 1}'
+
+
+def test_without_a_remote_a_failed_a_killed_and_a_forced_night_each_leave_the_next_run_whole(world, tmp_path):
+    """No remote: a night that records nothing, one killed after its commit, and a --force
+    run that fails or is killed after moving the recorded file aside. After each, the next
+    run goes on without --force or a hand fix, and what was recorded is as it was."""
+    git(tmp_path, "clone", "-q", str(world.remote), str(tmp_path / "k"))
+    k, tree = tmp_path / "k", tmp_path / "k/nightly"
+    args = ("--python", PY, "--machine", "box-n", "--date", "2026-01-06")
+
+    def night(*extra, **env):
+        p = subprocess.run(["bash", "scripts/nightly.sh", *args, *extra], cwd=k, env={**world.env, **env},
+                           capture_output=True, text=True, timeout=600, start_new_session=True)
+        assert "Traceback" not in p.stderr, p.stderr[-3000:]
+        return p
+
+    killed = (-signal.SIGKILL, 128 + signal.SIGKILL)
+    # 1. asv records nothing: one error, and nothing of the night is left pending or in the tree.
+    p = night("--bench", "NoSuchBenchmark", "--no-publish")
+    assert p.returncode == 1 and "recorded no results" in p.stderr.strip().splitlines()[-1], p.stderr[-2000:]
+    assert not (tree / ".nightly/pending.json").exists() and not (tree / "nights").exists()
+    # 2. Killed right after its commit: the next run of the night publishes it; no --force.
+    p = night("--bench", BENCH, MATMUL_DRIFT_KILL_AT="committed")
+    assert p.returncode in killed and not (tree / "html").exists(), p.stderr[-2000:]
+    p = night("--bench", BENCH)
+    assert p.returncode == 0 and "killed after its commit" in p.stderr, p.stderr[-2000:]
+    assert "completed what a killed run left" in p.stderr and (tree / "html/index.html").is_file()
+    assert not (tree / ".nightly/pending.json").exists()
+    recorded = snapshot(tree)
+    (result,) = [f for f in recorded["files"] if f.startswith("results/asv/box-n/") and "machine" not in f]
+    # 3. A --force run that records nothing leaves the recorded night, its description included.
+    p = night("--bench", "NoSuchBenchmark", "--no-publish", "--force")
+    assert p.returncode == 1 and resultsbranch.uncommitted(tree, ["nights", "results", "summaries"]) == []
+    # 4. A --force run killed once the recorded result is moved aside, before its own is copied.
+    p = night("--bench", BENCH, "--no-publish", "--force", MATMUL_DRIFT_KILL_AT="replaced")
+    assert p.returncode in killed and not (tree / result).exists(), p.stderr[-2000:]
+    p = night("--bench", BENCH, "--no-publish")  # recovered: the night is recorded as it was
+    assert p.returncode == 2 and "1 put back as recorded" in p.stderr and "already recorded" in p.stderr, p.stderr
+    assert (tree / result).read_bytes() == recorded["files"][result]
+    assert [f for f in resultsbranch.uncommitted(tree, ["nights", "results", "summaries"])
+            if ".replaced-" not in f] == []  # what the killed run moved aside is kept beside, untracked
+    assert git(tree, "rev-parse", "HEAD") == recorded["head"]
+    # 5. And a forced night that finishes replaces the night, keeping the old beside.
+    p = night("--bench", BENCH, "--no-publish", "--force")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "the old description is kept as 2026-01-06-box-n.json.replaced-" in p.stderr
+    assert git(tree, "rev-parse", "HEAD^") == recorded["head"]
+    assert resultsbranch.uncommitted(tree, ["nights/2026-01-06-box-n.json", result]) == []
+
+
+def test_a_night_left_copied_with_no_files_runs_again(tmp_path):
+    # What an earlier version left when asv recorded nothing: it must not stop every later night.
+    tree = tmp_path / "tree"
+    git(tmp_path, "init", "-q", "-b", "results", str(tree))
+    _tree_with(tree, {"nights/2026-01-05-m.json": json.dumps({"date": "2026-01-05", "machine": "m"}).encode()})
+    (tree / ".nightly").mkdir()
+    (tree / ".nightly/pending.json").write_text(json.dumps({
+        "stage": "copied", "date": "2026-01-05", "machine": "m", "point": "ab" * 20, "files": []}))
+    assert nightly._finish_pending(tree) is None and not (tree / ".nightly/pending.json").exists()
+
+
+def test_backups_in_one_second_keep_every_old_file(tmp_path, monkeypatch):
+    from datetime import datetime
+
+    from matmul_drift import asvrun
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 1, 5, 12, 0, 0, tzinfo=tz)
+
+    monkeypatch.setattr(asvrun, "datetime", Frozen)
+    f = tmp_path / "note.md"
+    kept = []
+    for version in (b"A", b"B", b"C"):
+        f.write_bytes(version)
+        kept.append(asvrun.backup(f))
+    assert not f.exists() and [k.read_bytes() for k in kept] == [b"A", b"B", b"C"]
+    assert [k.name for k in kept] == ["note.md.replaced-20260105T120000Z", "note.md.replaced-20260105T120000Z-2",
+                                      "note.md.replaced-20260105T120000Z-3"]
+
+
+@pytest.mark.parametrize("old", [b"", b'{"a": ', b"[]"])
+def test_an_unreadable_benchmarks_json_is_kept_beside_and_rewritten(tmp_path, old):
+    from matmul_drift import asvrun
+
+    path = tmp_path / "benchmarks.json"
+    path.write_bytes(old)
+    kept = asvrun.merge_benchmarks(path, {"b": 1, "version": 2})
+    assert json.loads(path.read_text()) == {"b": 1, "version": 2} and kept.read_bytes() == old
+    assert asvrun.merge_benchmarks(path, {"c": 1}) is None and json.loads(path.read_text())["b"] == 1
 
 
 def test_repair_removes_stale_locks_and_aborts_a_rebase(tmp_path):
@@ -761,7 +871,7 @@ def test_a_malformed_night_file_stops_the_merge_before_anything_is_copied(tmp_pa
     assert not (o.tree / "results").exists() and not (o.tree / "nights").exists()
 
 
-@pytest.mark.parametrize("how", ["symlink", "fifo"])
+@pytest.mark.parametrize("how", ["symlink", "fifo", "top-symlink"])
 def test_a_merge_copies_no_symlink_and_no_fifo(tmp_path, how):
     o = _merge_target(tmp_path)
     secret = tmp_path / "secret.txt"
@@ -771,8 +881,20 @@ def test_a_merge_copies_no_symlink_and_no_fifo(tmp_path, how):
     target = src / "results/catalog/env/0123456789ab.json"
     if how == "symlink":
         target.symlink_to(secret)
-    else:
+    elif how == "fifo":
         os.mkfifo(target)
-    with pytest.raises(nightly.UsageError, match="symlink" if how == "symlink" else "not a regular file"):
+    else:  # a whole folder of the source: os.walk follows a link it is given
+        _tree_with(tmp_path / "elsewhere", {"secret.md": b"not for the results branch"})
+        (src / "summaries").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(nightly.UsageError, match="not a regular file" if how == "fifo" else "symlink"):
         nightly.run_merge(o, [src])
-    assert not (o.tree / "results").exists()
+    assert not (o.tree / "results").exists() and not (o.tree / "summaries").exists()
+
+
+def test_a_merge_copies_a_night_description_kept_beside_by_force(tmp_path):
+    tree = _tree_with(tmp_path / "tree", {})
+    src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode(),
+                                        "nights/2026-01-05-m.json.replaced-20260105T000000Z": b'{"old": 1}'})
+    copies, _, conflicts = nightly.plan_merge(tree, [src])
+    assert sorted(d.name for _, d in copies) == ["2026-01-05-m.json", "2026-01-05-m.json.replaced-20260105T000000Z"]
+    assert conflicts == []

@@ -9,6 +9,7 @@ changes, and a file about to be replaced (with --force) kept beside it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -112,23 +113,38 @@ def recorded(results_dir: Path, machine: str, commit: str, env: str | None = Non
             if p.name.startswith(commit[:8]) and (name is None or p.name == name)]
 
 
-def merge_benchmarks(path: Path, new: dict) -> None:
+def merge_benchmarks(path: Path, new: dict) -> Path | None:
     """Merge a run's benchmarks.json into ``path``: every benchmark either knows, the newer
     description winning, so results of a benchmark since removed can still be read. The file
-    is rewritten only when that changes it."""
-    old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    is rewritten only when that changes it. An old file that is not a JSON object (emptied,
+    cut short) is kept beside (backup) and its path returned, so the next run need no hand fix."""
+    kept, old = None, None
+    if path.exists():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = None
+        if not isinstance(old, dict):
+            kept, old = backup(path), None
     merged = {**(old or {}), **new}
     if merged != old:
         atomic.write_text(path, json.dumps(merged, indent=4, sort_keys=True) + "\n")
+    return kept
 
 
 def backup(path: Path) -> Path:
     """Keep a file about to be replaced (with --force) beside it, under a name no reader takes
-    for results ('.json' is not its suffix)."""
+    for results ('.json' is not its suffix) and no other backup has: one made in the same
+    second gets a count (-2, -3, ...). Returns the backup's path."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    dst = path.with_name(f"{path.name}.replaced-{stamp}")
-    os.replace(path, dst)
-    return dst
+    for n in itertools.count(1):
+        dst = path.with_name(f"{path.name}.replaced-{stamp}" + (f"-{n}" if n > 1 else ""))
+        try:
+            atomic.link_new(path, dst)  # never over an earlier backup, even one made meanwhile
+        except FileExistsError:
+            continue
+        path.unlink(missing_ok=True)  # gone already where the folder takes no hard link
+        return dst
 
 
 def import_results(staging: Path, results_dir: Path, machine: str, old: list[Path], force: bool,
@@ -144,7 +160,9 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
     if old and not force:
         raise AlreadyRecorded(f"{old[0]} is already recorded; pass --force to replace it")
     if (staging / "benchmarks.json").exists():
-        merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()))
+        kept = merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()))
+        if kept is not None:
+            log(f"{results_dir / 'benchmarks.json'} could not be read; rewritten, the old file kept as {kept.name}")
     dest = results_dir / machine
     if (staging / machine / "machine.json").exists():
         new = (staging / machine / "machine.json").read_bytes()

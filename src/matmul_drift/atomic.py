@@ -43,7 +43,7 @@ def write_new(path: Path | str, data: bytes) -> Path:
     path = Path(path)
     tmp = _temp(path, data)
     try:
-        _link_new(tmp, path)
+        link_new(tmp, path)
     except FileExistsError:
         raise Taken(path, tmp) from None
     except BaseException:
@@ -53,8 +53,9 @@ def write_new(path: Path | str, data: bytes) -> Path:
     return path
 
 
-def _link_new(tmp: str, path: Path) -> None:
-    """Give ``tmp``'s file the name ``path`` too, unless that exists (FileExistsError)."""
+def link_new(tmp: str | Path, path: Path) -> None:
+    """Give ``tmp``'s file the name ``path`` too, unless that exists (FileExistsError). Where the
+    file system has no hard links, ``tmp`` is renamed instead (it is gone afterwards)."""
     try:
         os.link(tmp, path)
     except OSError as exc:

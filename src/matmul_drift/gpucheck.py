@@ -98,7 +98,11 @@ def import_archive(archive: Path | str, results: Path | str, force: bool = False
             if not dst.exists():
                 done.written.append(atomic.copy(p, dst))
         if runs:
-            asvrun.merge_benchmarks(asv_dst / "benchmarks.json", json.loads(_one_line(asv_src / "benchmarks.json", src)))
+            kept = asvrun.merge_benchmarks(asv_dst / "benchmarks.json",
+                                           json.loads(_one_line(asv_src / "benchmarks.json", src)))
+            if kept is not None:
+                done.warnings.append(f"{asv_dst / 'benchmarks.json'} could not be read; rewritten, the old file "
+                                     f"kept as {kept.name}")
             machine_json = asv_src / machine / "machine.json"
             if machine_json.is_file() and not (asv_dst / machine / "machine.json").exists():
                 done.written.append(atomic.copy(machine_json, asv_dst / machine / "machine.json"))

@@ -93,7 +93,7 @@ class Report:
 
 def _checkpoint(step: str) -> None:
     """Fault injection for the kill tests: MATMUL_DRIFT_KILL_AT=<step> makes this process
-    SIGKILL itself here (steps: copied, committed, publishing), as a lost node or the OOM
+    SIGKILL itself here (steps: replaced, copied, committed, publishing), as a lost node or the OOM
     killer would."""
     if os.environ.get("MATMUL_DRIFT_KILL_AT") == step:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -259,12 +259,17 @@ def _asv_env(tree: Path) -> dict:
 # ---------------------------------------------------------------------------- moving results
 
 
+def _replacing(msg: str) -> None:
+    _log(msg)
+    _checkpoint("replaced")  # a recorded file moved aside, its successor not yet copied
+
+
 def import_night(staging: Path, results_dir: Path, machine: str, commit: str, force: bool) -> list[Path]:
     """asvrun.import_results for a night: every result ``machine`` has at ``commit`` is the
     night's (its environment is named after the Python's path, which may change)."""
     try:
         return asvrun.import_results(staging, results_dir, machine, asvrun.recorded(results_dir, machine, commit),
-                                     force, _log)
+                                     force, _replacing)
     except asvrun.AlreadyRecorded as exc:
         raise UsageError(str(exc)) from None
 
@@ -464,17 +469,18 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
                          "pass --force to run it again and replace it")
     if recorded:
         _log(f"night {o.date} on {o.machine}: running it again (--force)")
-    elif (tree / rel).exists():
+    elif _staged_night(tree, rel).exists():
         _log(f"night {o.date} on {o.machine} was started before and has no results yet: running it")
     night = _describe_night(o, tree, rel)
     axis_repo(tree, o.date, o.branch)
-    imported = _run_asv(o, tree, point)
+    imported = _run_asv(o, tree, point, rel)
     commit = _record(tree, night, point, imported)
     if o.remote and o.push:
         commit = _git("pushing the night", resultsbranch.push, tree, o.branch, o.remote)
     _log(f"night commit {(commit or resultsbranch.head(tree))[:12]}: {night_title(night)}")
     if o.publish:
         _publish_night(o, tree, point)
+    _pending_path(tree).unlink(missing_ok=True)
     report = _report(tree, o.date, o.machine, commit, imported, o.publish)
     _log(f"night {o.date} on {o.machine} done in {time.monotonic() - t0:.0f} s; summary {report.summary_md}")
     return report
@@ -504,7 +510,7 @@ def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> str | 
            f"{SUMMARIES}/{date}-{machine}.json", f":(glob){RESULTS}/asv/{machine}/{point[:8]}-*"]
     commit = _git("committing the night", resultsbranch.commit, tree, own, commit_message(night, outcome),
                   f"{date}T00:00:00+00:00")
-    _pending_path(tree).unlink(missing_ok=True)
+    _set_pending(tree, "committed", night, point, [])  # the next run publishes it, remote or none
     _checkpoint("committed")
     return commit
 
@@ -538,50 +544,71 @@ def _set_pending(tree: Path, stage: str, night: dict, point: str, files: list[st
 
 
 def _finish_pending(tree: Path) -> tuple[str, str] | None:
-    """Finish what a killed night left between copying its results and committing them.
+    """Finish what a killed night left between copying its results and publishing them.
     Copied in full: summarise and commit it (its own commit), and return (date, machine).
-    Copied in part: set the copied results aside (kept, not read), so the night runs again.
-    Killed while publishing: return (date, machine); the run of that night publishes."""
+    Copied in part: set the copied files aside (kept, not read) and put back what the branch
+    had recorded (a --force run's), so the night runs again. Killed after its commit or while
+    publishing: return (date, machine); the run of that night publishes."""
     path = _pending_path(tree)
     if not path.exists():
         return None
     try:
         p = json.loads(path.read_text(encoding="utf-8"))
         date, machine, point, stage, files = p["date"], p["machine"], p["point"], p["stage"], list(p["files"])
-        night = json.loads((tree / NIGHTS / f"{date}-{machine}.json").read_text(encoding="utf-8"))
+        night = (json.loads((tree / NIGHTS / f"{date}-{machine}.json").read_text(encoding="utf-8"))
+                 if stage == "copied" and files and all((tree / f).is_file() for f in files) else None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         path.unlink()
         _log(f"warning: ignored {path.relative_to(tree)}, which cannot be read ({exc})")
         return None
-    if stage == "publishing":  # committed; its site was being built: the run of that night publishes
-        _log(f"recovered: night {date} on {machine} was killed while publishing; publishing it")
+    if stage in ("committed", "publishing"):  # committed, its site not built: the run of that night publishes
+        _log(f"recovered: night {date} on {machine} was killed "
+             + ("after its commit" if stage == "committed" else "while publishing") + "; publishing it")
         return date, machine
-    results = [tree / f for f in files if (tree / f).is_file()]
-    if stage == "copied" and len(results) == len(files):
+    if night is not None:
         _log(f"recovered: night {date} on {machine} was killed after its results were copied; committing it")
-        _record(tree, night, point, results)
+        _record(tree, night, point, [tree / f for f in files])
         return date, machine
-    loose = [f for f in files if f in set(resultsbranch.uncommitted(tree, files))]
-    for f in loose:
-        asvrun.backup(tree / f)
+    loose = _git("reading what a killed night copied", resultsbranch.uncommitted, tree, files) if files else []
+    aside = [asvrun.backup(tree / f) for f in loose if (tree / f).exists()]
+    back = _git("putting back what a killed night moved aside", _restore, tree, loose)
     path.unlink()
     _log(f"recovered: night {date} on {machine} was killed while its results were copied; "
-         f"{len(loose)} file(s) set aside (*.replaced-*), the night runs again")
+         f"{len(aside)} file(s) set aside (*.replaced-*)" + (f", {len(back)} put back as recorded" if back else "")
+         + ", the night runs again")
     return None
+
+
+def _restore(tree: Path, paths: list[str]) -> list[str]:
+    """Put back, as committed, those of ``paths`` that the branch holds: a --force run killed
+    between moving a recorded file aside and copying its own leaves it missing."""
+    if not paths or not resultsbranch.born(tree):
+        return []
+    held = resultsbranch.git(tree, "ls-tree", "-r", "--name-only", "-z", "HEAD", "--", *paths).split("\0")
+    held = [f for f in held if f]
+    if held:
+        resultsbranch.git(tree, "checkout", "HEAD", "--", *held)
+    return held
 
 
 def _asv_log(tree: Path, o: Options) -> Path:
     return tree / STATE / f"asv-{o.date}-{o.machine}.log"
 
 
+def _staged_night(tree: Path, rel: str) -> Path:
+    """Where a night's description waits for its results: it reaches ``rel`` with them, so a
+    run that fails or is killed before never replaces a recorded night's description."""
+    return tree / STATE / rel
+
+
 def _describe_night(o: Options, tree: Path, rel: str) -> dict:
-    """Describe the Python under test into ``rel`` (written atomically) and return it."""
+    """Describe the Python under test into _staged_night (written atomically) and return it."""
     _log(f"describing {o.python} ...")
     described = describe_python(o.python)
     night = {"date": o.date, "machine": o.machine, "python": o.python, "python_version": described["python"],
              "device": described["device"], "environment": described["environment"], "gpu_clocks": gpu_clocks(),
              "started_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    atomic.write_text(tree / rel, json.dumps(night, indent=2, sort_keys=True) + "\n")
+    atomic.write_text(_staged_night(tree, rel), json.dumps(night, indent=2, sort_keys=True) + "\n")
     _log(night_title(night))
     return night
 
@@ -598,9 +625,10 @@ def _recorded_nights(tree: Path) -> list[dict]:
     return out
 
 
-def _run_asv(o: Options, tree: Path, commit: str) -> list[Path]:
+def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
     """asv run in the Python under test into a staging directory, then the results into the
-    tree (import_night). A run that records nothing is a NightError; failed values are not."""
+    tree (import_night) and the night's description to ``rel`` (the old one, if other, kept
+    beside). A run that records nothing is a NightError; failed values are not."""
     staging = tree / STATE / "staging" / f"{o.date}-{o.machine}-{int(time.time())}"
     conf = _write_config(tree, "asv-run.json", asv_config(o.repo, tree, o.branch, staging))
     env = _asv_env(tree)
@@ -616,12 +644,18 @@ def _run_asv(o: Options, tree: Path, commit: str) -> list[Path]:
     rc, tail = asvrun.run(conf, *args, cwd=tree, env=env, log=log)
     night = {"date": o.date, "machine": o.machine}
     dest = Path(RESULTS) / "asv" / o.machine
-    _set_pending(tree, "copying", night, commit, [str(dest / f.name) for f in asvrun.results_files(staging / o.machine)])
-    imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
-    _set_pending(tree, "copied", night, commit, [str(p.relative_to(tree)) for p in imported])
-    _checkpoint("copied")
-    if not imported:
+    made = asvrun.results_files(staging / o.machine)
+    if not made:  # nothing reaches the tree: it stays as it was
         raise NightError(f"asv run recorded no results (exit status {rc}): {tail[-1] if tail else ''}; see {log}")
+    _set_pending(tree, "copying", night, commit, [str(dest / f.name) for f in made] + [rel])
+    imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
+    described = _staged_night(tree, rel).read_bytes()
+    if (tree / rel).exists() and (tree / rel).read_bytes() != described:
+        _log(f"replacing {rel}; the old description is kept as {asvrun.backup(tree / rel).name}")
+    atomic.write_bytes(tree / rel, described)
+    _set_pending(tree, "copied", night, commit, [str(p.relative_to(tree)) for p in imported] + [rel])
+    _checkpoint("copied")
+    _staged_night(tree, rel).unlink()
     shutil.rmtree(staging, ignore_errors=True)
     _log(f"results: {', '.join(str(p.relative_to(tree)) for p in imported)}"
          + ("" if rc == 0 else f" (asv exit status {rc}: some benchmarks failed)"))
@@ -637,6 +671,8 @@ def _source_files(src: Path) -> list[Path]:
     is copied."""
     out = []
     for top in _IMPORTED:
+        if (src / top).is_symlink():  # os.walk follows a link it is given, though none below
+            raise UsageError(f"--merge {src}: {top} is a symlink; a merge copies regular files only, nothing merged")
         for dirpath, dirnames, filenames in os.walk(src / top):  # does not descend into symlinked folders
             for name in sorted(dirnames + filenames):
                 p = Path(dirpath) / name
@@ -702,7 +738,7 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
                 data = bounded.read_bytes(f, src)
             except (OSError, ValueError) as exc:
                 raise UsageError(f"--merge {src}: cannot read {rel}: {exc}; nothing merged") from None
-            if rel.parts[0] == NIGHTS:
+            if rel.parts[0] == NIGHTS and rel.suffix == ".json":  # not an old one a --force night kept beside
                 check_night_file(rel, data)
             elif rel.suffix == ".json":
                 try:
@@ -744,7 +780,9 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
             raise UsageError(f"{len(conflicts)} files conflict, nothing merged: {conflicts[0]}; "
                              "pass --force to replace (the old files are kept beside)")
         for f in benches:
-            asvrun.merge_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()))
+            kept = asvrun.merge_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()))
+            if kept is not None:
+                _log(f"{RESULTS}/asv/benchmarks.json could not be read; rewritten, the old file kept as {kept.name}")
         imported = []
         for src, dst in copies:
             if dst.exists() and dst.name != "machine.json":
