@@ -41,6 +41,7 @@ BENCHMARKS_API_VERSION = 2  # asv.benchmarks.Benchmarks.api_version
 _SKIP_FILES = {"machine.json", "benchmarks.json"}
 _TRACK = re.compile(r"^drift\.Drift\.track_(\w+)$")  # the suite's series, named as asv names them
 MAX_COMBINATIONS = 1 << 20  # parameter combinations in one results row (the suite has 108)
+MAX_DATE_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: datetime holds no later day
 _KNOWN_COLUMNS = {
     "result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
     "stats_q_25", "stats_q_75", "stats_number", "stats_repeat", "samples", "profile",
@@ -309,8 +310,12 @@ def read_history(
         except bounded.Refused as exc:
             warnings.append(f"skipping {d}: {exc}")
             continue
-        if _has_json(d):
-            machine_dirs.append(d)
+        if not _has_json(d):
+            continue
+        if _shown(d.name) != d.name:  # its name would reach the report as unwritable surrogates
+            warnings.append(f"skipping results in {_shown(d)}: the folder's name is not UTF-8")
+            continue
+        machine_dirs.append(d)
     if not machine_dirs:
         raise HistoryError(f"no asv results under {asv_dir}")
     machines: dict[str, dict] = {}
@@ -343,6 +348,9 @@ def read_history(
             if not entry.name.endswith(".json") or entry.name in _SKIP_FILES:
                 continue  # anything else named .json (a FIFO, a link) is refused below, with a warning
             p = Path(entry.path)
+            if _shown(entry.name) != entry.name:
+                warnings.append(f"skipping {_shown(p)}: the file's name is not UTF-8")
+                continue
             try:
                 run = read_results_file(p, name, interned, warnings)
             except (BadFile, ValueError, TypeError, KeyError, IndexError, AttributeError,
@@ -370,6 +378,12 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, RecursionError):
         return "JSON nested too deeply"
     return f"malformed results file ({type(exc).__name__}: {exc})"
+
+
+def _shown(path: Path | str) -> str:
+    """``path`` as text any output can hold: bytes that are not UTF-8 (which Python keeps
+    as lone surrogates) written as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _subdirs(p: Path) -> list[Path]:
@@ -503,8 +517,10 @@ def read_results_file(path: Path, machine: str, interned: dict | None = None,
         raise BadFile("no environment params")
     if env_params.get("machine", machine) != machine:
         raise BadFile(f"machine is {env_params.get('machine')!r}, not {machine!r} as machine.json says")
-    if isinstance(date, bool) or not isinstance(date, (int, float)) or not math.isfinite(date):
+    if isinstance(date, bool) or not isinstance(date, (int, float)):
         raise BadFile("no commit date")
+    if not 0 <= date <= MAX_DATE_MS or date != int(date):  # NaN fails the first test
+        raise BadFile(f"commit date {date!r:.30} is not whole ms from 1970 to 9999")
     columns = d.get("result_columns")
     rows = d.get("results")
     if not isinstance(columns, list) or not isinstance(rows, dict):

@@ -104,9 +104,10 @@ def _side_text(side: Side, unit: str) -> str:
     return f"{where}: {value}"
 
 
-# Control characters (C0 but newline, C1) and the bidirectional controls that reorder what a
-# reader sees ("Trojan Source") in names that come from results trees: shown as \uXXXX.
-_INVISIBLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Control characters (C0 but newline, C1), the bidirectional controls that reorder what a
+# reader sees ("Trojan Source"), and lone surrogates (a JSON "\udcff"), which no UTF-8 output
+# can hold, in names that come from results trees: shown as \uXXXX.
+_INVISIBLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def visible(text, newlines: bool = False) -> str:

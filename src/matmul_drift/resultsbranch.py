@@ -14,6 +14,8 @@ import subprocess
 from pathlib import Path
 
 IGNORE = ".nightly/\nhtml/\n.tmp-*.part\n"  # run state, the built site, interrupted writes
+# git prints names and messages as the bytes it was given: read them leniently, not as strict UTF-8.
+_TEXT = {"encoding": "utf-8", "errors": "replace"}
 IDENTITY = {"GIT_AUTHOR_NAME": "matmul-drift nightly", "GIT_AUTHOR_EMAIL": "nightly@matmul-drift.invalid"}
 
 
@@ -23,7 +25,7 @@ class GitError(Exception):
 
 def git(cwd: Path | str, *args: str, env: dict | None = None, check: bool = True, stdin: str | None = None) -> str:
     """Run git in ``cwd`` (``stdin`` its input); stdout (stripped). Raises GitError with git's own message."""
-    p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, input=stdin,
+    p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, **_TEXT, input=stdin,
                        env={**os.environ, **(env or {}), "GIT_TERMINAL_PROMPT": "0"})
     if check and p.returncode != 0:
         lines = [ln for ln in (p.stderr or p.stdout).splitlines() if ln.strip()]
@@ -86,7 +88,9 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
     empty) must be a git work tree on ``branch``: a worktree, or a clone of its own.
     """
     tree = Path(tree).absolute()
-    if tree.exists() and (not tree.is_dir() or any(tree.iterdir())):  # git fills an empty directory
+    if tree.exists() and not tree.is_dir():  # git would run in it and fail with "Not a directory"
+        raise GitError(f"--tree {tree} is a file, not a folder")
+    if tree.exists() and any(tree.iterdir()):  # git fills an empty directory
         if not ok(tree, "rev-parse", "--is-inside-work-tree") or toplevel(tree) != tree.resolve():
             raise GitError(f"{tree} exists but is not a git work tree")
         current = git(tree, "branch", "--show-current") or rebasing(tree)  # repair() aborts that rebase
@@ -126,7 +130,7 @@ def repair(tree: Path | str, branch: str) -> list[str]:
             done.append(f"removed {name}, left by a git that was killed")
     if rebasing(tree) or any(Path(tree, git(tree, "rev-parse", "--git-path", d)).is_dir()
                              for d in ("rebase-merge", "rebase-apply")):
-        p = subprocess.run(["git", "rebase", "--abort"], cwd=tree, capture_output=True, text=True)
+        p = subprocess.run(["git", "rebase", "--abort"], cwd=tree, capture_output=True, **_TEXT)
         if p.returncode != 0:
             raise GitError(f"an interrupted rebase in {tree} could not be aborted: "
                            f"{(p.stderr.strip().splitlines() or ['?'])[0]}")
@@ -157,7 +161,7 @@ def unpushed(tree: Path | str, branch: str, remote: str) -> int:
 def uncommitted(tree: Path | str, paths: list[str]) -> list[str]:
     """Which of ``paths`` (relative to ``tree``) differ from HEAD or are untracked."""
     p = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "-z", "--", *paths],
-                       cwd=tree, capture_output=True, text=True)  # not git(): it strips the status column
+                       cwd=tree, capture_output=True, **_TEXT)  # not git(): it strips the status column
     if p.returncode != 0:
         raise GitError(f"git status: {(p.stderr.strip().splitlines() or ['?'])[0]}")
     return [entry[3:] for entry in p.stdout.split("\0") if entry[3:]]
@@ -195,7 +199,7 @@ def sync(tree: Path | str, branch: str, remote: str, adopt: bool = False) -> Non
 
 def _rebase(tree, upstream: str) -> None:
     # Commits whose changes the remote already has become empty and are dropped.
-    p = subprocess.run(["git", "rebase", "--quiet", upstream], cwd=tree, capture_output=True, text=True,
+    p = subprocess.run(["git", "rebase", "--quiet", upstream], cwd=tree, capture_output=True, **_TEXT,
                        env={**os.environ, **_identity(tree)})
     if p.returncode != 0:
         subprocess.run(["git", "rebase", "--abort"], cwd=tree, capture_output=True)
