@@ -132,14 +132,31 @@ def _main(*args):
     (lambda: torch.eye(4).to_sparse(), "a sparse tensor (torch.sparse_coo); explain measures dense operands"),
     (lambda: torch.eye(4).to_sparse_csr(), "a sparse tensor (torch.sparse_csr)"),
     (lambda: torch.empty(4, 4, device="meta"), "a meta tensor, shape (4, 4) and no values"),
+    (lambda: torch.nested.nested_tensor([torch.ones(4), torch.ones(4)]), "a nested tensor; explain measures dense operands"),
 ])
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")  # torch's, making the input
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")  # likewise
 def test_tensors_without_dense_values_are_refused_in_one_line(tmp_path, make, needle, layout):
     torch.save(make(), tmp_path / "a.pt")
     np.save(tmp_path / "b.npy", np.ones((4, 3), dtype=np.float32))
     rc, out, err = _main("explain", "--a", str(tmp_path / "a.pt"), "--b", str(tmp_path / "b.npy"),
                          "--dtype", "float32", "--layout", layout)
     assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err
+
+
+def test_legacy_pt_files_larger_than_memory_are_refused_before_reading(tmp_path, monkeypatch):
+    """torch's legacy format cannot be mapped: it is read whole, so its size is weighed first."""
+    from matmul_drift import memory
+
+    torch.save(torch.ones(16, 16), tmp_path / "a.pt", _use_new_zipfile_serialization=False)  # about 1.4 KB
+    np.save(tmp_path / "b.npy", np.ones((16, 4), dtype=np.float32))
+    monkeypatch.setattr(memory, "available", lambda device: (1000, None))
+    args = ["explain", "--a", str(tmp_path / "a.pt"), "--b", str(tmp_path / "b.npy"), "--dtype", "float32"]
+    rc, out, err = _main(*args)
+    assert (rc, out) == (2, "") and err.count("\n") == 1, err
+    assert "a.pt: torch's legacy format" in err and "re-save it with torch.save's default format" in err
+    rc, out, err = _main(*args, "--no-host-memory-check")
+    assert rc in (0, 1) and "16×16 @ 16×4" in out and "Traceback" not in err, err
 
 
 def test_files_that_are_not_regular_are_refused_before_opening(tmp_path):
@@ -456,6 +473,31 @@ def test_render_prints_a_saved_report_and_takes_no_other_option(tmp_path):
     for name in ["bad.json"] + [f"bad{i}.json" for i in range(len(damaged))]:
         rc, out, err = _main("explain", "--render", str(tmp_path / name))
         assert (rc, out) == (2, "") and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (name, err)
+
+
+def test_a_saved_fixes_report_whose_cheapest_names_no_candidate_is_one_line(tmp_path):
+    rc, out, _ = _main("explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32", "--json")
+    assert rc == 0
+    drift = {"slice_n": {"max_ulp": 1, "frac_differ": 0.25}}
+    row = {"name": "one thread", "code_change": None, "verdict": "removes", "drift": {"slice_n": {"max_ulp": 0, "frac_differ": 0.0}},
+           "error_u": 0.5, "time_ratio": 1.0, "spread": 0.1}
+    fixes = {"baseline": {"drift": drift}, "drifts": ["slice_n"], "candidates": [row], "cheapest": "one thread"}
+    for cheapest, want in (("one thread", 0), ("x", 2)):
+        (tmp_path / "r.json").write_text(json.dumps({**json.loads(out), "fixes": {**fixes, "cheapest": cheapest}}))
+        rc, text, err = _main("explain", "--render", str(tmp_path / "r.json"))
+        assert rc == want, err
+    assert text == "" and err.count("\n") == 1 and "not an explain report saved with --json (KeyError: 'x')" in err, err
+
+
+@pytest.mark.parametrize("seconds", ["1000001", "2200000", "10000000000"])
+def test_a_fix_timeout_beyond_subprocess_s_range_is_refused_before_measuring(monkeypatch, seconds):
+    """subprocess waits in C-int milliseconds: 2200000 s was an OverflowError after the measurement."""
+    from matmul_drift import measure
+
+    monkeypatch.setattr(measure, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+    rc, out, err = _main("explain", "--m", "4", "--k", "16", "--n", "9", "--dtype", "float32", "--try-fixes",
+                         "--fix-timeout", seconds)
+    assert (rc, out) == (2, "") and err == f"matmul-drift: error: --fix-timeout {seconds} is beyond 1000000 s (about 11.6 days)\n"
 
 
 @pytest.mark.parametrize("shape,needle", [(("--m", "4", "--k", "1", "--n", "4"), "--orders: K = 1: a sum of one product"),

@@ -13,6 +13,7 @@ from pathlib import Path
 # Only the standard library up here: every other import happens inside main's try, where Ctrl-C is one line.
 
 EXIT_USAGE = 2
+MAX_FIX_TIMEOUT_S = 10**6  # well below subprocess's limit of 2**31 - 1 ms (about 24.8 days)
 
 
 class UsageError(Exception):
@@ -77,8 +78,9 @@ def add_memory_argument(p: argparse.ArgumentParser, what: str) -> None:
                         "memory grows as it is used reports too little); the GPU's free memory is still checked")
 
 
-def _load_array(path: Path):
-    """A float array from .npy or .pt, as a torch tensor; UsageError if unreadable."""
+def _load_array(path: Path, host_check: bool = True):
+    """A float array from .npy or .pt, as a torch tensor; UsageError if unreadable.
+    ``host_check``: refuse a file that must be read whole (legacy .pt) when it exceeds MemAvailable."""
     import warnings
 
     import numpy as np
@@ -105,6 +107,7 @@ def _load_array(path: Path):
                 except RuntimeError as exc:  # torch's legacy format cannot be mapped: read it
                     if "_use_new_zipfile_serialization" not in str(exc):
                         raise
+                    _check_legacy_size(path, host_check)  # read whole, before the memory check of the product
                     t = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(t, torch.Tensor):
                 raise UsageError(f"{path}: expected one tensor, found {type(t).__name__}")
@@ -114,6 +117,8 @@ def _load_array(path: Path):
         raise
     except Exception as exc:
         raise UsageError(f"cannot read {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    if t.is_nested:  # before anything asks its shape: a nested tensor has none
+        raise UsageError(f"{path}: a nested tensor; explain measures dense operands")
     if t.layout != torch.strided:  # refused, not densified: torch.sparse's kernels are not the dense GEMM measured here
         raise UsageError(f"{path}: a sparse tensor ({t.layout}); explain measures dense operands (save t.to_dense())")
     if t.is_meta:
@@ -121,6 +126,18 @@ def _load_array(path: Path):
     if not t.is_floating_point():
         raise UsageError(f"{path}: expected a floating-point array, found {t.dtype}")
     return t.detach()  # requires_grad (an nn.Parameter): the values are what is measured
+
+
+def _check_legacy_size(path: Path, host_check: bool) -> None:
+    """UsageError (one line) when a file read whole is larger than MemAvailable (unless not ``host_check``)."""
+    from . import memory
+
+    have = memory.available("cpu")[0] if host_check else None
+    size = path.stat().st_size
+    if have is not None and size > have:
+        raise UsageError(f"{path}: torch's legacy format, read whole, and its {size / 2**30:.1f} GiB are more than "
+                         f"the {have / 2**30:.1f} GiB of memory available (MemAvailable); re-save it with "
+                         "torch.save's default format, which is mapped, or pass --no-host-memory-check")
 
 
 def _file_case(args):
@@ -131,7 +148,7 @@ def _file_case(args):
     from . import cases, inputs
     from .measure import Operands, restride, tensor_bits
 
-    a, b = _load_array(args.a), _load_array(args.b)
+    a, b = (_load_array(p, not args.no_host_memory_check) for p in (args.a, args.b))
     if a.dim() not in (1, 2) or b.dim() != 2:
         raise UsageError(f"A must be (M, K) or (K,) and B (K, N); got A {tuple(a.shape)} and B {tuple(b.shape)}")
     if a.shape[-1] != b.shape[0]:
@@ -197,6 +214,8 @@ def run_explain(args) -> int:
     for flag, value in (("--fix-timeout", args.fix_timeout), ("--fix-budget", args.fix_budget)):
         if value is not None and not args.try_fixes:
             raise UsageError(f"{flag} goes with --try-fixes")
+    if args.fix_timeout is not None and args.fix_timeout > MAX_FIX_TIMEOUT_S:  # subprocess polls in C-int milliseconds
+        raise UsageError(f"--fix-timeout {args.fix_timeout} is beyond {MAX_FIX_TIMEOUT_S} s (about 11.6 days)")
     given = [args.case is not None, any(v is not None for v in (args.m, args.k, args.n)), args.a is not None or args.b is not None]
     if sum(given) != 1:
         raise UsageError("give exactly one of --case ID, --m M --k K --n N, or --a A --b B")
