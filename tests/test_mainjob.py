@@ -207,3 +207,51 @@ def test_bad_input_is_one_line(project):
         assert p.returncode == 2 and len(errors) == 1 and needle in errors[0], p.stderr
         assert recorded() == before, p.stderr
     assert mainjob.check_build(" 2.14.1 ") == "2.14.1"
+
+
+def _bare_project(tmp_path, conf: str) -> Path:
+    proj = tmp_path / "p"
+    proj.mkdir()
+    git(tmp_path, "init", "-q", str(proj))
+    (proj / "asv.conf.json").write_text(conf)
+    git(proj, "add", "-A")
+    git(proj, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "p")
+    return proj
+
+
+@pytest.mark.parametrize("conf,needle", [
+    ("[1, 2]", "is not a JSON object"), ("null", "is not a JSON object"),
+    ('{"matrix": null}', "its matrix is not an object"), ('{"matrix": "x"}', "its matrix is not an object"),
+    ('{"matrix": {"req": {"torch": ["2.13.0"]}}, "env_dir": 5}', "its env_dir is not a path"),
+])
+def test_a_config_of_another_shape_is_one_line(tmp_path, monkeypatch, capsys, conf, needle):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    rc = cli.main(["run", "--repo", str(_bare_project(tmp_path, conf))])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and needle in err, err
+
+
+def test_an_unusable_asv_machine_file_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home/.asv-machine.json").write_text("[1]")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    rc = cli.main(["run", "--repo", str(_bare_project(tmp_path, '{"matrix": {"req": {"torch": ["2.13.0"]}}}'))])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "cannot record this machine" in err, err
+    assert (tmp_path / "home/.asv-machine.json").read_text() == "[1]"
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_result_recorded_meanwhile_by_another_run_is_never_written_over(tmp_path, force):
+    from matmul_drift import asvrun
+
+    staging, results = tmp_path / "staging", tmp_path / "results"
+    (staging / "m").mkdir(parents=True)
+    (staging / "m/abcd1234-env.json").write_text('{"this run": 1}')
+    # ``old`` was taken before asv ran (nothing then); another run recorded the file since.
+    (results / "m").mkdir(parents=True)
+    (results / "m/abcd1234-env.json").write_text('{"the other run": 1}')
+    with pytest.raises(asvrun.AlreadyRecorded, match="recorded meanwhile by another run"):
+        asvrun.import_results(staging, results, "m", [], force, print)
+    assert [p.name for p in (results / "m").iterdir()] == ["abcd1234-env.json"]
+    assert (results / "m/abcd1234-env.json").read_text() == '{"the other run": 1}'

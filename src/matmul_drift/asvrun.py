@@ -153,21 +153,33 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
     benchmarks.json (merged) first, then machine.json, then the results files, so a reader
     never meets a result whose benchmark it cannot interpret. ``old`` are the recorded files
     this run replaces: AlreadyRecorded unless ``force``, else each is moved aside (kept, not
-    read). Returns the results files written ([] when asv wrote none)."""
+    read). Any other file already there (recorded meanwhile by another run) is AlreadyRecorded,
+    and never written over. Returns the results files written ([] when asv wrote none)."""
     files = results_files(staging / machine)
     if not files:
         return []
     if old and not force:
         raise AlreadyRecorded(f"{old[0]} is already recorded; pass --force to replace it")
+    dest, replaced = results_dir / machine, {p.name for p in old}
+    meanwhile = [dest / f.name for f in files if f.name not in replaced and (dest / f.name).exists()]
+    if meanwhile:  # by another run since ``old`` was taken: never replaced, --force or not
+        raise AlreadyRecorded(f"{meanwhile[0]} was recorded meanwhile by another run; it is left as it is")
     if (staging / "benchmarks.json").exists():
         kept = merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()))
         if kept is not None:
             log(f"{results_dir / 'benchmarks.json'} could not be read; rewritten, the old file kept as {kept.name}")
-    dest = results_dir / machine
     if (staging / machine / "machine.json").exists():
         new = (staging / machine / "machine.json").read_bytes()
         if not (dest / "machine.json").exists() or (dest / "machine.json").read_bytes() != new:
             atomic.copy(staging / machine / "machine.json", dest / "machine.json")
     for p in old:
         log(f"replacing {p} (--force); the old file is kept as {backup(p).name}")
-    return [atomic.copy(f, dest / f.name) for f in files]
+    written = []
+    for f in files:
+        try:  # a file not replaced is created, never written over: one that appears meanwhile stays
+            written.append(atomic.write_new(dest / f.name, f.read_bytes()))
+        except atomic.Taken as exc:
+            os.unlink(exc.kept)  # its bytes are still in staging
+            raise AlreadyRecorded(f"{dest / f.name} was recorded meanwhile by another run; it is left as "
+                                  "it is") from None
+    return written

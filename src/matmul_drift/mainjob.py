@@ -92,12 +92,23 @@ def log(msg: str) -> None:
 
 
 def project_config(repo: Path) -> dict:
+    """asv.conf.json, checked for the shape the job reads: an object, its matrix an object
+    and its paths strings. UsageError (one line) otherwise."""
     from asv import util
 
+    path = repo / "asv.conf.json"
     try:
-        return util.load_json(str(repo / "asv.conf.json"), js_comments=True)
+        conf = util.load_json(str(path), js_comments=True)
     except Exception as exc:  # asv raises its own UserError for bad JSON
-        raise UsageError(f"cannot read {repo / 'asv.conf.json'}: {str(exc).splitlines()[0]}") from None
+        raise UsageError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(conf, dict):
+        raise UsageError(f"{path} is not a JSON object")
+    if not isinstance(conf.get("matrix", {}), dict):
+        raise UsageError(f"{path}: its matrix is not an object")
+    for key in ("env_dir", "benchmark_dir", "html_dir", "repo", "results_dir"):
+        if not isinstance(conf.get(key, ""), str):
+            raise UsageError(f"{path}: its {key} is not a path (a string)")
+    return conf
 
 
 def matrix_builds(conf: dict) -> list[str]:
@@ -207,7 +218,8 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     try:
         files = asvrun.import_results(staging, results_dir, name, old, o.force, log)
     except asvrun.AlreadyRecorded as exc:  # recorded meanwhile by another run
-        return Outcome(build, env, "already recorded", str(exc), seconds=time.monotonic() - t0)
+        return Outcome(build, env, "already recorded", f"{exc}; this run's results are left in "
+                       f"{staging.relative_to(o.repo)}", seconds=time.monotonic() - t0)
     shutil.rmtree(staging, ignore_errors=True)
     seconds = time.monotonic() - t0
     if not files:
@@ -288,7 +300,10 @@ def run(o: Options) -> Report:
     if o.machine and not machine.is_registered(o.machine):  # asv would fail each build, in several lines
         raise UsageError(f"--machine {o.machine} is not in ~/.asv-machine.json: leave --machine out (this hardware "
                          f"registers itself), or add it with `asv machine --machine {o.machine}`")
-    name = o.machine or machine.register()
+    try:
+        name = o.machine or machine.register()
+    except machine.NotRegistered as exc:
+        raise UsageError(str(exc)) from None
     log(f"machine {name}; commit {commit[:8]}; torch builds {', '.join(builds)}")
     for line in asvrun.reap_orphans(o.repo):
         log(f"recovered: {line}")
