@@ -90,6 +90,7 @@ def test_register_keeps_the_other_machines(tmp_path):
     (lambda p: p.write_text("{bad"), "not JSON (Expecting property name enclosed in double quotes"),
     (lambda p: p.write_text("[" * 100000), "not JSON (nested too deeply to read)"),
     (lambda p: p.write_text("[1]"), "not a JSON object (a list)"),
+    (lambda p: p.write_text('{"other": {"cores": NaN}}'), "not JSON (NaN is not a JSON number (RFC 8259))"),
     (lambda p: p.mkdir(), "not a regular file (a directory)"),
     (lambda p: os.mkfifo(p), "not a regular file (a FIFO)"),
 ])

@@ -592,6 +592,15 @@ def test_commit_message_names_torch_git_cuda_machine():
     assert f"asv point: {axis.commit('2026-01-05')}" in msg
 
 
+
+def test_a_merged_night_whose_environment_parts_are_not_objects_is_still_listed(tmp_path):
+    # check_night_file takes any object as environment: its torch and cuda may be strings there
+    tree = _tree_with(tmp_path, {"nights/2026-01-01-gpu-a.json": json.dumps(
+        {"date": "2026-01-01", "machine": "gpu-a", "environment": {"torch": "2.14.1", "cuda": 5}}).encode()})
+    nightly.check_night_file(Path("nights/2026-01-01-gpu-a.json"), (tree / "nights/2026-01-01-gpu-a.json").read_bytes())
+    (night,) = nightly._recorded_nights(tree)
+    assert night["title"] == "night 2026-01-01 gpu-a: torch None (git unknown), CUDA none, machine gpu-a"
+
 def _tree_with(root: Path, files: dict[str, bytes]) -> Path:
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)

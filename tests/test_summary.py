@@ -842,3 +842,40 @@ def test_control_and_bidi_characters_are_escaped_in_every_output(tmp_path):
     assert "\\u000anext line" in plain  # the name's newline is shown, not made
     doc = json.loads(js)
     assert any(evil in f["detail"] for f in doc["flags"])  # JSON escapes: the same data back
+
+
+def test_a_torch_version_longer_than_int_takes_is_read(tmp_path, capsys):
+    def adjust(ci, ei, d):
+        if ci == 2 and ei == 0:
+            d["params"]["torch"] = "1." + "9" * 5000  # past Python's 4300-digit int()
+            del d["results"][F.ENV]  # no env-id: the version comes from asv's params
+    F.write_tree(tmp_path / "results", adjust=adjust)
+    rc, doc, err = run_json(capsys, tmp_path / "results")
+    assert rc == 0 and doc["flags"] is not None and "Traceback" not in err
+
+
+@pytest.mark.parametrize("later", [{"gpu": "none"}, {"num_cpu": 2}, {"arch": "aarch64"}])
+def test_hardwares_described_alike_keep_their_runs(tmp_path, capsys, later):
+    """A kernel change from commit 0 to 1 on one hardware; commit 2's params spell the same
+    hardware otherwise (no gpu recorded, then "none"; "2" cpus, then 2) or name another
+    arch. The change is flagged either way: no group's runs are dropped under another's label."""
+    root = tmp_path / "results"
+
+    def adjust(ci, ei, d):
+        if ci == 1 and ei == 0:
+            kid = catalog.store(root / "catalog", "kernels", {"device": "cpu", "full": ["aten::mm", "NEW"]})
+            F.set_value(d, F.KERNEL, 0, kid)
+        if ci == 2:
+            d["params"].update(later)
+    F.write_tree(root, adjust=adjust)
+    rc, doc, _ = run_json(capsys, root)
+    assert rc == 1 and [f["kind"] for f in doc["flags"] if f["kind"] != "timing"].count("kernel") >= 1, doc["flags"]
+    assert len(doc["different_hardware"]) == ("arch" in later)
+    groups = summary.hardware_groups(history.read_history(root))
+    assert sum(len(runs) for runs in groups.values()) == 3 * 2  # 3 commits x 2 torch builds, none dropped
+
+
+def test_an_unchanged_error_is_never_flagged_whatever_its_value(tmp_path, capsys):
+    F.write_tree(tmp_path / "results", adjust=lambda ci, ei, d: F.set_value(d, F.ERROR_U, 0, -1.0))
+    rc, doc, _ = run_json(capsys, tmp_path / "results")
+    assert rc == 0 and [f for f in doc["flags"] if f["kind"] == "accuracy"] == [], doc["flags"]

@@ -222,11 +222,13 @@ def display_param(text: str) -> str:
     return text
 
 
+# Numbers of at most 18 digits: a longer run (a results file may hold anything) is the
+# local label's, not an int() past Python's 4300-digit limit.
 _VERSION = re.compile(
-    r"v?(\d+(?:\.\d+)*)"
-    r"(?:[-_.]?(a|alpha|b|beta|rc|c|pre|preview)[-_.]?(\d*))?"
-    r"(?:[-_.]?(post|rev|r)[-_.]?(\d*))?"
-    r"(?:[-_.]?(dev)[-_.]?(\d*))?"
+    r"v?(\d{1,18}(?:\.\d{1,18})*)"
+    r"(?:[-_.]?(a|alpha|b|beta|rc|c|pre|preview)[-_.]?(\d{0,18}))?"
+    r"(?:[-_.]?(post|rev|r)[-_.]?(\d{0,18}))?"
+    r"(?:[-_.]?(dev)[-_.]?(\d{0,18}))?"
 )
 _PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "rc": 2, "c": 2, "pre": 2, "preview": 2}
 

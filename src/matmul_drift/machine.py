@@ -163,10 +163,12 @@ def _machines(path: str) -> dict:
     from . import bounded
 
     try:
-        machines = json.loads(bounded.read_bytes(path))
+        data = bounded.read_bytes(path)
     except FileNotFoundError:
         return {}
-    except json.JSONDecodeError as exc:
+    try:
+        machines = json.loads(data, parse_constant=bounded.no_constant)  # written back whole: no NaN kept
+    except ValueError as exc:
         raise ValueError(f"not JSON ({exc})") from None
     except RecursionError:
         raise ValueError("not JSON (nested too deeply to read)") from None

@@ -185,11 +185,16 @@ def gpu_clocks() -> list[dict] | None:
     return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in p.stdout.splitlines() if line.strip()]
 
 
+def _object(x) -> dict:
+    # a night file from a merge is checked as an object, its parts are not: read what is there
+    return x if isinstance(x, dict) else {}
+
+
 def night_title(night: dict) -> str:
     """'night <date> <machine>: torch <version> (git <hash>), CUDA <version>, machine <machine>'."""
-    env = night.get("environment") or {}
-    torch = env.get("torch") or {}
-    cuda = (env.get("cuda") or {}).get("runtime") or torch.get("cuda_build") or "none"
+    env = _object(night.get("environment"))
+    torch = _object(env.get("torch"))
+    cuda = _object(env.get("cuda")).get("runtime") or torch.get("cuda_build") or "none"
     git = (torch.get("git") or "unknown")[:12]
     return (f"night {night['date']} {night['machine']}: torch {torch.get('version')} (git {git}), "
             f"CUDA {cuda}, machine {night['machine']}")

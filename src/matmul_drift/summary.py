@@ -183,15 +183,23 @@ def resolve_commit(history: History, prefix: str) -> str:
 
 
 def _hardware_key(run: Run) -> tuple:
-    # repr: a results file may hold anything there (a list, a number); the key must hash
-    return tuple(repr(run.env_params.get(k)) for k in hardware.HARDWARE_PARAMS)
+    return tuple(_hardware_value(run.env_params, k) for k in hardware.HARDWARE_PARAMS)
+
+
+def _hardware_value(params: dict, key: str) -> str:
+    """One spelling per hardware: no gpu recorded is "none", 2 cpus are "2" (asv writes
+    strings); anything else a results file holds (a list) by its repr, which hashes."""
+    v = params.get(key)
+    if key == "gpu" and v in (None, ""):
+        return "none"
+    return v if isinstance(v, str) else str(v) if isinstance(v, int) and not isinstance(v, bool) else repr(v)
 
 
 def _hardware_text(run: Run) -> str:
     p = run.env_params
-    gpu = p.get("gpu")
-    return ", ".join(str(x) for x in (p.get("cpu"), f"{p.get('num_cpu')} cpus", p.get("isa") and f"isa {p['isa']}",
-                                       gpu and gpu != "none" and f"gpu {gpu}") if x)
+    gpu = _hardware_value(p, "gpu")
+    return ", ".join(str(x) for x in (p.get("cpu"), f"{p.get('num_cpu')} cpus", p.get("arch"),
+                                       p.get("isa") and f"isa {p['isa']}", gpu != "none" and f"gpu {gpu}") if x)
 
 
 def hardware_groups(history: History) -> dict[str, list[Run]]:
@@ -204,7 +212,12 @@ def hardware_groups(history: History) -> dict[str, list[Run]]:
         for r in runs:
             by_hw.setdefault(_hardware_key(r), []).append(r)
         for group in by_hw.values():
-            out[machine if len(by_hw) == 1 else f"{machine} [{_hardware_text(group[0])}]"] = group
+            label = machine if len(by_hw) == 1 else f"{machine} [{_hardware_text(group[0])}]"
+            n = 1
+            while label in out:  # two hardwares described alike: each keeps its runs
+                n += 1
+                label = f"{machine} [{_hardware_text(group[0])}] #{n}"
+            out[label] = group
     return out
 
 
@@ -617,7 +630,7 @@ def _ulp(ctx: _Ctx, vb, va, both) -> list[Flag]:
 def _accuracy(ctx: _Ctx, vb, va, both) -> list[Flag]:
     tol = ctx.judge.o.u_tolerance
     lo, hi = np.minimum(vb, va), np.maximum(vb, va)
-    changed = both & (hi > tol * lo)  # lo == 0 < hi counts: any route change from exact
+    changed = both & (hi > lo) & (hi > tol * lo)  # lo == 0 < hi counts: any route change from exact
     crossed = np.zeros_like(both)
     gb = ga = None
     bound = ctx.judge._bound_of.get(ctx.name)
