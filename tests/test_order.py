@@ -550,6 +550,23 @@ def test_the_command_writes_the_tree_and_its_id(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "cat" / "orders" / f"{doc['order_id']}.json").read_text().startswith('{"k":300,"tree":')
 
 
+
+def test_the_tree_is_written_before_a_line_is_printed(tmp_path, monkeypatch):
+    # `order ... --json F | head -1`: a reader gone before the lines are printed cost the file
+    from matmul_drift import cli
+
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
+    printed = []
+
+    def gone(*args, **kwargs):
+        printed.append(tmp_path.joinpath("o.json").exists())
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("builtins.print", gone)
+    with pytest.raises(BrokenPipeError):
+        cli.main(["order", "--m", "1", "--k", "16", "--n", "8", "--dtype", "float32", "--json", str(tmp_path / "o.json")])
+    assert printed == [True] and json.loads((tmp_path / "o.json").read_text())["k"] == 16
+
 def test_explain_orders_give_each_slice_its_order_and_a_verdict(capsys):
     from matmul_drift import cli
 

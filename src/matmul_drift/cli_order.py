@@ -97,17 +97,8 @@ def run(args) -> int:
     except OSError as exc:  # the catalog changed while probing
         raise UsageError(f"cannot store the tree in the catalog: {exc.strerror or exc}") from None
     words = order.describe(r.tree)
-    where = f"{t.case.id}" + (f"[:, :{t.slice_n}]" if t.slice_n else f"[:{t.slice_m}]" if t.slice_m else "")
-    where += " (A 2-D)" if t.form == "2d" else ""
-    print(f"{where} {t.dtype} on {t.device}, entry ({t.row}, {t.col}), K = {t.k}: {words}")
-    print(f"order-id {catalog.hex_id(oid)}; {r.calls} matmul calls, {r.probes} pairs, {r.rounds} rounds, "
-          f"{r.seconds:.1f} s; {'; '.join(r.notes)}")
     verified = r.verified
-    if verified:
-        ways = verified.get("fused_add")
-        print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to the kernel"
-              + (f"; its fused adds round as {' or '.join(ways)}" if ways else ""))
-    if args.json:
+    if args.json:  # before the lines below: a reader that closes stdout early (| head) must not cost the file
         meta = {"case": t.case.id, "slice_n": t.slice_n, "slice_m": t.slice_m, "form": t.form, "dtype": t.dtype,
                 "device": t.device,
                 "row": t.row, "col": t.col, "k": t.k, "order_id": catalog.hex_id(oid), "summary": words,
@@ -120,4 +111,13 @@ def run(args) -> int:
                              f"the tree is in {exc.kept}") from None
         except OSError as exc:
             raise UsageError(f"cannot write --json {args.json}: {exc.strerror or exc}") from None
+    where = f"{t.case.id}" + (f"[:, :{t.slice_n}]" if t.slice_n else f"[:{t.slice_m}]" if t.slice_m else "")
+    where += " (A 2-D)" if t.form == "2d" else ""
+    print(f"{where} {t.dtype} on {t.device}, entry ({t.row}, {t.col}), K = {t.k}: {words}")
+    print(f"order-id {catalog.hex_id(oid)}; {r.calls} matmul calls, {r.probes} pairs, {r.rounds} rounds, "
+          f"{r.seconds:.1f} s; {'; '.join(r.notes)}")
+    if verified:
+        ways = verified.get("fused_add")
+        print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to the kernel"
+              + (f"; its fused adds round as {' or '.join(ways)}" if ways else ""))
     return 0

@@ -156,7 +156,8 @@ def verdict(r: dict) -> dict:
                          f"finite value {numerics.finite_max(dt):.6g}, so inf is the rounded result")
         if nf["spurious"]:
             parts.append(f"{_outputs(nf['spurious'])} NaN or inf although the exact value is finite and rounds "
-                         "to something else (an intermediate sum overflowed)")
+                         "to something else (an intermediate sum overflowed, or a sum just below the threshold "
+                         f"was rounded past it twice: in the wider accumulator, then to {dt})")
         for name, row in nonfinite_drift:
             turns = _count(row["nonfinite_differ"], "entry", "entries")
             parts.append(f"{name} {_where(name, row)} turns {turns} between finite and NaN/inf")
