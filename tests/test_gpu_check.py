@@ -270,6 +270,74 @@ def test_an_archive_without_the_suites_results_still_gives_the_rest(rehearsal, t
     assert (commit_dir / "scan-seed-dense.json").is_file() and any((results / "catalog").rglob("*.json"))
 
 
+def _variant(archive: Path, dst: Path, change: dict) -> Path:
+    """A copy of ``archive`` with members replaced ({name: bytes}), added, or left out (None)."""
+    import io
+
+    with tarfile.open(archive) as src, tarfile.open(dst, "w:gz") as out:
+        names = set()
+        for m in src.getmembers():
+            names.add(m.name)
+            if m.name in change and change[m.name] is None:
+                continue
+            if m.name in change:
+                m.size = len(change[m.name])
+                out.addfile(m, io.BytesIO(change[m.name]))
+            else:
+                out.addfile(m, src.extractfile(m) if m.isfile() else None)
+        for name, data in change.items():
+            if name not in names and data is not None:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                out.addfile(info, io.BytesIO(data))
+    return dst
+
+
+def _entry(members: list[str], kind: str) -> str:
+    return next(n for n in members if n.startswith(f"./results/catalog/{kind}/") and n.endswith(".json"))
+
+
+def test_an_archive_that_is_not_what_gpu_check_writes_is_refused_before_anything_is_written(rehearsal, tmp_path,
+                                                                                             monkeypatch):
+    _, _, out, _, _ = rehearsal
+    real = out / "gpu-check.tar.gz"
+    with tarfile.open(real) as tar:
+        members = tar.getnames()
+        bench = json.loads(tar.extractfile("./results/asv/benchmarks.json").read())
+    kernels = _entry(members, "kernels")
+    name, value = next(iter(bench.items()))
+    cases = {
+        "a catalog entry whose content is not its id": ({kernels: b'{"device":"cpu","full":["evil"]}'},
+                                                        "does not match its id"),
+        "a catalog entry holding a lone surrogate": ({kernels: b'{"device":"\\ud800"}'}, "unreadable"),
+        "a file where no catalog entry goes": ({"./results/catalog/notakind/zzz.json": b"{}"},
+                                              "is not a catalog entry"),
+        "a benchmark asv would not describe so": ({"./results/asv/benchmarks.json": json.dumps(
+            {**bench, name: {"unit": 5}}).encode()}, "not as asv writes them"),
+        "the name no machine may take": ({"./MACHINE": b"all\n"}, "is malformed"),
+        "more bytes than any check brings back": ({"./big.txt": b"0" * 4096}, "unpacks to more than"),
+    }
+    monkeypatch.setattr(gpucheck, "MAX_UNPACKED", sum(tarfile.open(real).getmember(n).size for n in members) + 1024)
+    for what, (change, needle) in cases.items():
+        results = tmp_path / what.replace(" ", "-") / "results"
+        bad = _variant(real, tmp_path / f"{what.replace(' ', '-')}.tar.gz", change)
+        with pytest.raises(gpucheck.ImportRefused, match=needle) as exc:
+            gpucheck.import_archive(bad, results)
+        assert "\n" not in str(exc.value) and not results.exists(), what
+    # A write a timeout cut short (atomic.py's .tmp-*.part) is no entry: left out, the rest imported.
+    cut = _variant(real, tmp_path / "cut.tar.gz", {"./results/catalog/kernels/.tmp-x.part": b"{"})
+    done = gpucheck.import_archive(cut, tmp_path / "cut" / "results")
+    assert done.written and not list((tmp_path / "cut").rglob(".tmp-*"))
+
+
+def test_a_results_folder_that_cannot_take_the_import_is_one_line(rehearsal, tmp_path):
+    _, _, out, _, _ = rehearsal
+    (tmp_path / "file").write_text("not a folder")
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/import_gpu_check.py"), str(out / "gpu-check.tar.gz"),
+                        "--results", str(tmp_path / "file")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "cannot import into" in p.stderr, p.stderr
+
+
 def test_an_archive_with_a_link_or_a_path_outside_is_refused(tmp_path):
     # without tarfile's "data" filter too: Debian 12's Python 3.11.2 lacks it
     for name, kind in (("../evil.json", tarfile.REGTYPE), ("results/../../evil.json", tarfile.REGTYPE),

@@ -128,3 +128,14 @@ def test_a_tree_that_is_a_file_is_a_usage_error(capsys, repo):
     assert cli_nightly.main(["--merge", "--repo", str(repo), "--tree", str(afile)]) == 2
     err = capsys.readouterr().err
     assert err.splitlines() == [f"matmul-drift nightly: error: --tree {afile} is a file, not a folder"], err
+
+
+@pytest.mark.parametrize("text,why", [('{"torch": {"version": "\\ud800"}}', "unreadable"),
+                                      ('{"device": "cpu", "full": ["evil"]}', "does not match its id")])
+def test_a_catalog_entry_that_is_not_its_id_is_missing_not_a_traceback(tmp_path, text, why):
+    from matmul_drift import catalog
+
+    ident = catalog.store(tmp_path, "env", {"torch": {"version": "2.13.0"}})
+    catalog.entry_path(tmp_path, "env", ident).write_text(text)
+    with pytest.raises(catalog.MissingEntry, match=why):
+        catalog.load(tmp_path, "env", ident)

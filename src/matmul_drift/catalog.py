@@ -85,11 +85,12 @@ def load(root: Path | str, kind: str, ident: int | float):
         else:
             obj = json.loads(text)
             canon = canonical(obj)
+        found = text_id(canon)  # a ValueError where the text holds a lone surrogate ("\ud800")
     except FileNotFoundError:
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is missing ({path})") from None
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply to parse
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is unreadable: {exc}") from None
-    if text_id(canon) != int(ident):
+    if found != int(ident):
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} does not match its id")
     return obj
 

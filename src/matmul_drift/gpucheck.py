@@ -2,7 +2,9 @@
 
 The archive holds asv's results of one machine at one commit (environment named after the
 Python's path there), the catalog entries they name, and the explain and scan outputs.
-``import_archive`` unpacks it safely (regular files and folders only, nothing outside),
+``import_archive`` unpacks it safely (regular files and folders only, nothing outside, at
+most MAX_UNPACKED bytes), refuses what gpu_check.sh does not write (a catalog entry whose
+content is not its id, results asv would not write, the machine name "all"),
 names the environment after the torch build that ran (``existing-torch<version>``, the
 version read from the run's env-id catalog entry), and copies everything in atomically:
 asv results under results/asv/<machine>/, catalog entries under results/catalog/, the
@@ -22,8 +24,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from . import asvrun, atomic, bounded, history
-from .nightly import MACHINE_NAME
+from . import asvrun, atomic, bounded, catalog, history
+from .nightly import ALL, MACHINE_NAME
+
+MAX_UNPACKED = 256 << 20  # bytes an archive may unpack to; a real check's come to well under 1 MiB
+MAX_ENV_NAME = 120  # characters of an environment's name, a file name's part
 
 
 class ImportRefused(Exception):
@@ -42,12 +47,17 @@ class Imported:
 def _unpack(archive: Path, into: Path) -> Path:
     try:
         with tarfile.open(archive, "r:gz") as tar:
+            total = 0
             for m in tar.getmembers():
                 if not (m.isfile() or m.isdir()):
                     raise ImportRefused(f"{archive}: {m.name} is not a regular file or folder")
                 name = PurePosixPath(m.name)
                 if name.is_absolute() or ".." in name.parts:
                     raise ImportRefused(f"{archive}: {m.name} points outside the archive")
+                total += m.size
+                if total > MAX_UNPACKED:  # before a byte is unpacked: a few MB of gzip can hold gigabytes
+                    raise ImportRefused(f"{archive}: unpacks to more than {MAX_UNPACKED >> 20} MiB, "
+                                        "which no gpu_check archive does")
             # tarfile's own "data" filter as well where it exists (Python 3.11.4 and later; not 3.11.2)
             tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -64,13 +74,21 @@ def import_archive(archive: Path | str, results: Path | str, force: bool = False
     results/catalog inside it)."""
     archive, results = Path(archive), Path(results)
     done = Imported()
+    try:
+        return _import(archive, results, force, done)
+    except OSError as exc:  # results/ unwritable, or a file in a folder's place
+        raise ImportRefused(f"cannot import into {results}: {exc.strerror or exc} ({len(done.written)} files "
+                            "written before)") from None
+
+
+def _import(archive: Path, results: Path, force: bool, done: Imported) -> Imported:
     with tempfile.TemporaryDirectory() as tmp:
         src = _unpack(archive, Path(tmp))
         try:
             machine, commit = _one_line(src / "MACHINE", src), _one_line(src / "COMMIT", src)
         except (OSError, ValueError) as exc:
             raise ImportRefused(f"{archive}: no MACHINE or COMMIT ({exc})") from None
-        if not MACHINE_NAME.match(machine) or not re.fullmatch(r"[0-9a-f]{40}", commit):
+        if not MACHINE_NAME.match(machine) or machine == ALL or not re.fullmatch(r"[0-9a-f]{40}", commit):
             raise ImportRefused(f"{archive}: machine {machine!r} or commit {commit!r} is malformed")
         try:
             hist = history.read_history(src / "results", machine=machine)
@@ -81,10 +99,16 @@ def import_archive(archive: Path | str, results: Path | str, force: bool = False
             why = f"it holds no asv results of {machine} at {commit[:8]}"
         if not runs:
             done.warnings.append(f"{archive}: {why}: the suite step did not finish; its other outputs are imported")
+        elif hist.warnings:  # asv wrote them: anything history doubts (a malformed benchmark) is not asv's
+            raise ImportRefused(f"{archive}: its asv results are not as asv writes them: {hist.warnings[0]}")
         # Every results file and output this archive gives, decided before anything is written,
         # so that a refusal leaves results/ as it was.
         asv_src, asv_dst = src / "results" / "asv", results / "asv"
         extras = results / "gpu-check" / machine / commit[:8]
+        for run in runs:
+            if len(_env_name(run)) > MAX_ENV_NAME:
+                raise ImportRefused(f"{archive}: torch version {run.torch[:40]!r}... is too long to name an environment")
+        entries = _catalog_entries(archive, src / "results" / "catalog", results / "catalog")
         planned = [(asv_dst / machine / f"{run.commit[:8]}-{_env_name(run)}.json", _run_bytes(run)) for run in runs]
         planned += [(extras / p.name, p.read_bytes()) for p in sorted(src.iterdir())
                     if p.is_file() and p.name not in ("MACHINE", "COMMIT")]
@@ -93,10 +117,9 @@ def import_archive(archive: Path | str, results: Path | str, force: bool = False
             others = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
             raise ImportRefused(f"{changed[0]}{others} already recorded with other content; pass --force "
                                 "to keep the old beside and import the new")
-        for p in sorted((src / "results" / "catalog").rglob("*.json")):  # content-addressed: same name, same bytes
-            dst = results / "catalog" / p.relative_to(src / "results" / "catalog")
-            if not dst.exists():
-                done.written.append(atomic.copy(p, dst))
+        # The catalog entries, benchmarks and machine.json first: a reader never meets a result without them.
+        for p, dst in entries:
+            done.written.append(atomic.copy(p, dst))
         if runs:
             kept = asvrun.merge_benchmarks(asv_dst / "benchmarks.json",
                                            json.loads(_one_line(asv_src / "benchmarks.json", src)))
@@ -106,13 +129,34 @@ def import_archive(archive: Path | str, results: Path | str, force: bool = False
             machine_json = asv_src / machine / "machine.json"
             if machine_json.is_file() and not (asv_dst / machine / "machine.json").exists():
                 done.written.append(atomic.copy(machine_json, asv_dst / machine / "machine.json"))
-        for dst, data in planned:  # the asv results first: a reader never meets outputs without them
+        for dst, data in planned:  # the asv results, then the outputs
             if dst in changed:
-                asvrun.backup(dst)
+                asvrun.backup(dst)  # kept beside (--force)
             elif dst.exists():
                 continue  # the same bytes already recorded
             done.written.append(atomic.write_bytes(dst, data))
         return done
+
+
+def _catalog_entries(archive: Path, src: Path, dst: Path) -> list[tuple[Path, Path]]:
+    """(source, destination) of each catalog entry the archive holds and results/ lacks.
+    Each must be an entry of a known kind whose content is its id (catalog.load): a name
+    taken by other content would keep the true entry out for good."""
+    out = []
+    for p in sorted(src.rglob("*")) if src.is_dir() else []:
+        if p.is_dir() or p.name.startswith(".tmp-"):  # a write a step's timeout cut short (atomic.py)
+            continue
+        rel = p.relative_to(src)
+        kind, name = rel.parts if len(rel.parts) == 2 else ("", "")
+        if kind not in catalog.KINDS or not re.fullmatch(r"[0-9a-f]{12}\.json", name):
+            raise ImportRefused(f"{archive}: {rel} is not a catalog entry (KIND/12 hex digits.json)")
+        try:
+            catalog.load(src, kind, int(name[:12], 16))
+        except catalog.MissingEntry as exc:
+            raise ImportRefused(f"{archive}: {exc}") from None
+        if not (dst / rel).exists():  # content-addressed: the same name holds the same entry
+            out.append((p, dst / rel))
+    return out
 
 
 def _env_name(run: history.Run) -> str:
