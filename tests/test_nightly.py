@@ -444,11 +444,14 @@ def test_without_a_remote_a_failed_a_killed_and_a_forced_night_each_leave_the_ne
     run goes on without --force or a hand fix, and what was recorded is as it was."""
     git(tmp_path, "clone", "-q", str(world.remote), str(tmp_path / "k"))
     k, tree = tmp_path / "k", tmp_path / "k/nightly"
-    args = ("--python", PY, "--machine", "box-n", "--date", "2026-01-06")
+    args = ("--machine", "box-n", "--date", "2026-01-06")
+    other = tmp_path / "other-python"  # asv names an environment after its Python's path
+    other.write_text(f'#!/bin/sh\nexec {PY} "$@"\n')
+    other.chmod(0o755)
 
-    def night(*extra, **env):
-        p = subprocess.run(["bash", "scripts/nightly.sh", *args, *extra], cwd=k, env={**world.env, **env},
-                           capture_output=True, text=True, timeout=600, start_new_session=True)
+    def night(*extra, python=PY, **env):
+        p = subprocess.run(["bash", "scripts/nightly.sh", "--python", str(python), *args, *extra], cwd=k,
+                           env={**world.env, **env}, capture_output=True, text=True, timeout=600, start_new_session=True)
         assert "Traceback" not in p.stderr, p.stderr[-3000:]
         return p
 
@@ -469,8 +472,9 @@ def test_without_a_remote_a_failed_a_killed_and_a_forced_night_each_leave_the_ne
     # 3. A --force run that records nothing leaves the recorded night, its description included.
     p = night("--bench", "NoSuchBenchmark", "--no-publish", "--force")
     assert p.returncode == 1 and resultsbranch.uncommitted(tree, ["nights", "results", "summaries"]) == []
-    # 4. A --force run killed once the recorded result is moved aside, before its own is copied.
-    p = night("--bench", BENCH, "--no-publish", "--force", MATMUL_DRIFT_KILL_AT="replaced")
+    # 4. A --force run in another Python killed once the recorded result is moved aside, before
+    # its own (under another name) is copied.
+    p = night("--bench", BENCH, "--no-publish", "--force", python=other, MATMUL_DRIFT_KILL_AT="replaced")
     assert p.returncode in killed and not (tree / result).exists(), p.stderr[-2000:]
     p = night("--bench", BENCH, "--no-publish")  # recovered: the night is recorded as it was
     assert p.returncode == 2 and "1 put back as recorded" in p.stderr and "already recorded" in p.stderr, p.stderr
@@ -850,6 +854,79 @@ def test_no_push_tree_adopts_the_remote_and_keeps_its_files(tmp_path):
     assert git(mine, "rev-parse", f"refs/nightly-unpushed/{local[:12]}") == local  # kept, not lost
 
 
+
+class _Killed(BaseException):
+    """Stands for a SIGKILL at one git call: nothing after it runs."""
+
+
+def _killed_at(monkeypatch, *words, after=False):
+    """Make resultsbranch.git raise _Killed at the first call whose arguments start with
+    ``words``: before it runs, or ``after`` it."""
+    real = resultsbranch.git
+
+    def git_until(cwd, *args, **kw):
+        if args[:len(words)] == words:
+            monkeypatch.setattr(resultsbranch, "git", real)
+            if after:
+                real(cwd, *args, **kw)
+            raise _Killed(" ".join(args))
+        return real(cwd, *args, **kw)
+
+    monkeypatch.setattr(resultsbranch, "git", git_until)
+
+
+@pytest.mark.parametrize("adopt", [False, True])
+@pytest.mark.parametrize("step", [("read-tree",), ("checkout",), ("update-ref", "refs/heads/results")])
+def test_a_sync_killed_half_way_never_lets_a_night_delete_the_remotes_files(tmp_path, monkeypatch, adopt, step):
+    """A tree unborn (or adopting) takes the remote's branch: killed in the middle, the next
+    sync must finish it, so the next night's commit keeps another machine's files."""
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    repos = {}
+    for name in ("a", "b"):
+        repos[name] = tmp_path / name
+        git(tmp_path, "init", "-q", "-b", "main", str(repos[name]))
+        git(repos[name], "commit", "-q", "--allow-empty", "-m", "init")
+        git(repos[name], "remote", "add", "origin", str(remote))
+    mine = resultsbranch.ensure_tree(repos["b"], repos["b"] / "nightly", "results", "origin")
+    if adopt:
+        _tree_with(mine, {"nights/old-b.json": b"b's own"})
+        resultsbranch.commit(mine, [".gitignore", "nights"], "b's night, never pushed")
+    theirs = resultsbranch.ensure_tree(repos["a"], repos["a"] / "nightly", "results", "origin")
+    _tree_with(theirs, {"nights/2026-01-01-box-a.json": b"a's night", "results/asv/box-a/x.json": b"a"})
+    resultsbranch.commit(theirs, [".gitignore", "nights", "results"], "night a")
+    upstream = resultsbranch.push(theirs, "results", "origin")
+    _killed_at(monkeypatch, *step, after=True)  # the branch moved last: killed after, the sync is whole
+    with pytest.raises(_Killed):
+        resultsbranch.sync(mine, "results", "origin", adopt)
+    resultsbranch.sync(mine, "results", "origin", adopt)  # the next run
+    assert resultsbranch.head(mine) == upstream
+    _tree_with(mine, {"nights/2026-01-02-box-b.json": b"b's night"})
+    resultsbranch.commit(mine, ["nights/2026-01-02-box-b.json"], "night b")
+    kept = git(mine, "ls-tree", "-r", "--name-only", "HEAD").split()
+    assert "nights/2026-01-01-box-a.json" in kept and "results/asv/box-a/x.json" in kept, kept
+
+
+def test_a_tree_whose_creation_was_killed_is_finished_by_the_next_run(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    git(repo, "commit", "-q", "--allow-empty", "-m", "init")
+    _killed_at(monkeypatch, "symbolic-ref")  # after `worktree add --detach`: the tree is on main's commit
+    with pytest.raises(_Killed):
+        resultsbranch.ensure_tree(repo, repo / "nightly", "results")
+    tree = resultsbranch.ensure_tree(repo, repo / "nightly", "results")
+    assert git(tree, "symbolic-ref", "HEAD") == "refs/heads/results" and not resultsbranch.born(tree)
+    assert resultsbranch.commit(tree, [".gitignore"], "night 1")  # the first night is the branch's root
+    assert git(tree, "rev-list", "--count", "HEAD") == "1"
+
+
+def test_an_axis_a_killed_run_left_locked_is_built_again(tmp_path):
+    tree = tmp_path / "tree"
+    path = nightly.axis_repo(tree, "2026-01-03", "results")
+    Path(path, "refs/heads/results.lock").write_text("")  # git fast-import killed while updating the ref
+    assert nightly.axis_repo(tree, "2026-01-09", "results") == path
+    assert git(path, "rev-parse", "refs/heads/results") == axis.commit("2026-01-09")
+
 def _merge_target(tmp_path) -> nightly.Options:
     proj = tmp_path / "proj"
     git(tmp_path, "init", "-q", "-b", "main", str(proj))
@@ -878,6 +955,19 @@ def test_a_malformed_night_file_stops_the_merge_before_anything_is_copied(tmp_pa
         nightly.run_merge(o, [src])
     assert "\n" not in str(exc.value) and "nothing merged" in str(exc.value)
     assert not (o.tree / "results").exists() and not (o.tree / "nights").exists()
+
+
+def test_a_merge_clears_what_a_killed_git_left_first(tmp_path):
+    o = _merge_target(tmp_path)
+    tree = resultsbranch.ensure_tree(o.repo, o.tree, o.branch)
+    lock = Path(tree, git(tree, "rev-parse", "--git-path", "index.lock"))
+    lock.write_text("")  # a merge killed inside `git commit`
+    import asv_fixtures as F
+
+    src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
+    F.write_tree(src / "results", machine="m", n_commits=1)
+    report = nightly.run_merge(o, [src])
+    assert report.commit and not lock.exists()
 
 
 @pytest.mark.parametrize("how", ["symlink", "fifo", "top-symlink"])

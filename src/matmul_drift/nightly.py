@@ -227,8 +227,14 @@ def axis_repo(tree: Path, last: str, branch: str) -> Path:
     path = _axis_dir(tree)
     try:
         axis.build(path, last, branch)
-    except axis.AxisError as exc:
-        raise NightError(f"cannot build asv's commit axis: {exc}") from None
+    except axis.AxisError as first:
+        # Derived from dates alone: a repository a killed run left locked (a ref's .lock) is made again.
+        _log(f"recovered: asv's commit axis could not be extended ({first}); building it again")
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            axis.build(path, last, branch)
+        except axis.AxisError as exc:
+            raise NightError(f"cannot build asv's commit axis: {exc}") from None
     return path
 
 
@@ -652,7 +658,9 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
     made = asvrun.results_files(staging / o.machine)
     if not made:  # nothing reaches the tree: it stays as it was
         raise NightError(f"asv run recorded no results (exit status {rc}): {tail[-1] if tail else ''}; see {log}")
-    _set_pending(tree, "copying", night, commit, [str(dest / f.name) for f in made] + [rel])
+    # what import_night moves aside (--force) too: another Python's results have other names
+    aside = [str(p.relative_to(tree)) for p in asvrun.recorded(tree / RESULTS / "asv", o.machine, commit)]
+    _set_pending(tree, "copying", night, commit, list(dict.fromkeys([str(dest / f.name) for f in made] + aside + [rel])))
     imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
     described = _staged_night(tree, rel).read_bytes()
     if (tree / rel).exists() and (tree / rel).read_bytes() != described:
@@ -778,6 +786,8 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
     tree = _open_tree(o)
     lock = _lock(tree)
     try:
+        for line in _git("repairing the results tree", resultsbranch.repair, tree, o.branch):
+            _log(f"recovered: {line}")
         if o.remote:
             _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
         copies, benches, conflicts = plan_merge(tree, sources)

@@ -94,6 +94,10 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
         if not ok(tree, "rev-parse", "--is-inside-work-tree") or toplevel(tree) != tree.resolve():
             raise GitError(f"{tree} exists but is not a git work tree")
         current = git(tree, "branch", "--show-current") or rebasing(tree)  # repair() aborts that rebase
+        if not current and not ok(tree, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}") \
+                and [p.name for p in tree.iterdir()] == [".git"]:
+            _unborn(tree, branch)  # a creation killed before the tree took its branch: finish it
+            current = branch
         if current != branch:
             raise GitError(f"{tree} is on branch {current or '(detached)'!r}, not {branch!r}")
         return _ignore(tree)
@@ -106,9 +110,14 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
         git(repo, "worktree", "add", "--quiet", "--", str(tree), branch)
     else:
         git(repo, "worktree", "add", "--quiet", "--detach", "--no-checkout", "--", str(tree))
-        git(tree, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
-        git(tree, "read-tree", "--empty")
+        _unborn(tree, branch)
     return _ignore(tree)
+
+
+def _unborn(tree: Path, branch: str) -> None:
+    """Put a new, empty worktree on ``branch``, which has no commit yet."""
+    git(tree, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
+    git(tree, "read-tree", "--empty")
 
 
 def _ignore(tree: Path) -> Path:
@@ -190,11 +199,14 @@ def sync(tree: Path | str, branch: str, remote: str, adopt: bool = False) -> Non
     else:
         # Unborn (another machine made the branch first) or adopting: take the remote's
         # branch; a file it also has takes its content, any other file stays as it was.
+        # The index and files first, the branch last: killed in between, the branch is still
+        # the old one and the next run does this again. (Moved first, the branch held the
+        # remote's commit over the old index, and the next night's commit deleted the remote's files.)
         if has_head:
             git(tree, "update-ref", f"refs/nightly-unpushed/{head(tree)[:12]}", "HEAD")
-        git(tree, "update-ref", f"refs/heads/{branch}", upstream)
-        git(tree, "reset", "--quiet")
+        git(tree, "read-tree", upstream)
         git(tree, "checkout", "--quiet", "--", ".")
+        git(tree, "update-ref", f"refs/heads/{branch}", upstream)
 
 
 def _rebase(tree, upstream: str) -> None:
