@@ -255,3 +255,18 @@ def test_a_result_recorded_meanwhile_by_another_run_is_never_written_over(tmp_pa
         asvrun.import_results(staging, results, "m", [], force, print)
     assert [p.name for p in (results / "m").iterdir()] == ["abcd1234-env.json"]
     assert (results / "m/abcd1234-env.json").read_text() == '{"the other run": 1}'
+
+
+def test_a_run_killed_before_its_site_is_published_by_the_next(project):
+    """Killed after its results were recorded, before the site: the next plain run finds every
+    build recorded and publishes them, where it once refused and left no site without --force."""
+    import shutil
+
+    shutil.rmtree(project.path / "html", ignore_errors=True)
+    p = project.run("--force", "--torch", "2.13.0", MATMUL_DRIFT_KILL_AT="publishing")
+    assert p.returncode in (-9, 137) and not (project.path / "html").exists(), p.stderr[-2000:]
+    p = project.run("--torch", "2.13.0")
+    assert p.returncode == 0 and "publishing them" in p.stderr, p.stderr[-2000:]
+    assert (project.path / "html/index.html").is_file() and not (project.path / mainjob.STATE / "unpublished").exists()
+    p = project.run("--torch", "2.13.0")  # and then, nothing left to do: refused as before
+    assert p.returncode == 2 and "already recorded" in p.stderr

@@ -100,6 +100,14 @@ def reap_orphans(root: Path) -> list[str]:
     return out
 
 
+def checkpoint(step: str) -> None:
+    """Fault injection for the kill tests: MATMUL_DRIFT_KILL_AT=<step> makes this process
+    SIGKILL itself here, as a lost node or the OOM killer would (steps: the nightly's
+    replaced, copied, committed, publishing; the main job's publishing)."""
+    if os.environ.get("MATMUL_DRIFT_KILL_AT") == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def results_files(d: Path) -> list[Path]:
     """asv's results files in a machine folder (not machine.json)."""
     return sorted(p for p in d.glob("*.json") if p.name != "machine.json") if d.is_dir() else []

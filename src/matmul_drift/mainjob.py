@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import asvrun, history, machine, render, site, summary
+from . import asvrun, atomic, history, machine, render, site, summary
 
 STATE = Path(".asv") / "main-job"  # staging, generated configs and logs; git ignores .asv/
 RESULTS = Path("results")
@@ -215,6 +215,8 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     envvars = {**os.environ, "MATMUL_DRIFT_CATALOG": str(o.repo / RESULTS / "catalog"),
                "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # forkserver: no CUDA before the fork
     rc, tail = asvrun.run(path, *args, cwd=o.repo, env=envvars, log=logfile, progress=_progress(build))
+    if o.publish:  # until the site is built: a run killed in between is published by the next
+        atomic.write_text(_unpublished(o.repo), commit + "\n")
     try:
         files = asvrun.import_results(staging, results_dir, name, old, o.force, log)
     except asvrun.AlreadyRecorded as exc:  # recorded meanwhile by another run
@@ -230,6 +232,18 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
                    files, seconds)
 
 
+def _unpublished(repo: Path) -> Path:
+    return repo / STATE / "unpublished"
+
+
+def _left_unpublished(repo: Path) -> str | None:
+    """The commit whose results a killed run recorded and did not publish, or None."""
+    try:
+        return _unpublished(repo).read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):
+        return None
+
+
 def read(repo: Path, name: str | None = None) -> history.History:
     try:
         return history.read_history(repo / RESULTS, machine=name)
@@ -240,6 +254,7 @@ def read(repo: Path, name: str | None = None) -> history.History:
 def publish(repo: Path, conf: dict, name: str, commit: str) -> None:
     """asv publish into html/, then the site's own parts: local scripts and the drift page
     (every machine's latest commit against its previous one, and the kernel names)."""
+    asvrun.checkpoint("publishing")
     path = asvrun.write_config(repo / STATE / "asv-publish.json",
                                {**build_config(repo, conf, matrix_builds(conf)[0], repo / RESULTS / "asv"),
                                 "matrix": conf.get("matrix", {})})
@@ -312,12 +327,17 @@ def run(o: Options) -> Report:
         out = run_build(o, conf, name, build, commit)
         outcomes.append(out)
         log(f"torch {build}: {out.status}: {out.message}" + (f" ({out.seconds:.0f} s)" if out.seconds else ""))
-    if all(x.status == "already recorded" for x in outcomes):
+    left = o.publish and _left_unpublished(o.repo) == commit
+    if all(x.status == "already recorded" for x in outcomes) and not left:
         raise UsageError(f"every build is already recorded at {commit[:8]} on {name}; pass --force to measure again")
+    if left and not any(x.status == "recorded" for x in outcomes):
+        log(f"recovered: the results at {commit[:8]} were recorded by a run killed before its site was built; "
+            "publishing them")
     result = None
-    if any(x.status == "recorded" for x in outcomes):
+    if any(x.status == "recorded" for x in outcomes) or left:
         if o.publish:
             publish(o.repo, conf, name, commit)
+            _unpublished(o.repo).unlink(missing_ok=True)
         hist = read(o.repo, name)
         result = summary.summarise(hist, summary.Options(at=commit))
         print(compared(hist, commit))
