@@ -827,16 +827,22 @@ def test_axis_commits_are_what_git_makes(tmp_path):
     assert nightly.check_date(str(today + timedelta(days=3))) == str(today + timedelta(days=3))  # a merged night
 
 
-def test_no_push_tree_adopts_the_remote_and_keeps_its_files(tmp_path):
-    # A CI machine fetches the branch but never pushes; the merge job makes the night's commit.
+def _projects_of_one_remote(tmp_path, *names) -> dict[str, Path]:
+    """Project checkouts (one empty commit each) sharing the bare remote tmp_path/remote.git as origin."""
     remote = tmp_path / "remote.git"
     git(tmp_path, "init", "-q", "--bare", str(remote))
     repos = {}
-    for name in ("machine", "merge"):
+    for name in names:
         repos[name] = tmp_path / name
         git(tmp_path, "init", "-q", "-b", "main", str(repos[name]))
         git(repos[name], "commit", "-q", "--allow-empty", "-m", "init")
         git(repos[name], "remote", "add", "origin", str(remote))
+    return repos
+
+
+def test_no_push_tree_adopts_the_remote_and_keeps_its_files(tmp_path):
+    # A CI machine fetches the branch but never pushes; the merge job makes the night's commit.
+    repos = _projects_of_one_remote(tmp_path, "machine", "merge")
     mine = resultsbranch.ensure_tree(repos["machine"], repos["machine"] / "nightly", "results", "origin")
     _tree_with(mine, {"results/asv/m/a.json": b"night 1", "results/asv/benchmarks.json": b"mine"})
     local = resultsbranch.commit(mine, [".gitignore", "results"], "night 1 m")  # never pushed
@@ -880,14 +886,7 @@ def _killed_at(monkeypatch, *words, after=False):
 def test_a_sync_killed_half_way_never_lets_a_night_delete_the_remotes_files(tmp_path, monkeypatch, adopt, step):
     """A tree unborn (or adopting) takes the remote's branch: killed in the middle, the next
     sync must finish it, so the next night's commit keeps another machine's files."""
-    remote = tmp_path / "remote.git"
-    git(tmp_path, "init", "-q", "--bare", str(remote))
-    repos = {}
-    for name in ("a", "b"):
-        repos[name] = tmp_path / name
-        git(tmp_path, "init", "-q", "-b", "main", str(repos[name]))
-        git(repos[name], "commit", "-q", "--allow-empty", "-m", "init")
-        git(repos[name], "remote", "add", "origin", str(remote))
+    repos = _projects_of_one_remote(tmp_path, "a", "b")
     mine = resultsbranch.ensure_tree(repos["b"], repos["b"] / "nightly", "results", "origin")
     if adopt:
         _tree_with(mine, {"nights/old-b.json": b"b's own"})
