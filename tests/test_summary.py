@@ -833,7 +833,7 @@ def test_control_and_bidi_characters_are_escaped_in_every_output(tmp_path):
 
     tree = F.write_tree(tmp_path / "results", n_commits=2, torch_versions=("2.13.0",), adjust=adjust)
     result = summary.summarise(history.read_history(tree.root))
-    assert any(evil in f.detail for f in result.flags)
+    assert any(evil.replace("\n", "\\u000a") in f.detail for f in result.flags)  # a detail's lines are its own
     raw = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
     plain, md, js = render.render_plain(result), render.render_github(result), render.render_json(result)
     for text in (plain, md, js):
@@ -841,7 +841,7 @@ def test_control_and_bidi_characters_are_escaped_in_every_output(tmp_path):
     assert "\\u202e" in plain and "&#92;u202e" in md  # shown as text (the backslash an entity in Markdown)
     assert "\\u000anext line" in plain  # the name's newline is shown, not made
     doc = json.loads(js)
-    assert any(evil in f["detail"] for f in doc["flags"])  # JSON escapes: the same data back
+    assert any(evil in f["after"]["kernels"]["full"] for f in doc["flags"])  # JSON escapes: the same data back
 
 
 def test_a_torch_version_longer_than_int_takes_is_read(tmp_path, capsys):
@@ -879,3 +879,20 @@ def test_an_unchanged_error_is_never_flagged_whatever_its_value(tmp_path, capsys
     F.write_tree(tmp_path / "results", adjust=lambda ci, ei, d: F.set_value(d, F.ERROR_U, 0, -1.0))
     rc, doc, _ = run_json(capsys, tmp_path / "results")
     assert rc == 0 and [f for f in doc["flags"] if f["kind"] == "accuracy"] == [], doc["flags"]
+
+
+
+def test_a_kernel_change_in_several_lists_shows_one_line_each(tmp_path, capsys):
+    # The detail's lines once showed as a literal \u000a in the plain and Markdown tables.
+    root = tmp_path / "results"
+
+    def adjust(ci, ei, d):
+        if ci == 1 and ei == 0:
+            kid = catalog.store(root / "catalog", "kernels", {"device": "cpu", "full": ["aten::mm", "NEW"],
+                                                               "slice_n": ["aten::mm", "X"]})
+            F.set_value(d, F.KERNEL, 0, kid)
+    F.write_tree(root, adjust=adjust)
+    rc, out, _ = run_cli(capsys, root)
+    assert rc == 1 and "u000a" not in out and re.search(r"^ +slice_n: .* -> aten::mm, X", out, re.M), out
+    rc, md, _ = run_cli(capsys, root, "--format", "github")
+    assert "u000a" not in md and re.search(r"-&#62; aten::mm, NEW<br>slice&#95;n: ", md), md

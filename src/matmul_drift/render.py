@@ -120,7 +120,7 @@ def visible(text, newlines: bool = False) -> str:
 def row(f: Flag) -> list[str]:
     params = " ".join(visible(v) for v in f.params.values()) if f.params else "(all)"
     return [visible(_short_bench(f.benchmark)), params, visible(_side_text(f.before, f.unit), newlines=True),
-            visible(_side_text(f.after, f.unit), newlines=True), visible(f.detail),
+            visible(_side_text(f.after, f.unit), newlines=True), visible(f.detail, newlines=True),
             "\n".join(visible(a) for a in f.attribution)]
 
 

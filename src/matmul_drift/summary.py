@@ -546,9 +546,15 @@ def kernel_detail(id_b: float, id_a: float, kb, ka) -> str:
         old, new = kb.get(key), ka.get(key)
         if old == new:
             continue
-        fmt = lambda v: "none" if v is None else (", ".join(map(str, v)) if isinstance(v, list) else str(v))
-        lines.append(f"{key}: {fmt(old)} -> {fmt(new)}")
+        fmt = lambda v: "none" if v is None else (", ".join(map(_inline, v)) if isinstance(v, list) else _inline(v))
+        lines.append(f"{_inline(key)}: {fmt(old)} -> {fmt(new)}")
     return "\n".join(lines) or f"kernel-id {hex_id(id_b)} -> {hex_id(id_a)}"
+
+
+def _inline(name) -> str:
+    """A name from the catalog on one line of a detail, whose lines a newline separates: its
+    own line breaks written as \\uXXXX (the flag's kernels keep the names as they are)."""
+    return str(name).replace("\r", "\\u000d").replace("\n", "\\u000a")
 
 
 def _order(ctx: _Ctx, vb, va, both) -> list[Flag]:
@@ -598,16 +604,16 @@ def fix_detail(id_b: float, id_a: float, fb, fa) -> str:
     """Which candidates started or stopped removing every drift, and how the drifts changed."""
     if not isinstance(fb, dict) or not isinstance(fa, dict):
         return f"fix-id {hex_id(id_b)} -> {hex_id(id_a)} (verdicts not in the catalog)"
-    kinds = lambda e: ", ".join(e.get("drifts") or []) or "none"  # noqa: E731
+    kinds = lambda e: ", ".join(map(_inline, e.get("drifts") or [])) or "none"  # noqa: E731
     works = lambda e: {n for n, v in (e.get("verdicts") or {}).items() if v == "removes"}  # noqa: E731
     lines = [f"drifts: {kinds(fb)} -> {kinds(fa)}"] if fb.get("drifts") != fa.get("drifts") else []
     if fa.get("drifts"):
         if stopped := sorted(works(fb) - works(fa)):
             lines.append("stopped removing the drift: " + "; ".join(
-                f"{n} (now {(fa.get('verdicts') or {}).get(n, 'not measured')})" for n in stopped))
+                f"{_inline(n)} (now {_inline((fa.get('verdicts') or {}).get(n, 'not measured'))})" for n in stopped))
         if started := sorted(works(fa) - works(fb)):
-            lines.append("started removing the drift: " + "; ".join(started))
-        lines.append("removes it now: " + ("; ".join(sorted(works(fa))) or "no candidate"))
+            lines.append("started removing the drift: " + "; ".join(map(_inline, started)))
+        lines.append("removes it now: " + ("; ".join(map(_inline, sorted(works(fa)))) or "no candidate"))
     return "\n".join(lines) or f"fix-id {hex_id(id_b)} -> {hex_id(id_a)} (verdicts otherwise alike)"
 
 
