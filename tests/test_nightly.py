@@ -528,9 +528,13 @@ def test_an_unreadable_benchmarks_json_is_kept_beside_and_rewritten(tmp_path, ol
 
     path = tmp_path / "benchmarks.json"
     path.write_bytes(old)
-    kept = asvrun.merge_benchmarks(path, {"b": 1, "version": 2})
+    said = []
+    asvrun.merge_benchmarks(path, {"b": 1, "version": 2}, said.append)
+    (kept,) = tmp_path.glob("benchmarks.json.replaced-*")
     assert json.loads(path.read_text()) == {"b": 1, "version": 2} and kept.read_bytes() == old
-    assert asvrun.merge_benchmarks(path, {"c": 1}) is None and json.loads(path.read_text())["b"] == 1
+    assert said == [f"{path} could not be read; rewritten, the old file kept as {kept.name}"]
+    asvrun.merge_benchmarks(path, {"c": 1}, said.append)
+    assert len(said) == 1 and json.loads(path.read_text())["b"] == 1
 
 
 def test_repair_removes_stale_locks_and_aborts_a_rebase(tmp_path):

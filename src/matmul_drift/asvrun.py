@@ -121,23 +121,23 @@ def recorded(results_dir: Path, machine: str, commit: str, env: str | None = Non
             if p.name.startswith(commit[:8]) and (name is None or p.name == name)]
 
 
-def merge_benchmarks(path: Path, new: dict) -> Path | None:
+def merge_benchmarks(path: Path, new: dict, warn: Callable[[str], None]) -> None:
     """Merge a run's benchmarks.json into ``path``: every benchmark either knows, the newer
     description winning, so results of a benchmark since removed can still be read. The file
     is rewritten only when that changes it. An old file that is not a JSON object (emptied,
-    cut short) is kept beside (backup) and its path returned, so the next run need no hand fix."""
-    kept, old = None, None
+    cut short) is kept beside (backup), and ``warn`` told so: the next run needs no hand fix."""
+    old = None
     if path.exists():
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             old = None
         if not isinstance(old, dict):
-            kept, old = backup(path), None
+            warn(f"{path} could not be read; rewritten, the old file kept as {backup(path).name}")
+            old = None
     merged = {**(old or {}), **new}
     if merged != old:
         atomic.write_text(path, json.dumps(merged, indent=4, sort_keys=True) + "\n")
-    return kept
 
 
 def backup(path: Path) -> Path:
@@ -171,11 +171,9 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
     dest, replaced = results_dir / machine, {p.name for p in old}
     meanwhile = [dest / f.name for f in files if f.name not in replaced and (dest / f.name).exists()]
     if meanwhile:  # by another run since ``old`` was taken: never replaced, --force or not
-        raise AlreadyRecorded(f"{meanwhile[0]} was recorded meanwhile by another run; it is left as it is")
+        raise _meanwhile(meanwhile[0])
     if (staging / "benchmarks.json").exists():
-        kept = merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()))
-        if kept is not None:
-            log(f"{results_dir / 'benchmarks.json'} could not be read; rewritten, the old file kept as {kept.name}")
+        merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()), log)
     if (staging / machine / "machine.json").exists():
         new = (staging / machine / "machine.json").read_bytes()
         if not (dest / "machine.json").exists() or (dest / "machine.json").read_bytes() != new:
@@ -188,6 +186,9 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
             written.append(atomic.write_new(dest / f.name, f.read_bytes()))
         except atomic.Taken as exc:
             os.unlink(exc.kept)  # its bytes are still in staging
-            raise AlreadyRecorded(f"{dest / f.name} was recorded meanwhile by another run; it is left as "
-                                  "it is") from None
+            raise _meanwhile(dest / f.name) from None
     return written
+
+
+def _meanwhile(path: Path) -> AlreadyRecorded:
+    return AlreadyRecorded(f"{path} was recorded meanwhile by another run; it is left as it is")

@@ -129,15 +129,13 @@ def _load_array(path: Path, host_check: bool = True):
 
 
 def _check_legacy_size(path: Path, host_check: bool) -> None:
-    """UsageError (one line) when a file read whole is larger than MemAvailable (unless not ``host_check``)."""
+    """UsageError (one line) when a file read whole is larger than memory.check allows."""
     from . import memory
 
-    have = memory.available("cpu")[0] if host_check else None
-    size = path.stat().st_size
-    if have is not None and size > have:
-        raise UsageError(f"{path}: torch's legacy format, read whole, and its {size / 2**30:.1f} GiB are more than "
-                         f"the {have / 2**30:.1f} GiB of memory available (MemAvailable); re-save it with "
-                         "torch.save's default format, which is mapped, or pass --no-host-memory-check")
+    try:
+        memory.check((path.stat().st_size, 0), f"{path}: torch's legacy format, read whole,", "cpu", host_check)
+    except memory.TooLarge as exc:
+        raise UsageError(f"{exc}; or re-save it with torch.save's default format, which is mapped") from None
 
 
 def _file_case(args):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from . import asvrun, atomic, bounded, catalog, history
-from .nightly import ALL, MACHINE_NAME
+from .nightly import UsageError, check_machine
 
 MAX_UNPACKED = 256 << 20  # bytes an archive may unpack to; a real check's come to well under 1 MiB
 MAX_ENV_NAME = 120  # characters of an environment's name, a file name's part
@@ -88,8 +88,12 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
             machine, commit = _one_line(src / "MACHINE", src), _one_line(src / "COMMIT", src)
         except (OSError, ValueError) as exc:
             raise ImportRefused(f"{archive}: no MACHINE or COMMIT ({exc})") from None
-        if not MACHINE_NAME.match(machine) or machine == ALL or not re.fullmatch(r"[0-9a-f]{40}", commit):
-            raise ImportRefused(f"{archive}: machine {machine!r} or commit {commit!r} is malformed")
+        try:
+            check_machine(machine)
+        except UsageError as exc:
+            raise ImportRefused(f"{archive}: machine {machine!r} is malformed: {exc}") from None
+        if not re.fullmatch(r"[0-9a-f]{40}", commit):
+            raise ImportRefused(f"{archive}: commit {commit!r} is malformed")
         try:
             hist = history.read_history(src / "results", machine=machine)
             runs = [r for r in hist.runs[machine] if r.commit == commit]
@@ -105,11 +109,13 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
         # so that a refusal leaves results/ as it was.
         asv_src, asv_dst = src / "results" / "asv", results / "asv"
         extras = results / "gpu-check" / machine / commit[:8]
-        for run in runs:
-            if len(_env_name(run)) > MAX_ENV_NAME:
+        envs = [_env_name(run) for run in runs]
+        for run, env in zip(runs, envs):
+            if len(env) > MAX_ENV_NAME:
                 raise ImportRefused(f"{archive}: torch version {run.torch[:40]!r}... is too long to name an environment")
         entries = _catalog_entries(archive, src / "results" / "catalog", results / "catalog")
-        planned = [(asv_dst / machine / f"{run.commit[:8]}-{_env_name(run)}.json", _run_bytes(run)) for run in runs]
+        planned = [(asv_dst / machine / f"{run.commit[:8]}-{env}.json", _run_bytes(run, env))
+                   for run, env in zip(runs, envs)]
         planned += [(extras / p.name, p.read_bytes()) for p in sorted(src.iterdir())
                     if p.is_file() and p.name not in ("MACHINE", "COMMIT")]
         changed = [dst for dst, data in planned if dst.exists() and dst.read_bytes() != data]
@@ -121,11 +127,8 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
         for p, dst in entries:
             done.written.append(atomic.copy(p, dst))
         if runs:
-            kept = asvrun.merge_benchmarks(asv_dst / "benchmarks.json",
-                                           json.loads(_one_line(asv_src / "benchmarks.json", src)))
-            if kept is not None:
-                done.warnings.append(f"{asv_dst / 'benchmarks.json'} could not be read; rewritten, the old file "
-                                     f"kept as {kept.name}")
+            asvrun.merge_benchmarks(asv_dst / "benchmarks.json", json.loads(_one_line(asv_src / "benchmarks.json", src)),
+                                    done.warnings.append)
             machine_json = asv_src / machine / "machine.json"
             if machine_json.is_file() and not (asv_dst / machine / "machine.json").exists():
                 done.written.append(atomic.copy(machine_json, asv_dst / machine / "machine.json"))
@@ -165,10 +168,10 @@ def _env_name(run: history.Run) -> str:
     return "existing-torch" + re.sub(r"[^A-Za-z0-9._-]", "-", run.torch or "unknown")
 
 
-def _run_bytes(run: history.Run) -> bytes:
-    """The run's results file under the environment named after its torch build (UTF-8)."""
+def _run_bytes(run: history.Run, env: str) -> bytes:
+    """The run's results file under the environment ``env`` (_env_name), UTF-8."""
     data = json.loads(run.path.read_text(encoding="utf-8"))
-    data["env_name"] = _env_name(run)
+    data["env_name"] = env
     data["params"] = {**data.get("params", {}), "torch": run.torch or "unknown"}
     text = json.dumps(data, separators=(",", ":")) + "\n"  # asv's own format (it writes NaN for skipped)
     return text.encode("utf-8")

@@ -328,13 +328,14 @@ def run(o: Options) -> Report:
         outcomes.append(out)
         log(f"torch {build}: {out.status}: {out.message}" + (f" ({out.seconds:.0f} s)" if out.seconds else ""))
     left = o.publish and _left_unpublished(o.repo) == commit
+    recorded = any(x.status == "recorded" for x in outcomes)
     if all(x.status == "already recorded" for x in outcomes) and not left:
         raise UsageError(f"every build is already recorded at {commit[:8]} on {name}; pass --force to measure again")
-    if left and not any(x.status == "recorded" for x in outcomes):
+    if left and not recorded:
         log(f"recovered: the results at {commit[:8]} were recorded by a run killed before its site was built; "
             "publishing them")
     result = None
-    if any(x.status == "recorded" for x in outcomes) or left:
+    if recorded or left:
         if o.publish:
             publish(o.repo, conf, name, commit)
             _unpublished(o.repo).unlink(missing_ok=True)

@@ -90,9 +90,6 @@ class Report:
     published: bool
 
 
-_checkpoint = asvrun.checkpoint
-
-
 def _log(msg: str) -> None:
     print(f"matmul-drift nightly: {msg}", file=sys.stderr, flush=True)
 
@@ -266,7 +263,7 @@ def _asv_env(tree: Path) -> dict:
 
 def _replacing(msg: str) -> None:
     _log(msg)
-    _checkpoint("replaced")  # a recorded file moved aside, its successor not yet copied
+    asvrun.checkpoint("replaced")  # a recorded file moved aside, its successor not yet copied
 
 
 def import_night(staging: Path, results_dir: Path, machine: str, commit: str, force: bool) -> list[Path]:
@@ -516,7 +513,7 @@ def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> str | 
     commit = _git("committing the night", resultsbranch.commit, tree, own, commit_message(night, outcome),
                   f"{date}T00:00:00+00:00")
     _set_pending(tree, "committed", night, point, [])  # the next run publishes it, remote or none
-    _checkpoint("committed")
+    asvrun.checkpoint("committed")
     return commit
 
 
@@ -530,7 +527,7 @@ def _report(tree: Path, date: str, machine: str, commit: str | None, imported: l
 def _publish_night(o: Options, tree: Path, point: str) -> None:
     """Publish the site, marked pending so that a run killed meanwhile is published by the next."""
     _set_pending(tree, "publishing", {"date": o.date, "machine": o.machine}, point, [])
-    _checkpoint("publishing")
+    asvrun.checkpoint("publishing")
     publish(tree, o.repo, o.branch)
     _pending_path(tree).unlink(missing_ok=True)
 
@@ -576,24 +573,12 @@ def _finish_pending(tree: Path) -> tuple[str, str] | None:
         return date, machine
     loose = _git("reading what a killed night copied", resultsbranch.uncommitted, tree, files) if files else []
     aside = [asvrun.backup(tree / f) for f in loose if (tree / f).exists()]
-    back = _git("putting back what a killed night moved aside", _restore, tree, loose)
+    back = _git("putting back what a killed night moved aside", resultsbranch.restore, tree, loose)
     path.unlink()
     _log(f"recovered: night {date} on {machine} was killed while its results were copied; "
          f"{len(aside)} file(s) set aside (*.replaced-*)" + (f", {len(back)} put back as recorded" if back else "")
          + ", the night runs again")
     return None
-
-
-def _restore(tree: Path, paths: list[str]) -> list[str]:
-    """Put back, as committed, those of ``paths`` that the branch holds: a --force run killed
-    between moving a recorded file aside and copying its own leaves it missing."""
-    if not paths or not resultsbranch.born(tree):
-        return []
-    held = resultsbranch.git(tree, "ls-tree", "-r", "--name-only", "-z", "HEAD", "--", *paths).split("\0")
-    held = [f for f in held if f]
-    if held:
-        resultsbranch.git(tree, "checkout", "HEAD", "--", *held)
-    return held
 
 
 def _asv_log(tree: Path, o: Options) -> Path:
@@ -661,7 +646,7 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
         _log(f"replacing {rel}; the old description is kept as {asvrun.backup(tree / rel).name}")
     atomic.write_bytes(tree / rel, described)
     _set_pending(tree, "copied", night, commit, [str(p.relative_to(tree)) for p in imported] + [rel])
-    _checkpoint("copied")
+    asvrun.checkpoint("copied")
     _staged_night(tree, rel).unlink()
     shutil.rmtree(staging, ignore_errors=True)
     _log(f"results: {', '.join(str(p.relative_to(tree)) for p in imported)}"
@@ -789,9 +774,7 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
             raise UsageError(f"{len(conflicts)} files conflict, nothing merged: {conflicts[0]}; "
                              "pass --force to replace (the old files are kept beside)")
         for f in benches:
-            kept = asvrun.merge_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()))
-            if kept is not None:
-                _log(f"{RESULTS}/asv/benchmarks.json could not be read; rewritten, the old file kept as {kept.name}")
+            asvrun.merge_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()), _log)
         imported = []
         for src, dst in copies:
             if dst.exists() and dst.name != "machine.json":

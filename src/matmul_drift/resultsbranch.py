@@ -176,6 +176,18 @@ def uncommitted(tree: Path | str, paths: list[str]) -> list[str]:
     return [entry[3:] for entry in p.stdout.split("\0") if entry[3:]]
 
 
+def restore(tree: Path | str, paths: list[str]) -> list[str]:
+    """Put back, as committed, those of ``paths`` (relative to ``tree``) that HEAD holds (a
+    --force night killed between moving a recorded file aside and copying its own leaves it
+    missing); returns them."""
+    if not paths or not born(tree):
+        return []
+    held = [f for f in git(tree, "ls-tree", "-r", "--name-only", "-z", "HEAD", "--", *paths).split("\0") if f]
+    if held:
+        git(tree, "checkout", "HEAD", "--", *held)
+    return held
+
+
 def born(tree: Path | str) -> bool:
     """Whether the tree's branch has a commit yet."""
     return ok(tree, "rev-parse", "--verify", "--quiet", "HEAD")

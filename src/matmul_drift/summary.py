@@ -212,11 +212,11 @@ def hardware_groups(history: History) -> dict[str, list[Run]]:
         for r in runs:
             by_hw.setdefault(_hardware_key(r), []).append(r)
         for group in by_hw.values():
-            label = machine if len(by_hw) == 1 else f"{machine} [{_hardware_text(group[0])}]"
+            label = base = machine if len(by_hw) == 1 else f"{machine} [{_hardware_text(group[0])}]"
             n = 1
             while label in out:  # two hardwares described alike: each keeps its runs
                 n += 1
-                label = f"{machine} [{_hardware_text(group[0])}] #{n}"
+                label = f"{base} #{n}"
             out[label] = group
     return out
 
