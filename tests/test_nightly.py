@@ -1000,3 +1000,23 @@ def test_a_merge_copies_a_night_description_kept_beside_by_force(tmp_path):
     copies, _, conflicts = nightly.plan_merge(tree, [src])
     assert sorted(d.name for _, d in copies) == ["2026-01-05-m.json", "2026-01-05-m.json.replaced-20260105T000000Z"]
     assert conflicts == []
+
+
+def test_a_merge_after_one_killed_mid_copy_names_all_it_commits(tmp_path):
+    # Killed after copying, a merge left its files uncommitted; the next merge finds them
+    # already there (no copy) and commits them: its message counts and names them all the same.
+    o = _merge_target(tmp_path)
+    tree = resultsbranch.ensure_tree(o.repo, o.tree, o.branch)
+    import asv_fixtures as F
+
+    src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
+    F.write_tree(src / "results", machine="m", n_commits=1)
+    files = [f.relative_to(src) for f in nightly._source_files(src) if f.name != "benchmarks.json"]
+    for rel in files[: len(files) - 1]:  # all but the last copied, then killed
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, tree / rel)
+    report = nightly.run_merge(o, [src])
+    message = git(tree, "log", "-1", "--format=%B")
+    assert report.commit and f"merged {len(files)} files" in message, message
+    assert message.startswith("night 2026-01-05: m merged"), message
+    assert not resultsbranch.uncommitted(tree, ["results", "nights"])

@@ -780,6 +780,7 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
             if dst.exists() and dst.name != "machine.json":
                 _log(f"replacing {dst.relative_to(tree)}; the old file is kept as {asvrun.backup(dst).name}")
             imported.append(atomic.copy(src, dst))
+        imported += _left_by_a_killed_merge(tree, imported)
         _log(f"merged {len(imported)} files from {len(sources)} sources")
         hist = _read(tree)
         _check_commits(tree, hist)
@@ -798,6 +799,15 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
                       [f for n in nights for f in n["failed"]], imported, o.publish)
     finally:
         lock.release()
+
+
+def _left_by_a_killed_merge(tree: Path, copied: list[Path]) -> list[Path]:
+    """The files of results/ and nights/ that a merge killed after copying left uncommitted:
+    this merge found them already there and copied nothing, but its commit brings them in,
+    so its message counts and names them (benchmarks.json and files kept beside excluded)."""
+    waiting = [tree / f for f in resultsbranch.uncommitted(tree, [RESULTS, NIGHTS])]
+    return sorted(p for p in waiting if p not in copied and p.name != "benchmarks.json"
+                  and ".replaced-" not in p.name and p.is_file())
 
 
 def merge_message(date: str, result: summary.Summary, machines: int, imported: list[Path]) -> str:
