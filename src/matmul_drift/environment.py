@@ -73,12 +73,38 @@ def flags() -> dict:
     }
 
 
+def mapped_libraries(maps: str, name: str) -> list[str]:
+    """The paths of the shared objects called ``name`` or ``name.*`` (``libcublas.so``: not
+    libcublasLt) in a /proc/<pid>/maps text, first mapped first, each once."""
+    out: list[str] = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue
+        path = fields[5].removesuffix(" (deleted)")
+        base = os.path.basename(path)
+        if (base == name or base.startswith(name + ".")) and path not in out:
+            out.append(path)
+    return out
+
+
+def _maps_text() -> str:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
 @functools.cache  # a process loads one cuBLAS; the search walks nvidia/*'s trees (headers and all)
 def _cublas_version() -> str | None:
-    """cuBLAS's own version, read through ctypes from the library torch loaded or ships."""
+    """cuBLAS's own version, read through ctypes from the library torch loaded (libtorch_cuda
+    links it, so it is mapped once torch is imported), else from one torch ships. The mapped
+    one comes first: a cuBLAS earlier on LD_LIBRARY_PATH (a system CUDA) is the one torch
+    runs, whatever the wheel under nvidia/ holds."""
     import torch
 
-    candidates = []
+    candidates = mapped_libraries(_maps_text(), "libcublas.so")
     for mod in ("nvidia.cublas", "nvidia.cu13", "nvidia.cu12"):
         spec = _safe(lambda: __import__(mod, fromlist=["_"]))
         for path in getattr(spec, "__path__", []) or []:

@@ -1,0 +1,56 @@
+"""environment.py's CUDA facts, without a GPU: which cuBLAS the recorded version comes from."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from matmul_drift import environment
+
+SYSTEM = "/usr/local/cuda-13.3/targets/x86_64-linux/lib/libcublas.so.13.3.0.5"  # first on LD_LIBRARY_PATH
+WHEEL = "/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcublas.so.13"  # the wheel torch depends on
+MAPS = f"""\
+7f0000000000-7f0000001000 r--p 00000000 08:01 1001 {SYSTEM.replace('libcublas.so', 'libcublasLt.so')}
+7f0000002000-7f0000003000 r--p 00000000 08:01 1002 {SYSTEM}
+7f0000003000-7f0000004000 r-xp 00001000 08:01 1002 {SYSTEM}
+7f0000005000-7f0000006000 rw-p 00000000 00:00 0
+7f0000007000-7f0000008000 r--p 00000000 08:01 1003 /venv/lib/python3.12/site-packages/torch/lib/libtorch_cuda.so
+7ffc00000000-7ffc00001000 rw-p 00000000 00:00 0                          [stack]
+"""
+
+
+def test_mapped_libraries_name_the_cublas_this_process_loaded_and_not_cublaslt():
+    assert environment.mapped_libraries(MAPS, "libcublas.so") == [SYSTEM]
+    assert environment.mapped_libraries(MAPS, "libcublasLt.so") == [SYSTEM.replace("libcublas.so", "libcublasLt.so")]
+    assert environment.mapped_libraries(f"7f00-7f01 r--p 0 08:01 7 {WHEEL} (deleted)\n", "libcublas.so") == [WHEEL]
+    assert environment.mapped_libraries(MAPS, "libcudnn.so") == []
+
+
+@pytest.mark.parametrize("mapped, want", [(MAPS, "13.3.0"), ("", "13.0.2")])
+def test_the_recorded_cublas_version_is_the_one_torch_loaded(monkeypatch, mapped, want):
+    """torch loads the cuBLAS it finds first (a system CUDA on LD_LIBRARY_PATH takes precedence
+    over the nvidia wheel), and that is the one mapped in the process: its version is recorded,
+    not the wheel's. Where nothing is mapped yet, the wheel's is the best guess."""
+    import torch  # noqa: F401  (imported before ctypes.CDLL is replaced: its import loads libraries too)
+
+    versions = {SYSTEM: (13, 3, 0), WHEEL: (13, 0, 2)}
+
+    class Lib:
+        def __init__(self, path, *args, **kwargs):
+            if path not in versions:
+                raise OSError(f"{path}: cannot open shared object file")
+            self.version = versions[path]
+
+        def cublasGetProperty(self, prop, ref):
+            ref._obj.value = self.version[prop]
+            return 0
+
+    monkeypatch.setattr(ctypes, "CDLL", Lib)
+    monkeypatch.setattr(environment, "_maps_text", lambda: mapped, raising=False)
+    monkeypatch.setattr(environment.glob, "glob", lambda pattern, recursive=False: [WHEEL] if "libcublas" in pattern else [])
+    environment._cublas_version.cache_clear()
+    try:
+        assert environment._cublas_version() == want
+    finally:
+        environment._cublas_version.cache_clear()
