@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from matmul_drift import reference
+from matmul_drift import numerics, reference
 
 F64_MAX = Fraction(float(np.finfo(np.float64).max))
 F64_OVER = F64_MAX + Fraction(2) ** 970  # the largest finite value plus half its ulp: rounds to inf
@@ -208,3 +208,24 @@ def test_products_among_float64_subnormals_are_judged_with_the_references_own_er
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["verdict"]["kind"] != "defect", doc["verdict"]
     assert math.isfinite(doc["error_u"]) and doc["error_u"] > 1 and "below float64's normal range" in doc["verdict"]["text"]
+
+
+def test_float64_sums_at_the_overflow_threshold_round_as_their_exact_value_does():
+    # Hand-built rows about the midpoint between float64's largest value and 2^1024 (ties go
+    # to even: to inf). Just below it, lo's own rounding once put hi + lo on the midpoint and
+    # hi at inf, so a kernel's inf from an overflowing partial sum read as the correct one.
+    top, half = float(np.finfo(np.float64).max), 2.0**970
+    rows = [[top, half, -(2.0**900)], [top, half, 0.0], [top, half, 2.0**900], [-top, -half, 2.0**900],
+            [top, half - 2.0**918, 0.0], [top, 0.0, 0.0]]
+    a, b = np.array(rows), np.ones((3, 1))
+    r = _within_bound(a, b)
+    for i, want in enumerate(_exact(a, b)):
+        inf = math.inf if want[0] > 0 else -math.inf
+        rounded = inf if abs(want[0]) >= F64_OVER else float(want[0])  # Fraction → float: rounded once
+        assert r.hi[i, 0] == rounded and r.finite[i, 0], (i, r.hi[i, 0], rounded)
+    assert [bool(math.isinf(h)) for h in r.hi[:, 0]] == [False, True, True, False, False, False]
+    # a sequential sum overflows on row 0, whose exact value rounds to the largest finite value
+    counts = numerics.nonfinite(np.array([math.inf]), r.hi[:1, 0], r.finite[:1, 0], "float64", r.slack)
+    assert (counts["overflow"], counts["spurious"]) == (0, 1), counts
+    counts = numerics.nonfinite(np.array([math.inf]), r.hi[1:2, 0], r.finite[1:2, 0], "float64", r.slack)
+    assert (counts["overflow"], counts["spurious"]) == (1, 0), counts

@@ -287,7 +287,11 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
         slack = (_ldexp(err, scale) + 2 * SMALLEST).cpu().numpy()  # + the rounding of that scaling
         exact = False
 
+    scaled_hi = hi
     hi, lo = _ldexp(hi, scale), _ldexp(lo, scale)
+    over = torch.isinf(hi) & torch.isfinite(scaled_hi)
+    if bool(over.any()):
+        hi, lo = _resum_near_overflow(product, a, b, scale, over, hi, lo)
     lo = torch.where(torch.isfinite(hi), lo, 0.0)  # beyond float64's range: hi is ±inf alone
     finite = torch.ones_like(hi, dtype=torch.bool)
     if not (a.clean and b.clean):
@@ -299,6 +303,34 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
         bound += 4 * SMALLEST / float(tiny.min())
     return Reference(hi.cpu().numpy(), lo.cpu().numpy(), finite.cpu().numpy(), absprod,
                      (len(sa), len(sb)), exact, bound, slack=slack)
+
+
+def _resum_near_overflow(product, a: _Sliced, b: _Sliced, scale, over, hi, lo) -> tuple:
+    """hi and lo again, exactly rounded, at the entries ``over`` that scaled back to ±inf.
+    The sum of lo's rounding errors can move hi + lo onto the midpoint between float64's
+    largest value and 2^1024, and hi to inf, where the slices' exact sum rounds to the
+    largest value (an inf the kernel then made would read as a correct one). math.fsum
+    rounds the exact sum of each entry's slice products once; scaling by a power of two
+    keeps where it rounds, so ±inf is left only where the slices' sum rounds to it."""
+    import torch
+
+    terms = torch.stack([product(x, y)[over] for x in a.slices for y in b.slices], -1).cpu().tolist()
+    at = over.nonzero(as_tuple=True)
+    shift = torch.broadcast_to(scale, over.shape)[over].cpu().tolist()
+    fixed_hi, fixed_lo = [], []
+    for row, e in zip(terms, shift):
+        top = math.fsum(row)
+        rest = math.fsum(row + [-top])
+        try:
+            fixed_hi.append(math.ldexp(top, int(e)))
+            fixed_lo.append(math.ldexp(rest, int(e)))
+        except OverflowError:
+            fixed_hi.append(math.copysign(math.inf, top))
+            fixed_lo.append(0.0)
+    hi, lo = hi.clone(), lo.clone()
+    hi[at] = torch.tensor(fixed_hi, dtype=hi.dtype, device=hi.device)
+    lo[at] = torch.tensor(fixed_lo, dtype=lo.dtype, device=lo.device)
+    return hi, lo
 
 
 def _left_out(product, a: _Sliced, b: _Sliced, absprod, under: bool, base: float) -> tuple:
