@@ -150,7 +150,8 @@ timeout 10 "$PY" -c 'import sys; from pathlib import Path; from matmul_drift imp
 for line in asvrun.reap_orphans(Path(sys.argv[1])): print("gpu_check:", line)' "$ROOT"
 # The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16. Each
 # process has its timeout and none starts after the budget (those rows say "not tried"), so
-# explain prints its report inside the step's limit: measuring + budget + timeout < limit.
+# explain prints its report inside the step's limit: measuring + budget + timeout < limit. If
+# the limit's SIGTERM comes while it tries fixes, it still prints what it has at once (exit 143).
 STEP_OUT=$PACK/fixes-seed-float16.json step fixes-seed 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --no-host-memory-check --try-fixes \
   --fix-timeout 20 --fix-budget 31 --json
 STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 45 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -145,13 +147,98 @@ def test_no_setting_starts_once_the_budget_is_spent(drifting_slice):
 def test_a_failed_default_computation_keeps_the_measurement_and_exits_1(monkeypatch, capsys):
     from matmul_drift import cli
 
-    monkeypatch.setattr(fixfind, "_child", lambda specs, c, timeout: [{"failed": "timed out after 7 s"}] * len(specs))
+    monkeypatch.setattr(fixfind, "_child", lambda specs, c, timeout, stopped=(): [{"failed": "timed out after 7 s"}] * len(specs))
     rc = cli.main(["explain", "--m", "2", "--k", "16", "--n", "8", "--dtype", "float32", "--try-fixes", "--json"])
     out, err = capsys.readouterr()
     r = json.loads(out)
     assert rc == 1 and r["fixes"]["failed"] == "the default computation timed out after 7 s" and r["verdict"]["kind"]
     assert err.strip().splitlines()[-1] == "matmul-drift explain: error: --try-fixes: the default computation timed out after 7 s"
     assert "no candidate was tried" in fixfind.render(r["fixes"])
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid``, with their command lines (Linux /proc)."""
+    found = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    with open(f"/proc/{d}/cmdline") as g:
+                        found[int(d)] = g.read()
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            pass
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # a zombie runs nothing
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("to", ["explain", "its group"])
+def test_sigterm_while_trying_fixes_prints_what_was_measured_and_exits_143(drifting_slice, to):
+    dim, size = drifting_slice
+    p = subprocess.Popen([sys.executable, "-m", "matmul_drift.cli", "explain", "--m", str(M), "--k", str(K), "--n", str(N),
+                          f"--slice-{dim}", str(size), "--dtype", "float32", "--try-fixes", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + 300
+    try:
+        # Until a setting's own process runs: the default computation (the baseline) is done by then.
+        while not any("fixrun" in cmd and '"baseline": true' not in cmd for cmd in seen.values()):
+            assert p.poll() is None, f"explain ended (exit {p.returncode}) before trying a setting: {p.stderr.read()}"
+            assert time.monotonic() < deadline, "no setting's process started within 300 s"
+            seen.update(_children(p.pid))
+            time.sleep(0.02)
+        sent = time.monotonic()
+        p.send_signal(signal.SIGTERM)  # explain alone: it must end the fix's process itself
+        if to == "its group":  # as `timeout` does: the command, then its group (the command again, and the fix's process)
+            os.killpg(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 143, err
+    assert took < 2, f"{took:.1f} s from SIGTERM to exit: `timeout -k 2` would have killed it"
+    r = json.loads(out)
+    assert r["verdict"]["kind"] and r["slice_" + dim]  # the explain report itself
+    fixes_ = r["fixes"]
+    assert fixes_["stopped"] == "SIGTERM" and f"slice_{dim}" in fixes_["drifts"]
+    rows = fixes_["candidates"]
+    settings = [x for x in rows if not x["code_change"] and x["verdict"] != "not applicable"]
+    # signalled as the first setting's process started: that one (cut short) and the rest
+    assert settings and all(x["verdict"] == "not tried" and x["reason"] == "stopped by SIGTERM" for x in settings), rows
+    assert any(x["code_change"] and x["verdict"] in ("removes", "reduces", "no effect") for x in rows)  # kept
+    assert "stopped by SIGTERM while trying fixes" in err.strip().splitlines()[-1] and "Traceback" not in err
+    fixfind.render(fixes_)  # a saved report renders
+    time.sleep(0.2)  # a killed process takes a moment to become a zombie
+    assert not [pid for pid in seen if _running(pid)], "a fix process of the stopped explain is still running"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_default_computation_keeps_the_measurement_and_restores_handlers(monkeypatch, capsys, signum):
+    from matmul_drift import cli
+
+    real, before = fixfind._child, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def child(specs, c, timeout, stopped=()):
+        signal.getsignal(signum)(signum, None)  # the handler in force, as the signal would call it
+        return real(specs, c, timeout, stopped)  # starts the process, and kills it at once
+
+    monkeypatch.setattr(fixfind, "_child", child)
+    rc = cli.main(["explain", "--m", "2", "--k", "16", "--n", "8", "--dtype", "float32", "--try-fixes", "--json"])
+    out, err = capsys.readouterr()
+    name = signal.Signals(signum).name
+    r = json.loads(out)
+    assert rc == 128 + signum and r["verdict"]["kind"]
+    assert r["fixes"]["failed"] == f"the default computation was stopped by {name}" and r["fixes"]["stopped"] == name
+    assert err.strip().splitlines()[-1].startswith(f"matmul-drift explain: stopped by {name} while trying fixes")
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 def test_try_fixes_on_files_is_one_line_exit_2(tmp_path, capsys):

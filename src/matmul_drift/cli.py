@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -268,7 +269,8 @@ def run_explain(args) -> int:
     r = explain.report(m, args.slice_n, args.slice_m, layout=m.layout)
     if args.try_fixes:
         r["fixes"] = _try_fixes(args, case, given, slice_n, slice_m, repeat)
-    if args.orders:
+    stopped = r.get("fixes", {}).get("stopped")  # a signal while trying fixes: print what there is, at once
+    if args.orders and not stopped:
         from . import order_probe
 
         slices = [("n", s["n"], bool(s["max_ulp"] or s["frac_differ"]), s["form"]) for s in m.slice_n]
@@ -282,8 +284,11 @@ def run_explain(args) -> int:
             from . import fixfind
 
             print(fixfind.render(r["fixes"]))
-        if args.orders:
+        if r.get("orders"):
             print(_render_orders(r["orders"]))
+    if stopped:
+        print(f"matmul-drift explain: {_stopped_line(r['fixes'])}", file=sys.stderr)
+        return 128 + signal.Signals[stopped]
     if "failed" in r.get("fixes", {}):  # the measurement above stands; the fixes are missing
         print(f"matmul-drift explain: error: --try-fixes: {r['fixes']['failed']}", file=sys.stderr)
         return 1
@@ -316,16 +321,27 @@ def _check_memory(case, shape, args) -> None:
 
 
 def _try_fixes(args, case, given, slice_n, slice_m, repeat) -> dict:
-    from . import fixes, fixfind, machine
+    from . import fixes, fixfind, interrupt, machine
 
     spec = {"case": args.case} if given[0] else {"m": args.m, "k": args.k, "n": args.n}
     spec.update(dtype=args.dtype, device=args.device, repeat=repeat or 3,
                 slice_n=list(slice_n or case.slice_n), slice_m=list(slice_m or case.slice_m))
     isa = fixes.onednn_isa(machine.fingerprint()["isa"]) if args.device == "cpu" else None
-    with _Bar("try-fixes", "process") as bar:
+    # SIGINT or SIGTERM (`timeout` sends its command two: to it, then to its group) ends the
+    # process in hand and starts none: the report so far is printed, not lost with the process.
+    with _Bar("try-fixes", "process") as bar, interrupt.deferred([], escalate=False) as stopped:
         report = fixfind.try_fixes_many([spec], isa, timeout=args.fix_timeout or fixfind.TIMEOUT_S,
-                                        progress=bar.update, budget=args.fix_budget)[0]
+                                        progress=bar.update, budget=args.fix_budget, stopped=stopped)[0]
     return json.loads(json.dumps(report, allow_nan=False))
+
+
+def _stopped_line(fixes: dict) -> str:
+    """What a stopped --try-fixes kept, in one line."""
+    rows = [r for r in fixes["candidates"] if r["verdict"] != "not applicable"]
+    kept = [r for r in rows if r["verdict"] != "not tried"]
+    what = (f"no candidate ({fixes['failed']})" if "failed" in fixes
+            else f"{len(kept)} of {len(rows)} candidates measured; the rest say \"not tried\"")
+    return f"stopped by {fixes['stopped']} while trying fixes; printed the measurement and {what}"
 
 
 class _Bar:

@@ -5,7 +5,8 @@ Verdicts: "removes" when every drift the case has is gone, bit for bit, on every
 entry (measured, not inferred); "reduces" when some drift is gone or smaller (max_u or the
 share of entries); "no effect" otherwise; "not applicable" with the reason; "failed" when
 the candidate's process crashed or timed out (the others still run); "not tried" when the
-budget was spent before its process could start. Times are seconds per
+budget was spent before its process could start, or a signal stopped the finder first or
+during it (``stopped``). Times are seconds per
 call of the compared computation; ``time_ratio`` is the candidate's over the baseline's,
 ``spread`` the two relative IQRs added.
 """
@@ -16,29 +17,45 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
-from . import fixes
+from . import fixes, interrupt
 from .fixrun import drifting, sizes
 
 TIMEOUT_S = 600  # one candidate's process
+POLL_S = 0.05  # how often a running process is checked for its end, its timeout and a signal
 
 
-def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float) -> list[dict]:
+def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped: list[int] = ()) -> list[dict]:
     """One {code: result} (or {"failed": why}) per spec, from one fresh process under
-    candidate ``c``'s setting (None: none); every spec failed alike if the process did."""
+    candidate ``c``'s setting (None: none); every spec failed alike if the process did, and
+    {"not_tried": why} alike once ``stopped`` (signal numbers) is not empty."""
     prelude = fixes.prelude(c) if c else "import torch\n"
     code = prelude + "from matmul_drift.fixrun import main\nmain()\n"
     env = {**os.environ, **(c.env if c else {})}
-    try:
-        p = subprocess.run([sys.executable, "-c", code, json.dumps(specs)], env=env,
-                           capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return [{"failed": f"timed out after {timeout:.0f} s"}] * len(specs)
-    if p.returncode != 0:
-        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        return [{"failed": f"crashed (exit {p.returncode}): {lines[-1] if lines else ''}"[:300]}] * len(specs)
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    # Files, not pipes: the process is polled, not waited on, and nothing reads a pipe meanwhile.
+    with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
+        # Our process group, not one of its own: `timeout` signals the whole group, this process too.
+        p = subprocess.Popen([sys.executable, "-c", code, json.dumps(specs)], env=env, stdout=out, stderr=err)
+        end = time.monotonic() + timeout
+        try:
+            while p.poll() is None and not stopped and time.monotonic() < end:
+                time.sleep(POLL_S)
+        finally:  # a KeyboardInterrupt too: no process is left running
+            if p.returncode is None:
+                p.kill()  # not waited for when stopped: a CUDA process can take seconds to exit
+        if stopped and p.returncode != 0:  # ended by us, or by the signal itself (`timeout` signals the group)
+            return [{"not_tried": f"stopped by {interrupt.name(stopped[0])}"}] * len(specs)
+        if p.returncode is None:
+            p.wait()
+            return [{"failed": f"timed out after {timeout:.0f} s"}] * len(specs)
+        out.seek(0)
+        err.seek(0)
+        if p.returncode != 0:
+            lines = [ln for ln in err.read().splitlines() if ln.strip()]
+            return [{"failed": f"crashed (exit {p.returncode}): {lines[-1] if lines else ''}"[:300]}] * len(specs)
+        return json.loads(out.read().strip().splitlines()[-1])
 
 
 def verdict(base: dict, got: dict) -> str:
@@ -76,7 +93,8 @@ def _slices(spec: dict) -> set[str]:
 
 
 def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: float = TIMEOUT_S,
-                   progress=None, lean: bool = False, budget: float | None = None) -> list[dict]:
+                   progress=None, lean: bool = False, budget: float | None = None,
+                   stopped: list[int] = ()) -> list[dict]:
     """One report per spec: ``baseline`` (the computation as it is), ``drifts``,
     ``candidates`` (rows with verdict, drift, error_u, kernels, seconds, time_ratio, spread)
     and ``cheapest`` (the name of the cheapest that removes every drift, or None).
@@ -85,18 +103,22 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     code change its slices allow (the timing baseline of them all), then one per setting,
     measuring every spec that setting applies to. ``lean``: fixrun.py's lean mode, for the suite.
     ``budget`` (seconds from the start): no setting's process starts after it; its rows say
-    "not tried". ``timeout``: seconds each process may take."""
+    "not tried". ``timeout``: seconds each process may take. ``stopped``: signal numbers a
+    handler appends to (interrupt.deferred); once one is there the process in hand is killed,
+    none starts, and every report says ``stopped`` (the signal's name), its rows not measured
+    "not tried"."""
     start = time.monotonic()
     say = progress or (lambda msg, done, total: None)  # progress(what runs now, processes done, processes in all)
     codes = [[c for c, why in _table(s, _slices(s) | {"run_to_run"}, onednn_isa) if c.compute and not why]
              for s in specs]
     say("the default computation and its code changes", 0, 1)
     first = _child([{**s, "codes": [None, *(c.compute for c in cs)], "baseline": True, "lean": lean}
-                    for s, cs in zip(specs, codes)], None, timeout)
+                    for s, cs in zip(specs, codes)], None, timeout, stopped)
     reports, todos = [], []
     for s, got in zip(specs, first):
-        if "failed" in got:
-            reports.append({"failed": f"the default computation {got['failed']}", "drifts": [], "candidates": [],
+        if "failed" in got or "not_tried" in got:
+            why = got["failed"] if "failed" in got else f"was {got['not_tried']}"
+            reports.append({"failed": f"the default computation {why}", "drifts": [], "candidates": [],
                             "cheapest": None})
             todos.append([])
             continue
@@ -110,15 +132,20 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     measured: dict[tuple[int, str], dict] = {}
     for i, c in enumerate(settings.values(), 1):
         idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
-        if budget is not None and time.monotonic() - start > budget:
-            measured.update({(j, c.name): {"not_tried": f"the budget of {budget:g} s was spent"} for j in idx})
+        why = (f"stopped by {interrupt.name(stopped[0])}" if stopped
+               else f"the budget of {budget:g} s was spent" if budget is not None and time.monotonic() - start > budget
+               else None)
+        if why:
+            measured.update({(j, c.name): {"not_tried": why} for j in idx})
             continue
         say(c.name, i, len(settings) + 1)
         got = _child([{**specs[j], "codes": [None], "lean": lean, "drifts": reports[j]["drifts"]} for j in idx],
-                     c, timeout)
+                     c, timeout, stopped)
         measured.update({(j, c.name): g.get("None", g) for j, g in zip(idx, got)})
     say("done", len(settings) + 1, len(settings) + 1)
     for j, (report, todo) in enumerate(zip(reports, todos)):
+        if stopped:
+            report["stopped"] = interrupt.name(stopped[0])
         for c, why in todo:
             row = {"name": c.name, "code_change": c.code, "env": c.env, "setup": c.setup or None}
             got = first[j].get(c.compute, {"failed": "not measured"}) if c.compute else measured.get((j, c.name))

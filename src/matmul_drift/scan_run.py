@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import cases, kernels, memory, scan
+from . import cases, interrupt, kernels, memory, scan
 
 SAVE_EVERY_S = 1.0  # the --json record is rewritten at most this often while scanning (seconds)
 
@@ -109,30 +109,22 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
             raise KeyboardInterrupt
         return p
 
-    def stop(signum, frame):
-        # Ctrl-C (or `timeout`'s SIGTERM) lets the point in hand finish and be recorded, so
-        # nothing is cut in the middle (a product, a file write, the captured stdout); a
-        # second signal stops at once.
-        if stopped:
-            raise KeyboardInterrupt
-        stopped.append(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        points = scan.class_search(lo, hi, evaluate, known=points, step=step)
-    except (KeyboardInterrupt, kernels.ProfilerLost) as exc:
-        bar.close()
-        if path and session["evaluated"]:
-            save(live, complete=False)  # the points since the last write (each is whole)
-        where = (f"{path} holds them: continue with --resume {path}" if path
-                 else "nothing was recorded (--json FILE keeps a resumable record)")
-        if isinstance(exc, kernels.ProfilerLost):
-            return Outcome(1, None, f"stopped after {session['evaluated']} evaluations: {exc}; {where}")
-        return Outcome(128 + (stopped[0] if stopped else signal.SIGINT), None,
-                       f"interrupted after {session['evaluated']} evaluations; {where}")
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    # Ctrl-C (or `timeout`'s SIGTERM) lets the point in hand finish and be recorded, so
+    # nothing is cut in the middle (a product, a file write, the captured stdout); a
+    # second signal stops at once.
+    with interrupt.deferred(stopped):
+        try:
+            points = scan.class_search(lo, hi, evaluate, known=points, step=step)
+        except (KeyboardInterrupt, kernels.ProfilerLost) as exc:
+            bar.close()
+            if path and session["evaluated"]:
+                save(live, complete=False)  # the points since the last write (each is whole)
+            where = (f"{path} holds them: continue with --resume {path}" if path
+                     else "nothing was recorded (--json FILE keeps a resumable record)")
+            if isinstance(exc, kernels.ProfilerLost):
+                return Outcome(1, None, f"stopped after {session['evaluated']} evaluations: {exc}; {where}")
+            return Outcome(128 + (stopped[0] if stopped else signal.SIGINT), None,
+                           f"interrupted after {session['evaluated']} evaluations; {where}")
     bar.close()
     if session["evaluated"] or (rec and not rec.get("complete")):
         save(points, complete=True)

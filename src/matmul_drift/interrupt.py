@@ -1,0 +1,35 @@
+"""Ctrl-C and SIGTERM (`timeout`'s) as a request to stop at the next safe point, so that
+what was measured so far is kept: scan lets the point in hand finish, the fix finder ends
+the process in hand. Exit status 128 + the signal's number (130, 143), as a shell reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def deferred(stopped: list[int], escalate: bool = True):
+    """While inside, SIGINT and SIGTERM append their number to ``stopped`` for the code in
+    hand to see; with ``escalate`` a second one raises KeyboardInterrupt (stop at once). The
+    previous handlers come back after."""
+
+    def stop(signum, frame):
+        if stopped and escalate:
+            raise KeyboardInterrupt
+        stopped.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in SIGNALS}
+    try:
+        yield stopped
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def name(signum: int) -> str:
+    """The signal's name, as SIGTERM for 15."""
+    return signal.Signals(signum).name
