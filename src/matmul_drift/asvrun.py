@@ -140,13 +140,21 @@ def merge_benchmarks(path: Path, new: dict, warn: Callable[[str], None]) -> None
         atomic.write_text(path, json.dumps(merged, indent=4, sort_keys=True) + "\n")
 
 
+BACKUP_MARK = ".replaced-"  # in the name of every file backup() keeps beside
+
+
+def is_backup(path: Path) -> bool:
+    """Whether ``path`` is a file backup() kept beside the one it replaced."""
+    return BACKUP_MARK in path.name
+
+
 def backup(path: Path) -> Path:
     """Keep a file about to be replaced (with --force) beside it, under a name no reader takes
     for results ('.json' is not its suffix) and no other backup has: one made in the same
     second gets a count (-2, -3, ...). Returns the backup's path."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     for n in itertools.count(1):
-        dst = path.with_name(f"{path.name}.replaced-{stamp}" + (f"-{n}" if n > 1 else ""))
+        dst = path.with_name(f"{path.name}{BACKUP_MARK}{stamp}" + (f"-{n}" if n > 1 else ""))
         try:
             atomic.link_new(path, dst)  # never over an earlier backup, even one made meanwhile
         except FileExistsError:

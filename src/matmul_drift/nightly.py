@@ -805,9 +805,8 @@ def _left_by_a_killed_merge(tree: Path, copied: list[Path]) -> list[Path]:
     """The files of results/ and nights/ that a merge killed after copying left uncommitted:
     this merge found them already there and copied nothing, but its commit brings them in,
     so its message counts and names them (benchmarks.json and files kept beside excluded)."""
-    waiting = [tree / f for f in resultsbranch.uncommitted(tree, [RESULTS, NIGHTS])]
-    return sorted(p for p in waiting if p not in copied and p.name != "benchmarks.json"
-                  and ".replaced-" not in p.name and p.is_file())
+    waiting = {tree / f for f in resultsbranch.uncommitted(tree, [RESULTS, NIGHTS])} - set(copied)
+    return sorted(p for p in waiting if p.name != "benchmarks.json" and not asvrun.is_backup(p) and p.is_file())
 
 
 def merge_message(date: str, result: summary.Summary, machines: int, imported: list[Path]) -> str:
