@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matmul_drift import cases, catalog, cli, cli_scan, kernels, measure, numerics, scan
+from matmul_drift import cases, catalog, cli, cli_scan, interrupt, kernels, measure, numerics, scan
 
 ENTRY = [sys.executable, "-m", "matmul_drift.cli", "scan"]
 
@@ -685,3 +685,37 @@ def test_a_profiler_that_loses_kernels_stops_the_scan_with_its_points_kept(capsy
     rc, _, err = scan_cli(capsys, *BASE, "--resume", out)
     want = json.loads(whole.read_text())
     assert rc == 0 and json.loads(out.read_text())["boundaries"] == want["boundaries"]
+
+
+def test_timeouts_two_sigterms_let_the_point_in_hand_finish_and_a_later_one_stops_at_once(capsys, tmp_path, monkeypatch):
+    out = tmp_path / "s.json"
+    measured, calls = measure.scan_point, []
+
+    def signalled(*args, **kwargs):  # as `timeout` does: the command, then its process group, at once
+        calls.append(args[2])
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "scan_point", signalled)
+    rc, _, err = scan_cli(capsys, *BASE, "--step", "1", "--json", out)
+    rec = json.loads(out.read_text())
+    assert rc == 143 and "interrupted after 4 evaluations" in err, err
+    assert sorted(p["size"] for p in rec["points"]) == sorted(calls)  # the fourth, signalled mid-point, was kept
+
+    calls.clear()
+    out.unlink()
+
+    def twice(*args, **kwargs):  # a person's second Ctrl-C, a while after the first: stop at once
+        calls.append(args[2])
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(interrupt.ECHO_S + 0.1)
+            os.kill(os.getpid(), signal.SIGINT)
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "scan_point", twice)
+    rc, _, err = scan_cli(capsys, *BASE, "--step", "1", "--json", out)
+    assert rc == 130 and "interrupted after 3 evaluations" in err, err
+    assert sorted(p["size"] for p in json.loads(out.read_text())["points"]) == sorted(calls[:3])

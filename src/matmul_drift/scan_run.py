@@ -111,7 +111,7 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
 
     # Ctrl-C (or `timeout`'s SIGTERM) lets the point in hand finish and be recorded, so
     # nothing is cut in the middle (a product, a file write, the captured stdout); a
-    # second signal stops at once.
+    # second signal stops at once (not `timeout`'s echo to the group: interrupt.ECHO_S).
     with interrupt.deferred(stopped):
         try:
             points = scan.class_search(lo, hi, evaluate, known=points, step=step)
