@@ -719,3 +719,27 @@ def test_timeouts_two_sigterms_let_the_point_in_hand_finish_and_a_later_one_stop
     rc, _, err = scan_cli(capsys, *BASE, "--step", "1", "--json", out)
     assert rc == 130 and "interrupted after 3 evaluations" in err, err
     assert sorted(p["size"] for p in json.loads(out.read_text())["points"]) == sorted(calls[:3])
+
+
+def test_ctrl_c_again_while_the_interrupted_scan_saves_loses_nothing(capsys, tmp_path, monkeypatch):
+    out = tmp_path / "s.json"
+    measured, written, calls = measure.scan_point, scan.write_atomic, []
+
+    def first(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(interrupt.ECHO_S + 0.1)  # later Ctrl-Cs are a person's: stop at once
+        return measured(*args, **kwargs)
+
+    def pressed(*args, **kwargs):  # Ctrl-C held down: one more at every write once stopping
+        if calls and len(calls) >= 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return written(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "scan_point", first)
+    monkeypatch.setattr(scan, "write_atomic", pressed)
+    rc, _, err = scan_cli(capsys, *BASE, "--step", "1", "--json", out)
+    assert rc == 130 and f"--resume {out}" in err, err
+    assert sorted(p["size"] for p in json.loads(out.read_text())["points"]) == sorted(calls)
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".part")] == []  # the cut write left nothing

@@ -118,7 +118,8 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
         except (KeyboardInterrupt, kernels.ProfilerLost) as exc:
             bar.close()
             if path and session["evaluated"]:
-                save(live, complete=False)  # the points since the last write (each is whole)
+                with interrupt.deferred(stopped, escalate=False):  # more Ctrl-C must not cut this write
+                    save(live, complete=False)  # the points since the last write (each is whole)
             where = (f"{path} holds them: continue with --resume {path}" if path
                      else "nothing was recorded (--json FILE keeps a resumable record)")
             if isinstance(exc, kernels.ProfilerLost):
