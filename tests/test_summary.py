@@ -410,6 +410,39 @@ def test_new_failure_is_reported_apart_from_skips(capsys, tmp_path):
     assert doc["flags"][0]["after"]["status"] == "failed" and rc == 0
 
 
+def test_a_change_across_a_run_without_the_value_is_flagged(capsys, tmp_path):
+    # Commit 1 failed one kernel-id, skipped one error_u, and ran without the order-id and timing
+    # benchmarks (asv run --bench); commit 2 measures them again, changed: each is judged against
+    # commit 0, but for the timing, whose code changed meanwhile.
+    k, u, o = _idx(dtype="float32"), _idx(dtype="float64"), _idx(dtype="bfloat16")
+    cat = tmp_path / "results" / "catalog"
+    new_kernel = catalog.store(cat, "kernels", {"device": "cpu", "full": ["aten::matmul", "aten::mm", "other"]})
+    new_order = order.store(cat, F.order_tree("pairwise"), 8)
+
+    def adjust(ci, ei, data):
+        if ci == 1:
+            F.set_value(data, F.KERNEL, k, None)
+            F.set_value(data, F.ERROR_U, u, math.nan)
+            del data["results"][F.ORDER_ID], data["results"][F.TIME]
+        if ci == 2:
+            F.set_value(data, F.KERNEL, k, new_kernel)
+            F.set_value(data, F.ERROR_U, u, F.get_value(data, F.ERROR_U, u) * 10)
+            F.set_value(data, F.ORDER_ID, o, new_order)
+            F.set_version(data, F.TIME, "new code")
+
+    tree = F.write_tree(tmp_path / "results", n_commits=3, adjust=adjust)
+    for args in ([], ["--at", tree.commits[2][:8]]):
+        rc, doc, _ = run_json(capsys, tree.root, "--across", "commits", "--fail-on", "kernel,accuracy,order", *args)
+        judged = {(f["kind"], f["benchmark"], f["after"]["env"]): f for f in doc["flags"] if f["kind"] != "failure"}
+        assert set(judged) == {(kind, bench, env) for kind, bench in
+                               (("kernel", F.KERNEL), ("accuracy", F.ERROR_U), ("order", F.ORDER_ID), ("code", F.TIME))
+                               for env in tree.env_names}, doc["flags"]
+        assert all((f["before"]["commit"], f["after"]["commit"]) == (tree.commits[0], tree.commits[2])
+                   for f in judged.values())
+        assert judged["kernel", F.KERNEL, tree.env_names[0]]["after"]["id"] == catalog.hex_id(new_kernel)
+        assert rc == 1 and doc["failing"] == 6
+
+
 def test_attribution_names_what_changed_in_the_environment(capsys, tmp_path):
     i = _idx(dtype="float32")
 

@@ -1,7 +1,9 @@
 """Observations in, flags out: what changed between neighbouring runs. Never imports torch.
 
 Two runs are neighbours when they are on one machine and one hardware, and either
-- ``commits``: in one environment (asv env name), consecutive by commit date; or
+- ``commits``: in one environment (asv env name), consecutive by commit date (a combination
+  the earlier run has no value for, failed, skipped or not run, is judged against the latest
+  run before it that has one, as asv's graphs step over a missing point); or
 - ``envs``: at one commit, consecutive by torch version (numeric order).
 ``--base/--head`` instead pairs each environment at base with the same one at head, and
 ``--at`` keeps only the pairs that end at one commit (what one run of the main job found).
@@ -135,6 +137,11 @@ class Pair:
     across: str
     before: Run
     after: Run
+    # Commits axis: the environment's runs in date order, ``before`` at chain[at]. A combination
+    # ``before`` has no value for (failed, skipped, not run) is judged against the latest
+    # earlier run that has one, so a failed night between two kernels cannot hide the change.
+    chain: list[Run] = field(default_factory=list)
+    at: int = -1
 
 
 @dataclass
@@ -267,7 +274,7 @@ def make_pairs(history: History, options: Options) -> list[Pair]:
             for r in runs:  # already in date order
                 by_env.setdefault(r.env_name, []).append(r)
             for env_runs in by_env.values():
-                pairs += [Pair(machine, "commits", a, b) for a, b in zip(env_runs, env_runs[1:])
+                pairs += [Pair(machine, "commits", a, b, env_runs, k) for k, (a, b) in enumerate(zip(env_runs, env_runs[1:]))
                           if at is None or b.commit == at]
         if options.across in ("envs", "both"):
             by_commit: dict[str, list[Run]] = {}
@@ -371,9 +378,6 @@ class _Judge:
     def pair(self, pair: Pair) -> list[Flag]:
         B, A = pair.before, pair.after
         flags: list[Flag] = []
-        in_b = _series_of_unit(B, self.units, "input-id")
-        in_a = _series_of_unit(A, self.units, "input-id")
-        inputs_comparable = in_b is not None and in_a is not None and in_b.version == in_a.version
         unmatched = 0  # combinations of one run with no counterpart in the other (params changed)
         for name in sorted(B.series.keys() & A.series.keys()):
             unit = self.units.get(name)
@@ -388,34 +392,79 @@ class _Judge:
                 continue
             if unit not in _RULES and unit != "input-id":
                 continue  # env-id and u-bound serve the others; unknown units are not judged
-            ctx = _Ctx(self, pair, name, unit, sb, sa, *self.align(sb, sa))
-            if ctx.ib is not None:
-                unmatched += sb.values.size + sa.values.size - 2 * len(ctx.ib)
-            vb, va = ctx.take_b(sb.values), ctx.take_a(sa.values)
-            fb, fa = ctx.take_b(sb.failed), ctx.take_a(sa.failed)
-            comparable = np.ones(vb.shape, dtype=bool)
-            if unit != "input-id" and inputs_comparable:
-                ids_b = ctx.take_b(self.on(in_b, sb.params))
-                ids_a = ctx.take_a(self.on(in_a, sa.params))
-                comparable &= ~(np.isfinite(ids_b) & np.isfinite(ids_a) & (ids_b != ids_a))
-
-            # A combination that starts or stops failing (null) cannot be compared by value.
-            for i in np.nonzero((fb != fa) & comparable)[0]:
-                detail = ("now fails (asv recorded null)" if fa[i] else
-                          f"no longer fails (now {'skipped' if math.isnan(va[i]) else 'ok'})")
-                flags.append(ctx.flag("failure", i, detail))
-
-            both = np.isfinite(vb) & np.isfinite(va) & comparable
-            if unit == "input-id":
-                for i in np.nonzero(both & (vb != va))[0]:
-                    flags.append(ctx.flag("input", i, f"inputs differ (checksum {hex_id(vb[i])} -> "
-                                                      f"{hex_id(va[i])}); this combination is not compared"))
-                continue
-            flags += _RULES[unit](ctx, vb, va, both)
+            found, n = self.series(pair, name, unit, sb, sa)
+            flags += found
+            unmatched += n
         if unmatched:  # else a renamed case's flags would vanish without a word
             self.h.warnings.append(f"{pair.machine}: {B.commit[:8]} ({B.env_name}) -> {A.commit[:8]} ({A.env_name}): "
                                    f"the benchmarks' params differ; {unmatched} combinations in one run only, not compared")
+        return flags + self.bridge(pair)
+
+    def bridge(self, pair: Pair) -> list[Flag]:
+        """Flags for the combinations that ``pair.after`` measured and ``pair.before`` did not
+        (failed, skipped, not run), each judged against the latest earlier run of the chain
+        that measured it with the same benchmark code."""
+        flags: list[Flag] = []
+        A = pair.after
+        for name in sorted(A.series) if pair.at > 0 else ():
+            unit = self.units.get(name)
+            if unit not in _RULES and unit != "input-id":
+                continue
+            sa, sb = A.series[name], pair.before.series.get(name)
+            if sb is not None and sb.version != sa.version:
+                continue  # flagged as code: not compared across
+            pending = np.isfinite(sa.values)
+            if sb is not None:
+                pending &= ~np.isfinite(self.on(sb, sa.params))
+            between = sb is not None  # a run between had the benchmark: it judged any code change
+            for k in range(pair.at - 1, -1, -1):
+                if not pending.any():
+                    break
+                se = pair.chain[k].series.get(name)
+                if se is None:
+                    continue
+                earlier = Pair(pair.machine, "commits", pair.chain[k], A)
+                if se.version != sa.version:
+                    if not between:
+                        flags.append(self._code_flag(earlier, name, unit, se, sa))
+                    break
+                flags += self.series(earlier, name, unit, se, sa, pending)[0]
+                pending &= ~np.isfinite(self.on(se, sa.params))
+                between = True
         return flags
+
+    def series(self, pair: Pair, name: str, unit: str, sb: Series, sa: Series,
+               only: np.ndarray | None = None) -> tuple[list[Flag], int]:
+        """One benchmark of one pair: its flags, and how many combinations one run only has.
+        ``only`` (over ``sa``'s combinations) judges those alone, by value: no failure flags."""
+        B, A = pair.before, pair.after
+        flags: list[Flag] = []
+        in_b = _series_of_unit(B, self.units, "input-id")
+        in_a = _series_of_unit(A, self.units, "input-id")
+        inputs_comparable = in_b is not None and in_a is not None and in_b.version == in_a.version
+        ctx = _Ctx(self, pair, name, unit, sb, sa, *self.align(sb, sa))
+        unmatched = 0 if ctx.ib is None else sb.values.size + sa.values.size - 2 * len(ctx.ib)
+        vb, va = ctx.take_b(sb.values), ctx.take_a(sa.values)
+        fb, fa = ctx.take_b(sb.failed), ctx.take_a(sa.failed)
+        comparable = np.ones(vb.shape, dtype=bool) if only is None else ctx.take_a(only)
+        if unit != "input-id" and inputs_comparable:
+            ids_b = ctx.take_b(self.on(in_b, sb.params))
+            ids_a = ctx.take_a(self.on(in_a, sa.params))
+            comparable &= ~(np.isfinite(ids_b) & np.isfinite(ids_a) & (ids_b != ids_a))
+
+        # A combination that starts or stops failing (null) cannot be compared by value.
+        for i in np.nonzero((fb != fa) & comparable)[0] if only is None else ():
+            detail = ("now fails (asv recorded null)" if fa[i] else
+                      f"no longer fails (now {'skipped' if math.isnan(va[i]) else 'ok'})")
+            flags.append(ctx.flag("failure", i, detail))
+
+        both = np.isfinite(vb) & np.isfinite(va) & comparable
+        if unit == "input-id":
+            for i in np.nonzero(both & (vb != va))[0]:
+                flags.append(ctx.flag("input", i, f"inputs differ (checksum {hex_id(vb[i])} -> "
+                                                  f"{hex_id(va[i])}); this combination is not compared"))
+            return flags, unmatched
+        return flags + _RULES[unit](ctx, vb, va, both), unmatched
 
     def _code_flag(self, pair: Pair, name: str, unit: str, sb: Series, sa: Series) -> Flag:
         short = lambda v: "none" if v is None else v[:12] if all(c in "0123456789abcdef" for c in v) else v  # noqa: E731  hashes cut, names whole
