@@ -354,6 +354,22 @@ def test_an_archive_with_a_link_or_a_path_outside_is_refused(tmp_path):
         assert not (tmp_path / "evil.json").exists() and not (tmp_path / "results").exists()
 
 
+def test_an_archive_holding_a_file_twice_is_refused(tmp_path):
+    # tar unpacks the last of two members of one name over the first without a word
+    import io
+
+    archive = tmp_path / "twice.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in (("./MACHINE", b"gpu-a\n"), ("./COMMIT", b"0123456789abcdef" * 2 + b"01234567\n"),
+                           ("./seed-float16.json", b'{"dtype": "float16"}'), ("seed-float16.json", b'{"dtype": "other"}')):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(gpucheck.ImportRefused, match="seed-float16.json is in it twice"):
+        gpucheck.import_archive(archive, tmp_path / "results")
+    assert not (tmp_path / "results").exists()
+
+
 def test_the_recorded_commit_answers_for_its_commit_alone(tmp_path):
     from asv import util
     from asv.repo import NoSuchNameError

@@ -47,13 +47,16 @@ class Imported:
 def _unpack(archive: Path, into: Path) -> Path:
     try:
         with tarfile.open(archive, "r:gz") as tar:
-            total = 0
+            total, seen = 0, set()
             for m in tar.getmembers():
                 if not (m.isfile() or m.isdir()):
                     raise ImportRefused(f"{archive}: {m.name} is not a regular file or folder")
                 name = PurePosixPath(m.name)
                 if name.is_absolute() or ".." in name.parts:
                     raise ImportRefused(f"{archive}: {m.name} points outside the archive")
+                if m.isfile() and name in seen:  # tar unpacks the last silently: which one is the check's?
+                    raise ImportRefused(f"{archive}: {m.name} is in it twice")
+                seen.add(name)
                 total += m.size
                 if total > MAX_UNPACKED:  # before a byte is unpacked: a few MB of gzip can hold gigabytes
                     raise ImportRefused(f"{archive}: unpacks to more than {MAX_UNPACKED >> 20} MiB, "
