@@ -370,6 +370,47 @@ def test_an_archive_holding_a_file_twice_is_refused(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def _synthetic_archive(tmp_path: Path, commit_index: int, salt: str) -> Path:
+    """An archive as gpu_check.sh packs it, of synthetic commit ``commit_index`` (asv_fixtures:
+    one day per commit), whose error_u benchmark has the code version of ``salt``."""
+    import asv_fixtures as F
+
+    stage = tmp_path / f"stage-{commit_index}"
+    tree = F.write_tree(stage / "results", machine="gpu-a", n_commits=commit_index + 1, torch_versions=("2.14.1",))
+    version = F.bench_version(F.ERROR_U, salt)
+    bench = json.loads((tree.asv_dir / "benchmarks.json").read_text())
+    bench[F.ERROR_U]["version"] = version
+    (tree.asv_dir / "benchmarks.json").write_text(json.dumps(bench))
+    for f in tree.files:
+        data = F.load_results(f)
+        F.set_version(data, F.ERROR_U, version)
+        F.write_results(f.parent, data)
+    (stage / "MACHINE").write_text("gpu-a\n")
+    (stage / "COMMIT").write_text(tree.commits[commit_index] + "\n")
+    archive = tmp_path / f"check-{commit_index}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(stage, arcname=".")
+    return archive
+
+
+def test_a_check_of_an_older_commit_keeps_the_newer_benchmark_descriptions(tmp_path):
+    from asv.results import Results
+
+    import asv_fixtures as F
+
+    results = tmp_path / "results"
+    tree = F.write_tree(results, n_commits=3)  # commits of days 0, 1 and 2, the current code
+    newest = Results.load(str(tree.file(2, 0)))
+    shown = lambda: newest.get_result_keys(json.loads((tree.asv_dir / "benchmarks.json").read_text()))  # noqa: E731
+    assert F.ERROR_U in shown()
+    gpucheck.import_archive(_synthetic_archive(tmp_path, 1, "older code"), results)  # a check of day 1
+    bench = json.loads((tree.asv_dir / "benchmarks.json").read_text())
+    assert bench[F.ERROR_U]["version"] == F.bench_version(F.ERROR_U) and F.ERROR_U in shown()
+    gpucheck.import_archive(_synthetic_archive(tmp_path, 3, "newer code"), results)  # of day 3: newer than all
+    bench = json.loads((tree.asv_dir / "benchmarks.json").read_text())
+    assert bench[F.ERROR_U]["version"] == F.bench_version(F.ERROR_U, "newer code")
+
+
 def test_the_recorded_commit_answers_for_its_commit_alone(tmp_path):
     from asv import util
     from asv.repo import NoSuchNameError

@@ -121,9 +121,10 @@ def recorded(results_dir: Path, machine: str, commit: str, env: str | None = Non
             if p.name.startswith(commit[:8]) and (name is None or p.name == name)]
 
 
-def merge_benchmarks(path: Path, new: dict, warn: Callable[[str], None]) -> None:
+def merge_benchmarks(path: Path, new: dict, warn: Callable[[str], None], keep: bool = False) -> None:
     """Merge a run's benchmarks.json into ``path``: every benchmark either knows, the newer
-    description winning, so results of a benchmark since removed can still be read. The file
+    description winning (``new``'s, or the file's where ``keep``: a run of an older commit),
+    so results of a benchmark since removed can still be read. The file
     is rewritten only when that changes it. An old file that is not a JSON object (emptied,
     cut short) is kept beside (backup), and ``warn`` told so: the next run needs no hand fix."""
     old = None
@@ -135,7 +136,7 @@ def merge_benchmarks(path: Path, new: dict, warn: Callable[[str], None]) -> None
         if not isinstance(old, dict):
             warn(f"{path} could not be read; rewritten, the old file kept as {backup(path).name}")
             old = None
-    merged = {**(old or {}), **new}
+    merged = {**new, **(old or {})} if keep else {**(old or {}), **new}
     if merged != old:
         atomic.write_text(path, json.dumps(merged, indent=4, sort_keys=True) + "\n")
 
