@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+import asv_fixtures as F
 from checkout import ROOT, committed_copy, git
 
-from matmul_drift import axis, history, nightly, resultsbranch, site
+from matmul_drift import axis, catalog, history, nightly, resultsbranch, site, summary
 from matmul_drift.lock import Locked, TreeLock
 
 PY = sys.executable
@@ -599,6 +600,64 @@ def test_commit_message_names_torch_git_cuda_machine():
     assert "NVIDIA H100" in msg and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in msg and "summary: 0 flags" in msg
     assert f"asv point: {axis.commit('2026-01-05')}" in msg
 
+
+
+_KERNEL_COMBO = 1  # square float32 cpu
+
+
+def _three_nights(root: Path, middle) -> F.Tree:
+    """Three nights of one machine, each in its own venv (asv env name), the kernel-id of one
+    combination changed on the third; ``middle(data, k)`` edits the second night's results."""
+    k = _KERNEL_COMBO
+    new_kernel = catalog.store(root / "catalog", "kernels", {"device": "cpu", "full": ["aten::matmul", "other"]})
+
+    def adjust(ci, ei, data):
+        data["env_name"] = f"existing-py_home_ci_venv-night{ci}_bin_python"
+        if ci == 1:
+            middle(data, k)
+        if ci == 2:
+            F.set_value(data, F.KERNEL, k, new_kernel)
+
+    return F.write_tree(root, n_commits=3, torch_versions=("2.13.0",), adjust=adjust)
+
+
+@pytest.mark.parametrize("middle", [
+    lambda data, k: F.set_value(data, F.KERNEL, k, None),  # failed (asv null)
+    lambda data, k: data["results"].pop(F.KERNEL),  # not run (asv run --bench)
+], ids=["failed", "not-run"])
+def test_a_change_across_a_night_without_the_value_is_flagged(tmp_path, middle):
+    tree = _three_nights(tmp_path / "results", middle)
+    hist = history.read_history(tree.root)
+    pairs, nights = nightly.latest_nights(hist)
+    assert pairs == {tree.machine: (tree.commits[1], tree.commits[2])}
+    result = nightly.compare(hist, pairs)
+    kernel = [f for f in result.flags if f.kind == "kernel"]
+    # Judged against the first night, named by its own commit and environment.
+    assert [(f.before.commit, f.before.env, f.after.commit, f.after.env) for f in kernel] == [
+        (tree.commits[0], "existing-py_home_ci_venv-night0_bin_python",
+         tree.commits[2], "existing-py_home_ci_venv-night2_bin_python")]
+    assert [f.params for f in kernel] == [tree.combos[_KERNEL_COMBO]]
+    # The runs keep their own environment names for whatever reads the history next (the site).
+    assert [r.env_name for r in hist.runs[tree.machine]] == [f"existing-py_home_ci_venv-night{i}_bin_python" for i in range(3)]
+    _, js, plain = nightly.write_summary(tmp_path, "2025-01-03-synthetic", result, nights)
+    doc = json.loads(js.read_text())
+    assert doc["failing"] == 1 and [f["kind"] for f in doc["flags"] if f["failing"]] == ["kernel"]  # the workflow files an issue
+    assert tree.commits[0][:8] in plain and "1 failing (kernel)" in plain
+
+
+def test_a_code_change_before_a_night_without_the_benchmark_stops_the_walk_back(tmp_path):
+    # The first night ran other benchmark code: the kernel-ids are not compared across it.
+    def middle(data, k):
+        del data["results"][F.KERNEL]
+
+    tree = _three_nights(tmp_path / "results", middle)
+    first = F.load_results(tree.files[0])
+    F.set_version(first, F.KERNEL, "old code")
+    F.write_results(tree.machine_dir, first)
+    hist = history.read_history(tree.root)
+    result = nightly.compare(hist, nightly.latest_nights(hist)[0])
+    assert [(f.kind, f.benchmark, f.before.commit) for f in result.flags] == [("code", F.KERNEL, tree.commits[0])]
+    assert result.failing(summary.DEFAULT_FAIL_ON) == []
 
 
 def test_a_merged_night_whose_environment_parts_are_not_objects_is_still_listed(tmp_path):

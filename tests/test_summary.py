@@ -431,7 +431,7 @@ def test_a_change_across_a_run_without_the_value_is_flagged(capsys, tmp_path):
             F.set_version(data, F.TIME, "new code")
 
     tree = F.write_tree(tmp_path / "results", n_commits=3, adjust=adjust)
-    for args in ([], ["--at", tree.commits[2][:8]]):
+    for args in ([], ["--at", tree.commits[2][:8]], ["--base", tree.commits[1][:8], "--head", tree.commits[2][:8]]):
         rc, doc, _ = run_json(capsys, tree.root, "--across", "commits", "--fail-on", "kernel,accuracy,order", *args)
         judged = {(f["kind"], f["benchmark"], f["after"]["env"]): f for f in doc["flags"] if f["kind"] != "failure"}
         assert set(judged) == {(kind, bench, env) for kind, bench in
@@ -488,6 +488,35 @@ def test_base_head_compares_only_those_commits(capsys, tmp_path):
     assert (rc, doc["flags"], doc["pairs"]) == (0, [], 2)
     rc, doc, _ = run_json(capsys, tree.root, "--base", tree.commits[0][:7], "--head", tree.commits[1][:7])
     assert rc == 1 and len(doc["flags"]) == 2  # one per environment
+
+
+def test_base_head_judges_what_base_lacks_against_the_latest_run_before_it(capsys, tmp_path):
+    # Kernel X at commit 0, failed at 1, not run at 2, Y at 3: --base 2 --head 3 flags X -> Y
+    # against commit 0, the latest run at or before base that has it; commit 1's failure
+    # hides nothing. With --base 1 the Y of commit 2 (after base) is not what head is judged against.
+    k = _idx(dtype="float32")
+    cat = tmp_path / "results" / "catalog"
+    new_kernel = catalog.store(cat, "kernels", {"device": "cpu", "full": ["aten::matmul", "aten::mm", "other"]})
+
+    def adjust(ci, ei, data):
+        if ci == 1:
+            F.set_value(data, F.KERNEL, k, None)
+        if ci == 2:
+            del data["results"][F.KERNEL]
+        if ci == 3:
+            F.set_value(data, F.KERNEL, k, new_kernel)
+
+    tree = F.write_tree(tmp_path / "results", n_commits=4, adjust=adjust)
+    for base in (1, 2):
+        rc, doc, _ = run_json(capsys, tree.root, "--base", tree.commits[base][:8], "--head", tree.commits[3][:8])
+        kernel = [f for f in doc["flags"] if f["kind"] == "kernel"]
+        assert [(f["before"]["commit"], f["after"]["commit"], f["after"]["env"]) for f in kernel] == [
+            (tree.commits[0], tree.commits[3], env) for env in tree.env_names], doc["flags"]
+        assert all(f["after"]["id"] == catalog.hex_id(new_kernel) for f in kernel)
+        assert rc == 1 and doc["failing"] == 2 and doc["pairs"] == 2
+    # Head before base: nothing earlier is judged (there is no run between to step over).
+    rc, doc, _ = run_json(capsys, tree.root, "--base", tree.commits[3][:8], "--head", tree.commits[1][:8])
+    assert [f["kind"] for f in doc["flags"]] == ["failure", "failure"] and rc == 0
 
 
 def test_missing_catalog_entry_is_named_and_the_flag_kept(capsys, tmp_path):

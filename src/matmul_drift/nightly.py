@@ -300,14 +300,25 @@ def latest(hist: history.History, machine: str, commit: str | None = None) -> tu
     return (commits[i - 1] if i else None), head
 
 
-def _one_environment(hist: history.History, machine: str, commits: tuple[str, str]) -> None:
-    # asv names an existing environment after its Python's path, so a fresh venv each night
-    # is a new environment; a night is compared with the one before whichever Python each used.
-    runs = [r for r in hist.runs[machine] if r.commit in commits]
-    if len(runs) == 2 and runs[0].env_name != runs[1].env_name:
-        label = f"{runs[0].env_name} -> {runs[1].env_name}"
-        for r in runs:
-            r.env_name = label
+def _one_environment(hist: history.History, machine: str, commits: tuple[str, str]) -> dict[str, str]:
+    """Give ``machine``'s nights up to the later of ``commits`` one environment name, so that the
+    summary pairs the two nights and judges what the earlier lacks against the nights before it.
+    asv names an existing environment after its Python's path, so a fresh venv each night is a
+    new environment; a night is compared with the ones before whichever Python each used.
+    Returns {commit: its own environment name} for each night relabelled (one run a night)."""
+    runs = hist.runs[machine]
+    nights = _commits(runs)
+    upto = nights[:max(nights.index(c) for c in commits) + 1]
+    alone = {c: [r for r in runs if r.commit == c] for c in upto}
+    alone = {c: found[0] for c, found in alone.items() if len(found) == 1}
+    if not all(c in alone for c in commits):
+        return {}  # a night of several environments: paired by name as they are
+    before, after = (alone[c].env_name for c in commits)
+    label = before if before == after else f"{before} -> {after}"
+    own = {c: r.env_name for c, r in alone.items()}
+    for r in alone.values():
+        r.env_name = label
+    return own
 
 
 def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> summary.Summary:
@@ -316,9 +327,16 @@ def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> 
     for machine, (prev, head) in sorted(pairs.items()):
         if prev is None:
             continue  # a machine's first night has nothing to compare with
-        _one_environment(hist, machine, (prev, head))
-        s = summary.summarise(hist, summary.Options(base=prev, head=head))
-        flags += [f for f in s.flags if f.machine == machine]
+        own = _one_environment(hist, machine, (prev, head))
+        try:
+            s = summary.summarise(hist, summary.Options(base=prev, head=head))
+        finally:
+            for r in hist.runs[machine]:
+                r.env_name = own.get(r.commit, r.env_name)
+        found = [f for f in s.flags if f.machine == machine]
+        for side in (x for f in found for x in (f.before, f.after)):
+            side.env = own.get(side.commit, side.env)  # each night by its own environment
+        flags += found
         npairs += s.pairs
     return summary.Summary(flags, npairs, sorted(pairs), list(dict.fromkeys(hist.warnings)))
 

@@ -5,7 +5,8 @@ Two runs are neighbours when they are on one machine and one hardware, and eithe
   the earlier run has no value for, failed, skipped or not run, is judged against the latest
   run before it that has one, as asv's graphs step over a missing point); or
 - ``envs``: at one commit, consecutive by torch version (numeric order).
-``--base/--head`` instead pairs each environment at base with the same one at head, and
+``--base/--head`` instead pairs each environment at base with the same one at head (what base
+lacks judged against the runs before it, as on the commits axis), and
 ``--at`` keeps only the pairs that end at one commit (what one run of the main job found).
 Runs of one machine name made on different hardware (asv's cpu, num_cpu, arch, isa and gpu
 params differ) are never judged against each other; each place where that happens is
@@ -137,9 +138,10 @@ class Pair:
     across: str
     before: Run
     after: Run
-    # Commits axis: the environment's runs in date order, ``before`` at chain[at]. A combination
-    # ``before`` has no value for (failed, skipped, not run) is judged against the latest
-    # earlier run that has one, so a failed night between two kernels cannot hide the change.
+    # Commits axis and --base/--head: the environment's runs in date order, ``before`` at
+    # chain[at]. A combination ``before`` has no value for (failed, skipped, not run) is judged
+    # against the latest earlier run that has one, so a failed night between two kernels cannot
+    # hide the change.
     chain: list[Run] = field(default_factory=list)
     at: int = -1
 
@@ -264,7 +266,12 @@ def make_pairs(history: History, options: Options) -> list[Pair]:
                 side = "base" if env in at_base else "head"
                 history.warnings.append(f"{machine}: environment {env} has results only at {side}; not compared")
             for env in sorted(at_base.keys() & at_head.keys()):
-                pairs.append(Pair(machine, "commits", at_base[env], at_head[env]))
+                # What base lacks is judged against the runs before it, as on the commits axis
+                # (none when head is the earlier: there is nothing between to step over).
+                chain = [r for r in runs if r.env_name == env]
+                k = next(i for i, r in enumerate(chain) if r is at_base[env])
+                later = at_base[env].order_key < at_head[env].order_key
+                pairs.append(Pair(machine, "commits", at_base[env], at_head[env], *((chain, k) if later else ())))
         return pairs
 
     at = resolve_commit(history, options.at) if options.at is not None else None
