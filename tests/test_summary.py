@@ -958,3 +958,29 @@ def test_a_kernel_change_in_several_lists_shows_one_line_each(tmp_path, capsys):
     assert rc == 1 and "u000a" not in out and re.search(r"^ +slice_n: .* -> aten::mm, X", out, re.M), out
     rc, md, _ = run_cli(capsys, root, "--format", "github")
     assert "u000a" not in md and re.search(r"-&#62; aten::mm, NEW<br>slice&#95;n: ", md), md
+
+
+def test_a_change_across_a_torch_build_without_the_value_is_flagged(capsys, tmp_path):
+    # Three builds at one commit; the middle one failed one kernel-id and did not run the order-id
+    # benchmark: the last is judged against the first, as on the commits axis.
+    k, o = _idx(dtype="float32"), _idx(dtype="bfloat16")
+    cat = tmp_path / "results" / "catalog"
+    new_kernel = catalog.store(cat, "kernels", {"device": "cpu", "full": ["aten::matmul", "aten::mm", "other"]})
+    new_order = order.store(cat, F.order_tree("pairwise"), 8)
+
+    def adjust(ci, ei, data):
+        if ei == 1:
+            F.set_value(data, F.KERNEL, k, None)
+            del data["results"][F.ORDER_ID]
+        if ei == 2:
+            F.set_value(data, F.KERNEL, k, new_kernel)
+            F.set_value(data, F.ORDER_ID, o, new_order)
+
+    tree = F.write_tree(tmp_path / "results", n_commits=1, torch_versions=("2.12.0", "2.13.0", "2.14.1"), adjust=adjust)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "envs", "--fail-on", "kernel,order")
+    judged = {(f["kind"], f["benchmark"]): f for f in doc["flags"] if f["kind"] != "failure"}
+    assert set(judged) == {("kernel", F.KERNEL), ("order", F.ORDER_ID)}, doc["flags"]
+    assert all((f["across"], f["before"]["torch"], f["after"]["torch"]) == ("envs", "2.12.0+cpu", "2.14.1+cpu")
+               for f in judged.values())
+    assert judged["kernel", F.KERNEL]["after"]["id"] == catalog.hex_id(new_kernel)
+    assert rc == 1 and doc["failing"] == 2

@@ -4,7 +4,8 @@ Two runs are neighbours when they are on one machine and one hardware, and eithe
 - ``commits``: in one environment (asv env name), consecutive by commit date (a combination
   the earlier run has no value for, failed, skipped or not run, is judged against the latest
   run before it that has one, as asv's graphs step over a missing point); or
-- ``envs``: at one commit, consecutive by torch version (numeric order).
+- ``envs``: at one commit, consecutive by torch version (numeric order; what the earlier
+  build has no value for is judged against the latest build before it that has one).
 ``--base/--head`` instead pairs each environment at base with the same one at head (what base
 lacks judged against the runs before it, as on the commits axis), and
 ``--at`` keeps only the pairs that end at one commit (what one run of the main job found).
@@ -138,10 +139,10 @@ class Pair:
     across: str
     before: Run
     after: Run
-    # Commits axis and --base/--head: the environment's runs in date order, ``before`` at
-    # chain[at]. A combination ``before`` has no value for (failed, skipped, not run) is judged
-    # against the latest earlier run that has one, so a failed night between two kernels cannot
-    # hide the change.
+    # The runs ``before`` and ``after`` are neighbours in: an environment's by date (commits
+    # axis, --base/--head) or a commit's by torch version (envs), ``before`` at chain[at]. A
+    # combination ``before`` has no value for (failed, skipped, not run) is judged against the
+    # latest earlier run that has one, so a failed night between two kernels cannot hide the change.
     chain: list[Run] = field(default_factory=list)
     at: int = -1
 
@@ -291,7 +292,7 @@ def make_pairs(history: History, options: Options) -> list[Pair]:
                 if at is not None and commit != at:
                     continue
                 commit_runs.sort(key=lambda r: (version_key(r.torch), r.env_name))
-                pairs += [Pair(machine, "envs", a, b) for a, b in zip(commit_runs, commit_runs[1:])]
+                pairs += [Pair(machine, "envs", a, b, commit_runs, k) for k, (a, b) in enumerate(zip(commit_runs, commit_runs[1:]))]
     return pairs
 
 
@@ -430,7 +431,7 @@ class _Judge:
                 se = pair.chain[k].series.get(name)
                 if se is None:
                     continue
-                earlier = Pair(pair.machine, "commits", pair.chain[k], A)
+                earlier = Pair(pair.machine, pair.across, pair.chain[k], A)
                 if se.version != sa.version:
                     if not between:
                         flags.append(self._code_flag(earlier, name, unit, se, sa))
