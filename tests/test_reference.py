@@ -229,3 +229,21 @@ def test_float64_sums_at_the_overflow_threshold_round_as_their_exact_value_does(
     assert (counts["overflow"], counts["spurious"]) == (0, 1), counts
     counts = numerics.nonfinite(np.array([math.inf]), r.hi[1:2, 0], r.finite[1:2, 0], "float64", r.slack)
     assert (counts["overflow"], counts["spurious"]) == (1, 0), counts
+
+
+def test_float64_sums_that_reach_the_overflow_threshold_round_to_inf():
+    # The mirror of the above: the exact sum is the threshold itself (a tie, which goes to
+    # inf), but the roundings of lo left hi + lo just below it and hi at the largest finite
+    # value, so a kernel's correctly rounded inf read as a spurious one. Found by a search
+    # over rows made to sum to the threshold exactly, then shrunk.
+    row = [float.fromhex(x) for x in ("0x1.a4ba9c8p+958", "0x1.fff3c9aac18bdp+969", "0x1.fffffffffffffp+1023",
+                                      "0x1.2cc2491680000p+913")]
+    below = row[:3] + [np.nextafter(row[3], 0.0)]  # one ulp of the last term less: rounds to the largest value
+    a = np.array([row, [-x for x in row], below])
+    b = np.array([[float.fromhex("0x1.db9175c279dacp-3")], [1.0], [1.0], [1.0]])
+    exact = [want[0] for want in _exact(a, b)]
+    assert exact[:2] == [F64_OVER, -F64_OVER] and exact[2] < F64_OVER
+    r = _within_bound(a, b)
+    assert r.exact and r.hi[:, 0].tolist() == [math.inf, -math.inf, float(F64_MAX)]
+    counts = numerics.nonfinite(np.array([math.inf, -math.inf, math.inf]), r.hi[:, 0], r.finite[:, 0], "float64")
+    assert (counts["overflow"], counts["spurious"]) == (2, 1), counts

@@ -34,6 +34,7 @@ MAX_SLICES = 8  # per operand; each slice carries 53 − ρ bits (≥ 8 even for
 # K·2^896, far from overflow.
 HEADROOM = 448
 SMALLEST = 2.0**-1074  # float64's smallest subnormal: its spacing below 2^-1021
+F64_MAX = float.fromhex("0x1.fffffffffffffp+1023")  # float64's largest finite value
 # Where terms underflowed, the reference is within about 3·|A||B| of the truth (each rounding
 # moves a sum by at most the term it rounds; the slices' magnitudes add up to at most 3|x|):
 # the relative bound is capped there, with room.
@@ -289,9 +290,13 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
 
     scaled_hi = hi
     hi, lo = _ldexp(hi, scale), _ldexp(lo, scale)
-    over = torch.isinf(hi) & torch.isfinite(scaled_hi)
-    if bool(over.any()):
-        hi, lo = _resum_near_overflow(product, a, b, scale, over, hi, lo)
+    # Sum2 leaves hi + lo within (n·2^-50)²·|A||B| of the n slice products' exact sum (their
+    # magnitudes add up to at most 9|A||B|): where that reaches float64's largest value, hi may
+    # sit on the wrong side of the overflow threshold, inf or the largest value (0 when n = 0)
+    n = len(sa) * len(sb)
+    near = torch.isfinite(scaled_hi) & (hi.abs() + (n * 2.0**-50) ** 2 * absprod >= F64_MAX)
+    if bool(near.any()):
+        hi, lo = _resum_near_overflow(product, a, b, scale, near, hi, lo)
     lo = torch.where(torch.isfinite(hi), lo, 0.0)  # beyond float64's range: hi is ±inf alone
     finite = torch.ones_like(hi, dtype=torch.bool)
     if not (a.clean and b.clean):
@@ -306,10 +311,12 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
 
 
 def _resum_near_overflow(product, a: _Sliced, b: _Sliced, scale, over, hi, lo) -> tuple:
-    """hi and lo again, exactly rounded, at the entries ``over`` that scaled back to ±inf.
-    The sum of lo's rounding errors can move hi + lo onto the midpoint between float64's
-    largest value and 2^1024, and hi to inf, where the slices' exact sum rounds to the
-    largest value (an inf the kernel then made would read as a correct one). math.fsum
+    """hi and lo again, exactly rounded, at the entries ``over`` that scaled back to ±inf
+    or near float64's largest value. The sum of lo's rounding errors can move hi + lo onto
+    the midpoint between float64's largest value and 2^1024, and hi to inf, where the
+    slices' exact sum rounds to the largest value (an inf the kernel then made would read
+    as a correct one); or just below the midpoint, and hi to the largest value, where the
+    exact sum rounds to inf (a kernel's correct inf would read as a spurious one). math.fsum
     rounds the exact sum of each entry's slice products once; scaling by a power of two
     keeps where it rounds, so ±inf is left only where the slices' sum rounds to it."""
     import torch
