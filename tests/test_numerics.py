@@ -263,3 +263,15 @@ def test_blocks_and_threads_change_nothing(monkeypatch, dtype):
     monkeypatch.setattr(blocks, "workers", lambda: 3)
     assert answers() == whole
     assert whole[0]["entries"] > 0 and whole[2]["frac_differ"] > 0 and whole[1]["product"] > 0
+
+
+def test_the_ulp_at_the_largest_drift_is_the_finer_one_at_a_power_of_two():
+    # The seed's fp16 outputs straddle 1024, where the spacing doubles: 1023.5 and 1024 are
+    # neighbours, one ulp of 0.5 apart, which the ulp of the larger value (1) made half an ulp.
+    pairs = [(1023.5, 1024.0), (2048.0, 2047.0), (-2048.0, -2047.0), (1000.0, 1000.5), (2048.0, 2050.0),
+             (2.0**-14, 2.0**-14 - 2.0**-24)]  # the smallest normal and the largest subnormal
+    for x, y in pairs:
+        xs, ys = np.array([x], dtype=np.float16), np.array([y], dtype=np.float16)
+        d = numerics.drift(xs.view(np.uint16), ys.view(np.uint16), xs, ys, np.array([abs(x)]), "float16")
+        spacing = float(np.spacing(np.minimum(np.abs(xs), np.abs(ys)))[0])  # numpy's gap above the smaller
+        assert d["max_ulp"] == 1 and d["ulp_at_max"] == spacing == d["max_abs"], (x, y, d)

@@ -143,8 +143,10 @@ def drift(
     spans zero and says nothing of size),
     ``max_u`` (max |x−y| / (u·|A||B|) over entries finite on both sides with 0 < |A||B| < inf;
     ``max_u_entries`` says how many),
-    ``max_abs`` (float, output units, finite entries), ``ulp_at_max`` (one ulp of the
-    dtype at the larger magnitude of the entry with the largest |x−y|) and, given K,
+    ``max_abs`` (float, output units, finite entries), ``ulp_at_max`` (output units: one ulp
+    of the dtype at the smaller magnitude of the entry with the largest |x−y|, the finer
+    spacing where the two lie on either side of a power of two, so that neighbours such as
+    1023.5 and 1024 in float16 are one ulp of 0.5 apart, not half of 1) and, given K,
     ``beyond_bound``: finite entries further apart than twice ``allowance`` (each product
     may be that far from the truth), which no correct pair of kernels can be.
     """
@@ -173,7 +175,7 @@ def drift(
     max_abs = float(diff.max()) if diff.size else 0.0
     if max_abs > 0:
         i = int(np.argmax(diff))
-        ulp_at_max = ulp_of(max(abs(float(x[i])), abs(float(y[i]))), dtype)
+        ulp_at_max = ulp_of(min(abs(float(x[i])), abs(float(y[i]))), dtype)
     else:
         ulp_at_max = None
     return {
