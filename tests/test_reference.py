@@ -247,3 +247,31 @@ def test_float64_sums_that_reach_the_overflow_threshold_round_to_inf():
     assert r.exact and r.hi[:, 0].tolist() == [math.inf, -math.inf, float(F64_MAX)]
     counts = numerics.nonfinite(np.array([math.inf, -math.inf, math.inf]), r.hi[:, 0], r.finite[:, 0], "float64")
     assert (counts["overflow"], counts["spurious"]) == (2, 1), counts
+
+
+def test_an_inexact_reference_at_the_overflow_threshold_keeps_its_low_part(tmp_path, capsys, monkeypatch):
+    """2^-600 is lost when A's row is scaled to 2^448, so the reference is not exact: its slices
+    sum to the threshold less 2^-400, hi is float64's largest value and lo 2^970, while the
+    exact value (B's 2^200 gives the 2^-400 back) is the threshold itself, which rounds to inf.
+    Judged on hi and its slack alone, without lo, a kernel's correctly rounded inf was spurious."""
+    import json
+
+    from matmul_drift import cli
+
+    a = np.array([[float(F64_MAX), 2.0**970, -(2.0**-400), 2.0**-600]])
+    b = np.array([[1.0], [1.0], [1.0], [2.0**200]])
+    assert _exact(a, b)[0][0] == F64_OVER
+    r = _within_bound(a, b)
+    assert not r.exact and r.hi[0, 0] == float(F64_MAX) and r.slack[0, 0] < 2.0**970
+    c = float(torch.from_numpy(a) @ torch.from_numpy(b))  # the kernel's order: whatever it gave
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
+    rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
+                   "--json"])
+    nf = json.loads(capsys.readouterr().out)["nonfinite"]
+    assert rc == 0 and (nf["overflow"], nf["spurious"]) == (int(math.isinf(c)), int(math.isnan(c))), nf
+    for x, lo, want in ((r.hi[0, 0], r.lo[0, 0], 1), (-r.hi[0, 0], -r.lo[0, 0], 1), (r.hi[0, 0], 2.0**969, 0)):
+        counts = numerics.nonfinite(np.array([math.copysign(math.inf, x)]), np.array([x]), np.ones(1, bool),
+                                    "float64", r.slack[0], np.array([lo]))
+        assert (counts["overflow"], counts["spurious"]) == (want, 1 - want), (x, lo, counts)

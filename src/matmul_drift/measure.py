@@ -282,8 +282,10 @@ def measure_operands(
         c_bits, c_val, ref, absprod = top.bits, top.values, top.ref, top.ref.absprod
         slack = ref.slack_or_relative()  # how far hi + lo may be from the exact value, per entry
         err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, absprod, dtype, k, precision, slack)
+        # an exact reference's hi is the exact value rounded: it alone says where inf is the rounding
+        near = () if ref.exact else (slack, ref.lo)
         nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),
-                     **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype, None if ref.exact else slack)}
+                     **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype, *near)}
         routes_n: list[str] | None = [] if with_kernels else None
         routes_m: list[str] | None = [] if with_kernels else None
 

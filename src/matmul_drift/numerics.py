@@ -263,7 +263,7 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
 
 
 def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: str,
-              slack: np.ndarray | None = None) -> dict:
+              slack: np.ndarray | None = None, lo: np.ndarray | None = None) -> dict:
     """Counts of non-finite outputs, by cause.
 
     ``product``: entries of C that are NaN or ±inf; ``reference``: entries whose exact
@@ -272,20 +272,25 @@ def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: st
     with the same sign, so inf is the rounded result; ``spurious``: every other NaN or ±inf
     where the exact value is finite: within range, NaN, or inf of the wrong sign
     (intermediate sums overflowed, perhaps both ways, or a kernel defect). ``slack``
-    (output units, per entry): how far hi may be from the exact value (the reference's own
-    bound times |A||B|); an inf that the exact value may round to within it is ``overflow``.
+    (output units, per entry): how far hi + ``lo`` (a reference's low part, per entry; 0 if
+    not given) may be from the exact value (the reference's own bound times |A||B|); an inf
+    that the exact value may round to within it is ``overflow``.
     """
     c, hi = (np.asarray(v, dtype=np.float64).reshape(-1) for v in (c, hi))
     fin = np.asarray(exact_finite, dtype=bool).reshape(-1)
-    slack = np.zeros(1) if slack is None else np.asarray(slack, dtype=np.float64).reshape(-1)
+    slack, lo = (np.zeros(1) if v is None else np.asarray(v, dtype=np.float64).reshape(-1) for v in (slack, lo))
     over = overflow_threshold(dtype)
 
     def part(at: slice) -> tuple:
         c_, hi_, fin_ = c[at], hi[at], fin[at]
-        s = slack if slack.size == 1 else slack[at]
+        s, lo_ = (v if v.size == 1 else v[at] for v in (slack, lo))
         bad = ~np.isfinite(c_)
         sign_ok = (np.sign(c_) == np.sign(hi_)) | (np.abs(hi_) <= s)  # within the slack of 0: either sign
-        rounded_inf = fin_ & (np.abs(hi_) + s >= over) & np.isinf(c_) & sign_ok
+        # |hi + lo| + slack, the small parts first: hi alone may sit at float64's largest value
+        # while hi + lo is the overflow threshold itself (and the sum then inf, on purpose)
+        with np.errstate(over="ignore"):
+            reach = np.abs(hi_) + (np.where(hi_ < 0, -lo_, lo_) + s)
+        rounded_inf = fin_ & (reach >= over) & np.isinf(c_) & sign_ok
         return (np.count_nonzero(bad), np.count_nonzero(~fin_), np.count_nonzero(rounded_inf),
                 np.count_nonzero(bad & fin_ & ~rounded_inf),
                 np.count_nonzero(~fin_ & ~((np.isnan(c_) & np.isnan(hi_)) | (c_ == hi_))))
