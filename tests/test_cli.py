@@ -308,6 +308,14 @@ def test_verdicts_from_hand_built_reports():
     bad["error_entries"]["beyond_bound"] = 1
     assert explain.verdict(bad)["kind"] == "defect"
     assert explain.verdict(bad)["text"].startswith("DEFECT: 1 entry has an error beyond the γ_K bound 100 u")
+    # Below the normal range the allowance adds (K+1)·η: a drift past 2·γ_K there is no defect,
+    # and the verdict must not claim it within 2·γ_K alone.
+    tiny = json.loads(json.dumps(drift))
+    tiny["slices"]["n"][0].update(max_u=250.0)
+    v = explain.verdict(tiny)
+    assert v["kind"] == "rounding" and "by up to 250 u" in v["text"]
+    assert "within the bound 2·γ_K = 200 u plus twice (K+1)·η, the absolute rounding below float16's normal range" in v["text"]
+    assert "200 u plus" not in explain.verdict(drift)["text"]
     far = json.loads(json.dumps(drift))
     far["slices"]["n"][0].update(beyond_bound=3, max_u=250.0)
     assert explain.verdict(far)["kind"] == "defect"

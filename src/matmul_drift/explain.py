@@ -173,6 +173,8 @@ def verdict(r: dict) -> dict:
     else:
         why = "the same kernels ran, so the library summed in another order for this shape"
     bound = f"within the bound 2·{g} = {2 * gamma:.4g} u" if gamma else f"K·u ≥ 1, so {g} gives no bound"
+    if gamma and max(_worst(row)[1] for _, row in moved) > 2 * gamma:  # only the η term lets it be beyond
+        bound += f" plus twice (K+1)·η, the absolute rounding below {dt}'s normal range"
     return {"kind": "rounding", "text": f"rounding-level drift: {drift_text}; {why}; {bound}; {err_text}"}
 
 
