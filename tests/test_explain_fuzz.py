@@ -118,7 +118,7 @@ def _independent(a, b, c, dtype):
             if absprod > F64_MAX:
                 continue
             covered += 1
-            subnormal += abs(val) < tiny
+            subnormal += absprod < tiny  # every term and partial sum below the normal range
             if gamma is not None:
                 beyond += abs(Fraction(cij) - val) > gamma * absprod + (k + 1) * eta
             e = float(abs(Fraction(cij) - val) / (Fraction(u) * absprod))
@@ -286,3 +286,28 @@ def test_overflow_is_named_and_json_stays_valid(tmp_path, dtype):
     r = _strict(out)
     assert r["verdict"]["kind"] == "overflow"
     assert r["nonfinite"]["overflow"] == 4 and r["error_u"] is None and "error_u" in r["nulls"]
+
+
+def test_subnormal_counts_entries_whose_terms_all_lie_below_the_normal_range(tmp_path):
+    """`subnormal` explains an error_u beyond γ_K: only where |A||B| is below the smallest
+    normal can the absolute rounding there, (K+1)·η, exceed u·|A||B|. An exact zero from
+    cancelling 1 and −1 had no rounding at all, yet was once called 'below float16's normal
+    range, where rounding is absolute'."""
+    t = 2.0**-14  # float16's smallest normal
+    a = np.array([[1.0, -1.0],  # an exact zero from cancellation, |A||B| = 2: not counted
+                  [0.0, 0.0],  # an exact zero from zero terms: |A||B| = 0, not covered at all
+                  [t / 16, 0.0],  # a true subnormal result of a subnormal term: counted
+                  [t / 16, -t / 16],  # a zero from cancelling subnormal terms: counted
+                  [2.0**-4, -(2.0**-4 - 2.0**-15)]])  # subnormal 2^-15 from cancelling 2^-4: not counted
+    b = np.array([[1.0], [1.0]])
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    rc, out, err = _run(["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
+                         "--dtype", "float16", "--json"])
+    assert rc == 0, err
+    r = _strict(out)
+    ta, tb = torch.from_numpy(a).half(), torch.from_numpy(b).half()
+    _, cover, _ = _independent(ta, tb, ta @ tb, "float16")
+    assert r["error_entries"] == cover
+    assert (cover["entries"], cover["subnormal"]) == (4, 2)
+    assert "2 of them with Σ|a·b| below float16's normal range" in r["verdict"]["text"]

@@ -139,7 +139,7 @@ def verdict(r: dict) -> dict:
         err_text += (f", against a reference good only to {ref['error_bound_u']:.2g} u here (rows of A or "
                      "columns of B span too many binades for float64 to slice exactly)")
     elif cover["subnormal"]:
-        err_text += f", {cover['subnormal']} of them below {dt}'s normal range, where rounding is absolute"
+        err_text += f", {cover['subnormal']} of them with Σ|a·b| below {dt}'s normal range, where rounding is absolute"
     moved = [(name, row) for name, row in _drifts(r) if row["frac_differ"] > 0]
     drift_text = _drift_text(r, moved)
     if nf["a"] or nf["b"]:

@@ -229,8 +229,12 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
     out of all. An entry is covered when C and the exact value are both finite (not NaN,
     not inf, not beyond float64) and 0 < |A||B| < inf; entries with |A||B| = 0 are exact
     zeros, and are covered by the count of non-zero ``zero_misses`` instead.
-    ``subnormal``: covered entries whose exact value is below the dtype's smallest normal
-    number, where error_u (relative to |A||B|) can be large for a correct kernel.
+    ``subnormal``: covered entries whose |A||B| (as computed, float64) is below the dtype's
+    smallest normal number. There every product, partial sum and the exact value lie below
+    the normal range, where rounding is absolute, and the allowance's (K+1)·η exceeds
+    (K+1)·u·|A||B|: error_u of a correct kernel may reach about (K+1)·smallest normal / |A||B|
+    more than γ_K. An exact zero or a tiny value left by cancelling larger terms is not
+    counted: its error is bounded relative to |A||B| like any other's.
     ``beyond_bound`` (given K): covered entries whose error exceeds ``allowance`` plus what
     the reference may be off by (``ref_slack``, per entry in output units:
     Reference.slack_or_relative(), large only where the exact value lies among float64's
@@ -251,7 +255,7 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
         if not c.size:
             return None, 0, zero_misses, 0, 0
         diff = np.abs((c - hi) - lo)
-        subnormal = int(np.count_nonzero(np.abs(hi) < smallest_normal))
+        subnormal = int(np.count_nonzero(absprod < smallest_normal))
         return (normalised_max(diff, absprod, u), c.size, zero_misses, subnormal,
                 _beyond(diff, absprod, k, dtype, 1.0, precision, slack[0] if slack else None))
 
