@@ -275,3 +275,24 @@ def test_the_ulp_at_the_largest_drift_is_the_finer_one_at_a_power_of_two():
         d = numerics.drift(xs.view(np.uint16), ys.view(np.uint16), xs, ys, np.array([abs(x)]), "float16")
         spacing = float(np.spacing(np.minimum(np.abs(xs), np.abs(ys)))[0])  # numpy's gap above the smaller
         assert d["max_ulp"] == 1 and d["ulp_at_max"] == spacing == d["max_abs"], (x, y, d)
+
+
+def test_a_correctly_rounded_tiny_sum_of_underflowed_terms_is_no_zero_miss():
+    from fractions import Fraction
+
+    from matmul_drift import reference
+
+    # Each product 2^-1076 underflows float64 (|A||B| reads 0), yet the three sum to
+    # 0.75·2^-1074, which rounds to 2^-1074: a kernel returning that is right, not a defect.
+    a = torch.full((1, 3), 2.0**-538, dtype=torch.float64)
+    r = reference.exact_product(torch.matmul, a, a.T.contiguous())
+    exact = 3 * Fraction(2) ** -1076
+    assert r.absprod[0, 0] == 0 and r.hi[0, 0] == 2.0**-1074  # the exact value, rounded
+    for c in (2.0**-1074, 0.0):  # each within one step of 2^-1074 of the exact value
+        assert abs(Fraction(c) - exact) <= Fraction(2) ** -1074
+        e = numerics.error(np.array([[c]]), r.hi, r.lo, r.finite, r.absprod, "float64", k=3)
+        assert e["zero_misses"] == 0
+    # where every term is an exact zero, a non-zero output still is one
+    z = torch.zeros((1, 3), dtype=torch.float64)
+    r = reference.exact_product(torch.matmul, z, z.T.contiguous())
+    assert numerics.error(np.array([[2.0**-1074]]), r.hi, r.lo, r.finite, r.absprod, "float64", k=3)["zero_misses"] == 1

@@ -228,7 +228,9 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
     (None when no entry qualifies) and ``entries`` / ``of``: how many entries it covers
     out of all. An entry is covered when C and the exact value are both finite (not NaN,
     not inf, not beyond float64) and 0 < |A||B| < inf; entries with |A||B| = 0 are exact
-    zeros, and are covered by the count of non-zero ``zero_misses`` instead.
+    zeros, and are covered by the count of non-zero ``zero_misses`` instead (where the exact
+    value hi is 0: terms whose float64 products underflowed to 0 may still sum to a value
+    that rounds to float64's smallest subnormal, which a kernel may rightly return).
     ``subnormal``: covered entries whose |A||B| (as computed, float64) is below the dtype's
     smallest normal number. There every product, partial sum and the exact value lie below
     the normal range, where rounding is absolute, and the allowance's (K+1)·η exceeds
@@ -250,7 +252,7 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
         c, hi, lo, absprod, *slack = (v[at] for v in flat)
         ok = np.isfinite(c) & fin[at] & np.isfinite(hi)
         keep = ok & (absprod > 0) & np.isfinite(absprod)
-        zero_misses = int(np.count_nonzero(ok & (absprod == 0) & (c != 0)))
+        zero_misses = int(np.count_nonzero(ok & (absprod == 0) & (hi == 0) & (c != 0)))
         c, hi, lo, absprod, *slack = _kept(keep, c, hi, lo, absprod, *slack)
         if not c.size:
             return None, 0, zero_misses, 0, 0
