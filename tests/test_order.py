@@ -306,17 +306,15 @@ def test_the_replay_names_the_fused_add_the_kernel_used(way):
 
     tree = order.canonical(running(16, 64))
     binary = order.canonical(seq(list(range(64))))
-    for dtype in ("float16", "float32"):  # the replay's draws for each: exact products of 4 + 4 bits
-        products = order_probe._draw(np.random.default_rng(3), (64, 100), dtype).astype(np.float64) * \
-            order_probe._draw(np.random.default_rng(4), (64, 100), dtype)
+    for dtype in ("float16", "float32"):  # the replay's draws for each
+        products = order_probe._products(np.random.default_rng(3), 64, 100, dtype)
         sums = np.array([float(_tree_sum(tree, col, way)) for col in products.T], dtype=np.float32)
         kernel = [(int(b), float(v)) for b, v in zip(inputs.round_bits(sums, dtype), sums)]
         got = order_probe.match(tree, products, kernel, dtype)
-        assert way in got["fused_add"] and got["matched"] == 100 and got["first_mismatch"] is None, dtype
-        assert order_probe.match(binary, products, kernel, dtype)["fused_add"] is None
-    assert got["fused_add"] == [way]  # fp32 draws and output tell the ways apart
-    chain = order_probe.match(binary, products, kernel, "float32")  # nor is it a chain of rounded additions
-    assert chain["matched"] < 100 and chain["first_mismatch"] is not None
+        # the draws tell the ways apart, through an fp16 output too (before: every way matched)
+        assert got["fused_add"] == [way] and got["matched"] == 100 and got["first_mismatch"] is None, dtype
+        chain = order_probe.match(binary, products, kernel, dtype)  # nor is it a chain of rounded additions
+        assert chain["fused_add"] is None and chain["matched"] < 100 and chain["first_mismatch"] is not None
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -403,15 +401,26 @@ def test_every_cpu_route_of_the_catalog_is_revealed_and_replays_bit_for_bit():
     assert len(refused) <= len(seen) // 4, refused
 
 
-def test_a_wrong_tree_fails_the_replay():
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_a_wrong_tree_fails_the_replay(dtype):
+    """This machine's kernel against its own tree (100 of 100), another shape of tree, and the
+    tree with its first and last products traded. Before, any tree replayed an fp16 or bf16
+    kernel 100 of 100 (its draws' sums were exact in fp32 and the output hid the rest), and
+    the traded tree an fp32 or fp64 one."""
     from matmul_drift import cases, order_probe
 
-    t = order_probe.target(cases.adhoc(4, 512, 64), "float32", "cpu")
+    k = 512
+    t = order_probe.target(cases.adhoc(4, k, 64), dtype, "cpu")
     r = order_probe.reveal(t)
-    wrong = pw(list(range(512))) if order.describe(r.tree) != "pairwise" else seq(list(range(512)))
-    assert order.to_json(order.canonical(wrong)) != order.to_json(r.tree)
-    v = order_probe.replay(t, wrong, draws=100)
-    assert v["matched"] < 100 and v["first_mismatch"] is not None
+    assert order_probe.replay(t, r.tree, draws=100, width=r.width)["matched"] == 100
+    other = pw(list(range(k))) if order.describe(r.tree) != "pairwise" else seq(list(range(k)))
+    traded = order.from_json(order.to_json(r.tree))
+    for x in order.inner_nodes(traded):
+        x[:] = [k - 1 if c == 0 else 0 if c == k - 1 else c for c in x]
+    for wrong in (other, traded):
+        assert order.to_json(order.canonical(wrong)) != order.to_json(r.tree)
+        v = order_probe.replay(t, order.canonical(wrong), draws=100, width=r.width)
+        assert v["matched"] < 100 and v["first_mismatch"] is not None, (order.describe(r.tree), v)
 
 
 def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():

@@ -308,12 +308,24 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
     raise exc
 
 
-def _draw(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
-    """Values with 4 significant bits and varied exponents: products are exact in the
-    accumulator, sums round, so orders differ. fp16/bf16 keep to small exponents (no overflow)."""
-    lo, hi = (-6, 3) if dtype in ("float16", "bfloat16") else (-20, 20)
-    mant = 1 + rng.integers(0, 8, shape) / 8
-    return (rng.choice([-1.0, 1.0], shape) * mant * np.exp2(rng.integers(lo, hi, shape))).astype(np.float32)
+def _products(rng: np.random.Generator, k: int, draws: int, dtype: str) -> np.ndarray:
+    """(k, draws) products, exact in the accumulator, that tell summation orders apart even
+    through an fp16 or bf16 output: in each draw +L and -L at two random places (FPRev's pair,
+    L = 2^13 for an fp32 accumulator, 2^26 for fp64), the others 4-bit values of 1/4 to 16 units
+    in L's last place (2^-10, 2^-26), random signs. A product that meets a partial sum holding
+    L is rounded to that place, one that does not is kept; once the pair cancels the sum is
+    small, so the output's own rounding keeps what the order did. (Values spread over many
+    exponents, the draws before, let the largest decide: every tree matched an fp16 kernel.)"""
+    acc = order.PROBE[dtype][0]
+    big = 2.0**13 if acc == 24 else 2.0**26
+    unit = big * 2.0 ** (1 - acc)
+    out = rng.choice([-unit, unit], (k, draws))  # in place below: a few k x draws arrays at most (memory.probe_bytes)
+    out *= 1 + rng.integers(0, 8, (k, draws)) / 8
+    out *= np.exp2(rng.integers(-2, 4, (k, draws)))
+    for d in range(draws):
+        i, j = rng.choice(k, 2, replace=False)
+        out[i, d], out[j, d] = big, -big
+    return out
 
 
 def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, prober: Prober | None = None) -> dict:
@@ -334,19 +346,24 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     d = 0
     while d < draws:
         w = min(width, draws - d)
+        # the shared operand ±2^-2..2^2, the other the products over it: exact, and normal in fp16
+        shared = rng.choice([-1.0, 1.0], t.k) * np.exp2(rng.integers(-2, 3, t.k))
+        each = _products(rng, t.k, w, t.dtype)
+        each /= shared[:, None]
+        each = torch.from_numpy(each).to(dt)
         if t.by_rows:  # rows of A (each a draw) against the entry's column of B
-            p.a0[:w].copy_(torch.from_numpy(_draw(rng, (w, t.k), t.dtype)).to(dt))
-            p.b0[:, t.col].copy_(torch.from_numpy(_draw(rng, (t.k,), t.dtype)).to(dt))
+            p.a0[:w].copy_(each.t())
+            p.b0[:, t.col].copy_(torch.from_numpy(shared).to(dt))
             lhs, rhs = p.a0[:w].double(), p.b0[:, t.col].double()[None, :]
         else:  # the entry's row of A against columns of B
             a_row = p.a0[t.row] if p.a0.dim() == 2 else p.a0
-            a_row.copy_(torch.from_numpy(_draw(rng, (t.k,), t.dtype)).to(dt))
-            p.b0[:, :w].copy_(torch.from_numpy(_draw(rng, (t.k, w), t.dtype)).to(dt))
+            a_row.copy_(torch.from_numpy(shared).to(dt))
+            p.b0[:, :w].copy_(each)
             lhs, rhs = a_row.double()[None, :], p.b0[:, :w].double().t()
         got = p.product()[:w]
         bits = measure.tensor_bits(got)
         kernel += [(int(b), float(v)) for b, v in zip(bits, got.double().cpu().numpy())]
-        products[:, d:d + w] = (lhs * rhs).cpu().numpy().T  # exact: 4 + 4 significant bits
+        products[:, d:d + w] = (lhs * rhs).cpu().numpy().T  # exact: 4 bits times a power of two
         d += w
     return match(tree, products, kernel, t.dtype)
 
