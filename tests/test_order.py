@@ -732,3 +732,24 @@ def test_bad_input_through_python_m_is_one_line_too():
                         "--dtype", "float16"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         "matmul-drift: error: form '2d' is not one of the case's (as-is)"], p.stderr
+
+
+def test_a_corrupt_catalog_entry_is_kept_aside_and_the_tree_stored_again(tmp_path, capsys, monkeypatch):
+    """An orders entry cut short (a copy killed halfway, a bad merge) stayed as it was: `order`
+    printed its order-id as stored, and `catalog ID` (and the summary) said "unreadable" for good.
+    The file is now kept beside it and the tree written again; an entry that reads is not touched."""
+    from matmul_drift import catalog, cli
+
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path))
+    args = ["order", "--m", "1", "--k", "8", "--n", "1", "--dtype", "float32"]
+    assert cli.main(args) == 0
+    (entry,) = (tmp_path / "orders").glob("*.json")
+    good, ident = entry.read_text(), int(entry.stem, 16)
+    stamp = entry.stat().st_mtime_ns
+    assert cli.main(args) == 0 and entry.stat().st_mtime_ns == stamp  # stored once
+    entry.write_text(good[:20])
+    assert cli.main(args) == 0 and f"order-id {entry.stem}" in capsys.readouterr().out
+    assert entry.read_text() == good and catalog.load(tmp_path, "orders", ident)["k"] == 8
+    (kept,) = (tmp_path / "orders").glob(f"{entry.name}.replaced-*")
+    assert kept.read_text() == good[:20] and catalog.find(tmp_path, entry.stem) == [("orders", ident)]
+    assert cli.main(["catalog", entry.stem, "--root", str(tmp_path)]) == 0

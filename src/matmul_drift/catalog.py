@@ -59,11 +59,22 @@ def store(root: Path | str, kind: str, obj) -> int:
 
 
 def store_text(root: Path | str, kind: str, text: str) -> int:
-    """Store a canonical JSON ``text`` made elsewhere (a tree too deep for json.dumps)."""
+    """Store a canonical JSON ``text`` made elsewhere (a tree too deep for json.dumps). A file
+    already under the id that ``load`` refuses (cut short, edited, merged badly) is kept beside
+    it (asvrun.backup: ``<id>.json.replaced-<time>``, a name no reader takes) and replaced."""
     ident = text_id(text)
     path = entry_path(root, kind, ident)
-    if path.exists():
-        return ident
+    if os.path.lexists(path):
+        try:
+            load(root, kind, ident)
+            return ident
+        except MissingEntry:
+            from .asvrun import backup
+
+            try:
+                backup(path)
+            except FileNotFoundError:  # removed meanwhile
+                pass
     atomic.write_text(path, text + "\n")
     return ident
 
