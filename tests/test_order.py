@@ -699,8 +699,13 @@ def test_a_kernel_whose_column_blocks_differ_is_read_in_its_first_tile(monkeypat
     assert order_probe.widths(t) == [512, 64, 16, 1]
     unverified = order_probe.reveal(t)
     assert unverified.width == 512 and order_probe.replay(t, unverified.tree, width=512)["matched"] < 100
-    r = order_probe.reveal(t, verify=True)
+    seen = []
+    r = order_probe.reveal(t, verify=True, progress=lambda calls, expected: seen.append((calls, expected)))
     assert r.width == 64 and r.verified["matched"] == r.verified["draws"] == 100, (r.width, r.verified)
+    # progress counts on over the widths (before, the count restarted at 1 for the second one)
+    assert [c for c, _ in seen] == list(range(1, r.calls + 1)), seen
+    wide = [c for c, e in seen if e == order_probe.expected_calls(t, 512)]  # the calls at width 512
+    assert wide and {e for _, e in seen[len(wide):]} == {wide[-1] + order_probe.expected_calls(t, 64)}, seen
     assert order.to_json(r.tree) == order.to_json(order.canonical(first)), order.describe(r.tree)
     got = order_probe.order_of(t)
     assert got["order_id"] == catalog.hex_id(order.order_id(first, k)) and got["calls"] == r.calls

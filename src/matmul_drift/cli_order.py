@@ -87,7 +87,8 @@ def run(args) -> int:
     t = _target(args)
     with _Bar("order", "call") as bar:
         try:
-            r = order_probe.reveal(t, progress=lambda calls: bar.update(f"{calls} calls", calls, calls + 1),
+            r = order_probe.reveal(t, progress=lambda calls, expected: bar.update(f"{calls} calls", calls,
+                                                                                  max(expected, calls + 1)),
                                    max_calls=args.max_calls, verify=args.verify)
         except order.NotRevealed as exc:
             print(f"matmul-drift order: order not revealed after {exc.calls} matmul calls: {exc}")

@@ -259,7 +259,9 @@ def over_budget(t: Target, max_calls: int = MAX_CALLS) -> str | None:
 
 
 def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = False) -> order.Reveal:
-    """The tree of ``t``'s entry; NotRevealed when the readings fit none at every width
+    """The tree of ``t``'s entry, ``progress(calls, expected)`` after each matmul call (both
+    counted over every width tried: the calls so far, and so far plus what this width is
+    expected to take); NotRevealed when the readings fit none at every width
     (``widths``) or the next width would need more than ``max_calls``. With ``verify``, a
     tree must also replay bit for bit on 100 draws in the columns (rows) its probes used, or
     the next width is tried: probes spread over columns the kernel adds in different orders
@@ -276,7 +278,8 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
             break
         p = Prober(t, w)
         where = f"probes in {w} {axis}"
-        measured = lambda pairs, within, p=p: p.counts(pairs, within, progress)  # noqa: E731
+        tick = progress and (lambda n, before=calls, w=w: progress(before + n, before + expected_calls(t, w)))
+        measured = lambda pairs, within, p=p: p.counts(pairs, within, tick)  # noqa: E731
         try:
             out = order.reveal(measured, t.k)
             # a tensor core's fused add reads as a chain of two-child nodes: one more pair each
