@@ -59,6 +59,9 @@ TREES = {
     "sequential": (seq(list(range(K))), "sequential"),
     "pairwise": (pw(list(range(K))), "pairwise"),
     "lanes": (pw([seq(list(range(lane, K, 8))) for lane in range(8)]), "8 lanes × 8 sequential; lanes then pairwise"),
+    # a horizontal reduction adds lane 4 to lane 0 first: lanes still, not "8 chunks of 8" (contiguous products)
+    "lanes, upper half first": (pw([seq(list(range(lane, K, 8))) for lane in (0, 4, 2, 6, 1, 5, 3, 7)]),
+                                "8 lanes × 8 sequential; lanes then pairwise"),
     "chunks": (seq([pw([seq(list(range(c * 16 + lane, c * 16 + 16, 4))) for lane in range(4)]) for c in range(4)]),
                "4 chunks of 16; each: 4 lanes × 4 sequential; lanes then pairwise; chunks sequential"),
     "fused": (seq([list(range(g, g + 4)) for g in range(0, K, 4)]),

@@ -496,11 +496,11 @@ def _index_order(node) -> str:
 
 def _parts(parts: list, how: str, depth: int) -> str:
     sizes = [len(leaves(p)) for p in parts]
-    first = sorted(leaves(parts[0]))
-    stride = first[1] - first[0] if len(first) > 1 else 0
-    lanes = len(parts) > 1 and stride == len(parts) and all(
-        sorted(leaves(p)) == list(range(first[0] + i, first[0] + i + stride * len(first), stride))
-        for i, p in enumerate(parts))
+    # lanes: part i holds every n-th product from start + i (n parts), whatever order the parts
+    # are added in (a horizontal reduction adds lane 4 to lane 0 first)
+    held = sorted(sorted(leaves(p)) for p in parts)
+    n, start = len(parts), held[0][0]
+    lanes = n > 1 and all(h == list(range(start + i, start + i + n * len(h), n)) for i, h in enumerate(held))
     same = len(set(sizes)) == 1
     inner = "..." if depth > 3 else describe(parts[0], depth + 1) if same else "varied"
     size = f"{sizes[0]}" if same else f"{min(sizes)}..{max(sizes)}"
