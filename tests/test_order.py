@@ -462,6 +462,7 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     (["--m", "4", "--k", "8", "--n", "4", "--device", "cuda"], "cuda"),
     (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}"], "exists"),
     (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}/no/such/o.json"], "folder does not exist"),
+    (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}/o.json/"], "o.json/: it ends in a slash, as a folder's name does"),
     (["--m", "4", "--k", "8", "--n", "4", "--json", "/proc/o.json"], "/proc/o.json: its folder is not writable ("),
     (["--m", "4", "--k", "8", "--n", "4", "--json", ""], "--json: needs a file name, got an empty one"),  # was ". exists"
 ])

@@ -339,6 +339,7 @@ BASE = ["--vary", "n", "--range", "2:40", "--m", "2", "--k", "32", "--dtype", "f
     ([*BASE, "--plot", "x.svg"], "PNG"),
     ([*BASE, "--resume", "/nonexistent/scan.json"], "no such file"),
     ([*BASE, "--json", "/nonexistent/dir/scan.json"], "folder does not exist"),
+    ([*BASE, "--json", "/proc/scan.json/"], "/proc/scan.json/: it ends in a slash"),  # never written, on old code either
     ([*BASE, "--step", "0"], "at least 1"),
     ([*BASE, "--json", ""], "argument --json: needs a file name, got an empty one"),
     ([*BASE, "--resume", ""], "argument --resume: needs a file name"),

@@ -610,6 +610,7 @@ def test_output_never_replaces_a_file_and_never_waits_on_a_fifo(capsys, tmp_path
     os.mkfifo(fifo)
     for target, message in ((machine_json, "exists; remove it"), (fifo, "exists; remove it"),
                             (tmp_path / "no" / "s.md", "its folder does not exist"), ("", "the name is empty"),
+                            (f"{tmp_path}/s.md/", "ends in a slash"),
                             ("/proc/s.md", r"its folder is not writable \(")):  # root passes os.access there
         rc, out, err = run_cli(capsys, tree.root, "--output", target)
         assert rc == 2 and out == "", (target, err)

@@ -89,6 +89,8 @@ def folder_problem(path: Path | str) -> str | None:
     """Why no file can be written at ``path`` by these functions, or None: its folder is missing,
     or refuses a new file. Tried with a temporary file, as a write makes one there: os.access
     says yes to root where the file system still says no (/proc)."""
+    if str(path).endswith(os.sep):  # Path() drops the slash: x.json/ would be written as x.json
+        return "it ends in a slash, as a folder's name does; name a file"
     folder = Path(path).absolute().parent
     if not folder.is_dir():
         return "its folder does not exist"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from . import cases
 from .cli_scan import _file, _positive
@@ -31,7 +30,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=cases.DEVICES)
     p.add_argument("--row", type=int, default=0, help="the entry's row (default 0)")
     p.add_argument("--col", type=int, default=0, help="the entry's column (default 0)")
-    p.add_argument("--json", type=lambda text: Path(_file(text)), metavar="FILE",
+    p.add_argument("--json", type=_file, metavar="FILE",
                    help="write the tree and what was measured")
     p.add_argument("--verify", action="store_true", help="replay the tree against the kernel on 100 random draws")
     p.add_argument("--max-calls", type=_positive, default=4000,
