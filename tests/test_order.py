@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -762,3 +763,12 @@ def test_a_corrupt_catalog_entry_is_kept_aside_and_the_tree_stored_again(tmp_pat
     (kept,) = (tmp_path / "orders").glob(f"{entry.name}.replaced-*")
     assert kept.read_text() == good[:20] and catalog.find(tmp_path, entry.stem) == [("orders", ident)]
     assert cli.main(["catalog", entry.stem, "--root", str(tmp_path)]) == 0
+
+
+def test_the_counts_line_reads_as_english(tmp_path, capsys, monkeypatch):
+    from matmul_drift import cli
+
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path))
+    assert cli.main(["order", "--m", "1", "--k", "2", "--n", "1", "--dtype", "float32"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert re.match(r"order-id [0-9a-f]{12}; \d+ matmul calls, \d+ pairs, 1 round, ", line), line

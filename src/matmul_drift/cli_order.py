@@ -114,7 +114,7 @@ def run(args) -> int:
     where = f"{t.case.id}" + (f"[:, :{t.slice_n}]" if t.slice_n else f"[:{t.slice_m}]" if t.slice_m else "")
     where += " (A 2-D)" if t.form == "2d" else ""
     print(f"{where} {t.dtype} on {t.device}, entry ({t.row}, {t.col}), K = {t.k}: {words}")
-    print(f"order-id {catalog.hex_id(oid)}; {r.calls} matmul calls, {r.probes} pairs, {r.rounds} rounds, "
+    print(f"order-id {catalog.hex_id(oid)}; {r.calls} matmul calls, {r.probes} pairs, {r.rounds} round{'s' * (r.rounds != 1)}, "
           f"{r.seconds:.1f} s; {'; '.join(r.notes)}")
     if verified:
         ways = verified.get("fused_add")
