@@ -292,3 +292,25 @@ def test_the_suite_records_the_cheapest_full_fix_and_its_verdicts(tmp_path):
                                env={**os.environ, **c.env}, capture_output=True, text=True, timeout=300)
             assert p.returncode == 0, p.stderr
             assert (entry["verdicts"][c.name] == "removes") == json.loads(p.stdout.strip().splitlines()[-1]), (k, c.name)
+
+
+def _result(**ulps) -> dict:
+    """A fixrun result whose drift kinds differ by ``ulps`` (max_ulp; 0: bit-identical)."""
+    return {"drift": {k: {"max_ulp": ulps.get(k, 0), "max_u": float(ulps.get(k, 0)), "frac_differ": 0.5 if ulps.get(k) else 0.0}
+                      for k in fixes.DRIFTS}}
+
+
+def test_a_candidate_that_moves_the_drift_to_another_slice_removes_nothing():
+    # MKL_CBWR=AVX2 on an Intel Xeon with AMX, 16x128x64 fp32: A[:1] @ B becomes bit-identical
+    # to (A @ B)[:1], while A @ B[:, :31] starts to differ from (A @ B)[:, :31].
+    base, moved = _result(slice_m=3), _result(slice_n=2)
+    assert fixfind.verdict(base, moved) == "adds drift"
+    assert fixfind.verdict(base, _result()) == "removes"
+    assert fixfind.verdict(base, _result(slice_m=3, run_to_run=1)) == "adds drift"
+    assert fixfind.verdict(_result(slice_m=3, slice_n=2), _result(slice_n=2)) == "reduces"
+    row = {"name": "MKL_CBWR=AVX2", "code_change": None, "verdict": "adds drift", "drift": moved["drift"],
+           "time_ratio": 1.0, "spread": 0.1, "error_u": 5.0}
+    text = fixfind.render({"baseline": base, "drifts": ["slice_m"], "candidates": [row], "cheapest": None})
+    line = next(ln for ln in text.splitlines() if ln.startswith("MKL_CBWR=AVX2"))
+    assert "slice_n: 2 ulp, 50.0%" in line and "slice_m: 0 ulp" in line, line
+    assert text.strip().splitlines()[-1] == "no candidate removes every drift of this case"

@@ -2,9 +2,11 @@
 own (fixrun.py), against a baseline measured the same way, and a verdict for each.
 
 Verdicts: "removes" when every drift the case has is gone, bit for bit, on every compared
-entry (measured, not inferred); "reduces" when some drift is gone or smaller (max_u or the
-share of entries); "no effect" otherwise; "not applicable" with the reason; "failed" when
-the candidate's process crashed or timed out (the others still run); "not tried" when the
+entry, and no other appeared (measured, not inferred); "adds drift" when a slice or repeat
+that was bit-identical drifts under the candidate; "reduces" when some drift is gone or
+smaller (max_u or the share of entries); "no effect" otherwise; "not applicable" with the
+reason; "failed" when the candidate's process crashed or timed out (the others still
+run); "not tried" when the
 budget was spent before its process could start, or a signal stopped the finder first or
 during it (``stopped``). Times are seconds per
 call of the compared computation; ``time_ratio`` is the candidate's over the baseline's,
@@ -59,11 +61,14 @@ def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped
 
 
 def verdict(base: dict, got: dict) -> str:
-    """removes / reduces / no effect, for the case's drifts ``drifting(base)``."""
-    want = drifting(base)
-    left = drifting(got) & want
+    """removes / adds drift / reduces / no effect, for the case's drifts ``drifting(base)``.
+    "removes" only where nothing compared drifts under the candidate: one that clears a
+    slice_m drift but makes slice_n drift has removed nothing ("adds drift")."""
+    want, left = drifting(base), drifting(got)
     if not left:
         return "removes"
+    if left - want:
+        return "adds drift"
     smaller = any(got["drift"][k]["max_u"] < base["drift"][k]["max_u"]
                   or got["drift"][k]["frac_differ"] < base["drift"][k]["frac_differ"] for k in want)
     return "reduces" if len(left) < len(want) or smaller else "no effect"
@@ -177,7 +182,8 @@ def render(report: dict) -> str:
     rows = []
     for r in report["candidates"]:
         d = r.get("drift") or {}
-        cells = [f"{k}: {d[k]['max_ulp']} ulp, {d[k]['frac_differ']:.1%}" for k in report["drifts"] if k in d]
+        shown = set(report["drifts"]) | (drifting(r) if d else set())  # a drift the candidate adds too
+        cells = [f"{k}: {d[k]['max_ulp']} ulp, {d[k]['frac_differ']:.1%}" for k in sorted(shown) if k in d]
         t = r.get("time_ratio")
         rows.append([r["name"] + (" (code change)" if r["code_change"] else ""), r["verdict"],
                      "; ".join(cells) or r.get("reason", ""),
