@@ -314,3 +314,18 @@ def test_a_candidate_that_moves_the_drift_to_another_slice_removes_nothing():
     line = next(ln for ln in text.splitlines() if ln.startswith("MKL_CBWR=AVX2"))
     assert "slice_n: 2 ulp, 50.0%" in line and "slice_m: 0 ulp" in line, line
     assert text.strip().splitlines()[-1] == "no candidate removes every drift of this case"
+
+
+@pytest.mark.parametrize("setup, expect", [
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", {"failed": "crashed (killed by SIGSEGV)"}),
+    ("import os\nos._exit(0)", {"failed": "ended (exit 0) without printing its result"}),
+    ("import atexit\natexit.register(print, 'a library says goodbye')", None),  # the result stands
+], ids=["segfault", "silent exit 0", "prints after its result"])
+def test_a_child_that_dies_or_prints_oddly_is_one_line_in_its_row(setup, expect):
+    c = fixes.Candidate("odd", "cpu", fixes.DRIFTS, setup=setup)
+    spec = {"m": 2, "k": 16, "n": 8, "dtype": "float32", "device": "cpu", "repeat": 2, "slice_m": [1], "codes": [None]}
+    (got,) = fixfind._child([spec], c, timeout=120)
+    if expect:
+        assert got == expect
+    else:
+        assert set(got) == {"None"} and set(got["None"]["drift"]) == {"slice_m", "run_to_run"}, got

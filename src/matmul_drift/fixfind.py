@@ -56,8 +56,30 @@ def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped
         err.seek(0)
         if p.returncode != 0:
             lines = [ln for ln in err.read().splitlines() if ln.strip()]
-            return [{"failed": f"crashed (exit {p.returncode}): {lines[-1] if lines else ''}"[:300]}] * len(specs)
-        return json.loads(out.read().strip().splitlines()[-1])
+            how = f"killed by {_signal_name(-p.returncode)}" if p.returncode < 0 else f"exit {p.returncode}"
+            return [{"failed": (f"crashed ({how})" + (f": {lines[-1]}" if lines else ""))[:300]}] * len(specs)
+        got = _result(out.read(), len(specs))
+        return got or [{"failed": "ended (exit 0) without printing its result"}] * len(specs)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return interrupt.name(signum)
+    except ValueError:  # a number Python has no name for
+        return f"signal {signum}"
+
+
+def _result(text: str, count: int) -> list[dict] | None:
+    """fixrun's JSON line (a list of ``count`` dicts) from the child's stdout, or None: a
+    library may print after it (at exit) or the process may end before it."""
+    for line in reversed(text.splitlines()):
+        try:
+            got = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(got, list) and len(got) == count and all(isinstance(g, dict) for g in got):
+            return got
+    return None
 
 
 def verdict(base: dict, got: dict) -> str:
