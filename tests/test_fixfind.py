@@ -329,3 +329,36 @@ def test_a_child_that_dies_or_prints_oddly_is_one_line_in_its_row(setup, expect)
         assert got == expect
     else:
         assert set(got) == {"None"} and set(got["None"]["drift"]) == {"slice_m", "run_to_run"}, got
+
+
+def test_only_the_drifting_slices_are_timed(monkeypatch):
+    """A slice that does not drift is no part of what a fix replaces: with slice_m drifting and
+    slice_n not, the baseline times A[:1] @ B alone (not A @ B[:, :7] too), and "full product,
+    then slice" one full product. Before, the baseline summed both, and the full product read
+    0.66x of it for 64x512x256 fp32, where it costs 13.6x A[:1] @ B (pad m to 4: 1.9x)."""
+    from matmul_drift import fixrun
+
+    shapes: list[tuple] = []
+    real = measure.Operands.product
+
+    def product(self, a=None, b=None):
+        shapes.append((tuple((self.a if a is None else a).shape), tuple((self.b if b is None else b).shape)))
+        return real(self, a, b)
+
+    timed: dict[str, list] = {}
+
+    def time_call(fn, device, **kw):
+        shapes.clear()
+        fn()
+        timed[len(timed)] = list(shapes)
+        return {"median": 1.0, "iqr": 0.0}
+
+    monkeypatch.setattr(measure.Operands, "product", product)
+    monkeypatch.setattr(measure, "time_call", time_call)
+    spec = {"m": 8, "k": 16, "n": 8, "dtype": "float32", "device": "cpu", "repeat": 2, "slice_m": [1], "slice_n": [7],
+            "codes": [None, "full", "pad:m:4"], "drifts": ["slice_m"]}
+    fixrun.run(spec)
+    assert timed == {0: [((1, 16), (16, 8))], 1: [((8, 16), (16, 8))], 2: [((4, 16), (16, 8))]}, timed
+    timed.clear()
+    fixrun.run({**spec, "codes": [None], "drifts": ["run_to_run"]})  # repeats alone drift: the full product
+    assert timed == {0: [((8, 16), (16, 8))]}, timed

@@ -9,8 +9,9 @@ reason; "failed" when the candidate's process crashed or timed out (the others s
 run); "not tried" when the
 budget was spent before its process could start, or a signal stopped the finder first or
 during it (``stopped``). Times are seconds per
-call of the compared computation; ``time_ratio`` is the candidate's over the baseline's,
-``spread`` the two relative IQRs added.
+call of the compared computation: the slices that drift, one after another (fixrun.py);
+``time_ratio`` is the candidate's over the baseline's, ``spread`` the two relative IQRs
+added.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ Printed, one JSON line, a list with {code: result} per SPEC (or {"failed": why} 
 SPEC raised); a result holds, for each drift kind, the worst drift over the slices of
 the computation under the candidate against the full product under the same setting
 (max_ulp in output ulps, max_u in u, frac_differ a fraction); error_u of the full
-product (u); the route of the sliced computation; and its seconds per call of all
-its slices one after another, the full product once for "full" (None where not
-timed).
+product (u); the route of the sliced computation; and its seconds per call of its
+slices of the drifting kinds one after another, the full product once for "full" and
+where no slice drifts (None where not timed).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def run(spec: dict) -> dict:
                 d = measure._compare(bits, values, y, absprod, dtype, cut, k, precision)
                 out["drift"][kind] = _worse(d, out["drift"].get(kind))
                 routes.setdefault(kind, []).extend(names)
-                calls.setdefault(str(code), []).append(call)
+                calls.setdefault(str(code), []).append((kind, call))
             out["kernels"] = {kind: kernels.unique(names) for kind, names in routes.items()}
             out["drift"]["run_to_run"] = worst
             runs[str(code)] = out
@@ -141,8 +141,11 @@ def run(spec: dict) -> dict:
         quick = {"min_runs": 3, "min_seconds": 0.05} if lean else {}  # the suite's time is a rough guide
         for code, out in runs.items():
             if not lean or (code == "None" and spec.get("baseline")) or (kinds and not drifting(out)):
-                # Timed: every sliced computation, one after another; the full product once for "full".
-                todo = [ops.product] if code == "full" or not calls.get(code) else calls[code]
+                # Timed: the computations of the drifting slices, one after another (a slice that
+                # does not drift is no part of what a fix replaces); the full product once for
+                # "full", and where no slice drifts (repeats alone, or nothing).
+                todo = [call for kind, call in calls.get(code, []) if kind in kinds]
+                todo = [ops.product] if code == "full" or not todo else todo
                 out["seconds"] = measure.time_call(lambda todo=todo: [c() for c in todo], device, **quick)
     return runs
 
