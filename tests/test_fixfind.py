@@ -362,3 +362,32 @@ def test_only_the_drifting_slices_are_timed(monkeypatch):
     timed.clear()
     fixrun.run({**spec, "codes": [None], "drifts": ["run_to_run"]})  # repeats alone drift: the full product
     assert timed == {0: [((8, 16), (16, 8))]}, timed
+
+
+def test_each_setting_is_in_force_in_its_process_as_its_kernels_show(report):
+    """The route each setting's process reports for its own products (MKL verbose: the CNR
+    mode and thread count MKL used), not the variables it was given."""
+    rows = {r["name"]: r for r in report["candidates"] if r.get("kernels")}
+    mkl = {name: [k for ks in r["kernels"].values() for k in ks if k.startswith("MKL ")] for name, r in rows.items()}
+    if not mkl["one thread"]:
+        pytest.skip("fp32 does not run MKL here: its verbose lines are the evidence")
+    assert all("NThr:1" in k.split() for k in mkl["one thread"]), mkl["one thread"]
+    for mode in ("COMPATIBLE", "AVX2", "AUTO"):
+        assert mkl[f"MKL_CBWR={mode}"] and all(f"CNR:{mode}" in k.split() for k in mkl[f"MKL_CBWR={mode}"]), mkl
+
+
+def test_the_onednn_cap_is_in_force_from_library_load():
+    """ONEDNN_MAX_CPU_ISA is read when oneDNN loads: where bf16 runs a oneDNN kernel, the step
+    down's process reports another implementation than the default's, for the same product."""
+    spec = {"m": 16, "k": 64, "n": 48, "dtype": "bfloat16", "device": "cpu", "repeat": 1, "slice_m": [3], "codes": [None]}
+    (base,) = fixfind._child([spec], None, timeout=120)
+    route = [k for k in base["None"]["kernels"]["slice_m"] if k.startswith("oneDNN")]
+    if not route:
+        pytest.skip("bf16 runs no oneDNN kernel on this CPU")
+    (c, why), = [(c, why) for c, why in fixes.candidates("cpu", {"slice_m"}, "m", fixes.onednn_isa(machine.fingerprint()["isa"]))
+                 if "ONEDNN_MAX_CPU_ISA" in c.env]
+    if why:
+        pytest.skip(why)
+    (got,) = fixfind._child([spec], c, timeout=120)
+    capped = [k for k in got["None"]["kernels"]["slice_m"] if k.startswith("oneDNN")]
+    assert capped != route, (c.name, route, capped)
