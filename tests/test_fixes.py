@@ -106,3 +106,32 @@ def test_cuda_preludes_compile_and_name_real_torch_settings():
 ])
 def test_onednn_isa_and_its_step_down(flags, isa, down):
     assert fixes.onednn_isa(flags) == isa and fixes.isa_step_down(isa) == down
+
+
+AMX = {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"}
+
+
+@pytest.mark.parametrize("cap,isa", [
+    ("AVX2", "AVX2"), ("avx2", "AVX2"), ("AVX10_1_512", "AVX512_CORE_FP16"), ("AVX512_CORE_BF16", "AVX512_CORE_BF16"),
+    ("AVX512_CORE_AMX_FP16", "AVX512_CORE_AMX"),  # above the CPU: oneDNN runs what the CPU has
+    ("ALL", "AVX512_CORE_AMX"), ("", "AVX512_CORE_AMX"), (None, "AVX512_CORE_AMX"), ("bogus", "AVX512_CORE_AMX"),
+])
+def test_the_step_down_starts_from_a_cap_already_in_force(cap, isa):
+    # Under ONEDNN_MAX_CPU_ISA=AVX2 the step down from the CPU's AVX512_CORE_AMX (to AVX512_CORE_FP16)
+    # would raise oneDNN's ISA above what it runs: a step up, offered as a step down.
+    assert fixes.onednn_isa(AMX, cap) == isa
+
+
+def test_explain_takes_the_step_down_from_its_own_onednn_cap(monkeypatch, capsys):
+    from matmul_drift import cli, fixfind, machine
+
+    seen = []
+    monkeypatch.setattr(machine, "fingerprint", lambda: {"isa": sorted(AMX)})
+    monkeypatch.setattr(fixfind, "try_fixes_many", lambda specs, isa, **kw: seen.append(isa) or [
+        {"baseline": {"drift": {}}, "drifts": [], "candidates": [], "cheapest": None}])
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert cli.main(["explain", "--m", "2", "--k", "16", "--n", "8", "--dtype", "float32", "--try-fixes", "--json"]) == 0
+    json.loads(capsys.readouterr().out)
+    assert seen == ["AVX2"]
+    assert [c.name for c, why in fixes.candidates("cpu", ALL, "n", seen[0]) if "ONEDNN_MAX_CPU_ISA" in c.env] == \
+        ["ONEDNN_MAX_CPU_ISA=AVX"]

@@ -81,16 +81,26 @@ CANDIDATES: tuple[Candidate, ...] = (
 )
 
 
-def onednn_isa(flags: set[str] | list[str]) -> str:
-    """The highest oneDNN ISA name for a CPU with these /proc/cpuinfo flags (machine.py's)."""
+# oneDNN's other names for three of them (ONEDNN_MAX_CPU_ISA takes either)
+ONEDNN_ALIASES = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_CORE_AMX",
+                  "AVX10_1_512_AMX_FP16": "AVX512_CORE_AMX_FP16"}
+
+
+def onednn_isa(flags: set[str] | list[str], cap: str | None = None) -> str:
+    """The highest oneDNN ISA name for a CPU with these /proc/cpuinfo flags (machine.py's), or
+    ``cap`` (this process's ONEDNN_MAX_CPU_ISA) where that is lower: the step down is taken
+    from what oneDNN runs now, not from above it."""
     f = set(flags)
+    top = "SSE41"
     for need, isa in (({"amx_tile", "amx_fp16", "avx512_fp16"}, "AVX512_CORE_AMX_FP16"),
                       ({"amx_tile", "amx_bf16"}, "AVX512_CORE_AMX"), ({"avx512_fp16"}, "AVX512_CORE_FP16"),
                       ({"avx512_bf16"}, "AVX512_CORE_BF16"), ({"avx512_vnni"}, "AVX512_CORE_VNNI"),
                       ({"avx512f", "avx512bw", "avx512vl"}, "AVX512_CORE"), ({"avx2"}, "AVX2"), ({"avx"}, "AVX")):
         if need <= f:
-            return isa
-    return "SSE41"
+            top = isa
+            break
+    cap = ONEDNN_ALIASES.get((cap or "").strip().upper(), (cap or "").strip().upper())
+    return cap if cap in ONEDNN_ISAS and ONEDNN_ISAS.index(cap) > ONEDNN_ISAS.index(top) else top
 
 
 def isa_step_down(current: str | None) -> str | None:
