@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -54,3 +57,31 @@ def test_the_recorded_cublas_version_is_the_one_torch_loaded(monkeypatch, mapped
         assert environment._cublas_version() == want
     finally:
         environment._cublas_version.cache_clear()
+
+
+_ENV_AFTER = """
+import sys
+from matmul_drift import cases, measure
+for p in sys.argv[1:]:
+    m = measure.measure(cases.adhoc(4, 8, 4), p, "cpu", timing=False, repeat=1)
+print(m.env_id, m.environment["cpu"]["mkl_code_path"] is not None)
+"""
+
+
+def test_a_cpu_env_id_does_not_depend_on_what_the_process_measured_before():
+    """MKL prints its banner (the code path it took) once a process, at the first call made
+    with its verbose mode on. A bfloat16 product takes oneDNN or torch's own path, so a process
+    that measured bfloat16 first recorded no code path, and another env-id than one that measured
+    float64 first: `MATMUL_DRIFT_PRECISIONS=bfloat16` and a full run disagreed on one environment."""
+    def env_after(*precisions):
+        p = subprocess.run([sys.executable, "-c", _ENV_AFTER, *precisions], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout.split()
+
+    alone, after_float64 = env_after("bfloat16"), env_after("float64", "bfloat16")
+    # this machine's MKL prints a banner, or there is none to record (a torch without MKL)
+    code = "import torch; a = torch.ones(2, 2, dtype=torch.float64); a @ a"
+    banner = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "MKL_VERBOSE": "1"}).stdout.startswith("MKL_VERBOSE")
+    assert after_float64 == [after_float64[0], str(banner)]
+    assert alone == after_float64

@@ -377,5 +377,16 @@ def route(fn, device: str) -> list[str]:
     return traced(fn, device)[1]
 
 
-def seen_mkl_banner() -> str | None:
-    return _BANNER[0] if _BANNER else None
+def mkl_code_path() -> str | None:
+    """MKL's banner (its version and code path), None where this torch has no MKL. MKL prints
+    it once a process, at the first call with verbose on; where no traced call has made one
+    (a bfloat16 product takes oneDNN), a 1×1 float64 product does, so that the environment
+    does not depend on which products the process made first."""
+    if not _BANNER:
+        import torch
+
+        one = torch.ones(1, 1, dtype=torch.float64)
+        cpu_route(lambda: one @ one)
+        if not _BANNER:  # no MKL: asked once a process
+            _BANNER.append(None)
+    return _BANNER[0]

@@ -314,7 +314,7 @@ def measure_operands(
 
         run_to_run = {"repeat": repeat, **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat, precision)}
         seconds = time_call(ops.product, device) if timing else None
-        env = environment.describe(device, kernels.seen_mkl_banner() if device == "cpu" else None)
+        env = environment.describe(device, kernels.mkl_code_path() if device == "cpu" else None)
 
     s = case.shape(device)
     return Measurement(
