@@ -533,3 +533,23 @@ def test_sizes_beyond_any_machine_are_one_line_even_without_the_host_memory_chec
     """--no-host-memory-check skips MemAvailable, not sense: sizes past int64 were tracebacks."""
     rc, out, err = _main(*args, "--no-host-memory-check")
     assert (rc, out) == (2, "") and err.count("\n") == 1 and "beyond any machine's memory (1 EiB)" in err, err
+
+
+def test_an_unreadable_candidate_of_a_rounded_id_does_not_hide_the_others(tmp_path):
+    """`catalog 1.43e+14` where two entries round to it and one is broken: the other was never
+    shown (the listing stopped at the broken one with its error)."""
+    import itertools
+
+    from matmul_drift import catalog
+
+    seen = {}
+    for i in itertools.count():  # two objects whose ids asv's graphs show alike
+        rounded = f"{float(catalog.object_id({'x': i})):.3g}"
+        if rounded in seen:
+            break
+        seen[rounded] = i
+    good, bad = (catalog.store(tmp_path, kind, {"x": x}) for kind, x in (("env", seen[rounded]), ("kernels", i)))
+    catalog.entry_path(tmp_path, "kernels", bad).write_text("")
+    rc, out, err = _main("catalog", "--root", str(tmp_path), rounded)
+    assert rc == 2 and f"env {good:012x}" in out and f'"x": {seen[rounded]}' in out, (out, err)
+    assert err == f"matmul-drift: error: catalog entry kernels/{bad:012x} is unreadable: Expecting value: line 1 column 1 (char 0)\n"

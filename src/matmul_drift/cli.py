@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_catalog(args) -> int:
-    """Print every catalog entry the id can name; 2 when none does."""
+    """Print every catalog entry the id can name; 2 when none does or one is unreadable."""
     from . import catalog
 
     root = args.root or catalog.default_root()
@@ -400,11 +400,13 @@ def run_catalog(args) -> int:
         raise UsageError(f"no catalog entry under {root} has the id {args.id}")
     if len(found) > 1:
         print(f"{args.id} can be any of {len(found)} entries (asv rounded it):")
+    broken = []
     for kind, ident in found:
         try:
             entry = catalog.load(root, kind, ident)
         except catalog.MissingEntry as exc:
-            raise UsageError(str(exc)) from None
+            broken.append(str(exc))  # the other candidates are still shown
+            continue
         print(f"{kind} {catalog.hex_id(ident)} (asv: {float(ident):.1f}, {float(ident):.3g})")
         if kind == "kernels" and isinstance(entry, dict):
             for product, names in entry.items():
@@ -417,6 +419,8 @@ def run_catalog(args) -> int:
             print(f"  K = {entry['k']}: {order.describe(entry['tree'])}\n  {order.to_json(entry['tree'])}")
         else:
             print("  " + json.dumps(entry, indent=2, sort_keys=True).replace("\n", "\n  "))
+    if broken:
+        raise UsageError("; ".join(broken))
     return 0
 
 
