@@ -198,6 +198,31 @@ def test_onednn_line_normalised():
     assert kernels.normalise_onednn("onednn_verbose,v1,info,cpu,runtime:OpenMP") is None
 
 
+ONEDNN_NN = ("onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx10_1_512_amx,undef,src:bf16::blocked:ab::f0 "
+             "wei:bf16::blocked:ab::f0 dst:bf16::blocked:ab::f0,attr-scratchpad:user,,256x1024:1024x1024,0.177002")
+
+
+def test_onednn_names_keep_a_transposed_operand_and_drop_its_strides():
+    """MKL's SGEMM(N,T) names a transposed B; oneDNN's verbose line says so in the layout tag
+    (wei ``ba``), which was dropped, so A @ B and A @ Bᵀ-stored had one kernel-id while giving
+    different bits (bfloat16 256×1024 @ 1024×1024 on an AMX Xeon, 0.25 apart). The leading
+    dimension (``1024x1``, a slice's) is the shape's and goes; a plain row-major tag adds nothing,
+    so the ids already recorded stay."""
+    nt = ONEDNN_NN.replace("wei:bf16::blocked:ab::f0", "wei:bf16::blocked:ba::f0")
+    strided = ONEDNN_NN.replace("wei:bf16::blocked:ab::f0", "wei:bf16::blocked:ab:1024x1:f0")
+    batched = ONEDNN_NN.replace(":ab::", ":abc::")
+    plain = "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16 wei:bf16 dst:bf16"
+    assert kernels.normalise_onednn(ONEDNN_NN) == kernels.normalise_onednn(strided) == kernels.normalise_onednn(batched) == plain
+    assert kernels.normalise_onednn(nt) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16 wei:bf16:ba dst:bf16"
+    assert kernels.normalise_onednn(nt.replace("src:bf16::blocked:ab::", "src:bf16::blocked:ba::")) == (
+        "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16:ba wei:bf16:ba dst:bf16")
+    # live: where this CPU sends a bfloat16 product to oneDNN, B stored transposed is named so
+    a, b = torch.ones(8, 64, dtype=torch.bfloat16), torch.ones(64, 32, dtype=torch.bfloat16)
+    routes = [kernels.route(lambda b=b: a @ b, "cpu")[-1] for b in (b, b.t().contiguous().t())]
+    if all(r.startswith("oneDNN") for r in routes):
+        assert routes[1] == routes[0].replace(" wei:bf16", " wei:bf16:ba"), routes
+
+
 def test_torch_version_check():
     suite.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": "virtualenv-py3.11-numpy-torch2.13.0-wheel"})
     with pytest.raises(RuntimeError, match="names torch 2.14.1"):

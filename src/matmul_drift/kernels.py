@@ -63,8 +63,18 @@ def normalise_onednn(line: str) -> str | None:
         _engine, prim, impl, _prop, descs = parts[i + 1 : i + 6]
     except ValueError:
         return None
-    types = " ".join(f"{d.split(':')[0]}:{d.split(':')[1]}" for d in descs.split() if d.count(":") >= 1)
+    types = " ".join(_onednn_desc(d) for d in descs.split() if d.count(":") >= 1)
     return f"oneDNN {prim} {impl} {types}".strip()
+
+
+def _onednn_desc(desc: str) -> str:
+    """``wei:bf16::blocked:ba:1x1024:f0`` -> ``wei:bf16:ba``: the argument, its data type and,
+    where it is not plain row-major (``ab``, ``abc``), its layout tag, which names a transposed
+    operand as MKL's ``T`` does. The strides (a leading dimension) are the shape's and go."""
+    f = desc.split(":")
+    tag = f[4] if len(f) == 7 else ""  # oneDNN 3's arg:dt:extra:kind:tag:strides:flags
+    plain = tag == "abcdefghijkl"[: len(tag)]
+    return ":".join(f[:2]) + ("" if plain else f":{tag}")
 
 
 def normalise_cuda(name: str) -> str:
