@@ -223,6 +223,26 @@ def test_onednn_names_keep_a_transposed_operand_and_drop_its_strides():
         assert routes[1] == routes[0].replace(" wei:bf16", " wei:bf16:ba"), routes
 
 
+def test_onednn_names_keep_the_math_mode_of_an_fp32_product():
+    """With torch.set_float32_matmul_precision("medium") a CPU fp32 product can go to oneDNN with
+    its products in bfloat16 (``attr-fpmath:bf16``); that attribute was dropped, so the kernel
+    list read as a plain fp32 oneDNN matmul (as aarch64 builds run fp32 by default). The
+    scratchpad attribute says where scratch memory comes from and stays out."""
+    fpmath = ONEDNN_NN.replace(":bf16:", ":f32:").replace("attr-scratchpad:user", "attr-scratchpad:user attr-fpmath:bf16")
+    strict = ONEDNN_NN.replace(":bf16:", ":f32:")
+    assert kernels.normalise_onednn(strict) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:f32 wei:f32 dst:f32"
+    assert kernels.normalise_onednn(fpmath) == kernels.normalise_onednn(strict) + " attr-fpmath:bf16"
+    a = torch.ones(16, 16)
+    saved = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        got = kernels.route(lambda: a @ a, "cpu")[-1]
+    finally:
+        torch.set_float32_matmul_precision(saved)
+    if got.startswith("oneDNN"):  # this CPU has a bfloat16 route for fp32 products
+        assert got.endswith(" attr-fpmath:bf16"), got
+
+
 def test_torch_version_check():
     suite.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": "virtualenv-py3.11-numpy-torch2.13.0-wheel"})
     with pytest.raises(RuntimeError, match="names torch 2.14.1"):

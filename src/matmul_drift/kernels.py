@@ -54,17 +54,19 @@ def normalise_mkl(line: str) -> str | None:
 
 def normalise_onednn(line: str) -> str | None:
     """An ``onednn_verbose,...,primitive,exec,cpu,matmul,<impl>,..,<descs>,..,<sizes>,<ms>`` line
-    -> ``oneDNN matmul <impl> <data types>``; None for headers, info and creation lines."""
+    -> ``oneDNN matmul <impl> <data types> <attributes>``; None for headers, info and creation lines."""
     parts = line.strip().split(",")
     if not parts or not parts[0].endswith("_verbose") or "exec" not in parts:
         return None
     i = parts.index("exec")
     try:
-        _engine, prim, impl, _prop, descs = parts[i + 1 : i + 6]
+        _engine, prim, impl, _prop, descs, attrs = parts[i + 1 : i + 7]
     except ValueError:
         return None
     types = " ".join(_onednn_desc(d) for d in descs.split() if d.count(":") >= 1)
-    return f"oneDNN {prim} {impl} {types}".strip()
+    # attributes change the sum (attr-fpmath:bf16: products in bfloat16); the scratchpad's owner does not
+    kept = " ".join(a for a in attrs.split() if a.startswith("attr-") and not a.startswith("attr-scratchpad"))
+    return f"oneDNN {prim} {impl} {types} {kept}".strip()
 
 
 def _onednn_desc(desc: str) -> str:
