@@ -85,3 +85,15 @@ def test_a_cpu_env_id_does_not_depend_on_what_the_process_measured_before():
                             env={**os.environ, "MKL_VERBOSE": "1"}).stdout.startswith("MKL_VERBOSE")
     assert after_float64 == [after_float64[0], str(banner)]
     assert alone == after_float64
+
+
+def test_a_backend_precision_set_by_the_newer_api_is_recorded_not_raised():
+    # torch refuses get_float32_matmul_precision() once code set a backend's fp32_precision;
+    # a fresh process, as the setting lasts for the process.
+    code = ("import torch; torch.backends.mkldnn.matmul.fp32_precision = 'bf16'\n"
+            "from matmul_drift import environment\n"
+            "print(environment.flags()['float32_matmul_precision'])\n"
+            "print(environment.describe('cpu')['flags']['float32_matmul_precision'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["mkldnn=bf16, cuda=none"] * 2

@@ -49,13 +49,23 @@ def _safe(fn, default=None):
         return default
 
 
+def _float32_precision(torch) -> str:
+    """torch.get_float32_matmul_precision(); where code set a backend's fp32_precision (the
+    newer API), torch refuses that call, so each backend's setting: "mkldnn=bf16, cuda=none"."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return ", ".join(f"{name}={_safe(lambda b=b: b.matmul.fp32_precision)}"
+                         for name, b in (("mkldnn", torch.backends.mkldnn), ("cuda", torch.backends.cuda)))
+
+
 def flags() -> dict:
     """Every matmul flag torch exposes, as plain values."""
     import torch
 
     m = torch.backends.cuda.matmul
     return {
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "float32_matmul_precision": _float32_precision(torch),
         "cuda_matmul_allow_tf32": bool(m.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "allow_fp16_reduced_precision_reduction": _safe(lambda: bool(m.allow_fp16_reduced_precision_reduction)),
