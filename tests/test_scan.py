@@ -90,6 +90,61 @@ def test_a_region_narrower_than_the_step_can_be_missed():
     assert pairs({"boundaries": scan.boundaries(points)}) == [(49, 50), (52, 53)]
 
 
+def _kernel_run(start, end):
+    """Kernel b at sizes start..end, a elsewhere: A → B → A."""
+    return lambda s: {**fake_point(s, []), "kernel_id": "b" if start <= s <= end else "a"}
+
+
+def _widest_class_gap(lo, hi, step):
+    """From the sizes the search evaluates where nothing changes: the widest distance between
+    neighbouring grid points of a class that skips members (0 when none does)."""
+    by_class = scan._by_class(scan.class_search(lo, hi, lambda s: fake_point(s, []), step=step))
+    gaps = []
+    for c, sizes in by_class.items():
+        d = [b - a for a, b in zip(sizes, sizes[1:])]
+        if any(x > 2 ** min(c + 1, scan.CLASS_TOP) for x in d):
+            gaps.append(max(d))
+    return max(gaps, default=0)
+
+
+def test_a_run_narrower_than_the_grid_is_missed_and_the_output_says_how_wide():
+    # The documented limit, with its width: on 1..12000 the default grid puts a class's grid
+    # points 600-odd sizes apart, and 501 sizes of another kernel fall between them in every class.
+    gap = _widest_class_gap(1, 12000, None)
+    assert 501 < gap == scan.grid_gap(1, 12000, None)
+    points = scan.class_search(1, 12000, _kernel_run(4900, 5400))
+    assert scan.class_boundaries(points) == []
+    params = scan.Params("n", 1, 12000, 1, 64, None, "float32", "cpu", 0, 0, "0" * 12)
+    text = cli_scan.render(scan.record(params, points, input_checksum="x", environment={}, sessions=[], complete=True))
+    assert f"grid points up to {gap} sizes apart" in text and f"a run of fewer than {gap} sizes" in text
+    # a --step that evaluates every member of every class is a dense sweep, and says so
+    assert scan.grid_gap(1, 100, 2) == _widest_class_gap(1, 100, 2) == 0
+    dense = cli_scan.render(scan.record(scan.Params(**{**params.to_dict(), "hi": 100, "step": 2}),
+                                        scan.class_search(1, 100, _kernel_run(50, 50), step=2),
+                                        input_checksum="x", environment={}, sessions=[], complete=True))
+    assert "a dense sweep):" in dense and "Not seen" not in dense
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 500), st.integers(2, 3000), st.one_of(st.none(), st.integers(1, 200)), st.data())
+def test_a_run_at_least_as_wide_as_the_grid_gap_is_stated_at_every_size(lo, width, step, data):
+    hi = lo + width
+    gap = scan.grid_gap(lo, hi, step)
+    assert gap == _widest_class_gap(lo, hi, step)
+    run = data.draw(st.integers(max(gap, 1), width + 1))  # the promise: any run this wide is seen
+    start = data.draw(st.integers(lo, hi - run + 1))
+    evaluate = _kernel_run(start, start + run - 1)
+    points = scan.class_search(lo, hi, evaluate, step=step)
+    by_class = scan._by_class(points)
+    for size in range(lo, hi + 1):
+        assert scan.state_at(points, size, by_class) == scan.region_key(evaluate(size)), size
+    # two changes within one grid step (A → B → C) are both found, exactly
+    three = lambda s: {**fake_point(s, []), "kernel_id": "a" if s < start else "b" if s < start + 1 else "c"}  # noqa: E731
+    if lo < start < hi:
+        pts = scan.class_search(lo, hi, three, step=step)
+        assert all(scan.state_at(pts, s) == scan.region_key(three(s)) for s in range(lo, hi + 1))
+
+
 @pytest.mark.parametrize("text,needle", [
     ("5:5", "empty"), ("10:2", "reversed"), ("1.5:3", "two integers"), ("a:b", "two integers"),
     ("12", "LO:HI"), ("1:2:3", "LO:HI"), ("0:10", "start at 1"), ("-3:10", "start at 1"),

@@ -57,8 +57,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", choices=cases.DEVICES)
     parser.add_argument("--step", type=_positive, metavar="S",
                         help="coarse grid spacing in sizes within each alignment class (default: each class "
-                             "in 20 pieces); a route changing inside a class between grid points can be "
-                             "missed, --step 1 is a dense sweep")
+                             "in 20 pieces); kernels or drift that change and change back between two grid points "
+                             "of a class are missed, --step 1 is a dense sweep")
     parser.add_argument("--json", type=_file, metavar="FILE", help="write every point, boundary and region here, "
                         "once a second and at the end (refuses an existing FILE: use --resume)")
     parser.add_argument("--resume", type=_file, metavar="FILE", help="continue the scan recorded in FILE (same "
@@ -188,16 +188,17 @@ def render(result: dict) -> str:
         what = "drift" if drift else "error_u"
         parts.append(tabulate(brows, headers=["class", "boundary", "change", "kernels before", "kernels after",
                                               f"{what} before", f"{what} after"]))
-    if p["step"] == 1:
+    gap = scan.grid_gap(p["lo"], p["hi"], p["step"])
+    if not gap:
         parts.append("Every size was evaluated (a dense sweep): this is what holds at every size of the range.")
     else:
         grid = f"every {p['step']} sizes" if p["step"] else f"{scan.CLASS_INTERVALS} intervals"
         parts.append(f"Each alignment class ({', '.join(result['classes'])}) was searched on its own coarse grid "
-                     f"({grid} per class), then bisected to adjacent members: every boundary above is exact within "
-                     "its class, and routes that depend on the size modulo 2 to 32 show as patterns. Not seen: a "
-                     "route that changes at a single size inside a class, between two of its grid points, or a "
-                     "size whose drift vanishes only because these inputs round alike there; "
-                     "--step S tightens the grid (--step 1 is a dense sweep).")
+                     f"({grid} per class, grid points up to {gap} sizes apart), then bisected to adjacent members: "
+                     "every boundary above is exact within its class, and routes that depend on the size modulo 2 "
+                     "to 32 show as patterns. Not seen: kernels or drift that change and change back between two "
+                     f"grid points of a class (a run of fewer than {gap} sizes), or a size whose drift vanishes only "
+                     "because these inputs round alike there; --step S tightens the grid (--step 1 is a dense sweep).")
     return "\n\n".join(parts)
 
 
