@@ -145,6 +145,18 @@ def test_a_run_at_least_as_wide_as_the_grid_gap_is_stated_at_every_size(lo, widt
         assert all(scan.state_at(pts, s) == scan.region_key(three(s)) for s in range(lo, hi + 1))
 
 
+def test_resume_with_another_step_names_the_default_grid_as_the_option_does():
+    # --step takes 1 or more; "recorded 0" named a value no option gives, so no way back
+    made = scan.Params("n", 1, 100, 1, 64, None, "float32", "cpu", 0, 0, "0" * 12)
+    rec = scan.record(made, {}, input_checksum="x", environment={}, sessions=[], complete=False)
+    for recorded, here, words in ((0, 4, "step: recorded the default grid (no --step), here 4"),
+                                  (4, 0, "step: recorded 4, here the default grid (no --step)")):
+        rec["params"]["step"] = recorded
+        with pytest.raises(scan.ScanError) as exc:
+            scan.check_record(rec, scan.Params(**{**made.to_dict(), "step": here}))
+        assert str(exc.value) == "the record is another scan; " + words
+
+
 @pytest.mark.parametrize("text,needle", [
     ("5:5", "empty"), ("10:2", "reversed"), ("1.5:3", "two integers"), ("a:b", "two integers"),
     ("12", "LO:HI"), ("1:2:3", "LO:HI"), ("0:10", "start at 1"), ("-3:10", "start at 1"),

@@ -374,8 +374,8 @@ def check_record(rec, params: Params) -> None:
         if not isinstance(rec.get(key), kind):
             raise ScanError(f"the record's {key} is not {words}: {str(rec.get(key))[:40]}")
     recorded = rec["params"]
-    differ = [f"{key}: recorded {recorded.get(key)!r}, here {value!r}" for key, value in params.to_dict().items()
-              if recorded.get(key) != value]
+    differ = [f"{key}: recorded {_param_words(key, recorded.get(key))}, here {_param_words(key, value)}"
+              for key, value in params.to_dict().items() if recorded.get(key) != value]
     if differ:
         raise ScanError("the record is another scan; " + "; ".join(differ))
     # Checked before use: a resumed point is rendered, plotted and written back as it is.
@@ -386,6 +386,11 @@ def check_record(rec, params: Params) -> None:
         if not (isinstance(s, dict) and s.keys() == {"evaluated", "seconds", "complete"} and _integer(s["evaluated"])
                 and _number(s["seconds"]) and isinstance(s["complete"], bool)):
             raise ScanError(f"the record holds a malformed session: {str(s)[:80]}")
+
+
+def _param_words(key: str, value) -> str:
+    # step 0 is the default grid, which --step cannot name (it takes 1 or more)
+    return "the default grid (no --step)" if key == "step" and value == 0 else repr(value)
 
 
 def boundary_count(rec: dict) -> str:
