@@ -231,6 +231,22 @@ def test_a_config_of_another_shape_is_one_line(tmp_path, monkeypatch, capsys, co
     assert rc == 2 and err.count("\n") == 1 and needle in err, err
 
 
+@pytest.mark.parametrize("html_dir", [".", "..", "results", "results/asv", "results/html", "benchmarks"])
+def test_an_html_dir_that_asv_publish_would_delete_with_the_results_is_refused(tmp_path, capsys, html_dir):
+    # asv publish starts by deleting html_dir: "." or "results" would take every result with it.
+    proj = _bare_project(tmp_path, '{"matrix": {"req": {"torch": ["2.13.0"]}}, "html_dir": "%s"}' % html_dir)
+    (proj / "results/asv").mkdir(parents=True)
+    with pytest.raises(mainjob.UsageError, match="asv publish would delete"):
+        mainjob.project_config(proj)
+    rc = cli.main(["run", "--repo", str(proj)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "html_dir" in err, err
+    assert (proj / "results/asv").is_dir()
+    (tmp_path / "ok").mkdir()
+    ok = _bare_project(tmp_path / "ok", '{"matrix": {"req": {"torch": ["2.13.0"]}}, "html_dir": "html"}')
+    assert mainjob.project_config(ok)["html_dir"] == "html"
+
+
 def test_an_unusable_asv_machine_file_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "home").mkdir()
     (tmp_path / "home/.asv-machine.json").write_text("[1]")

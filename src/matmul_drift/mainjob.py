@@ -108,6 +108,13 @@ def project_config(repo: Path) -> dict:
     for key in ("env_dir", "benchmark_dir", "html_dir", "repo", "results_dir"):
         if not isinstance(conf.get(key, ""), str):
             raise UsageError(f"{path}: its {key} is not a path (a string)")
+    # asv publish deletes html_dir before it writes the site: it must not hold what is kept.
+    html = (repo / conf.get("html_dir", "html")).resolve()
+    for what, kept in (("the results", (repo / RESULTS).resolve()),
+                       ("the benchmarks", (repo / conf.get("benchmark_dir", "benchmarks")).resolve())):
+        if kept.is_relative_to(html) or html.is_relative_to(kept):
+            raise UsageError(f"{path}: its html_dir {html} overlaps {what} ({kept}), which asv publish would "
+                             "delete; give the site a folder of its own (e.g. html)")
     return conf
 
 
