@@ -668,6 +668,20 @@ def test_a_merged_night_whose_environment_parts_are_not_objects_is_still_listed(
     (night,) = nightly._recorded_nights(tree)
     assert night["title"] == "night 2026-01-01 gpu-a: torch None (git unknown), CUDA none, machine gpu-a"
 
+def test_a_night_file_whose_machine_is_not_a_string_is_still_listed_on_the_site(tmp_path):
+    # A tree's night file edited by hand (the merge checks them; a tree on disk is read as it is):
+    # its machine null beside another night of that date made sorting the page's table of
+    # nights raise TypeError, and the site was not built.
+    tree = _tree_with(tmp_path, {f"nights/2026-01-01-{m}.json": json.dumps(
+        {"date": "2026-01-01", "machine": v, "environment": {}}).encode() for m, v in (("a", "box-a"), ("b", None), ("c", 7))})
+    nights = nightly._recorded_nights(tree)
+    rows = [ln for ln in site._all_nights(nights) if ln.startswith("<tr")]
+    assert len(rows) == 3 and sum(f'id="night-{axis.commit("2026-01-01")}"' in r for r in rows) == 1
+    assert [n["machine"] for n in nights] == ["box-a", None, 7]
+    for title in ("machine box-a", "machine None", "machine 7"):
+        assert sum(title in r for r in rows) == 1, rows
+
+
 def _tree_with(root: Path, files: dict[str, bytes]) -> Path:
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -122,7 +122,7 @@ def _all_nights(recorded: list[dict]) -> list[str]:
            '<table class="nights"><thead><tr><th>night</th><th>asv commit</th><th>machine, torch, CUDA</th>'
            "</tr></thead><tbody>"]
     seen = set()
-    for n in sorted(recorded, key=lambda n: (n["date"], n["machine"])):
+    for n in sorted(recorded, key=lambda n: (n["date"], str(n["machine"]))):  # a hand-edited night's may be null
         anchor = "" if n["point"] in seen else f' id="night-{n["point"]}"'
         seen.add(n["point"])
         out.append(f"<tr{anchor}><td>{_e(n['date'])}</td><td><code>{n['point'][:8]}</code></td>"
