@@ -686,6 +686,64 @@ def test_github_markdown_keeps_every_kernel_name_intact(capsys, tmp_path):
     assert any(ln.count("`") for ln in rows)  # the name with a URL is a code span
 
 
+def test_drift_page_keeps_every_kernel_name_intact_and_injects_nothing(tmp_path):
+    from html.parser import HTMLParser
+
+    from matmul_drift import mainjob, site
+
+    names = _fixture_kernel_names() + ['cutlass::gemm<float, 128>&amp;</script><script>alert("x")</script>',
+                                       "<img src=x onerror='alert(1)'> \" ' &lt;"]
+    cases = tuple(f"c{k}" for k in range(len(names) // 5 + 2))  # a spare combination for the missing id
+    missing = []
+
+    def adjust(ci, ei, data):
+        if ci == 1:
+            ok = [k for k in range(len(cases) * len(F.DTYPES)) if not math.isnan(F.get_value(data, F.KERNEL, k))]
+            for k, name in zip(ok, names):
+                F.set_value(data, F.KERNEL, k, catalog.store(tmp_path / "results" / "catalog", "kernels",
+                                                            {"device": "cpu", "full": ["aten::mm", name]}))
+            F.set_value(data, F.KERNEL, ok[-1], 0xDEADBEEF)  # an id the catalog lacks
+            missing.append(0xDEADBEEF)
+
+    tree = F.write_tree(tmp_path / "results", n_commits=2, cases=cases, torch_versions=("2.13.0",),
+                        machine="m\u00e4chine-\u540d", kernel_names=names, adjust=adjust)
+    h = history.read_history(tree.root)
+    result, runs = mainjob.latest_runs(h)
+    page = site.page(h, result, runs)
+
+    class Cells(HTMLParser):  # the tags the page holds, the text of each <code>, of each kernels row
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.tags, self.code, self.rows, self.in_code, self.row = set(), [], {}, False, None
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.add(tag)
+            if tag == "tr" and dict(attrs).get("id", "").startswith("k-"):
+                self.row = dict(attrs)["id"]
+                self.rows[self.row] = ""
+            if tag == "code":
+                self.in_code = True
+                self.code.append("")
+
+        def handle_endtag(self, tag):
+            self.row = None if tag == "tr" else self.row
+            self.in_code = self.in_code and tag != "code"
+
+        def handle_data(self, data):
+            if self.in_code:
+                self.code[-1] += data
+            if self.row:
+                self.rows[self.row] += data
+
+    p = Cells()
+    p.feed(page)
+    assert "script" not in p.tags and "img" not in p.tags
+    assert set(names) <= set(p.code)  # each name whole, in a <code> of the kernels table
+    assert any(f.kind == "kernel" for f in result.flags)
+    assert "m\u00e4chine-\u540d" in html.unescape(re.sub(r"<[^>]+>", "", page))
+    assert "not in the catalog" in p.rows[f"k-{missing[0]:012x}"]
+
+
 def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     i = _idx(dtype="float32")
     tree = _tree_with(tmp_path, lambda d, t: F.set_value(d, F.ERROR_U, i, 50.0))
