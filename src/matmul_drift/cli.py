@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -322,12 +321,12 @@ def _check_memory(case, shape, args) -> None:
 
 
 def _try_fixes(args, case, given, slice_n, slice_m, repeat) -> dict:
-    from . import fixes, fixfind, interrupt, machine
+    from . import fixes, fixfind, interrupt
 
     spec = {"case": args.case} if given[0] else {"m": args.m, "k": args.k, "n": args.n}
     spec.update(dtype=args.dtype, device=args.device, repeat=repeat or 3,
                 slice_n=list(slice_n or case.slice_n), slice_m=list(slice_m or case.slice_m))
-    isa = fixes.onednn_isa(machine.fingerprint()["isa"], os.environ.get("ONEDNN_MAX_CPU_ISA")) if args.device == "cpu" else None
+    isa = fixes.onednn_isa_in_force() if args.device == "cpu" else None
     # SIGINT or SIGTERM (`timeout` sends its command two: to it, then to its group) ends the
     # process in hand and starts none: the report so far is printed, not lost with the process.
     with _Bar("try-fixes", "process") as bar, interrupt.deferred([], escalate=False) as stopped:

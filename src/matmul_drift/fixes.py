@@ -99,8 +99,18 @@ def onednn_isa(flags: set[str] | list[str], cap: str | None = None) -> str:
         if need <= f:
             top = isa
             break
-    cap = ONEDNN_ALIASES.get((cap or "").strip().upper(), (cap or "").strip().upper())
+    cap = (cap or "").strip().upper()
+    cap = ONEDNN_ALIASES.get(cap, cap)
     return cap if cap in ONEDNN_ISAS and ONEDNN_ISAS.index(cap) > ONEDNN_ISAS.index(top) else top
+
+
+def onednn_isa_in_force() -> str:
+    """onednn_isa of this machine under this process's ONEDNN_MAX_CPU_ISA: where a step down starts."""
+    import os
+
+    from . import machine
+
+    return onednn_isa(machine.fingerprint()["isa"], os.environ.get("ONEDNN_MAX_CPU_ISA"))
 
 
 def isa_step_down(current: str | None) -> str | None:

@@ -57,17 +57,10 @@ def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped
         err.seek(0)
         if p.returncode != 0:
             lines = [ln for ln in err.read().splitlines() if ln.strip()]
-            how = f"killed by {_signal_name(-p.returncode)}" if p.returncode < 0 else f"exit {p.returncode}"
+            how = f"killed by {interrupt.name(-p.returncode)}" if p.returncode < 0 else f"exit {p.returncode}"
             return [{"failed": (f"crashed ({how})" + (f": {lines[-1]}" if lines else ""))[:300]}] * len(specs)
         got = _result(out.read(), len(specs))
         return got or [{"failed": "ended (exit 0) without printing its result"}] * len(specs)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return interrupt.name(signum)
-    except ValueError:  # a number Python has no name for
-        return f"signal {signum}"
 
 
 def _result(text: str, count: int) -> list[dict] | None:

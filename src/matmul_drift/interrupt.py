@@ -38,5 +38,8 @@ def deferred(stopped: list[int], escalate: bool = True):
 
 
 def name(signum: int) -> str:
-    """The signal's name, as SIGTERM for 15."""
-    return signal.Signals(signum).name
+    """The signal's name, as SIGTERM for 15; "signal N" for a number Python has no name for."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -254,9 +254,7 @@ def add_fixes(out: dict, root, log=sys.stderr) -> None:
     the default's (a ratio), NaN where none does; 1.0 where there is no drift to remove.
     fix_id: the id of ``fix_entry``. The drifting combinations go through the fix finder
     together: one fresh process for the default and the code changes, one per setting."""
-    import os
-
-    from . import fixes, fixfind, machine
+    from . import fixes, fixfind
 
     if not switched_on(FIXES_VAR):
         return
@@ -273,7 +271,7 @@ def add_fixes(out: dict, root, log=sys.stderr) -> None:
         case = cases.get(c)
         specs.append({"case": c, "dtype": p, "device": d, "slice_n": list(case.slice_n),
                       "slice_m": list(case.slice_m), "repeat": case.repeat})
-    isa = fixes.onednn_isa(machine.fingerprint()["isa"], os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    isa = fixes.onednn_isa_in_force()
     t0 = time.monotonic()
 
     def progress(what: str, done: int, total: int) -> None:
