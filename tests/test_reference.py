@@ -18,6 +18,19 @@ def _exact(a: np.ndarray, b: np.ndarray) -> list[list[Fraction]]:
              for col in b.T] for row in a]
 
 
+def _explain_json(tmp_path, capsys, monkeypatch, a: np.ndarray, b: np.ndarray) -> tuple[int, dict]:
+    """`matmul-drift explain --dtype float64 --a A --b B --json` on these arrays: (exit status, report)."""
+    import json
+
+    from matmul_drift import cli
+
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
+    rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
 def _within_bound(a: np.ndarray, b: np.ndarray) -> reference.Reference:
     """The reference of a @ b, checked entry by entry against exact rational sums: within its
     own bound (bound_rel·|A||B|)."""
@@ -87,16 +100,7 @@ def test_float64_reference_at_the_ends_of_a_row_hand_built():
 
 
 def test_a_reference_too_coarse_for_its_inputs_makes_no_defect(tmp_path, capsys, monkeypatch):
-    import json
-
-    from matmul_drift import cli
-
-    np.save(tmp_path / "a.npy", np.array([[2.0**1000, 1.0, 0.0]]))
-    np.save(tmp_path / "b.npy", np.array([[0.0], [1.0], [2.0**1000]]))
-    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
-    rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
-                   "--json"])
-    doc = json.loads(capsys.readouterr().out)
+    rc, doc = _explain_json(tmp_path, capsys, monkeypatch, np.array([[2.0**1000, 1.0, 0.0]]), np.array([[0.0], [1.0], [2.0**1000]]))
     assert rc == 0 and doc["verdict"]["kind"] != "defect", doc["verdict"]
     assert not doc["reference"]["exact_products"] and "against a reference good only to" in doc["verdict"]["text"]
 
@@ -105,21 +109,14 @@ def test_an_overflow_in_one_row_is_judged_on_that_rows_own_reference(tmp_path, c
     """Row 0's exact value is 1e308, in range, and its inf an intermediate sum's (spurious);
     row 1 makes the reference inexact. One bound for the whole product, times row 0's |A||B|
     (which overflows), once called row 0's inf the rounding of an exact value beyond range."""
-    import json
-
-    from matmul_drift import cli
 
     a = np.array([[1e308, 1e308, -1e308], [2.0**1000, 1.0, 0.0]])
     b = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0**1000]])
     c = torch.from_numpy(a) @ torch.from_numpy(b)
     r = _within_bound(a, b)
     assert not r.exact and r.hi[0, 0] == 1e308 and math.isinf(r.absprod[0, 0]) and math.isfinite(r.slack[0, 0])
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
-    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
-    rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
-                   "--json"])
-    nf = json.loads(capsys.readouterr().out)["nonfinite"]
+    rc, doc = _explain_json(tmp_path, capsys, monkeypatch, a, b)
+    nf = doc["nonfinite"]
     spurious = int(math.isinf(c[0, 0]))  # the sum's order is the kernel's: count what it gave
     assert rc == 0 and nf["spurious"] == spurious and nf["overflow"] == int(math.isinf(c[0, 1])), nf
 
@@ -185,10 +182,7 @@ def test_products_among_float64_subnormals_are_judged_with_the_references_own_er
     underflow, (K+1)·2^-1075 (checked here in exact rationals), but the reference's hi + lo
     is only good to 4·2^-1074 there. Comparing the two without the reference's own error
     called a correct kernel a DEFECT (and u·|A||B| underflowed to 0: a division by zero)."""
-    import json
     import warnings
-
-    from matmul_drift import cli
 
     g = np.random.default_rng(7)
     a = g.integers(1, 2**20, (3, 4)) * 2.0**-560
@@ -198,14 +192,9 @@ def test_products_among_float64_subnormals_are_judged_with_the_references_own_er
     for i, row in enumerate(_exact(a, b)):
         for j, want in enumerate(row):
             assert abs(Fraction(float(c[i, j])) - want) <= (a.shape[1] + 1) * eta  # the truth: no defect
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
-    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no RuntimeWarning (division by zero)
-        rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
-                       "--json"])
-    doc = json.loads(capsys.readouterr().out)
+        rc, doc = _explain_json(tmp_path, capsys, monkeypatch, a, b)
     assert rc == 0 and doc["verdict"]["kind"] != "defect", doc["verdict"]
     assert math.isfinite(doc["error_u"]) and doc["error_u"] > 1 and "below float64's normal range" in doc["verdict"]["text"]
 
@@ -254,9 +243,6 @@ def test_an_inexact_reference_at_the_overflow_threshold_keeps_its_low_part(tmp_p
     sum to the threshold less 2^-400, hi is float64's largest value and lo 2^970, while the
     exact value (B's 2^200 gives the 2^-400 back) is the threshold itself, which rounds to inf.
     Judged on hi and its slack alone, without lo, a kernel's correctly rounded inf was spurious."""
-    import json
-
-    from matmul_drift import cli
 
     a = np.array([[float(F64_MAX), 2.0**970, -(2.0**-400), 2.0**-600]])
     b = np.array([[1.0], [1.0], [1.0], [2.0**200]])
@@ -264,12 +250,8 @@ def test_an_inexact_reference_at_the_overflow_threshold_keeps_its_low_part(tmp_p
     r = _within_bound(a, b)
     assert not r.exact and r.hi[0, 0] == float(F64_MAX) and r.slack[0, 0] < 2.0**970
     c = float(torch.from_numpy(a) @ torch.from_numpy(b))  # the kernel's order: whatever it gave
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
-    monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
-    rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
-                   "--json"])
-    nf = json.loads(capsys.readouterr().out)["nonfinite"]
+    rc, doc = _explain_json(tmp_path, capsys, monkeypatch, a, b)
+    nf = doc["nonfinite"]
     assert rc == 0 and (nf["overflow"], nf["spurious"]) == (int(math.isinf(c)), int(math.isnan(c))), nf
     for x, lo, want in ((r.hi[0, 0], r.lo[0, 0], 1), (-r.hi[0, 0], -r.lo[0, 0], 1), (r.hi[0, 0], 2.0**969, 0)):
         counts = numerics.nonfinite(np.array([math.copysign(math.inf, x)]), np.array([x]), np.ones(1, bool),

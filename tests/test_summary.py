@@ -176,6 +176,13 @@ def _idx(case="square", dtype="float32", device="cpu", cases=("square", "tall"),
     return [(c, d, v) for c in cases for d in F.DTYPES for v in devices].index((case, dtype, device))
 
 
+def _new_ids(results) -> tuple[int, int]:
+    """A kernel-id and an order-id in ``results``' catalog that no run of write_tree has."""
+    cat = results / "catalog"
+    return (catalog.store(cat, "kernels", {"device": "cpu", "full": ["aten::matmul", "aten::mm", "other"]}),
+            order.store(cat, F.order_tree("pairwise"), 8))
+
+
 def test_kernel_change_shows_old_and_new_names(capsys, tmp_path):
     i = _idx(dtype="float32")
 
@@ -415,9 +422,7 @@ def test_a_change_across_a_run_without_the_value_is_flagged(capsys, tmp_path):
     # benchmarks (asv run --bench); commit 2 measures them again, changed: each is judged against
     # commit 0, but for the timing, whose code changed meanwhile.
     k, u, o = _idx(dtype="float32"), _idx(dtype="float64"), _idx(dtype="bfloat16")
-    cat = tmp_path / "results" / "catalog"
-    new_kernel = catalog.store(cat, "kernels", {"device": "cpu", "full": ["aten::matmul", "aten::mm", "other"]})
-    new_order = order.store(cat, F.order_tree("pairwise"), 8)
+    new_kernel, new_order = _new_ids(tmp_path / "results")
 
     def adjust(ci, ei, data):
         if ci == 1:
@@ -495,8 +500,7 @@ def test_base_head_judges_what_base_lacks_against_the_latest_run_before_it(capsy
     # against commit 0, the latest run at or before base that has it; commit 1's failure
     # hides nothing. With --base 1 the Y of commit 2 (after base) is not what head is judged against.
     k = _idx(dtype="float32")
-    cat = tmp_path / "results" / "catalog"
-    new_kernel = catalog.store(cat, "kernels", {"device": "cpu", "full": ["aten::matmul", "aten::mm", "other"]})
+    new_kernel, _ = _new_ids(tmp_path / "results")
 
     def adjust(ci, ei, data):
         if ci == 1:
@@ -1023,9 +1027,7 @@ def test_a_change_across_a_torch_build_without_the_value_is_flagged(capsys, tmp_
     # Three builds at one commit; the middle one failed one kernel-id and did not run the order-id
     # benchmark: the last is judged against the first, as on the commits axis.
     k, o = _idx(dtype="float32"), _idx(dtype="bfloat16")
-    cat = tmp_path / "results" / "catalog"
-    new_kernel = catalog.store(cat, "kernels", {"device": "cpu", "full": ["aten::matmul", "aten::mm", "other"]})
-    new_order = order.store(cat, F.order_tree("pairwise"), 8)
+    new_kernel, new_order = _new_ids(tmp_path / "results")
 
     def adjust(ci, ei, data):
         if ei == 1:
