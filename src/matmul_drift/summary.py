@@ -398,8 +398,8 @@ class _Judge:
             if sb.version != sa.version:
                 flags.append(self._code_flag(pair, name, unit, sb, sa))
                 continue
-            if unit not in _RULES and unit != "input-id":
-                continue  # env-id and u-bound serve the others; unknown units are not judged
+            if not _judged(unit):
+                continue
             found, n = self.series(pair, name, unit, sb, sa)
             flags += found
             unmatched += n
@@ -416,7 +416,7 @@ class _Judge:
         A = pair.after
         for name in sorted(A.series) if pair.at > 0 else ():
             unit = self.units.get(name)
-            if unit not in _RULES and unit != "input-id":
+            if not _judged(unit):
                 continue
             sa, sb = A.series[name], pair.before.series.get(name)
             if sb is not None and sb.version != sa.version:
@@ -749,6 +749,12 @@ def _count(ctx: _Ctx, vb, va, both) -> list[Flag]:
 
 
 _RULES = {"kernel-id": _kernel, "order-id": _order, "fix-id": _fix, "ulp": _ulp, "u": _accuracy, "seconds": _timing, "count": _count}
+
+
+def _judged(unit: str | None) -> bool:
+    """Whether a series of this unit is compared: env-id and u-bound serve the others, and
+    unknown units are not judged."""
+    return unit in _RULES or unit == "input-id"
 
 
 # ---------------------------------------------------------------------------- helpers
