@@ -138,3 +138,42 @@ def test_the_selection_regex_picks_exactly_the_selected_combinations_in_asvs_own
     assert len(want) == 4
     for name in drift:
         assert chosen.benchmark_selection[name] == want, name
+
+
+def _toy_project(dst: Path) -> str:
+    """A git project whose one asv benchmark needs no torch; returns its commit."""
+    from checkout import git
+
+    (dst / "benchmarks").mkdir(parents=True)
+    (dst / "benchmarks" / "__init__.py").write_text("")
+    (dst / "benchmarks" / "toy.py").write_text("def track_one():\n    return 1.0\n")
+    (dst / "asv.conf.json").write_text(json.dumps({
+        "version": 1, "project": "toy", "repo": ".", "branches": ["main"], "dvcs": "git",
+        "environment_type": "existing", "benchmark_dir": "benchmarks", "results_dir": "results/asv"}))
+    git(dst.parent, "init", "-q", "-b", "main", str(dst))
+    git(dst, "add", "-A")
+    git(dst, "commit", "-qm", "toy")
+    return git(dst, "rev-parse", "HEAD")
+
+
+def test_a_run_of_an_environment_with_a_long_name_is_found_recorded(tmp_path):
+    # asv names a results file <commit8>-env-<md5 of the name> once the environment's name has
+    # 128 characters or more (a matrix with a few more packages or env vars); the main job asks
+    # whether a build is recorded by that file's name, so it must name it as asv does.
+    from matmul_drift import asvrun
+
+    dst = tmp_path / "toy"
+    head = _toy_project(dst)
+    venv = tmp_path / ("p" * 130)  # asv's existing environment is named after its python's path
+    venv.symlink_to(sys.prefix)
+    env = dict(os.environ, HOME=str(tmp_path))
+    rc, out = asv("machine", "--yes", "--machine", "box", cwd=dst, env=env)
+    assert rc == 0, out
+    rc, out = asv("run", f"--python={venv / 'bin' / 'python'}", f"--set-commit-hash={head}", "--machine", "box",
+                  "--quick", cwd=dst, env=env, timeout=300)
+    assert rc == 0, out[-3000:]
+    [written] = asvrun.results_files(dst / "results" / "asv" / "box")
+    env_name = json.loads(written.read_text())["env_name"]
+    assert len(env_name) >= 128
+    assert asvrun.recorded(dst / "results" / "asv", "box", head, env_name) == [written]
+    assert asvrun.recorded(dst / "results" / "asv", "box", head, env_name[:-1] + "x") == []

@@ -114,9 +114,12 @@ def results_files(d: Path) -> list[Path]:
 
 
 def recorded(results_dir: Path, machine: str, commit: str, env: str | None = None) -> list[Path]:
-    """The results files ``machine`` has at ``commit`` (asv names them <commit8>-<env>.json),
-    in environment ``env`` only when given."""
-    name = None if env is None else f"{commit[:8]}-{env}.json"
+    """The results files ``machine`` has at ``commit`` (asv names them <commit8>-<env>.json,
+    or <commit8>-env-<md5>.json for a name of 128 characters or more), in environment ``env``
+    only when given."""
+    from asv.results import get_filename
+
+    name = None if env is None else Path(get_filename(machine, commit, env)).name
     return [p for p in results_files(results_dir / machine)
             if p.name.startswith(commit[:8]) and (name is None or p.name == name)]
 
