@@ -4,6 +4,7 @@ import ast
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -177,3 +178,33 @@ def test_a_run_of_an_environment_with_a_long_name_is_found_recorded(tmp_path):
     assert len(env_name) >= 128
     assert asvrun.recorded(dst / "results" / "asv", "box", head, env_name) == [written]
     assert asvrun.recorded(dst / "results" / "asv", "box", head, env_name[:-1] + "x") == []
+
+
+def test_a_run_of_an_older_commit_does_not_hide_the_newer_results_from_the_site(tmp_path):
+    # asv publish draws a benchmark's results only where their version (a hash of its code) is
+    # benchmarks.json's. Measuring an older commit after a newer one (filling in history) must
+    # leave the newer code's description there, or every newer point of that benchmark vanishes.
+    from checkout import git
+
+    from matmul_drift import asvrun
+
+    dst = tmp_path / "toy"
+    first = _toy_project(dst)
+    (dst / "benchmarks" / "toy.py").write_text("def track_one():\n    return 2.0  # new code, new asv version\n")
+    git(dst, "commit", "-qam", "new code", "--date", "2030-01-01T00:00:00")
+    second = git(dst, "rev-parse", "HEAD")
+    conf = json.loads((dst / "asv.conf.json").read_text())
+    (dst / "staging.json").write_text(json.dumps({**conf, "results_dir": "staging"}))
+    env = dict(os.environ, HOME=str(tmp_path))
+    assert asv("machine", "--yes", "--machine", "box", cwd=dst, env=env)[0] == 0
+    for commit in (second, first):  # the newer first, then the older one
+        git(dst, "checkout", "-q", commit)  # an existing environment measures the working tree
+        rc, out = asv("--config", "staging.json", "run", "--python=same", f"--set-commit-hash={commit}",
+                      "--machine", "box", "--quick", cwd=dst, env=env, timeout=300)
+        assert rc == 0, out[-3000:]
+        asvrun.import_results(dst / "staging", dst / "results" / "asv", "box", [], False, print)
+        shutil.rmtree(dst / "staging")
+    rc, out = asv("publish", cwd=dst, env=env)
+    assert rc == 0, out[-3000:]
+    [graph] = (dst / "html" / "graphs" / "branch-main" / "machine-box").rglob("toy.track_one.json")
+    assert [value for _, value in json.loads(graph.read_text())] == [2.0]

@@ -185,7 +185,13 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
     if meanwhile:  # by another run since ``old`` was taken: never replaced, --force or not
         raise _meanwhile(meanwhile[0])
     if (staging / "benchmarks.json").exists():
-        merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()), log)
+        # asv publish draws only the results whose benchmark version is benchmarks.json's: a run
+        # of an older commit (filling in history) must not hide the newer results of a benchmark
+        # changed since.
+        dates = [d.get("date") for d in map(_json_object, files)]
+        keep = all(isinstance(x, int) for x in dates) and recorded_later(results_dir, max(dates))
+        merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()), log,
+                         keep=keep)
     if (staging / machine / "machine.json").exists():
         new = (staging / machine / "machine.json").read_bytes()
         if not (dest / "machine.json").exists() or (dest / "machine.json").read_bytes() != new:
@@ -200,6 +206,26 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
             os.unlink(exc.kept)  # its bytes are still in staging
             raise _meanwhile(dest / f.name) from None
     return written
+
+
+def _json_object(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_bytes())
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def recorded_later(results: Path, date: int) -> bool:
+    """Whether ``results`` (RESULTS_DIR or asv's results dir) holds an asv run of a commit
+    dated after ``date`` (ms since the epoch)."""
+    from . import history
+
+    try:
+        hist = history.read_history(results)
+    except history.HistoryError:
+        return False
+    return any(r.date > date for runs in hist.runs.values() for r in runs)
 
 
 def _meanwhile(path: Path) -> AlreadyRecorded:

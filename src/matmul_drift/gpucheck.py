@@ -133,7 +133,7 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
             # asv publish shows a result only where its benchmark version is benchmarks.json's: a
             # check of an older commit must not hide the newer results of a benchmark changed since.
             asvrun.merge_benchmarks(asv_dst / "benchmarks.json", json.loads(_one_line(asv_src / "benchmarks.json", src)),
-                                    done.warnings.append, keep=_recorded_later(results, max(r.date for r in runs)))
+                                    done.warnings.append, keep=asvrun.recorded_later(results, max(r.date for r in runs)))
             machine_json = asv_src / machine / "machine.json"
             if machine_json.is_file() and not (asv_dst / machine / "machine.json").exists():
                 done.written.append(atomic.copy(machine_json, asv_dst / machine / "machine.json"))
@@ -144,15 +144,6 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
                 continue  # the same bytes already recorded
             done.written.append(atomic.write_bytes(dst, data))
         return done
-
-
-def _recorded_later(results: Path, date: int) -> bool:
-    """Whether ``results`` holds an asv run of a commit dated after ``date`` (ms since the epoch)."""
-    try:
-        hist = history.read_history(results)
-    except history.HistoryError:
-        return False
-    return any(r.date > date for runs in hist.runs.values() for r in runs)
 
 
 def _catalog_entries(archive: Path, src: Path, dst: Path) -> list[tuple[Path, Path]]:
