@@ -252,6 +252,17 @@ def test_torch_version_check():
     suite.check_torch("2.14.1", {})  # an existing environment names nothing
 
 
+def test_torch_version_check_reads_a_matrix_pinned_with_double_equals():
+    """A matrix written ``"torch": ["==2.14.1"]`` gives asv's env name ``torch==2.14.1``: the
+    check must still read the version, not skip silently."""
+    from asv.environment import get_env_name
+
+    name = get_env_name("virtualenv", "3.11", {"torch": "==2.14.1", "numpy": ""}, {})
+    assert suite.expected_torch({"ASV_ENV_NAME": name}) == "2.14.1", name
+    with pytest.raises(RuntimeError, match="names torch 2.14.1"):
+        suite.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": name})
+
+
 def test_the_recorded_flags_name_every_matmul_mode_and_stay_put_across_precisions():
     """flags() records the matmul switches torch has (a torch that changes a default is then
     named in the attribution), and reads the same before, inside and after every other
