@@ -62,13 +62,13 @@ class Drift:
         return self.values["cuda_seconds"]
 
     def track_fix_cost(self, cache, case, dtype, device):
-        return self.values.get("fix_cost", suite.NAN)  # NaN also where $MATMUL_DRIFT_FIXES=0
+        return suite.added(self.values, "fix_cost")  # NaN also where $MATMUL_DRIFT_FIXES=0
 
     def track_fix_id(self, cache, case, dtype, device):
-        return self.values.get("fix_id", suite.NAN)
+        return suite.added(self.values, "fix_id")
 
     def track_order_id(self, cache, case, dtype, device):
-        return self.values.get("order_id", suite.NAN)  # NaN also where $MATMUL_DRIFT_ORDERS=0
+        return suite.added(self.values, "order_id")  # NaN also where $MATMUL_DRIFT_ORDERS=0
 
 
 for _name, _unit in suite.UNITS.items():

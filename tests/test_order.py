@@ -7,6 +7,7 @@ import json
 import math
 import re
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -626,6 +627,49 @@ def test_the_suite_records_each_full_products_order_and_says_what_it_could_not(t
     out = {"square|float32|cpu": {}}
     suite.add_orders(out, tmp_path, log)
     assert out == {"square|float32|cpu": {}}  # benchmarks/drift.py reads NaN
+
+
+def _drift_benchmark():
+    """benchmarks/drift.py's Drift, loaded as asv loads it (by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("drift_bench", Path(__file__).parents[1] / "benchmarks" / "drift.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Drift()
+
+
+def test_a_probe_or_a_fix_finder_that_breaks_is_recorded_failed_not_skipped(tmp_path, monkeypatch):
+    """asv reads NaN as skipped, which the summary never compares: a probe that raises, or a
+    fix finder whose default computation crashed or timed out, must give asv's null (the
+    track raises) with its reason, while a probe that does not run stays NaN."""
+    import io
+
+    from matmul_drift import fixfind, order_probe, suite
+
+    def broken(*a, **kw):
+        raise ValueError("a bug in the probe")
+
+    monkeypatch.setattr(order_probe, "order_of", broken)
+    out = {"square|float32|cpu": {"slice_n_ulp": 1.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0},
+           "long-k|float32|cpu": {"slice_n_ulp": 0.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0}}
+    monkeypatch.setattr(order_probe, "target", lambda case, *a: (_ for _ in ()).throw(order.ProbeError("K too long"))
+                        if case.id == "long-k" else None)
+    monkeypatch.setattr(fixfind, "try_fixes_many", lambda specs, *a, **kw: [{"failed": "timed out after 60 s"}] * len(specs))
+    log = io.StringIO()
+    suite.add_orders(out, tmp_path, log)
+    suite.add_fixes(out, tmp_path, log)
+    bench = _drift_benchmark()
+    bench.values = out["square|float32|cpu"]
+    for track, why in [("track_order_id", "ValueError: a bug in the probe"), ("track_fix_cost", "timed out after 60 s"),
+                       ("track_fix_id", "timed out after 60 s")]:
+        with pytest.raises(RuntimeError, match=why):
+            getattr(bench, track)(None, "square", "float32", "cpu")
+    bench.values = out["long-k|float32|cpu"]
+    assert math.isnan(bench.track_order_id(None, "long-k", "float32", "cpu"))
+    assert bench.track_fix_cost(None, "long-k", "float32", "cpu") == 1.0  # no drift: nothing to fix
+    bench.values = {}
+    assert math.isnan(bench.track_order_id(None, "square", "float32", "cpu"))  # $MATMUL_DRIFT_ORDERS=0
 
 
 def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reveals(tmp_path):

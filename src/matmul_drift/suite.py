@@ -171,6 +171,7 @@ def track_values(m, root) -> dict:
 
 def measure_all(case_ids=None, precisions=None, devices=None, root=None, log=sys.stderr) -> dict:
     """Measure every combination; returns {key: values | {"skip": why} | {"error": text}}.
+    values["failed"], where present, is {name: why} of the added values (``added``) that broke.
     With $MATMUL_DRIFT_BUDGET, no combination starts after that many seconds: the rest are
     skipped, and say why (the order probe and the fix finder come after, outside it)."""
     root = catalog.default_root() if root is None else root
@@ -211,7 +212,8 @@ def add_orders(out: dict, root, log=sys.stderr) -> None:
     of the case's full product, revealed and replayed bit for bit (order_probe.order_of); the
     id of the tree ``null`` where the readings fit no tree or the replay differs ("not
     revealed": a kernel whose order stops being a tree changes the id); NaN where the probe
-    does not run (K beyond its range, or more matmul calls than order_probe.MAX_CALLS)."""
+    does not run (K beyond its range, or more matmul calls than order_probe.MAX_CALLS); a
+    failure (``added``: asv null) where the probe itself broke."""
     from . import order, order_probe
 
     if not switched_on(ORDERS_VAR):
@@ -225,8 +227,9 @@ def add_orders(out: dict, root, log=sys.stderr) -> None:
             got = order_probe.order_of(t, memo=memo)
         except (order.ProbeError, Unavailable) as exc:
             got = {"probed": False, "reason": str(exc)}
-        except Exception as exc:  # the probe must not lose the measurements made
+        except Exception as exc:  # the probe must not lose the measurements made, nor pass for a skip
             got = {"probed": False, "reason": "".join(traceback.format_exception_only(exc)).strip()}
+            out[k]["failed"] = {**out[k].get("failed", {}), "order_id": got["reason"]}
         if not got["probed"]:
             out[k]["order_id"], what = NAN, f"not probed: {got['reason']}"
         else:
@@ -279,13 +282,22 @@ def add_fixes(out: dict, root, log=sys.stderr) -> None:
               file=log, flush=True)
 
     for k, report in zip(todo, fixfind.try_fixes_many(specs, isa, progress=progress, lean=True)):
-        if "failed" in report:
+        if "failed" in report:  # asv null, not NaN: a crash or a timeout is no skip
             out[k].update(fix_cost=NAN, fix_id=NAN)
+            out[k]["failed"] = {**out[k].get("failed", {}), "fix_cost": report["failed"], "fix_id": report["failed"]}
             print(f"fixes of {k}: {report['failed']}", file=log, flush=True)
             continue
         cheapest = next((r for r in report["candidates"] if r["name"] == report["cheapest"]), None)
         out[k].update(fix_cost=NAN if cheapest is None else float(cheapest["time_ratio"]),
                       fix_id=float(catalog.store(root, "fixes", fix_entry(k.split("|")[2], report))))
+
+
+def added(values: dict, name: str) -> float:
+    """A value add_orders or add_fixes adds: NaN (asv: skipped) where it was not added, as
+    where $MATMUL_DRIFT_ORDERS=0; RuntimeError (asv: failed) where adding it broke."""
+    if name in values.get("failed", {}):
+        raise RuntimeError(values["failed"][name])
+    return values.get(name, NAN)
 
 
 def lookup(cache: dict, case: str, precision: str, device: str) -> dict:
