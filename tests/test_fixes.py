@@ -122,6 +122,24 @@ def test_the_step_down_starts_from_a_cap_already_in_force(cap, isa):
     assert fixes.onednn_isa(AMX, cap) == isa
 
 
+@pytest.mark.parametrize("env,isa", [
+    ({"DNNL_MAX_CPU_ISA": "AVX2"}, "AVX2"),  # oneDNN's older name caps as well
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "DNNL_MAX_CPU_ISA": "AVX2"}, "AVX512_CORE"),  # the newer name wins
+    ({"ONEDNN_MAX_CPU_ISA": "", "DNNL_MAX_CPU_ISA": "AVX2"}, "AVX2"),  # an empty one is not set
+])
+def test_the_cap_in_force_reads_both_of_onednns_names(monkeypatch, env, isa):
+    # Under DNNL_MAX_CPU_ISA=AVX2 alone the old code started from the CPU's AVX512_CORE_AMX and offered
+    # ONEDNN_MAX_CPU_ISA=AVX512_CORE_FP16, which overrides the DNNL cap: a step up, offered as a step down.
+    from matmul_drift import machine
+
+    monkeypatch.setattr(machine, "fingerprint", lambda: {"isa": sorted(AMX)})
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert fixes.onednn_isa_in_force() == isa
+
+
 def test_explain_takes_the_step_down_from_its_own_onednn_cap(monkeypatch, capsys):
     from matmul_drift import cli, fixfind, machine
 

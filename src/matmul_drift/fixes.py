@@ -88,7 +88,7 @@ ONEDNN_ALIASES = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_
 
 def onednn_isa(flags: set[str] | list[str], cap: str | None = None) -> str:
     """The highest oneDNN ISA name for a CPU with these /proc/cpuinfo flags (machine.py's), or
-    ``cap`` (this process's ONEDNN_MAX_CPU_ISA) where that is lower: the step down is taken
+    ``cap`` (this process's oneDNN cap, onednn_isa_in_force) where that is lower: the step down is taken
     from what oneDNN runs now, not from above it."""
     f = set(flags)
     top = "SSE41"
@@ -105,12 +105,14 @@ def onednn_isa(flags: set[str] | list[str], cap: str | None = None) -> str:
 
 
 def onednn_isa_in_force() -> str:
-    """onednn_isa of this machine under this process's ONEDNN_MAX_CPU_ISA: where a step down starts."""
+    """onednn_isa of this machine under this process's cap: where a step down starts. oneDNN reads
+    ONEDNN_MAX_CPU_ISA and, where that is unset or empty, its older name DNNL_MAX_CPU_ISA."""
     import os
 
     from . import machine
 
-    return onednn_isa(machine.fingerprint()["isa"], os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    return onednn_isa(machine.fingerprint()["isa"], cap)
 
 
 def isa_step_down(current: str | None) -> str | None:
