@@ -455,6 +455,35 @@ def test_records_are_never_overwritten_and_resume_checks_parameters(capsys, tmp_
     assert os.path.islink(tmp_path / "link.json") and out.read_bytes() == before
 
 
+def drawn(monkeypatch, rec, tmp_path):
+    """scan_plot.plot's figure, kept for reading instead of closed."""
+    import matplotlib.pyplot as plt
+
+    from matmul_drift import scan_plot
+
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    scan_plot.plot(rec, str(tmp_path / "p.png"))
+    return figs[0]
+
+
+@pytest.mark.parametrize("errors", [[None] * 6, [None, 0.5, None, 2.0, None, None]])
+def test_plot_has_an_error_scale_only_where_an_error_was_computed(monkeypatch, tmp_path, errors):
+    # fp16 with k=300000 of inputs in [0, 1) overflows every output: error_u is None at every size.
+    # The left axis then ran 0 to 1e-9 u under a legend entry for error_u: an error of nothing, read as tiny.
+    params = scan.Params("n", 1, 6, 1, 300000, None, "float16", "cpu", 1, measure.SEED, "0" * 12)
+    points = {s: {**fake_point(s, [4]), "error_u": e} for s, e in zip(range(1, 7), errors)}
+    rec = scan.record(params, points, input_checksum="x", environment={}, sessions=[], complete=True)
+    fig = drawn(monkeypatch, rec, tmp_path)
+    ax = fig.axes[0]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    if any(e is not None for e in errors):
+        assert ax.get_ylim()[1] == pytest.approx(2.0 * 1.15) and any(t.startswith("error_u") for t in legend)
+    else:
+        assert list(ax.get_yticks()) == [] and "not computed" in ax.get_ylabel()
+        assert not any(t.startswith("error_u") for t in legend)
+
+
 def test_plot_and_record_in_one_file_is_refused(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rc, out, err = scan_cli(capsys, *BASE, "--json", "same.png", "--plot", "./same.png")

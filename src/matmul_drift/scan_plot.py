@@ -46,10 +46,15 @@ def plot(result: dict, path: str) -> None:
     for label, row in rows.items():
         ax.annotate(label, (0, (row + 0.5) * height), xycoords="axes fraction", xytext=(3, 0),
                     textcoords="offset points", fontsize=6, va="center", color="0.35")
-    ax.plot(sizes, [math.nan if q["error_u"] is None else q["error_u"] for q in points], ".", color="0.25", ms=3, label="error_u (u), left axis")
-    ax.set_ylabel("error_u (u of the output dtype)")
-    top = max([q["error_u"] for q in points if q["error_u"] is not None and math.isfinite(q["error_u"])] + [1e-9]) * 1.15
-    ax.set_ylim(-0.04 * top, top)  # a little below 0, so points at 0 stay visible
+    errors = [q["error_u"] for q in points if q["error_u"] is not None and math.isfinite(q["error_u"])]
+    if errors:
+        ax.plot(sizes, [math.nan if q["error_u"] is None else q["error_u"] for q in points], ".", color="0.25", ms=3, label="error_u (u), left axis")
+        ax.set_ylabel("error_u (u of the output dtype)")
+        top = max(errors + [1e-9]) * 1.15
+        ax.set_ylim(-0.04 * top, top)  # a little below 0, so points at 0 stay visible
+    else:  # no entry finite on both sides at any size (every output inf, say): a scale would read as 0
+        ax.set_ylabel("error_u: not computed at any size")
+        ax.set_yticks([])
     handles, labels = ax.get_legend_handles_labels()
     if p["vary"] != "k":
         ax2 = ax.twinx()
