@@ -643,6 +643,13 @@ def test_a_change_across_a_night_without_the_value_is_flagged(tmp_path, middle):
     doc = json.loads(js.read_text())
     assert doc["failing"] == 1 and [f["kind"] for f in doc["flags"] if f["failing"]] == ["kernel"]  # the workflow files an issue
     assert tree.commits[0][:8] in plain and "1 failing (kernel)" in plain
+    # The night line says "against" the second night; it must also say that this flag was judged
+    # against the first, or "kernel changed" reads as a change since the second night.
+    dates = {r.commit: nightly._ms_date(r.date) for r in hist.runs[tree.machine]}
+    (line,) = [ln for ln in (tmp_path / "summaries/2025-01-03-synthetic.md").read_text().splitlines() if ln.startswith("- ")]
+    assert line.endswith(f"; 1 flag against {dates[tree.commits[0]]} ({tree.commits[0][:8]}) instead, "
+                         f"where {dates[tree.commits[1]]} had no value"), line
+    assert doc["nights"][0]["bridged"] == [{"commit": tree.commits[0], "date": dates[tree.commits[0]], "flags": 1}]
 
 
 def test_a_code_change_before_a_night_without_the_benchmark_stops_the_walk_back(tmp_path):

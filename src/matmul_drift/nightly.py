@@ -357,12 +357,29 @@ def night_info(hist: history.History, machine: str, prev: str | None, head: str)
             "failed": failed_in(hist, machine, head)}
 
 
+def bridged(n: dict, result: summary.Summary) -> list[dict]:
+    """The earlier nights that flags of night ``n`` (night_info) were judged against, as the
+    night before had no value there (summary's bridge): {"commit", "date", "flags"}, newest first."""
+    prev = (n["previous"] or {}).get("commit")
+    out: dict[str, dict] = {}
+    for f in result.flags:
+        if f.machine == n["machine"] and f.after.commit == n["commit"] and f.before.commit != prev:
+            out.setdefault(f.before.commit, {"commit": f.before.commit, "date": _ms_date(f.before.date), "flags": 0})["flags"] += 1
+    return sorted(out.values(), key=lambda b: b["date"], reverse=True)
+
+
 def night_line(n: dict) -> str:
-    """One line about a machine's night (a dict of nightly.night_info) and the one before."""
+    """One line about a machine's night (a dict of nightly.night_info, with "bridged" where
+    known) and the one before."""
     prev = n["previous"]
     against = (f"against {prev['date']} ({prev['commit'][:8]}, torch {prev['torch']})" if prev
                else "the first night: nothing to compare with")
-    return f"{n['machine']}: {n['date']} ({n['commit'][:8]}, torch {n['torch']}), {against}"
+    line = f"{n['machine']}: {n['date']} ({n['commit'][:8]}, torch {n['torch']}), {against}"
+    if n.get("bridged"):
+        earlier = " and ".join(f"{b['flags']}{' flag' + 's' * (b['flags'] != 1) if i == 0 else ''} against {b['date']} ({b['commit'][:8]})"
+                               for i, b in enumerate(n["bridged"]))
+        line += f"; {earlier} instead, where {prev['date']} had no value"
+    return line
 
 
 def latest_nights(hist: history.History) -> tuple[dict[str, tuple[str | None, str]], list[dict]]:
@@ -388,6 +405,7 @@ def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[d
     the Markdown also goes to $GITHUB_STEP_SUMMARY in GitHub Actions. Returns both paths
     and the plain-text report."""
     fail_on = summary.DEFAULT_FAIL_ON
+    nights = [{**n, "bridged": bridged(n, result)} for n in nights]
     md = "\n".join([*(f"- {render.md_escape(night_line(n))}" for n in nights), "",
                     render.render_github(result, fail_on).rstrip(),
                     *_failed_md(nights)]) + "\n"
