@@ -140,6 +140,26 @@ def test_kernel_id_changes_with_the_route_not_the_shape():
     assert "DGEMM" in dbl.kernels["full"][-1] and dbl.kernel_id != got[0].kernel_id
 
 
+def _routed(monkeypatch, by_cols: dict[int, str]) -> measure.Measurement:
+    """A measurement whose every traced call reports the route ``by_cols`` names for its output's
+    column count (hand-built: which kernel ran is what the test says, not what this CPU picks)."""
+    monkeypatch.setattr(kernels, "traced", lambda call, device: (y := call(), ["aten::mm", by_cols[y.shape[-1]]]))
+    case = Case("routes", "mm", Shape(4, 8, 16), Shape(4, 8, 16), slice_n=(1, 2, 8))
+    return measure.measure(case, "float32", "cpu", timing=False)
+
+
+def test_kernel_id_tells_which_slice_took_which_route(monkeypatch):
+    # Slices n = 1, 2, 8 by routes X, Y, Y and by X, X, Y: one kernel changed (n = 2 went from Y
+    # to X), yet the merged list was [aten::mm, X, Y] both times, and so was the kernel-id.
+    one = _routed(monkeypatch, {16: "F", 1: "X", 2: "Y", 8: "Y"})
+    two = _routed(monkeypatch, {16: "F", 1: "X", 2: "X", 8: "Y"})
+    assert one.kernels["slice_n"] == two.kernels["slice_n"] == ["aten::mm", "X", "Y"]
+    assert one.kernel_id != two.kernel_id
+    # Slices that all take one route are recorded as before: their kernel-ids do not change.
+    same = _routed(monkeypatch, {16: "F", 1: "X", 2: "X", 8: "X"})
+    assert same.kernels == {"full": ["aten::mm", "F"], "slice_n": ["aten::mm", "X"]}
+
+
 def test_slice_m_drift_equals_a_direct_comparison():
     # A[:m] @ B differs from (A @ B)[:m] in fp32 for some
     # small m, which m depending on the CPU and MKL's settings. Find one here with plain torch.

@@ -122,6 +122,17 @@ def unique(seq) -> list:
     return out
 
 
+def merged(kind: str, calls: list[tuple[str, list[str]]]) -> dict[str, list[str]]:
+    """The kernel lists of one kind's calls, each (label, its names): ``kind`` holds every name
+    once, in first-seen order. Where the calls' lists differ, ``kind + " per call"`` also holds
+    each as "label: name; name", since the merged list alone is the same whichever call ran
+    which kernel (n = 2 moving from Y to X beside n = 1 on X and n = 8 on Y)."""
+    out = {kind: unique(name for _, names in calls for name in names)}
+    if len({tuple(names) for _, names in calls}) > 1:
+        out[f"{kind} per call"] = [f"{label}: {'; '.join(names)}" for label, names in calls]
+    return out
+
+
 def mkl_banner(text: str) -> str | None:
     """MKL's first verbose line (version and the code path it chose), if present."""
     for line in text.splitlines():

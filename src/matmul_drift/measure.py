@@ -286,8 +286,8 @@ def measure_operands(
         near = () if ref.exact else (slack, ref.lo)
         nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),
                      **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype, *near)}
-        routes_n: list[str] | None = [] if with_kernels else None
-        routes_m: list[str] | None = [] if with_kernels else None
+        routes_n: list[tuple[str, list[str]]] = []  # (slice, its kernels) per traced call
+        routes_m: list[tuple[str, list[str]]] = []
 
         slices_n = []
         for form in case.forms:
@@ -295,7 +295,10 @@ def measure_operands(
             for n in slice_n:
                 b_n = ops.b_cols(n)
                 call = lambda a_form=a_form, b_n=b_n: ops.product(a_form, b_n)  # noqa: E731
-                y = _call(call, device, routes_n)
+                names: list[str] | None = [] if with_kernels else None
+                y = _call(call, device, names)
+                if names is not None:
+                    routes_n.append((f"n={n}" + (f" {form}" if len(case.forms) > 1 else ""), names))
                 if form == "2d":
                     y = y.squeeze(0)
                 cols = min(n, case.compare_cols or n)
@@ -304,13 +307,16 @@ def measure_operands(
         slices_m = []
         for m in slice_m:
             a_m = ops.a[..., :m, :]
-            y = _call(lambda a_m=a_m: ops.product(a_m), device, routes_m)
+            names = [] if with_kernels else None
+            y = _call(lambda a_m=a_m: ops.product(a_m), device, names)
+            if names is not None:
+                routes_m.append((f"m={m}", names))
             d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)), k, precision)
             slices_m.append({"m": m, **d})
         if routes_n:
-            kern["slice_n"] = kernels.unique(routes_n)
+            kern.update(kernels.merged("slice_n", routes_n))
         if routes_m:
-            kern["slice_m"] = kernels.unique(routes_m)
+            kern.update(kernels.merged("slice_m", routes_m))
 
         run_to_run = {"repeat": repeat, **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat, precision)}
         seconds = time_call(ops.product, device) if timing else None
