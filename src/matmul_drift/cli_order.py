@@ -120,4 +120,6 @@ def run(args) -> int:
         ways = verified.get("fused_add")
         print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to the kernel"
               + (f"; its fused adds round as {' or '.join(ways)}" if ways else ""))
+    else:  # the tree fits the probe's readings; only a replay shows it reproduces the kernel's bits
+        print("replay: not run (--verify replays the tree against the kernel)")
     return 0
