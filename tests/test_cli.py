@@ -159,6 +159,44 @@ def test_legacy_pt_files_larger_than_memory_are_refused_before_reading(tmp_path,
     assert rc in (0, 1) and "16×16 @ 16×4" in out and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_npy_files_in_the_other_byte_order_are_measured_as_their_values(tmp_path, order):
+    """A .npy written on (or for) a big-endian machine, '>f8' or '>f4', holds the same values
+    as its native twin; torch.from_numpy refuses it, and explain once said 'cannot read'."""
+    g = np.random.default_rng(11)
+    a, b = g.standard_normal((6, 9)), g.standard_normal((9, 5)).astype(np.float32)
+    keep = np.asfortranarray if order == "F" else np.ascontiguousarray
+    for name, x in (("a", a), ("b", b)):
+        np.save(tmp_path / f"{name}.npy", keep(x))
+        np.save(tmp_path / f"{name}_swapped.npy", keep(x.astype(x.dtype.newbyteorder("S"))))
+    assert not np.load(tmp_path / "a_swapped.npy").dtype.isnative
+    reports = []
+    for suffix in ("", "_swapped"):
+        rc, out, err = _main("explain", "--a", str(tmp_path / f"a{suffix}.npy"), "--b", str(tmp_path / f"b{suffix}.npy"),
+                             "--dtype", "float64", "--slice-n", "4", "--slice-m", "2", "--json")
+        assert rc == 0, err
+        reports.append(json.loads(out))
+    native, swapped = reports
+    for key in ("error_u", "error_entries", "input_checksum", "layout", "slices", "nonfinite"):
+        assert swapped[key] == native[key], key
+    assert swapped["layout"]["a"]["order"] == order
+
+
+def test_a_swapped_npy_larger_than_memory_is_refused_before_reading(tmp_path, monkeypatch):
+    """Swapping the bytes reads the file whole (it cannot be mapped as torch wants), so its
+    size is weighed first, as for torch's legacy format."""
+    from matmul_drift import memory
+
+    np.save(tmp_path / "a.npy", np.ones((16, 16), dtype=">f4"))
+    np.save(tmp_path / "b.npy", np.ones((16, 4), dtype=np.float32))
+    monkeypatch.setattr(memory, "available", lambda device: (500, None))
+    args = ["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--dtype", "float32"]
+    rc, out, err = _main(*args)
+    assert (rc, out) == (2, "") and err.count("\n") == 1 and "a.npy: values in the other byte order" in err and "re-save it in this machine's byte order" in err, err
+    rc, out, err = _main(*args, "--no-host-memory-check")
+    assert rc == 0 and "16×16 @ 16×4" in out, err
+
+
 def test_files_that_are_not_regular_are_refused_before_opening(tmp_path):
     np.save(tmp_path / "b.npy", np.ones((4, 4), dtype=np.float32))
     os.mkfifo(tmp_path / "fifo.npy")  # np.load or torch.load would wait for a writer forever

@@ -99,7 +99,12 @@ def _load_array(path: Path, host_check: bool = True):
         if path.suffix == ".npy":
             with warnings.catch_warnings():  # torch warns that the mapping is read-only: it is never written
                 warnings.simplefilter("ignore")
-                t = torch.from_numpy(np.load(path, allow_pickle=False, mmap_mode="r"))
+                arr = np.load(path, allow_pickle=False, mmap_mode="r")
+                if not arr.dtype.isnative:  # torch.from_numpy refuses it: swapped, which reads it whole
+                    _check_read_whole(path, host_check, "values in the other byte order, swapped to this machine's,",
+                                      "or re-save it in this machine's byte order, which is mapped")
+                    arr = arr.astype(arr.dtype.newbyteorder("="))  # order "K": a Fortran array stays one
+                t = torch.from_numpy(arr)
         elif path.suffix == ".pt":
             with warnings.catch_warnings():  # torch warns that sparse CSR is beta: the refusal below says enough
                 warnings.simplefilter("ignore")
@@ -108,7 +113,8 @@ def _load_array(path: Path, host_check: bool = True):
                 except RuntimeError as exc:  # torch's legacy format cannot be mapped: read it
                     if "_use_new_zipfile_serialization" not in str(exc):
                         raise
-                    _check_legacy_size(path, host_check)  # read whole, before the memory check of the product
+                    _check_read_whole(path, host_check, "torch's legacy format,",  # before the product's check
+                                      "or re-save it with torch.save's default format, which is mapped")
                     t = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(t, torch.Tensor):
                 raise UsageError(f"{path}: expected one tensor, found {type(t).__name__}")
@@ -129,14 +135,15 @@ def _load_array(path: Path, host_check: bool = True):
     return t.detach()  # requires_grad (an nn.Parameter): the values are what is measured
 
 
-def _check_legacy_size(path: Path, host_check: bool) -> None:
-    """UsageError (one line) when a file read whole is larger than memory.check allows."""
+def _check_read_whole(path: Path, host_check: bool, what: str, remedy: str) -> None:
+    """UsageError (one line: ``what``, then ``remedy``) when a file read whole is larger than
+    memory.check allows."""
     from . import memory
 
     try:
-        memory.check((path.stat().st_size, 0), f"{path}: torch's legacy format, read whole,", "cpu", host_check)
+        memory.check((path.stat().st_size, 0), f"{path}: {what} read whole,", "cpu", host_check)
     except memory.TooLarge as exc:
-        raise UsageError(f"{exc}; or re-save it with torch.save's default format, which is mapped") from None
+        raise UsageError(f"{exc}; {remedy}") from None
 
 
 def _file_case(args):
