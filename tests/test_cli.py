@@ -197,6 +197,51 @@ def test_a_swapped_npy_larger_than_memory_is_refused_before_reading(tmp_path, mo
     assert rc == 0 and "16×16 @ 16×4" in out, err
 
 
+def test_entries_that_rounding_to_dtype_makes_inf_or_zero_are_named(tmp_path):
+    """A file's finite values beyond float16's range become inf, tiny ones 0: the verdict once
+    said 'A has 3 NaN or inf entries' of a file that has none, and nothing of values lost to 0.
+    IEEE binary16: |x| >= 65504 + 16 (half its last ulp) rounds to inf, |x| <= 2^-25 (half the
+    smallest subnormal, a tie that goes to the even 0) to 0."""
+    a = np.array([[1e6, 1.0, 1e-10, 2.0**-25], [65519.0, 65520.0, -7e4, 2.0**-24]], dtype=np.float32)
+    b = np.array([[1.0], [2.0**-26], [1.0], [3.0]])  # float64
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    rc, out, err = _main("explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--dtype", "float16", "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["rounding"] == {"a": {"to_inf": 3, "to_zero": 2}, "b": {"to_inf": 0, "to_zero": 1}}
+    assert r["nonfinite"]["a"] == 3 and r["verdict"]["kind"] == "non-finite inputs"
+    assert r["verdict"]["text"].endswith("; rounding the files to float16 made 3 finite entries of A ±inf, "
+                                         "2 non-zero entries of A 0 and 1 non-zero entry of B 0")
+    rc, out, err = _main("explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--dtype", "float32", "--json")
+    r = json.loads(out)  # float32 holds every value but B's 2^-26, exactly
+    assert rc == 0 and r["rounding"] == {"a": {"to_inf": 0, "to_zero": 0}, "b": {"to_inf": 0, "to_zero": 0}}, err
+    assert "rounding the files" not in r["verdict"]["text"]
+
+
+@pytest.mark.parametrize("dtype", [d for d in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                                                 "float8_e8m0fnu") if hasattr(torch, d)])
+def test_float8_files_are_measured_as_the_float32_values_they_hold(tmp_path, dtype):
+    """float32 holds every float8 value exactly, so a float8 file and its float32 copy are the
+    same operands: the same report. (torch counts nothing in float8: counting what rounding
+    lost once raised NotImplementedError there.)"""
+    g = np.random.default_rng(3)
+    a8 = torch.from_numpy(g.uniform(0.25, 4, (5, 7)).astype(np.float32)).to(getattr(torch, dtype))
+    b8 = torch.from_numpy(g.uniform(0.25, 4, (7, 3)).astype(np.float32)).to(getattr(torch, dtype))
+    torch.save(a8, tmp_path / "a8.pt")
+    torch.save(b8.t().contiguous().t(), tmp_path / "b8.pt")  # a transposed view, as stored
+    torch.save(a8.float(), tmp_path / "a32.pt")
+    torch.save(b8.float().t().contiguous().t(), tmp_path / "b32.pt")
+    reports = []
+    for w in ("8", "32"):
+        rc, out, err = _main("explain", "--a", str(tmp_path / f"a{w}.pt"), "--b", str(tmp_path / f"b{w}.pt"),
+                             "--dtype", "float16", "--json")
+        assert rc == 0, err
+        reports.append(json.loads(out))
+    for key in ("error_u", "input_checksum", "layout", "rounding", "nonfinite"):
+        assert reports[0][key] == reports[1][key], key
+
+
 def test_files_that_are_not_regular_are_refused_before_opening(tmp_path):
     np.save(tmp_path / "b.npy", np.ones((4, 4), dtype=np.float32))
     os.mkfifo(tmp_path / "fifo.npy")  # np.load or torch.load would wait for a writer forever

@@ -172,7 +172,23 @@ def _file_case(args):
     _check_memory(case, shape, args)  # before the files' values are read
     dt = getattr(torch, args.dtype)
     a_t, b_t = (restride(t, dt, args.device, args.layout == "as-stored") for t in (a, b))
-    return case, Operands(a_t, b_t, case.op, case.layout), inputs.checksum(tensor_bits(a_t), tensor_bits(b_t))
+    rounding = {"a": _rounded_away(a, a_t), "b": _rounded_away(b, b_t)}
+    return case, Operands(a_t, b_t, case.op, case.layout), inputs.checksum(tensor_bits(a_t), tensor_bits(b_t)), rounding
+
+
+def _rounded_away(t, rounded) -> dict:
+    """Entries of a file's tensor ``t`` that rounding to the measured dtype made ±inf
+    (``to_inf``, finite before) or 0 (``to_zero``, non-zero before): counts. Rounding keeps
+    NaN, ±inf and 0, and never makes a value non-zero or finite, so the differences of the
+    two tensors' counts are those entries."""
+    import torch
+
+    from .reference import all_finite
+
+    if t.dtype.itemsize == 1:  # the float8 kinds: torch counts nothing in them; float32 holds each value
+        t = t.float()
+    to_inf = 0 if all_finite(rounded) else int(torch.isfinite(t).sum()) - int(torch.isfinite(rounded).sum())
+    return {"to_inf": to_inf, "to_zero": int(torch.count_nonzero(t)) - int(torch.count_nonzero(rounded))}
 
 
 def _render_orders(o: dict) -> str:
@@ -246,7 +262,7 @@ def run_explain(args) -> int:
     except Unavailable as exc:
         raise UsageError(str(exc)) from None
     if given[2]:
-        case, ops, checksum = _file_case(args)  # memory checked there, before the files are read
+        case, ops, checksum, rounding = _file_case(args)  # memory checked there, before the files are read
         _check_slices(args, case, case.shape(args.device))
     shape = case.shape(args.device)
     if not given[2]:
@@ -273,7 +289,7 @@ def run_explain(args) -> int:
         )
     else:
         m = measure(case, args.dtype, args.device, slice_n=slice_n, slice_m=slice_m, repeat=repeat)
-    r = explain.report(m, args.slice_n, args.slice_m, layout=m.layout)
+    r = explain.report(m, args.slice_n, args.slice_m, layout=m.layout, rounding=rounding if given[2] else None)
     if args.try_fixes:
         r["fixes"] = _try_fixes(args, case, given, slice_n, slice_m, repeat)
     stopped = r.get("fixes", {}).get("stopped")  # a signal while trying fixes: print what there is, at once

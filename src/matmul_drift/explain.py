@@ -38,9 +38,12 @@ def _pick(rows: list[dict], want: int | None, key: str) -> dict | None:
     return {key: worst[key], **{k: worst[k] for k in DRIFT_KEYS}}
 
 
-def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = None, layout: dict | None = None) -> dict:
+def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = None, layout: dict | None = None,
+           rounding: dict | None = None) -> dict:
     """The JSON object of `explain --json`. Units: error_u, gamma_k_u and max_u in u of the
     output dtype; max_ulp in output ulps; frac_differ a fraction; seconds per product.
+    ``rounding`` (files only): per operand, the counts of entries that rounding to the dtype
+    made ±inf (``to_inf``) or 0 (``to_zero``).
 
     Every value is RFC 8259 JSON: a non-finite number becomes null, and ``nulls`` maps its
     path to the reason.
@@ -51,6 +54,7 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
         "device": m.device,
         "shape": {"m": m.m, "k": m.k, "n": m.n, "batch": m.batch},
         "layout": layout,
+        "rounding": rounding,
         "error_u": m.error_u,
         "error_entries": m.error,
         "gamma_k_u": m.gamma_k_u,
@@ -109,6 +113,21 @@ def _pct(x: float) -> str:
 
 
 def verdict(r: dict) -> dict:
+    """``_judge``'s verdict, its text followed by what rounding the files to the dtype lost."""
+    v = _judge(r)
+    lost = []
+    for name, c in (r.get("rounding") or {}).items():
+        if c["to_inf"]:
+            lost.append(f"{_count(c['to_inf'], 'finite entry', 'finite entries')} of {name.upper()} ±inf")
+        if c["to_zero"]:
+            lost.append(f"{_count(c['to_zero'], 'non-zero entry', 'non-zero entries')} of {name.upper()} 0")
+    if lost:
+        said = lost[0] if len(lost) == 1 else f"{', '.join(lost[:-1])} and {lost[-1]}"
+        v["text"] += f"; rounding the files to {r['dtype'].split('-', 1)[0]} made {said}"
+    return v
+
+
+def _judge(r: dict) -> dict:
     """The judgement: ``defect`` (exit 1), ``non-finite inputs``, ``overflow``, ``rounding`` or
     ``bit-identical``, with a one-line reason that leads with max_u and the share of entries.
 
