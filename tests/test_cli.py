@@ -242,6 +242,19 @@ def test_float8_files_are_measured_as_the_float32_values_they_hold(tmp_path, dty
         assert reports[0][key] == reports[1][key], key
 
 
+@pytest.mark.skipif(not hasattr(torch, "float4_e2m1fn_x2"), reason="no float4 in this torch")
+@pytest.mark.parametrize("layout", ["as-stored", "contiguous"])
+def test_a_float_dtype_torch_cannot_convert_is_one_line(tmp_path, layout):
+    """float4_e2m1fn_x2 is a floating-point dtype (two values packed per byte) that torch
+    cannot convert to any other: its NotImplementedError once escaped as a traceback."""
+    torch.save(torch.zeros(4, 5, dtype=torch.uint8).view(torch.float4_e2m1fn_x2), tmp_path / "a.pt")
+    np.save(tmp_path / "b.npy", np.ones((5, 3), dtype=np.float32))
+    rc, out, err = _main("explain", "--a", str(tmp_path / "a.pt"), "--b", str(tmp_path / "b.npy"), "--dtype", "float32",
+                         "--layout", layout)
+    assert (rc, out) == (2, "") and err.count("\n") == 1, err
+    assert "a.pt: torch cannot convert torch.float4_e2m1fn_x2 to float32" in err, err
+
+
 def test_files_that_are_not_regular_are_refused_before_opening(tmp_path):
     np.save(tmp_path / "b.npy", np.ones((4, 4), dtype=np.float32))
     os.mkfifo(tmp_path / "fifo.npy")  # np.load or torch.load would wait for a writer forever

@@ -164,13 +164,18 @@ def _file_case(args):
     if empty:
         raise UsageError(f"A {tuple(a.shape)} @ B {tuple(b.shape)} is empty ({', '.join(empty)}): nothing to measure"
                          + (" (with K = 0 every output is exactly 0)" if "K = 0" in empty and len(empty) == 1 else ""))
+    dt = getattr(torch, args.dtype)
+    for path, t in ((args.a, a), (args.b, b)):
+        try:  # one entry: float4_e2m1fn_x2 is a floating-point dtype that torch converts to nothing
+            t[(0,) * t.dim()].to(dt)
+        except (RuntimeError, NotImplementedError):
+            raise UsageError(f"{path}: torch cannot convert {t.dtype} to {args.dtype}") from None
     shape = cases.Shape(m, b.shape[0], b.shape[1])
     case = cases.Case(
         f"files:{args.a.name}@{args.b.name}", "mv" if a.dim() == 1 else "mm", shape, shape, layout="strided",
         forms=("as-is", "2d") if a.dim() == 1 else ("as-is",),
     )
     _check_memory(case, shape, args)  # before the files' values are read
-    dt = getattr(torch, args.dtype)
     a_t, b_t = (restride(t, dt, args.device, args.layout == "as-stored") for t in (a, b))
     rounding = {"a": _rounded_away(a, a_t), "b": _rounded_away(b, b_t)}
     return case, Operands(a_t, b_t, case.op, case.layout), inputs.checksum(tensor_bits(a_t), tensor_bits(b_t)), rounding
