@@ -329,6 +329,30 @@ def test_input_files_larger_than_memory_are_refused_before_reading(tmp_path):
     assert time.monotonic() - t0 < 60  # refused up front: reading the file would take most of that
 
 
+def test_a_view_kept_as_stored_is_weighed_with_the_storage_it_spans(tmp_path, monkeypatch):
+    """A .pt view keeps its storage offset and strides (--layout as-stored), so its copy spans
+    offset + (M-1)·stride_0 + ... elements of the new dtype, not M·K: the last row of a 2^22 x 4
+    float32 W saved alone (torch.save writes W's whole storage) needs 2^24 float64 elements,
+    128 MiB, for one row of 4. The memory check once weighed the 1x4 shape alone."""
+    from matmul_drift import memory
+
+    w = torch.ones(1 << 22, 4)
+    torch.save(w[-1:], tmp_path / "a.pt")  # offset 2^24 - 4: the whole storage travels with it
+    torch.save(torch.ones(4, 2), tmp_path / "b.pt")
+    span = (1 << 24) * 8  # bytes of the float64 copy, offset included
+    base = memory.bytes_needed(1, 4, 2, "float64", "cpu")[0]
+    monkeypatch.setattr(memory, "available", lambda device: (base + span // 2, None))
+    args = ["explain", "--a", str(tmp_path / "a.pt"), "--b", str(tmp_path / "b.pt"), "--dtype", "float64"]
+    rc, out, err = _main(*args)
+    assert (rc, out) == (2, "") and err.count("\n") == 1 and "MemAvailable" in err, err
+    rc, out, err = _main(*args, "--layout", "contiguous")  # a copy of its 4 values: nothing more to weigh
+    assert rc == 0 and "1×4 @ 4×2" in out, err
+    monkeypatch.setattr(memory, "available", lambda device: (base + 2 * span, None))
+    rc, out, err = _main(*args, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["layout"]["a"] == {"shape": [1, 4], "strides": [4, 1], "offset": (1 << 24) - 4, "order": "C"}
+
+
 def test_no_host_memory_check_starts_where_memavailable_reads_too_little(capsys, monkeypatch):
     from matmul_drift import cli, memory
 

@@ -152,7 +152,7 @@ def _file_case(args):
     import torch
 
     from . import cases, inputs
-    from .measure import Operands, restride, tensor_bits
+    from .measure import Operands, restride, restride_elements, tensor_bits
 
     a, b = (_load_array(p, not args.no_host_memory_check) for p in (args.a, args.b))
     if a.dim() not in (1, 2) or b.dim() != 2:
@@ -175,8 +175,10 @@ def _file_case(args):
         f"files:{args.a.name}@{args.b.name}", "mv" if a.dim() == 1 else "mm", shape, shape, layout="strided",
         forms=("as-is", "2d") if a.dim() == 1 else ("as-is",),
     )
-    _check_memory(case, shape, args)  # before the files' values are read
-    a_t, b_t = (restride(t, dt, args.device, args.layout == "as-stored") for t in (a, b))
+    keep = args.layout == "as-stored"
+    gaps = sum((restride_elements(t, keep) or t.numel()) - t.numel() for t in (a, b))  # offsets and strides kept
+    _check_memory(case, shape, args, gaps * dt.itemsize)  # before the files' values are read
+    a_t, b_t = (restride(t, dt, args.device, keep) for t in (a, b))
     rounding = {"a": _rounded_away(a, a_t), "b": _rounded_away(b, b_t)}
     return case, Operands(a_t, b_t, case.op, case.layout), inputs.checksum(tensor_bits(a_t), tensor_bits(b_t)), rounding
 
@@ -335,12 +337,14 @@ def _check_slices(args, case, shape, form: str = "as-is") -> None:
             raise UsageError(f"--slice-m {args.slice_m} is larger than M = {shape.m}")
 
 
-def _check_memory(case, shape, args) -> None:
-    """UsageError (one line) when measuring the product needs more memory than there is."""
+def _check_memory(case, shape, args, extra: int = 0) -> None:
+    """UsageError (one line) when measuring the product, and ``extra`` bytes more on its
+    device, needs more memory than there is."""
     from . import memory
 
     batch = shape.batch or 1
-    need = memory.bytes_needed(shape.m, shape.k, shape.n, args.dtype, args.device, batch)
+    host, device = memory.bytes_needed(shape.m, shape.k, shape.n, args.dtype, args.device, batch)
+    need = (host, device + extra) if args.device == "cuda" else (host + extra, device)
     what = f"the product, {'' if batch == 1 else f'batch={batch} '}m={shape.m} k={shape.k} n={shape.n} in {args.dtype},"
     try:
         memory.check(need, what, args.device, not args.no_host_memory_check)

@@ -185,8 +185,8 @@ def restride(t, dtype, device: str, keep: bool = True):
     when ``keep`` is false or the strides overlap (stride 0 cannot be written). Always a copy."""
     import torch
 
-    if keep and t.numel() and all(st > 0 or sz == 1 for sz, st in zip(t.shape, t.stride())):
-        extent = t.storage_offset() + 1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride()))
+    extent = restride_elements(t, keep)
+    if extent is not None:
         out = torch.zeros(extent, dtype=dtype, device=device).as_strided(t.shape, t.stride(), t.storage_offset())
         try:
             out.copy_(t)
@@ -194,6 +194,15 @@ def restride(t, dtype, device: str, keep: bool = True):
         except RuntimeError:  # strides that overlap some other way
             pass
     return t.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)  # never the file's mapping
+
+
+def restride_elements(t, keep: bool = True) -> int | None:
+    """Elements ``restride`` allocates to keep ``t``'s layout: its storage offset plus the span
+    of its strides (a view of a large storage spans most of it); None where it copies ``t``
+    contiguous instead (numel elements)."""
+    if keep and t.numel() and all(st > 0 or sz == 1 for sz, st in zip(t.shape, t.stride())):
+        return t.storage_offset() + 1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride()))
+    return None
 
 
 def describe_layout(t) -> dict:
