@@ -76,3 +76,56 @@ def test_tensor_roundtrip_is_bit_exact():
         t = measure.to_tensor(bits, dtype, "cpu")
         assert str(t.dtype) == f"torch.{dtype}"
         assert np.array_equal(measure.tensor_bits(t), bits)
+
+
+def _nearest(x, p: int, emin: int, emax: int) -> float:
+    """x (a Fraction) rounded once to a binary format of p bits and exponents emin..emax,
+    to nearest, ties to even; ±inf beyond it. Independent of numpy and torch."""
+    from fractions import Fraction
+
+    if x == 0:
+        return 0.0
+    a = abs(x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    e += 1 if a >= Fraction(2) ** (e + 1) else -1 if a < Fraction(2) ** e else 0  # 2^e <= a < 2^(e+1)
+    q = Fraction(2) ** (max(e, emin) - p + 1)
+    v = round(a / q) * q  # Fraction's round takes ties to even
+    return (1 if x > 0 else -1) * (float("inf") if v >= Fraction(2) ** (emax + 1) else float(v))
+
+
+def _float64_cases() -> np.ndarray:
+    """Near-ties and edges of float16 and bfloat16 a float32 step would round wrongly, and random ones."""
+    t = 2.0 ** -40
+    crafted = [1 + 2**-11 + t, 1 + 2**-11 - t, 1 + 3 * 2**-11 - t, 1 + 2**-8 + t, 1 + 2**-8 - t, 1 + 3 * 2**-8 + t,
+               65519.99, 65520.0, 65520.0 - 2**-20, 2.0**-25 + 2**-60, 2.0**-25, 2.0**-24 * 1.5 + 2**-70,
+               2.0**-133 * (1 + 2**-30), 2.0**-134 * 3, 3.3961e38, 3.39617e38, 3.4e38, 1e300, -1e300,
+               5e-324, 0.0, -0.0, float("inf"), float("-inf")]
+    rng = np.random.default_rng(3)
+    wide = rng.standard_normal(3000) * np.exp2(rng.integers(-140, 130, 3000).astype(np.float64))
+    bits = rng.integers(0, 2**64, 3000, dtype=np.uint64).view(np.float64)
+    vals = np.concatenate([crafted, [-v for v in crafted], wide, bits])
+    return vals[np.isfinite(vals) | np.isinf(vals)]  # the random bits' NaNs aside
+
+
+@pytest.mark.parametrize("dtype,p,emin,emax", [("float16", 11, -14, 15), ("bfloat16", 8, -126, 127),
+                                               ("float32", 24, -126, 127)])
+def test_float64_values_are_rounded_once(dtype, p, emin, emax):
+    """A float64 file measured in float16 or bfloat16 is rounded to nearest once, as exact
+    rational arithmetic rounds it (torch on the CPU goes through float32 and rounds twice)."""
+    from fractions import Fraction
+
+    vals = _float64_cases()
+    got = measure.to_tensor(inputs.round_bits(vals, dtype), dtype, "cpu").double().numpy()
+    want = np.array([v if not np.isfinite(v) else _nearest(Fraction(v), p, emin, emax) for v in vals])
+    bad = np.flatnonzero(~((got == want) & (np.signbit(got) == np.signbit(want)) | (want == 0) & (got == 0)))
+    assert bad.size == 0, [(vals[i], got[i], want[i]) for i in bad[:5]]
+    nan = inputs.round_bits(np.array([np.nan, -np.nan]), dtype)
+    assert np.isnan(measure.to_tensor(nan, dtype, "cpu").double().numpy()).all()
+
+
+def test_a_float64_file_is_rounded_once_and_keeps_its_layout():
+    """measure.restride (explain's --a/--b): float64 to float16 rounded once, strides kept."""
+    t = torch.tensor([[1 + 2**-11 + 2**-40, 3.0], [65520.0 - 2**-20, 1 + 2**-11]], dtype=torch.float64).t()
+    out = measure.restride(t, torch.float16, "cpu", keep=True)
+    assert out.stride() == t.stride() and out.tolist() == [[1 + 2**-10, 65504.0], [3.0, 1.0]]
+    assert measure.restride(t, torch.float16, "cpu", keep=False).tolist() == out.tolist()

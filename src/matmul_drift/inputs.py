@@ -77,10 +77,12 @@ def draw(seed: int, name: str, shape: tuple[int, ...], dist: str = "uniform", in
 
 
 def round_bits(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Round exact float32 ``values`` to ``dtype`` (nearest, ties to even) and return its bits."""
+    """Round float32 or float64 ``values`` to ``dtype`` (nearest, ties to even, once) and return
+    its bits. Once: torch takes float64 to float16 or bfloat16 through float32 on the CPU, so
+    1 + 2^-11 + 2^-40 became 1 there, not 1 + 2^-10."""
     if dtype not in BITS_DTYPE:
         raise ValueError(f"unknown dtype {dtype!r}")
-    v = np.ascontiguousarray(values, dtype=np.float32)
+    v = np.ascontiguousarray(values, dtype=np.float64 if np.asarray(values).dtype == np.float64 else np.float32)
     out = np.empty(v.shape, dtype=BITS_DTYPE[dtype])
     src, dst = v.reshape(-1), out.reshape(-1)
 
@@ -88,16 +90,26 @@ def round_bits(values: np.ndarray, dtype: str) -> np.ndarray:
         x, bits = src[part], dst[part]
         if dtype == "float64":
             bits.view(np.float64)[:] = x
-        elif dtype == "float32":
-            bits[:] = x.view(np.uint32)
-        elif dtype == "float16":
-            bits.view(np.float16)[:] = x
+        elif dtype in ("float32", "float16"):
+            with np.errstate(over="ignore"):  # a float64 beyond the range rounds to inf, as it should
+                bits.view(np.float32 if dtype == "float32" else np.float16)[:] = x  # numpy rounds once
         else:  # bfloat16: finite float32 bits + 0x8000 stay below 2^32, so uint32 cannot wrap
-            b = x.view(np.uint32)
+            b = _round_to_odd_float32(x).view(np.uint32) if x.dtype == np.float64 else x.view(np.uint32)
             bits[:] = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
 
     blocks.map_blocks(src.size, fill)
     return out
+
+
+def _round_to_odd_float32(x: np.ndarray) -> np.ndarray:
+    """float64 ``x`` in float32, cut toward zero, its last bit set where that was inexact: 24
+    bits rounded to odd, then to bfloat16's 8 to nearest, is rounding to nearest once."""
+    with np.errstate(over="ignore"):
+        f = x.astype(np.float32)
+    away = np.abs(f.astype(np.float64)) > np.abs(x)  # rounded up in magnitude (to inf, too)
+    f[away] = np.nextafter(f[away], np.float32(0))
+    inexact = (f.astype(np.float64) != x) & ~np.isnan(x)
+    return f.view(np.uint32) | inexact.astype(np.uint32)
 
 
 def checksum(*arrays: np.ndarray) -> str:

@@ -185,15 +185,18 @@ def restride(t, dtype, device: str, keep: bool = True):
     when ``keep`` is false or the strides overlap (stride 0 cannot be written). Always a copy."""
     import torch
 
-    extent = restride_elements(t, keep)
+    extent, src = restride_elements(t, keep), t
+    if t.dtype == torch.float64 and dtype in (torch.float16, torch.bfloat16):  # rounded once, not through float32
+        name = str(dtype).removeprefix("torch.")
+        src = to_tensor(inputs.round_bits(t.cpu().numpy(), name), name, "cpu")  # t's shape, contiguous
     if extent is not None:
         out = torch.zeros(extent, dtype=dtype, device=device).as_strided(t.shape, t.stride(), t.storage_offset())
         try:
-            out.copy_(t)
+            out.copy_(src)
             return out
         except RuntimeError:  # strides that overlap some other way
             pass
-    return t.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)  # never the file's mapping
+    return src.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)  # never the file's mapping
 
 
 def restride_elements(t, keep: bool = True) -> int | None:
