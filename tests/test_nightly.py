@@ -1003,6 +1003,57 @@ def test_a_tree_whose_creation_was_killed_is_finished_by_the_next_run(tmp_path, 
     assert git(tree, "rev-list", "--count", "HEAD") == "1"
 
 
+def _killed_checking_out(tmp_path, path: str, call: str) -> None:
+    """Run ``call`` (Python, with resultsbranch imported) in a process of its own whose git is
+    SIGKILLed, with that whole process, as it checks ``path`` out: a smudge filter kills the
+    process group there, as a lost node would, after git wrote the files before it."""
+    attrs = tmp_path / "kill-attributes"
+    attrs.write_text(f"{path} filter=kill\n")
+    config = {"core.attributesFile": str(attrs), "filter.kill.smudge": "kill -KILL 0", "filter.kill.required": "true"}
+    env = {**os.environ, "GIT_CONFIG_COUNT": str(len(config))}
+    for i, (k, v) in enumerate(config.items()):
+        env.update({f"GIT_CONFIG_KEY_{i}": k, f"GIT_CONFIG_VALUE_{i}": v})
+    p = subprocess.run([PY, "-c", f"from pathlib import Path\nfrom matmul_drift import resultsbranch\n{call}"],
+                       env=env, capture_output=True, text=True, timeout=60, start_new_session=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+
+
+def _remote_with_two_nights(tmp_path) -> tuple[dict[str, Path], str, str]:
+    """Projects a and b of one remote; a pushed night 1 (b's tree has it) and night 2 (b's has
+    not). Returns the repos and the two commits."""
+    repos = _projects_of_one_remote(tmp_path, "a", "b")
+    theirs = resultsbranch.ensure_tree(repos["a"], repos["a"] / "nightly", "results", "origin")
+    _tree_with(theirs, {"nights/2026-01-01-box-a.json": b"a's night 1", "results/asv/box-a/x.json": b"x 1"})
+    resultsbranch.commit(theirs, [".gitignore", "nights", "results"], "night 1")
+    first = resultsbranch.push(theirs, "results", "origin")
+    resultsbranch.ensure_tree(repos["b"], repos["b"] / "nightly", "results", "origin")
+    _tree_with(theirs, {"nights/2026-01-02-box-a.json": b"a's night 2", "results/asv/box-a/x.json": b"x 2",
+                        "results/asv/box-a/y.json": b"y 2"})
+    resultsbranch.commit(theirs, ["nights", "results"], "night 2")
+    return repos, first, resultsbranch.push(theirs, "results", "origin")
+
+
+def test_a_tree_whose_checkout_was_killed_keeps_every_recorded_file_in_its_next_commit(tmp_path):
+    """`git worktree add` killed half-way through its checkout (a tree made again after a CI
+    clean) leaves the tree on its branch with no index: every file looked deleted, and the next
+    night's commit deleted every other night and machine from the branch (and pushed that)."""
+    repos, first, _ = _remote_with_two_nights(tmp_path)
+    tree = repos["b"] / "nightly"
+    shutil.rmtree(tree)  # the CI clean
+    _killed_checking_out(tmp_path, "results/asv/box-a/x.json",
+                         f"resultsbranch.ensure_tree(Path({str(repos['b'])!r}), Path({str(tree)!r}), 'results')")
+    assert (tree / "nights/2026-01-01-box-a.json").is_file() and not (tree / "results/asv/box-a/x.json").exists()
+    # the next run
+    assert resultsbranch.ensure_tree(repos["b"], tree, "results") == tree
+    assert "finished a checkout that was killed (the tree had no index)" in resultsbranch.repair(tree, "results")
+    _tree_with(tree, {"nights/2026-01-03-box-b.json": b"b's night"})
+    resultsbranch.commit(tree, ["nights/2026-01-03-box-b.json"], "night b")
+    kept = git(tree, "ls-tree", "-r", "--name-only", "HEAD").split()
+    assert kept == sorted(git(tree, "ls-tree", "-r", "--name-only", first).split() + ["nights/2026-01-03-box-b.json"])
+    assert (tree / "results/asv/box-a/x.json").read_bytes() == b"x 1"  # the checkout is finished
+    assert resultsbranch.uncommitted(tree, ["."]) == []
+
+
 def test_an_axis_a_killed_run_left_locked_is_built_again(tmp_path):
     tree = tmp_path / "tree"
     path = nightly.axis_repo(tree, "2026-01-03", "results")

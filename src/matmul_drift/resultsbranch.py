@@ -128,7 +128,8 @@ def _ignore(tree: Path) -> Path:
 
 def repair(tree: Path | str, branch: str) -> list[str]:
     """Undo what a killed git left in ``tree``: stale lock files (index, HEAD, the branch's
-    ref, packed-refs) and an interrupted rebase (aborted: the branch is as it was before).
+    ref, packed-refs), a checkout that wrote no index (finished) and an interrupted rebase
+    (aborted: the branch is as it was before).
     The caller holds the tree's own lock, so no git of another run can be working here.
     Returns one line per repair made."""
     done = []
@@ -137,6 +138,13 @@ def repair(tree: Path | str, branch: str) -> list[str]:
         if path.is_file():
             path.unlink()
             done.append(f"removed {name}, left by a git that was killed")
+    if born(tree) and not Path(tree, git(tree, "rev-parse", "--git-path", "index")).exists():
+        # `git worktree add` killed in its checkout: without an index every file looks deleted,
+        # and the next commit would delete them all. HEAD is read in; the files not yet
+        # written are, and none on disk is written over.
+        git(tree, "read-tree", "HEAD")
+        git(tree, "checkout-index", "-z", "--stdin", stdin=git(tree, "ls-files", "--deleted", "-z"))
+        done.append("finished a checkout that was killed (the tree had no index)")
     if rebasing(tree) or any(Path(tree, git(tree, "rev-parse", "--git-path", d)).is_dir()
                              for d in ("rebase-merge", "rebase-apply")):
         p = subprocess.run(["git", "rebase", "--abort"], cwd=tree, capture_output=True, **_TEXT)
