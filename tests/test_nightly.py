@@ -1054,6 +1054,19 @@ def test_a_tree_whose_checkout_was_killed_keeps_every_recorded_file_in_its_next_
     assert resultsbranch.uncommitted(tree, ["."]) == []
 
 
+def test_a_tree_whose_checkout_was_killed_and_then_cleaned_is_made_again(tmp_path):
+    # The killed `git worktree add` leaves its worktree locked ("initializing"); after the next
+    # CI clean, `worktree prune` kept it and every later run failed: "a missing but locked worktree".
+    repos, first, _ = _remote_with_two_nights(tmp_path)
+    tree = repos["b"] / "nightly"
+    shutil.rmtree(tree)
+    _killed_checking_out(tmp_path, "results/asv/box-a/x.json",
+                         f"resultsbranch.ensure_tree(Path({str(repos['b'])!r}), Path({str(tree)!r}), 'results')")
+    shutil.rmtree(tree)  # the next CI clean
+    assert resultsbranch.ensure_tree(repos["b"], tree, "results") == tree
+    assert resultsbranch.head(tree) == first and (tree / "results/asv/box-a/x.json").read_bytes() == b"x 1"
+
+
 def test_an_axis_a_killed_run_left_locked_is_built_again(tmp_path):
     tree = tmp_path / "tree"
     path = nightly.axis_repo(tree, "2026-01-03", "results")

@@ -101,6 +101,7 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
         if current != branch:
             raise GitError(f"{tree} is on branch {current or '(detached)'!r}, not {branch!r}")
         return _ignore(tree)
+    _unlock_killed_add(repo, tree)
     git(repo, "worktree", "prune")  # a worktree deleted by hand (a CI clean) is still registered
     has_branch = ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}")
     if not has_branch and remote is not None and fetch(repo, branch, remote):
@@ -112,6 +113,18 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
         git(repo, "worktree", "add", "--quiet", "--detach", "--no-checkout", "--", str(tree))
         _unborn(tree, branch)
     return _ignore(tree)
+
+
+def _unlock_killed_add(repo: Path | str, tree: Path) -> None:
+    """A `git worktree add` killed before it finished leaves its worktree locked, with git's own
+    reason "initializing": `worktree prune` keeps it once the tree is deleted (a CI clean), and
+    every later add fails ("a missing but locked worktree"). ``tree`` is missing: unlock it."""
+    where = None
+    for line in git(repo, "worktree", "list", "--porcelain").splitlines():
+        if line.startswith("worktree "):
+            where = line[len("worktree "):]
+        elif line == "locked initializing" and where and os.path.realpath(where) == os.path.realpath(tree):
+            git(repo, "worktree", "unlock", "--", where)
 
 
 def _unborn(tree: Path, branch: str) -> None:
