@@ -1067,6 +1067,32 @@ def test_a_tree_whose_checkout_was_killed_and_then_cleaned_is_made_again(tmp_pat
     assert resultsbranch.head(tree) == first and (tree / "results/asv/box-a/x.json").read_bytes() == b"x 1"
 
 
+def test_a_fast_forward_killed_half_way_is_finished_by_the_next_sync(tmp_path):
+    """`git merge --ff-only` killed while writing the remote's files leaves them in the work tree
+    with the index and branch as they were: every later sync refused them ("untracked working
+    tree files would be overwritten") and no night ran until a hand fix."""
+    repos, first, upstream = _remote_with_two_nights(tmp_path)
+    tree = repos["b"] / "nightly"
+    assert resultsbranch.head(tree) == first
+    _tree_with(tree, {"notes/mine.txt": b"b's own, not committed"})
+    _killed_checking_out(tmp_path, "results/asv/box-a/y.json",
+                         f"resultsbranch.sync(Path({str(tree)!r}), 'results', 'origin')")
+    assert (tree / "nights/2026-01-02-box-a.json").is_file() and resultsbranch.head(tree) == first
+    assert (tree / "results/asv/box-a/x.json").read_bytes() == b"x 2"
+    (tree / "results/asv/box-a/x.json").write_bytes(b"x")  # as if cut short by the kill
+    resultsbranch.repair(tree, "results")  # the next run
+    resultsbranch.sync(tree, "results", "origin")
+    assert resultsbranch.head(tree) == upstream
+    for rel in ("nights/2026-01-02-box-a.json", "results/asv/box-a/x.json", "results/asv/box-a/y.json"):
+        assert (tree / rel).read_bytes() == git(tree, "cat-file", "blob", f"{upstream}:{rel}").encode()
+    assert (tree / "notes/mine.txt").read_bytes() == b"b's own, not committed"
+    # what differed from the remote's is kept beside; what the killed merge wrote whole is not
+    assert resultsbranch.uncommitted(tree, ["nights", "results"]) == [
+        p.relative_to(tree).as_posix() for p in (tree / "results/asv/box-a").glob("x.json.replaced-*")]
+    (kept,) = (tree / "results/asv/box-a").glob("x.json.replaced-*")
+    assert kept.read_bytes() == b"x"
+
+
 def test_an_axis_a_killed_run_left_locked_is_built_again(tmp_path):
     tree = tmp_path / "tree"
     path = nightly.axis_repo(tree, "2026-01-03", "results")

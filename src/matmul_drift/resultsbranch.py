@@ -226,6 +226,7 @@ def sync(tree: Path | str, branch: str, remote: str, adopt: bool = False) -> Non
     if has_head and ok(tree, "merge-base", "--is-ancestor", upstream, "HEAD"):
         return  # nothing new there
     if has_head and ok(tree, "merge-base", "--is-ancestor", "HEAD", upstream):
+        _clear_killed_checkout(tree, upstream)
         git(tree, "merge", "--quiet", "--ff-only", upstream)
     elif has_head and not adopt:
         _rebase(tree, upstream)
@@ -240,6 +241,28 @@ def sync(tree: Path | str, branch: str, remote: str, adopt: bool = False) -> Non
         git(tree, "read-tree", upstream)
         git(tree, "checkout", "--quiet", "--", ".")
         git(tree, "update-ref", f"refs/heads/{branch}", upstream)
+
+
+def _clear_killed_checkout(tree, upstream: str) -> None:
+    """Make way for a fast-forward to ``upstream`` that a kill interrupted: git writes the new
+    files first and the index and branch last, so a merge killed half-way leaves some of them
+    in the tree as local changes, and every later merge refused them. A file that holds
+    ``upstream``'s bytes goes (the merge writes it again); any other is kept beside
+    (``*.replaced-*``, asvrun.backup), so nothing is lost."""
+    from .asvrun import backup
+
+    changed = [f for f in git(tree, "diff", "--name-only", "-z", "HEAD", upstream).split("\0") if f]
+    in_way = [f for f in uncommitted(tree, changed) if Path(tree, f).is_file()] if changed else []
+    if not in_way:
+        return
+    entries = (ln.split("\t", 1) for ln in git(tree, "ls-tree", "-z", upstream, "--", *in_way).split("\0") if ln)
+    theirs = {name: meta.split()[2] for meta, name in entries}  # "<mode> blob <id>\t<path>"
+    mine = git(tree, "hash-object", "--", *in_way).split()
+    for f, blob in zip(in_way, mine):
+        if theirs.get(f) == blob:
+            os.unlink(Path(tree, f))
+        else:
+            backup(Path(tree, f))
 
 
 def _rebase(tree, upstream: str) -> None:
