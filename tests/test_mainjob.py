@@ -273,6 +273,30 @@ def test_a_result_recorded_meanwhile_by_another_run_is_never_written_over(tmp_pa
     assert (results / "m/abcd1234-env.json").read_text() == '{"the other run": 1}'
 
 
+def test_a_results_file_asv_left_cut_short_is_a_failed_build_and_not_recorded(tmp_path, monkeypatch):
+    """asv killed (or out of disk space) as it wrote its results file: the file was recorded
+    cut short, as the build's result at this commit, and every later run refused the build as
+    already recorded (the summary skipped the file). Now the build failed, nothing is recorded."""
+    from matmul_drift import asvrun
+
+    proj = _bare_project(tmp_path, '{"matrix": {"req": {"torch": ["2.13.0"]}}, "environment_type": "virtualenv"}')
+    o = mainjob.Options(repo=proj, publish=False)
+    conf = mainjob.project_config(proj)
+    commit = git(proj, "rev-parse", "HEAD")
+
+    def asv(conf, *args, cwd, env=None, log=None, progress=None):
+        staging = Path(json.loads(Path(conf).read_text())["results_dir"])
+        (staging / "m").mkdir(parents=True)
+        (staging / "m/machine.json").write_text('{"machine": "m", "version": 1}')
+        (staging / "m" / f"{commit[:8]}-env.json").write_text('{"commit_hash": "' + commit[:20])
+        return -9, ["Killed"]
+
+    monkeypatch.setattr(asvrun, "run", asv)
+    out = mainjob.run_build(o, conf, "m", "2.13.0", commit)
+    assert out.status == "failed" and "is cut short (not a JSON object); nothing recorded" in out.message, out
+    assert not (proj / "results").exists()
+
+
 def test_a_run_killed_before_its_site_is_published_by_the_next(project):
     """Killed after its results were recorded, before the site: the next plain run finds every
     build recorded and publishes them, where it once refused and left no site without --force."""

@@ -1112,6 +1112,48 @@ def _merge_target(tmp_path) -> nightly.Options:
 GOOD_NIGHT = {"date": "2026-01-05", "machine": "m", "environment": {}}
 
 
+def test_a_results_file_asv_left_cut_short_never_reaches_the_tree(tmp_path, monkeypatch):
+    """asv killed (or out of disk space) while it writes its results file leaves it cut short
+    in staging. It was copied into the tree as the night's result, the night could not read it
+    back, and every later run stopped at the same "cannot be read back", --force or not, until
+    the file was removed by hand. Now it never reaches the tree, and the next run records."""
+    from datetime import datetime, timezone
+
+    import asv_fixtures as F
+    from matmul_drift import asvrun
+
+    o = _merge_target(tmp_path)
+    night = nightly.Options(machine="m", date=o.date, tree=o.tree, repo=o.repo, python=PY, publish=False)
+    synthetic = F.write_tree(tmp_path / "synthetic", machine="m", n_commits=1, torch_versions=("2.13.0",))
+    asv_killed = [True]
+
+    def asv(conf, *args, cwd, env=None, log=None, progress=None):  # what `asv run` leaves in staging
+        if args[0] != "run":
+            return 0, []
+        staging = Path(json.loads(Path(conf).read_text())["results_dir"])
+        point = next(a.split("=", 1)[1] for a in args if a.startswith("--set-commit-hash="))
+        shutil.copytree(synthetic.catalog_dir, o.tree / "results/catalog", dirs_exist_ok=True)
+        (staging / "m").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(synthetic.asv_dir / "benchmarks.json", staging / "benchmarks.json")
+        shutil.copyfile(synthetic.machine_dir / "machine.json", staging / "m/machine.json")
+        data = F.load_results(synthetic.files[0])
+        data.update(commit_hash=point, date=int(datetime(2026, 1, 5, tzinfo=timezone.utc).timestamp() * 1000))
+        text = json.dumps(data)
+        (staging / "m" / f"{point[:8]}-{data['env_name']}.json").write_text(text[:len(text) // 2] if asv_killed[0] else text)
+        return (-signal.SIGKILL, ["Killed"]) if asv_killed[0] else (0, [])
+
+    monkeypatch.setattr(asvrun, "run", asv)
+    monkeypatch.setattr(nightly, "describe_python", lambda python: {"python": "3.11", "device": "cpu", "environment": {}})
+    with pytest.raises(nightly.NightError, match=r"^asv's results file \S+ is cut short \(not a JSON object\); nothing of the night"):
+        nightly.run_night(night)
+    assert asvrun.recorded(o.tree / "results/asv", "m", axis.commit(o.date)) == []
+    assert not (o.tree / "nights/2026-01-05-m.json").exists() and not (o.tree / ".nightly/pending.json").exists()
+    asv_killed[0] = False
+    report = nightly.run_night(night)  # the next night, with no --force and no hand fix
+    assert report.commit and len(report.imported) == 1
+    assert history.read_history(o.tree / "results", machine="m").runs["m"][0].commit == axis.commit(o.date)
+
+
 @pytest.mark.parametrize("night,why", [
     (b"{}", "do not match its name"),
     (b"[1, 2]", "not a JSON object"),

@@ -31,6 +31,22 @@ class AlreadyRecorded(Exception):
     """Results for this commit (and environment) exist and --force was not given."""
 
 
+class CutShort(Exception):
+    """asv left a results file that is not a JSON object: killed, or out of disk space, as it
+    wrote it (asv writes in place)."""
+
+
+def check_written(files: list[Path]) -> None:
+    """CutShort naming the first of ``files`` (asv's output in staging) that is not a JSON object."""
+    for f in files:
+        try:
+            whole = isinstance(json.loads(f.read_bytes()), dict)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            whole = False
+        if not whole:
+            raise CutShort(f"asv's results file {f.name} is cut short (not a JSON object)")
+
+
 def write_config(path: Path, conf: dict) -> Path:
     """An asv config file, written atomically."""
     return atomic.write_text(path, json.dumps(conf, indent=2) + "\n")
@@ -174,10 +190,12 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
     never meets a result whose benchmark it cannot interpret. ``old`` are the recorded files
     this run replaces: AlreadyRecorded unless ``force``, else each is moved aside (kept, not
     read). Any other file already there (recorded meanwhile by another run) is AlreadyRecorded,
-    and never written over. Returns the results files written ([] when asv wrote none)."""
+    and never written over; a results file asv left cut short is CutShort, and nothing is
+    written. Returns the results files written ([] when asv wrote none)."""
     files = results_files(staging / machine)
     if not files:
         return []
+    check_written(files)
     if old and not force:
         raise AlreadyRecorded(f"{old[0]} is already recorded; pass --force to replace it")
     dest, replaced = results_dir / machine, {p.name for p in old}

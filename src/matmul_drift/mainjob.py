@@ -229,6 +229,9 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     except asvrun.AlreadyRecorded as exc:  # recorded meanwhile by another run
         return Outcome(build, env, "already recorded", f"{exc}; this run's results are left in "
                        f"{staging.relative_to(o.repo)}", seconds=time.monotonic() - t0)
+    except asvrun.CutShort as exc:  # asv killed as it wrote: nothing recorded, the next run measures it
+        return Outcome(build, env, "failed", f"{exc}; nothing recorded (asv exit status {rc}; see "
+                       f"{logfile.relative_to(o.repo)})", seconds=time.monotonic() - t0)
     shutil.rmtree(staging, ignore_errors=True)
     seconds = time.monotonic() - t0
     if not files:

@@ -673,6 +673,10 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
     made = asvrun.results_files(staging / o.machine)
     if not made:  # nothing reaches the tree: it stays as it was
         raise NightError(f"asv run recorded no results (exit status {rc}): {tail[-1] if tail else ''}; see {log}")
+    try:  # before the pending state: a night that copies nothing leaves nothing to recover
+        asvrun.check_written(made)
+    except asvrun.CutShort as exc:
+        raise NightError(f"{exc}; nothing of the night reached the tree (asv exit status {rc}; see {log})") from None
     # what import_night moves aside (--force) too: another Python's results have other names
     aside = [str(p.relative_to(tree)) for p in asvrun.recorded(tree / RESULTS / "asv", o.machine, commit)]
     _set_pending(tree, "copying", night, commit, list(dict.fromkeys([str(dest / f.name) for f in made] + aside + [rel])))
