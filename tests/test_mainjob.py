@@ -273,6 +273,18 @@ def test_a_result_recorded_meanwhile_by_another_run_is_never_written_over(tmp_pa
     assert (results / "m/abcd1234-env.json").read_text() == '{"the other run": 1}'
 
 
+def test_a_folder_it_cannot_write_is_one_line(tmp_path, monkeypatch, capsys):
+    # The job's state folder taken by a file: an OSError where a full disk or a read-only
+    # checkout gives one (root writes anywhere, so a permission cannot stand for it). It was a traceback.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    proj = _bare_project(tmp_path, '{"matrix": {"req": {"torch": ["2.13.0"]}}, "environment_type": "virtualenv"}')
+    (proj / ".asv").mkdir()
+    (proj / mainjob.STATE).write_text("")
+    rc = cli.main(["run", "--repo", str(proj), "--no-publish"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln or "Traceback" in ln]
+    assert rc == 1 and err == [f"matmul-drift run: error: {proj / mainjob.STATE}: File exists"], err
+
+
 def test_a_results_file_asv_left_cut_short_is_a_failed_build_and_not_recorded(tmp_path, monkeypatch):
     """asv killed (or out of disk space) as it wrote its results file: the file was recorded
     cut short, as the build's result at this commit, and every later run refused the build as

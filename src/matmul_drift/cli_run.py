@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     except mainjob.JobError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a full disk, a read-only checkout: recorded files stay whole (atomic writes)
+        print(f"{PROG}: error: " + f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), file=sys.stderr)
+        return 1
     parts = [f"torch {o.build} {o.status}" + (f" ({_minutes(o.seconds)})" if o.seconds else "") for o in report.outcomes]
     print(f"{PROG}: done in {_minutes(report.seconds)} on {report.machine} at {report.commit[:8]}: {'; '.join(parts)}. "
           f"Results under results/asv/{report.machine}/, site under html/ (drift.html names the kernels; "
