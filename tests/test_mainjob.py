@@ -231,6 +231,15 @@ def test_a_config_of_another_shape_is_one_line(tmp_path, monkeypatch, capsys, co
     assert rc == 2 and err.count("\n") == 1 and needle in err, err
 
 
+def test_a_config_asv_cannot_make_an_environment_of_is_one_line(tmp_path, monkeypatch, capsys):
+    # No environment_type: asv (0.6) raises RuntimeError for it, which was a traceback.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(mainjob.machine, "register", lambda: "m")
+    rc = cli.main(["run", "--repo", str(_bare_project(tmp_path, '{"matrix": {"req": {"torch": ["2.13.0"]}}}'))])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln or "Traceback" in ln]
+    assert rc == 2 and err == ["matmul-drift run: error: asv.conf.json: Environment type must be specified"], err
+
+
 @pytest.mark.parametrize("html_dir", [".", "..", "results", "results/asv", "results/html", "benchmarks"])
 def test_an_html_dir_that_asv_publish_would_delete_with_the_results_is_refused(tmp_path, capsys, html_dir):
     # asv publish starts by deleting html_dir: "." or "results" would take every result with it.

@@ -150,10 +150,13 @@ def build_config(repo: Path, conf: dict, build: str, results_dir: Path) -> dict:
 
 def env_name(conf: dict) -> str:
     """The name asv gives the (single) environment of ``conf``."""
-    from asv import config, environment
+    from asv import config, environment, util
 
     c = config.Config.from_json(conf)
-    names = [e.name for e in environment.get_environments(c, None, verbose=False)]
+    try:
+        names = [e.name for e in environment.get_environments(c, None, verbose=False)]
+    except (RuntimeError, util.UserError) as exc:  # "Environment type must be specified", ...
+        raise UsageError(f"asv.conf.json: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
     if len(names) != 1:
         raise UsageError(f"the matrix gives {len(names)} environments for one torch build; expected 1")
     return names[0]
