@@ -1054,14 +1054,19 @@ def test_a_tree_whose_checkout_was_killed_keeps_every_recorded_file_in_its_next_
     assert resultsbranch.uncommitted(tree, ["."]) == []
 
 
-def test_a_tree_whose_checkout_was_killed_and_then_cleaned_is_made_again(tmp_path):
-    # The killed `git worktree add` leaves its worktree locked ("initializing"); after the next
-    # CI clean, `worktree prune` kept it and every later run failed: "a missing but locked worktree".
+@pytest.mark.parametrize("reason", [None, "initialisation en cours"])
+def test_a_tree_whose_checkout_was_killed_and_then_cleaned_is_made_again(tmp_path, reason):
+    # The killed `git worktree add` leaves its worktree locked ("initializing", or that word in
+    # the locale's language); after the next CI clean, `worktree prune` kept it and every later
+    # run failed: "a missing but locked worktree".
     repos, first, _ = _remote_with_two_nights(tmp_path)
     tree = repos["b"] / "nightly"
     shutil.rmtree(tree)
     _killed_checking_out(tmp_path, "results/asv/box-a/x.json",
                          f"resultsbranch.ensure_tree(Path({str(repos['b'])!r}), Path({str(tree)!r}), 'results')")
+    (lock,) = (repos["b"] / ".git" / "worktrees").glob("*/locked")
+    if reason:  # as git writes it under LANG=fr_FR
+        lock.write_text(reason)
     shutil.rmtree(tree)  # the next CI clean
     assert resultsbranch.ensure_tree(repos["b"], tree, "results") == tree
     assert resultsbranch.head(tree) == first and (tree / "results/asv/box-a/x.json").read_bytes() == b"x 1"

@@ -117,13 +117,14 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
 
 def _unlock_killed_add(repo: Path | str, tree: Path) -> None:
     """A `git worktree add` killed before it finished leaves its worktree locked, with git's own
-    reason "initializing": `worktree prune` keeps it once the tree is deleted (a CI clean), and
-    every later add fails ("a missing but locked worktree"). ``tree`` is missing: unlock it."""
+    reason "initializing" (in the locale's words): `worktree prune` keeps it once the tree is
+    deleted (a CI clean), and every later add fails ("a missing but locked worktree"). ``tree``
+    is this project's own and missing: whatever the reason, unlock it."""
     where = None
     for line in git(repo, "worktree", "list", "--porcelain").splitlines():
         if line.startswith("worktree "):
             where = line[len("worktree "):]
-        elif line == "locked initializing" and where and os.path.realpath(where) == os.path.realpath(tree):
+        elif line.split(" ", 1)[0] == "locked" and where and os.path.realpath(where) == os.path.realpath(tree):
             git(repo, "worktree", "unlock", "--", where)
 
 
