@@ -370,6 +370,60 @@ def test_an_archive_holding_a_file_twice_is_refused(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def _tar(files: dict[str, bytes]) -> bytes:
+    """An uncompressed tar of ``files`` ({name: bytes}), in that order."""
+    import io
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_an_archive_damaged_on_its_way_is_refused_not_imported_in_part(tmp_path):
+    # tarfile reads no further than tar's end, takes a damaged header for that end without a
+    # word, and so never checks the gzip trailer: a damaged archive imported what it could read
+    # (a changed file, or none after the damage) with exit 0, or gave zlib's traceback
+    import gzip
+    import struct
+    import zlib
+
+    seed = json.dumps({"dtype": "float16", "values": list(range(6000))}).encode()
+    files = {"./MACHINE": b"gpu-a\n", "./COMMIT": b"0123456789abcdef" * 2 + b"01234567\n",
+             "./seed-float16.json": seed, "./fixes-seed-float16.json": b'{"dtype": "float16"}'}
+    tar = _tar(files)
+    with tarfile.open(fileobj=__import__("io").BytesIO(tar)) as t:
+        member = t.getmember("./seed-float16.json")
+    intact = tmp_path / "intact.tar.gz"
+    intact.write_bytes(gzip.compress(tar, mtime=0))
+    assert gpucheck.import_archive(intact, tmp_path / "intact" / "results").written  # the same, whole, imports
+    changed = tar.replace(b"5999", b"5998", 1)  # a bit flipped: the trailer still holds the true CRC
+    header = bytearray(tar)
+    header[member.offset] ^= 1  # the seed's header: its checksum no longer matches
+    cut = member.offset_data + member.size // 2
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 31)
+    damaged = {
+        "its data changed": gzip.compress(changed, mtime=0)[:-8] + struct.pack("<II", zlib.crc32(tar), len(tar)),
+        "its gzip trailer cut off": intact.read_bytes()[:-8],
+        "a tar header damaged": gzip.compress(bytes(header), mtime=0),
+        "its deflate stream broken inside a file": deflate.compress(tar[:cut]) + deflate.flush(zlib.Z_FULL_FLUSH)
+        + b"\xff" * 64,
+    }
+    for what, data in damaged.items():
+        bad = tmp_path / f"{what.replace(' ', '-')}.tar.gz"
+        bad.write_bytes(data)
+        results = tmp_path / what.replace(" ", "-") / "results"
+        with pytest.raises(gpucheck.ImportRefused, match="damaged") as exc:
+            gpucheck.import_archive(bad, results)
+        assert "\n" not in str(exc.value) and not results.exists(), what
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/import_gpu_check.py"), str(bad), "--results",
+                        str(tmp_path / "cli" / "results")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "damaged" in p.stderr, p.stderr
+
+
 def _synthetic_archive(tmp_path: Path, commit_index: int, salt: str) -> Path:
     """An archive as gpu_check.sh packs it, of synthetic commit ``commit_index`` (asv_fixtures:
     one day per commit), whose error_u benchmark has the code version of ``salt``."""

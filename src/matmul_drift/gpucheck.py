@@ -21,6 +21,7 @@ import json
 import re
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -28,6 +29,7 @@ from . import asvrun, atomic, bounded, catalog, history
 from .nightly import UsageError, check_machine
 
 MAX_UNPACKED = 256 << 20  # bytes an archive may unpack to; a real check's come to well under 1 MiB
+MAX_TAIL = 1 << 20  # bytes after tar's end-of-archive block: its zero padding (10 KiB records in GNU tar)
 MAX_ENV_NAME = 120  # characters of an environment's name, a file name's part
 
 
@@ -63,8 +65,15 @@ def _unpack(archive: Path, into: Path) -> Path:
                                         "which no gpu_check archive does")
             # tarfile's own "data" filter as well where it exists (Python 3.11.4 and later; not 3.11.2)
             tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ImportRefused(f"{archive}: not a gpu_check archive ({exc})") from None
+            # tarfile stops at tar's end, and silently at a damaged header too, and so never reads
+            # the gzip trailer: read on to the stream's end, which checks the trailer's CRC and
+            # length, and find nothing there but tar's zero padding.
+            tar.fileobj.seek(tar.offset)
+            rest = tar.fileobj.read(MAX_TAIL + 1)
+            if len(rest) > MAX_TAIL or rest.strip(b"\0"):
+                raise ImportRefused(f"{archive}: damaged: its tar cannot be read on from byte {tar.offset}")
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise ImportRefused(f"{archive}: damaged, or not a gpu_check archive ({exc})") from None
     return into
 
 
