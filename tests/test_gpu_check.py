@@ -439,6 +439,9 @@ def _synthetic_archive(tmp_path: Path, commit_index: int, salt: str) -> Path:
         data = F.load_results(f)
         F.set_version(data, F.ERROR_U, version)
         F.write_results(f.parent, data)
+    for f in tree.files:  # a check records one commit
+        if f != tree.file(commit_index, 0):
+            f.unlink()
     (stage / "MACHINE").write_text("gpu-a\n")
     (stage / "COMMIT").write_text(tree.commits[commit_index] + "\n")
     archive = tmp_path / f"check-{commit_index}.tar.gz"
@@ -463,6 +466,50 @@ def test_a_check_of_an_older_commit_keeps_the_newer_benchmark_descriptions(tmp_p
     gpucheck.import_archive(_synthetic_archive(tmp_path, 3, "newer code"), results)  # of day 3: newer than all
     bench = json.loads((tree.asv_dir / "benchmarks.json").read_text())
     assert bench[F.ERROR_U]["version"] == F.bench_version(F.ERROR_U, "newer code")
+
+
+def test_asv_results_an_import_would_not_take_are_refused_not_dropped(tmp_path):
+    # gpu_check.sh packs the results of one machine at one commit, in the folder named for it
+    # with its machine.json. Results of another machine or commit were left out without a word
+    # (exit 0); without machine.json, or in a folder of another name, the run was called "not
+    # finished", or imported without its machine.json, which left results/ unreadable.
+    import asv_fixtures as F
+
+    def stage(what, edit):
+        folder = tmp_path / what.replace(" ", "-")
+        tree = F.write_tree(folder / "stage" / "results", machine="gpu-a", n_commits=2, torch_versions=("2.14.1",))
+        if what != "another commit's results":
+            tree.file(0, 0).unlink()  # the day before's
+        (folder / "stage" / "MACHINE").write_text("gpu-a\n")
+        (folder / "stage" / "COMMIT").write_text(tree.commits[1] + "\n")
+        (folder / "stage" / "seed-float16.json").write_text('{"dtype": "float16"}')
+        edit(tree)
+        with tarfile.open(folder / "check.tar.gz", "w:gz") as tar:
+            tar.add(folder / "stage", arcname=".")
+        return folder / "check.tar.gz", folder / "results"
+
+    def other_machine(tree):
+        F.write_tree(tree.root.parent / "other", machine="gpu-b", n_commits=1, torch_versions=("2.14.1",))
+        shutil.copytree(tree.root.parent / "other" / "asv" / "gpu-b", tree.asv_dir / "gpu-b")
+
+    archive, results = stage("as packed", lambda tree: None)
+    assert gpucheck.import_archive(archive, results).warnings == []  # the check's own, whole, imports
+    cases = {
+        "another machine's results": other_machine,
+        "another commit's results": lambda tree: None,
+        "no machine.json": lambda tree: (tree.machine_dir / "machine.json").unlink(),
+        "a folder not named for its machine": lambda tree: tree.machine_dir.rename(tree.asv_dir / "gpu-x"),
+    }
+    for what, edit in cases.items():
+        archive, results = stage(what, edit)
+        with pytest.raises(gpucheck.ImportRefused, match="no asv result of gpu-a at") as exc:
+            gpucheck.import_archive(archive, results)
+        assert "\n" not in str(exc.value) and not results.exists(), what
+    # but a results file cut short (asv writes it in place, at its end: a step killed then) is
+    # a suite that did not finish, as before: the other outputs are imported
+    archive, results = stage("cut short", lambda tree: tree.file(1, 0).write_bytes(tree.file(1, 0).read_bytes()[:100]))
+    (warning,) = gpucheck.import_archive(archive, results).warnings
+    assert "the suite step did not finish" in warning and (results / "gpu-check").is_dir()
 
 
 def test_the_recorded_commit_answers_for_its_commit_alone(tmp_path):

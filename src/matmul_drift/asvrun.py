@@ -39,11 +39,7 @@ class CutShort(Exception):
 def check_written(files: list[Path]) -> None:
     """CutShort naming the first of ``files`` (asv's output in staging) that is not a JSON object."""
     for f in files:
-        try:
-            whole = isinstance(json.loads(f.read_bytes()), dict)
-        except ValueError:  # JSONDecodeError and UnicodeDecodeError
-            whole = False
-        if not whole:
+        if json_object(f) is None:
             raise CutShort(f"asv's results file {f.name} is cut short (not a JSON object)")
 
 
@@ -206,7 +202,7 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
         # asv publish draws only the results whose benchmark version is benchmarks.json's: a run
         # of an older commit (filling in history) must not hide the newer results of a benchmark
         # changed since.
-        dates = [d.get("date") for d in map(_json_object, files)]
+        dates = [d.get("date") for d in map(json_object, files)]  # each a JSON object: check_written
         keep = all(isinstance(x, int) for x in dates) and recorded_later(results_dir, max(dates))
         merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()), log,
                          keep=keep)
@@ -226,12 +222,14 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
     return written
 
 
-def _json_object(path: Path) -> dict:
+def json_object(path: Path) -> dict | None:
+    """The JSON object ``path`` holds; None where it holds none (asv's results file cut short,
+    as asv writes it in place)."""
     try:
         found = json.loads(path.read_bytes())
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def recorded_later(results: Path, date: int) -> bool:

@@ -4,7 +4,8 @@ The archive holds asv's results of one machine at one commit (environment named 
 Python's path there), the catalog entries they name, and the explain and scan outputs.
 ``import_archive`` unpacks it safely (regular files and folders only, nothing outside, at
 most MAX_UNPACKED bytes), refuses what gpu_check.sh does not write (a catalog entry whose
-content is not its id, results asv would not write, the machine name "all"),
+content is not its id, results asv would not write, results of another machine or commit
+or without their machine.json, the machine name "all"),
 names the environment after the torch build that ran (``existing-torch<version>``, the
 version read from the run's env-id catalog entry), and copies everything in atomically:
 asv results under results/asv/<machine>/, catalog entries under results/catalog/, the
@@ -113,13 +114,21 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
             runs, why = [], f"its asv results cannot be read ({exc})"
         else:
             why = f"it holds no asv results of {machine} at {commit[:8]}"
+        # gpu_check.sh packs asv's results of one machine at one commit, in the folder named for
+        # it beside its machine.json: any other is not left out in silence, nor taken half.
+        asv_src, ours = src / "results" / "asv", {r.path for r in runs if r.path.parent.name == machine}
+        stray = [p for p in sorted(asv_src.glob("*/*.json"))
+                 if p.name != "machine.json" and p not in ours and asvrun.json_object(p) is not None]  # cut short: a suite step that did not finish
+        if stray:
+            raise ImportRefused(f"{archive}: {stray[0].relative_to(src)} is no asv result of {machine} at {commit[:8]} "
+                                f"in {machine}/ beside its machine.json" + ("" if runs else f"; {why}"))
         if not runs:
             done.warnings.append(f"{archive}: {why}: the suite step did not finish; its other outputs are imported")
         elif hist.warnings:  # asv wrote them: anything history doubts (a malformed benchmark) is not asv's
             raise ImportRefused(f"{archive}: its asv results are not as asv writes them: {hist.warnings[0]}")
         # Every results file and output this archive gives, decided before anything is written,
         # so that a refusal leaves results/ as it was.
-        asv_src, asv_dst = src / "results" / "asv", results / "asv"
+        asv_dst = results / "asv"
         extras = results / "gpu-check" / machine / commit[:8]
         envs = [_env_name(run) for run in runs]
         for run, env in zip(runs, envs):
