@@ -153,3 +153,35 @@ def test_explain_takes_the_step_down_from_its_own_onednn_cap(monkeypatch, capsys
     assert seen == ["AVX2"]
     assert [c.name for c, why in fixes.candidates("cpu", ALL, "n", seen[0]) if "ONEDNN_MAX_CPU_ISA" in c.env] == \
         ["ONEDNN_MAX_CPU_ISA=AVX"]
+
+
+def test_the_batch_invariant_ops_candidate_turns_its_kernels_on(monkeypatch):
+    # batch_invariant_ops (thinking-machines-lab) swaps in its kernels at
+    # enable_batch_invariant_mode(); its set_batch_invariant_mode is a context manager, which a
+    # bare call makes and drops unentered. A stand-in with that API, as the candidate's process
+    # would import it.
+    import contextlib
+    import types
+
+    state = {"on": False}
+
+    def enable():
+        state["on"] = True
+
+    def disable():
+        state["on"] = False
+
+    @contextlib.contextmanager
+    def set_batch_invariant_mode(enabled=True):
+        old = state["on"]
+        (enable if enabled else disable)()
+        yield
+        state["on"] = old
+
+    stub = types.ModuleType("batch_invariant_ops")
+    stub.enable_batch_invariant_mode, stub.disable_batch_invariant_mode = enable, disable
+    stub.set_batch_invariant_mode = set_batch_invariant_mode
+    monkeypatch.setitem(sys.modules, "batch_invariant_ops", stub)
+    (c,) = [c for c in fixes.CANDIDATES if c.needs == "batch_invariant_ops"]
+    exec(fixes.prelude(c), {})
+    assert state["on"]

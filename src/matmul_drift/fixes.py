@@ -71,7 +71,8 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("deterministic algorithms", "cuda", DRIFTS, env={"CUBLAS_WORKSPACE_CONFIG": ":16:8"},
               setup="torch.use_deterministic_algorithms(True)"),
     Candidate("batch_invariant_ops kernels", "cuda", ("slice_n", "slice_m"),
-              setup="import batch_invariant_ops\nbatch_invariant_ops.set_batch_invariant_mode(True)",
+              # not set_batch_invariant_mode(): a context manager, which a bare call leaves unentered
+              setup="import batch_invariant_ops\nbatch_invariant_ops.enable_batch_invariant_mode()",
               needs="batch_invariant_ops"),
     # Code changes, on any device
     Candidate("contiguous copy of the slice", "any", ("slice_n",), code="A @ B[:, :n].contiguous()",
