@@ -27,8 +27,8 @@ git ls-files -z -- "${TRAVEL[@]}" | xargs -0 sha256sum > "$WHL/tree.sha256"
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any --dest "$WHL" asv==0.6.6
 "$PY" -m pip wheel --quiet --no-deps --wheel-dir "$WHL" .
-# the date as asv's git reads it: committer time, in ms
-git log -1 --format='{"commit": "%H", "date": %ct000, "branch": "gpu-check"}' HEAD > "$WHL/commit.json"
+# the date as asv's git reads it (rev-list --format=%at): author time, in ms
+git log -1 --format='{"commit": "%H", "date": %at000, "branch": "gpu-check"}' HEAD > "$WHL/commit.json"
 size=$(du -sk "$WHL" | cut -f1)
 if [ "$size" -gt "$LIMIT_KIB" ]; then
   echo "fetch_gpu_wheels: error: $WHL holds $size KiB, more than $LIMIT_KIB KiB" >&2

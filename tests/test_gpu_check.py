@@ -96,11 +96,34 @@ def test_wheels_are_fetched_and_small(rehearsal):
     names = [p.name for p in whl.iterdir()]
     assert any(n.startswith("asv-0.6.6-") for n in names) and any(n.startswith("matmul_drift-") for n in names)
     recorded = json.loads((whl / "commit.json").read_text())
-    git_says = subprocess.run(["git", "log", "-1", "--format=%H %ct"], cwd=proj, capture_output=True, text=True).stdout
+    git_says = subprocess.run(["git", "log", "-1", "--format=%H %at"], cwd=proj, capture_output=True, text=True).stdout
     assert f"{recorded['commit']} {recorded['date'] // 1000}" == git_says.strip() and recorded["date"] % 1000 == 0
     assert not any(n.startswith(("torch-", "numpy-")) for n in names)  # the image has them
     size = sum(p.stat().st_size for p in whl.iterdir())
     assert size < 24 << 20 and f"wheels and commit {recorded['commit'][:8]}" in fetched
+
+
+def test_the_fetched_commit_is_dated_as_asvs_git_dates_it(tmp_path):
+    # asv's git dates a commit by its author time (rev-list --format=%at); an amended, rebased
+    # or cherry-picked commit has a later committer time, and GPU results dated by that stand
+    # apart from the same commit's other results. A stub Python stands in for pip: no download.
+    from asv.plugins.git import Git
+
+    from checkout import git
+
+    proj = tmp_path / "proj"
+    committed_copy(proj)
+    git(proj, "commit", "-q", "--amend", "--no-edit", "--date=@1700000000")  # authored long before
+    stub = tmp_path / "python"
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    p = subprocess.run(["bash", "scripts/fetch_gpu_wheels.sh"], cwd=proj, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHON": str(stub), "WHL_DIR": str(tmp_path / "whl")})
+    assert p.returncode == 0, p.stderr
+    recorded = json.loads((tmp_path / "whl" / "commit.json").read_text())
+    repo = Git(str(proj), str(tmp_path / "mirror"))
+    assert recorded["commit"] == repo.get_hash_from_name("HEAD")
+    assert recorded["date"] == repo.get_date(recorded["commit"]) == 1700000000000
 
 
 def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(rehearsal):

@@ -4,7 +4,7 @@ The GPU machine gets the project's tree without its history, and may have no git
 asv still records results against a commit. The check's config names this module in
 ``plugins`` and ``"dvcs": "recorded-commit"``, with ``repo`` the JSON file that
 scripts/fetch_gpu_wheels.sh wrote here: ``{"commit": hash, "date": ms, "branch": name}``
-(``date``: the committer time in ms since the epoch, what asv's git reads). asv then asks it,
+(``date``: the author time in ms since the epoch, what asv's git reads). asv then asks it,
 not git, for the hash, name and date of that commit; anything else is an error.
 """
 
