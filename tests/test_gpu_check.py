@@ -406,6 +406,21 @@ def _tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+def test_an_output_whose_name_gpu_check_never_gives_is_refused(tmp_path):
+    # gpu_check.sh names its outputs in letters, digits, '.', '_' and '-' (as what comes back from
+    # the device must be); a newline or a byte that is no UTF-8 went into results/gpu-check/ as
+    # it was, and the list of written files printed it across lines
+    for name in ("./bad\nname.json", "./seed-\udcff.json", "./seed float16.json"):
+        tar = _tar({"./MACHINE": b"gpu-a\n", "./COMMIT": b"0123456789abcdef" * 2 + b"01234567\n",
+                    "./seed-float16.json": b"{}", name: b"{}"})
+        archive = tmp_path / "check.tar.gz"
+        archive.write_bytes(__import__("gzip").compress(tar))
+        results = tmp_path / "results"
+        with pytest.raises(gpucheck.ImportRefused, match="no name gpu_check.sh gives") as exc:
+            gpucheck.import_archive(archive, results)
+        assert "\n" not in str(exc.value) and not results.exists(), name
+
+
 def test_an_archive_damaged_on_its_way_is_refused_not_imported_in_part(tmp_path):
     # tarfile reads no further than tar's end, takes a damaged header for that end without a
     # word, and so never checks the gzip trailer: a damaged archive imported what it could read

@@ -137,8 +137,11 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
         entries = _catalog_entries(archive, src / "results" / "catalog", results / "catalog")
         planned = [(asv_dst / machine / f"{run.commit[:8]}-{env}.json", _run_bytes(run, env))
                    for run, env in zip(runs, envs)]
-        planned += [(extras / p.name, p.read_bytes()) for p in sorted(src.iterdir())
-                    if p.is_file() and p.name not in ("MACHINE", "COMMIT")]
+        outputs = [p for p in sorted(src.iterdir()) if p.is_file() and p.name not in ("MACHINE", "COMMIT")]
+        for p in outputs:  # gpu_check.sh's own names, as what comes back from the device must have
+            if not re.fullmatch(r"[A-Za-z0-9._-]+", p.name):
+                raise ImportRefused(f"{archive}: {p.name!r} is no name gpu_check.sh gives an output")
+        planned += [(extras / p.name, p.read_bytes()) for p in outputs]
         changed = [dst for dst, data in planned if dst.exists() and dst.read_bytes() != data]
         if changed and not force:
             others = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
