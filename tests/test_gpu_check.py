@@ -421,6 +421,22 @@ def test_an_output_whose_name_gpu_check_never_gives_is_refused(tmp_path):
         assert "\n" not in str(exc.value) and not results.exists(), name
 
 
+def test_an_output_a_failed_step_left_empty_or_cut_short_is_not_imported(tmp_path):
+    # a step that fails or is killed leaves its STEP_OUT file empty (or JSON cut short): imported
+    # as it was, it made `nightly --merge` refuse the tree holding it ("not valid JSON")
+    tar = _tar({"./MACHINE": b"gpu-a\n", "./COMMIT": b"0123456789abcdef" * 2 + b"01234567\n",
+                "./seed-float16.json": b"", "./seed-float16.txt": b"", "./fixes-seed-float16.json": b'{"dtype": "flo',
+                "./scan-seed.json": b'{"x": NaN}', "./fixes-batch-bfloat16.json": b'{"dtype": "bfloat16"}'})
+    archive = tmp_path / "check.tar.gz"
+    archive.write_bytes(__import__("gzip").compress(tar))
+    done = gpucheck.import_archive(archive, tmp_path / "results")
+    assert [p.name for p in done.written] == ["fixes-batch-bfloat16.json"], done.written
+    for name in ("seed-float16.json", "seed-float16.txt", "fixes-seed-float16.json", "scan-seed.json"):
+        assert any(name in w and "its step did not finish" in w for w in done.warnings), (name, done.warnings)
+    for f in (tmp_path / "results").rglob("*.json"):
+        json.loads(f.read_text(), parse_constant=lambda c: pytest.fail(f"{f}: {c}"))
+
+
 def test_an_archive_damaged_on_its_way_is_refused_not_imported_in_part(tmp_path):
     # tarfile reads no further than tar's end, takes a damaged header for that end without a
     # word, and so never checks the gzip trailer: a damaged archive imported what it could read

@@ -141,7 +141,12 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
         for p in outputs:  # gpu_check.sh's own names, as what comes back from the device must have
             if not re.fullmatch(r"[A-Za-z0-9._-]+", p.name):
                 raise ImportRefused(f"{archive}: {p.name!r} is no name gpu_check.sh gives an output")
-        planned += [(extras / p.name, p.read_bytes()) for p in outputs]
+        for p in outputs:  # a step that failed or was cut short leaves its output empty, or JSON cut short
+            if p.stat().st_size == 0 or p.suffix == ".json" and _not_json(p):
+                done.warnings.append(f"{archive}: {p.name} is {'empty' if p.stat().st_size == 0 else 'no JSON'}: "
+                                     "its step did not finish; not imported")
+        planned += [(extras / p.name, p.read_bytes()) for p in outputs
+                    if p.stat().st_size and not (p.suffix == ".json" and _not_json(p))]
         changed = [dst for dst, data in planned if dst.exists() and dst.read_bytes() != data]
         if changed and not force:
             others = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
@@ -165,6 +170,15 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
                 continue  # the same bytes already recorded
             done.written.append(atomic.write_bytes(dst, data))
         return done
+
+
+def _not_json(path: Path) -> bool:
+    """Whether ``path`` holds no RFC 8259 JSON (what nightly --merge refuses in a tree)."""
+    try:
+        json.loads(path.read_bytes(), parse_constant=bounded.no_constant)
+    except (ValueError, RecursionError):
+        return True
+    return False
 
 
 def _catalog_entries(archive: Path, src: Path, dst: Path) -> list[tuple[Path, Path]]:
