@@ -841,6 +841,24 @@ def test_runs_with_different_params_are_compared_on_the_common_combinations(caps
     assert rc == 1 and "the benchmarks' params differ" in line and f"{tree.commits[0][:8]} (" in line, err
 
 
+def test_a_value_measured_before_and_skipped_now_is_said_not_flagged(capsys, tree):
+    # asv's NaN (skipped: a budget spent, a probe switched off) is never compared, but a value
+    # that was measured and is skipped now went without a word: the summary said "no changes"
+    i = tree.index("square", "float16", "cpu")
+    data = F.load_results(tree.file(2, 0))
+    F.set_value(data, F.ERROR_U, i, float("nan"))
+    F.write_results(tree.machine_dir, data)
+    rc, doc, err = run_json(capsys, tree.root, "--across", "commits")
+    assert rc == 0 and doc["flags"] == [], doc["flags"]
+    (line,) = [ln for ln in err.splitlines() if "skipped now" in ln]
+    assert f"{tree.commits[1][:8]} (" in line and f"-> {tree.commits[2][:8]} (" in line, line
+    assert f"1 value measured before is skipped now (asv NaN), not compared: {F.ERROR_U}(square, float16, cpu)" in line
+    F.set_value(data, F.ERROR_U, i, None)  # failed: a flag, not this line
+    F.write_results(tree.machine_dir, data)
+    rc, doc, err = run_json(capsys, tree.root, "--across", "commits")
+    assert "skipped now" not in err and [f["kind"] for f in doc["flags"]] == ["failure"], doc["flags"]
+
+
 def test_timing_without_intervals_falls_back_on_iqr_then_on_the_ratio(capsys, tmp_path):
     devices = ("cpu", "cuda")
     iqr, one = _idx(dtype="float32", devices=devices), _idx(dtype="float64", devices=devices)

@@ -387,6 +387,7 @@ class _Judge:
         B, A = pair.before, pair.after
         flags: list[Flag] = []
         unmatched = 0  # combinations of one run with no counterpart in the other (params changed)
+        now_skipped: list[str] = []  # measured before, skipped (NaN) after: never compared, but said
         for name in sorted(B.series.keys() & A.series.keys()):
             unit = self.units.get(name)
             if unit is None:
@@ -403,10 +404,25 @@ class _Judge:
             found, n = self.series(pair, name, unit, sb, sa)
             flags += found
             unmatched += n
+            now_skipped += self._now_skipped(name, sb, sa)
+        where = f"{pair.machine}: {B.commit[:8]} ({B.env_name}) -> {A.commit[:8]} ({A.env_name})"
         if unmatched:  # else a renamed case's flags would vanish without a word
-            self.h.warnings.append(f"{pair.machine}: {B.commit[:8]} ({B.env_name}) -> {A.commit[:8]} ({A.env_name}): "
-                                   f"the benchmarks' params differ; {unmatched} combinations in one run only, not compared")
+            self.h.warnings.append(f"{where}: the benchmarks' params differ; {unmatched} combinations in one run only, "
+                                   "not compared")
+        if now_skipped:  # a budget spent, a probe switched off: no flag, yet not without a word
+            self.h.warnings.append(f"{where}: {len(now_skipped)} value{'s' * (len(now_skipped) != 1)} measured before "
+                                   f"{'are' if len(now_skipped) != 1 else 'is'} skipped now (asv NaN), not compared: "
+                                   f"{now_skipped[0]}" + (", ..." if len(now_skipped) > 1 else ""))
         return flags + self.bridge(pair)
+
+    def _now_skipped(self, name: str, sb: Series, sa: Series) -> list[str]:
+        """The combinations (``name`` and its params, in words) ``sb`` measured and ``sa`` skipped."""
+        ib, ia = self.align(sb, sa)
+        vb = sb.values if ib is None else sb.values[ib]
+        va, fa = (sa.values, sa.failed) if ia is None else (sa.values[ia], sa.failed[ia])
+        combos = self.combos(sa.params)
+        return [f"{name}({', '.join(self.h.params_dict(name, sa.params, combos[j if ia is None else int(ia[j])]).values())})"
+                for j in np.nonzero(np.isfinite(vb) & np.isnan(va) & ~fa)[0]]
 
     def bridge(self, pair: Pair) -> list[Flag]:
         """Flags for the combinations that ``pair.after`` measured and ``pair.before`` did not
