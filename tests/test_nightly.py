@@ -1237,3 +1237,28 @@ def test_a_merge_after_one_killed_mid_copy_names_all_it_commits(tmp_path):
     assert report.commit and f"merged {len(files)} files" in message, message
     assert message.startswith("night 2026-01-05: m merged"), message
     assert not resultsbranch.uncommitted(tree, ["results", "nights"])
+
+
+@pytest.mark.parametrize("entry", [["-m", "matmul_drift.cli", "nightly"], ["-m", "matmul_drift.cli_nightly"]])  # the latter: nightly.sh
+def test_a_merge_whose_stdout_reader_left_is_still_committed(tmp_path, entry):
+    # `nightly.sh --merge ... | head`, or a log collector that died: the summary on stdout is a
+    # courtesy; the merge (or night) it reports must be recorded all the same.
+    o = _merge_target(tmp_path)
+    import asv_fixtures as F
+
+    src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
+    F.write_tree(src / "results", machine="m", n_commits=1)
+    r, w = os.pipe()
+    os.close(r)  # the reader has left before a line is written
+    try:
+        p = subprocess.run([PY, *entry, "--merge", str(src), "--repo", str(o.repo), "--no-publish",
+                            "--date", "2026-01-05"], cwd=o.repo, stdout=w, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+    finally:
+        os.close(w)
+    assert "Traceback" not in p.stderr and ": error: " not in p.stderr, p.stderr[-2000:]
+    tree = o.tree
+    assert resultsbranch.born(tree), p.stderr[-2000:]
+    assert git(tree, "log", "-1", "--format=%s").startswith("night 2026-01-05: m merged")
+    assert not resultsbranch.uncommitted(tree, ["results", "nights", "summaries"])
+    assert p.returncode == 141, p.returncode  # as any matmul-drift command whose reader left

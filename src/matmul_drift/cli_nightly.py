@@ -95,33 +95,25 @@ def run(args: argparse.Namespace) -> int:
     try:
         o = options(args)
         if args.merge is not None:
-            nightly.run_merge(o, [p.resolve() for p in args.merge])
+            report = nightly.run_merge(o, [p.resolve() for p in args.merge])
         else:
-            nightly.run_night(o)
+            report = nightly.run_night(o)
     except nightly.UsageError as exc:
         return _error(str(exc))
     except nightly.NightError as exc:
         return _error(str(exc), 1)
     except OSError as exc:  # a full disk, a read-only tree: recorded files stay whole (atomic writes)
         return _error(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), 1)
+    sys.stdout.write(report.text)  # last: all is recorded, whether stdout takes it or not
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not argparse's usage block
-        raise nightly.UsageError(message)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and run; usage errors print one line and return 2."""
-    parser = _Parser(prog=PROG)
-    configure(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except nightly.UsageError as exc:
-        return _error(str(exc))
-    except KeyboardInterrupt:
-        return _error("interrupted", 130)
+    """`matmul-drift nightly` with ``argv`` (scripts/nightly.sh runs this module): one
+    handler of usage errors, Ctrl-C and a stdout that fails, matmul-drift's."""
+    from .cli import main as cli_main
+
+    return cli_main(["nightly", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

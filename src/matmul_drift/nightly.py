@@ -78,7 +78,9 @@ class Options:
 
 @dataclass
 class Report:
-    """What a night or a merge recorded. ``flags``/``failing`` count summary flags."""
+    """What a night or a merge recorded. ``flags``/``failing`` count summary flags. ``text``, the
+    plain report, is for the caller to print once all is recorded: a stdout that fails (its
+    reader left) then costs no commit, push or site."""
 
     commit: str | None
     summary_md: Path
@@ -88,6 +90,7 @@ class Report:
     failed: list[str]
     imported: list[Path]
     published: bool
+    text: str = ""
 
 
 def _log(msg: str) -> None:
@@ -483,7 +486,8 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
     # Everything that can fail on the tree runs here, before asv (which can take hours).
     for line in _git("repairing the results tree", resultsbranch.repair, tree, o.branch) + asvrun.reap_orphans(Path(o.repo)):
         _log(f"recovered: {line}")
-    finished = _finish_pending(tree)
+    finished = _finish_pending(tree)  # (date, machine, the report of a night it committed)
+    said = finished[2] if finished else ""
     pushed = 0
     if o.remote:
         _git("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
@@ -494,14 +498,14 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
     point = axis.commit(o.date)
     rel = f"{NIGHTS}/{o.date}-{o.machine}.json"
     recorded = asvrun.recorded(tree / RESULTS / "asv", o.machine, point)
-    if recorded and not o.force and (finished == (o.date, o.machine) or pushed):
+    if recorded and not o.force and ((finished and finished[:2] == (o.date, o.machine)) or pushed):
         # The night was killed after its results were copied, or after its commit: it is
         # now committed (and pushed); what is left is to publish.
         _log(f"night {o.date} on {o.machine} is recorded: completed what a killed run left")
         if o.publish:
             _publish_night(o, tree, point)
         _pending_path(tree).unlink(missing_ok=True)
-        return _report(tree, o.date, o.machine, resultsbranch.head(tree), [], o.publish)
+        return _report(tree, o.date, o.machine, resultsbranch.head(tree), [], o.publish, said)
     if recorded and not o.force:
         raise UsageError(f"night {o.date} on {o.machine} is already recorded ({recorded[0].relative_to(tree)}); "
                          "pass --force to run it again and replace it")
@@ -512,21 +516,22 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
     night = _describe_night(o, tree, rel)
     axis_repo(tree, o.date, o.branch)
     imported = _run_asv(o, tree, point, rel)
-    commit = _record(tree, night, point, imported)
+    commit, text = _record(tree, night, point, imported)
     if o.remote and o.push:
         commit = _git("pushing the night", resultsbranch.push, tree, o.branch, o.remote)
     _log(f"night commit {(commit or resultsbranch.head(tree))[:12]}: {night_title(night)}")
     if o.publish:
         _publish_night(o, tree, point)
     _pending_path(tree).unlink(missing_ok=True)
-    report = _report(tree, o.date, o.machine, commit, imported, o.publish)
+    report = _report(tree, o.date, o.machine, commit, imported, o.publish, said + text)
     _log(f"night {o.date} on {o.machine} done in {time.monotonic() - t0:.0f} s; summary {report.summary_md}")
     return report
 
 
-def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> str | None:
+def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> tuple[str | None, str]:
     """Summarise a night whose results are in the tree, and make its one commit: its own
-    files only (an earlier night's leftovers are not swept in). Clears the pending state."""
+    files only (an earlier night's leftovers are not swept in). Clears the pending state.
+    Returns the commit and the plain report."""
     date, machine = night["date"], night["machine"]
     hist = _read(tree)
     pair = latest(hist, machine, point)
@@ -535,7 +540,6 @@ def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> str | 
     info = night_info(hist, machine, *pair)
     result = compare(hist, {machine: pair})
     _, _, plain = write_summary(tree, f"{date}-{machine}", result, [info])
-    sys.stdout.write(plain)
     for w in result.warnings:
         _log(f"warning: {w}")
     failing = len(result.failing(summary.DEFAULT_FAIL_ON))
@@ -550,14 +554,15 @@ def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> str | 
                   f"{date}T00:00:00+00:00")
     _set_pending(tree, "committed", night, point, [])  # the next run publishes it, remote or none
     asvrun.checkpoint("committed")
-    return commit
+    return commit, plain
 
 
-def _report(tree: Path, date: str, machine: str, commit: str | None, imported: list[Path], published: bool) -> Report:
+def _report(tree: Path, date: str, machine: str, commit: str | None, imported: list[Path], published: bool,
+            text: str) -> Report:
     md, js = tree / SUMMARIES / f"{date}-{machine}.md", tree / SUMMARIES / f"{date}-{machine}.json"
     doc = json.loads(js.read_text(encoding="utf-8"))
     failed = [f for n in doc.get("nights", []) for f in n.get("failed", [])]
-    return Report(commit, md, js, len(doc.get("flags", [])), int(doc.get("failing", 0)), failed, imported, published)
+    return Report(commit, md, js, len(doc.get("flags", [])), int(doc.get("failing", 0)), failed, imported, published, text)
 
 
 def _publish_night(o: Options, tree: Path, point: str) -> None:
@@ -581,12 +586,12 @@ def _set_pending(tree: Path, stage: str, night: dict, point: str, files: list[st
                                                        "point": point, "files": files}) + "\n")
 
 
-def _finish_pending(tree: Path) -> tuple[str, str] | None:
+def _finish_pending(tree: Path) -> tuple[str, str, str] | None:
     """Finish what a killed night left between copying its results and publishing them.
-    Copied in full: summarise and commit it (its own commit), and return (date, machine).
-    Copied in part: set the copied files aside (kept, not read) and put back what the branch
-    had recorded (a --force run's), so the night runs again. Killed after its commit or while
-    publishing: return (date, machine); the run of that night publishes."""
+    Copied in full: summarise and commit it (its own commit), and return (date, machine, its
+    plain report). Copied in part: set the copied files aside (kept, not read) and put back what
+    the branch had recorded (a --force run's), so the night runs again. Killed after its commit
+    or while publishing: return (date, machine, ""); the run of that night publishes."""
     path = _pending_path(tree)
     if not path.exists():
         return None
@@ -602,11 +607,10 @@ def _finish_pending(tree: Path) -> tuple[str, str] | None:
     if stage in ("committed", "publishing"):  # committed, its site not built: the run of that night publishes
         _log(f"recovered: night {date} on {machine} was killed "
              + ("after its commit" if stage == "committed" else "while publishing") + "; publishing it")
-        return date, machine
+        return date, machine, ""
     if night is not None:
         _log(f"recovered: night {date} on {machine} was killed after its results were copied; committing it")
-        _record(tree, night, point, [tree / f for f in files])
-        return date, machine
+        return date, machine, _record(tree, night, point, [tree / f for f in files])[1]
     loose = _git("reading what a killed night copied", resultsbranch.uncommitted, tree, files) if files else []
     aside = [asvrun.backup(tree / f) for f in loose if (tree / f).exists()]
     back = _git("putting back what a killed night moved aside", resultsbranch.restore, tree, loose)
@@ -827,7 +831,6 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
         pairs, nights = latest_nights(hist)
         result = compare(hist, pairs)
         md, js, plain = write_summary(tree, f"{o.date}-{ALL}", result, nights)
-        sys.stdout.write(plain)
         commit = _git("committing the merge", resultsbranch.commit, tree, [".gitignore", RESULTS, SUMMARIES, NIGHTS],
                       merge_message(o.date, result, len(pairs), imported), f"{o.date}T00:00:00+00:00")
         if o.remote and o.push:
@@ -836,7 +839,7 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
             publish(tree, o.repo, o.branch)
         _log(f"merge done in {time.monotonic() - t0:.0f} s; summary {md}")
         return Report(commit, md, js, len(result.flags), len(result.failing(summary.DEFAULT_FAIL_ON)),
-                      [f for n in nights for f in n["failed"]], imported, o.publish)
+                      [f for n in nights for f in n["failed"]], imported, o.publish, plain)
     finally:
         lock.release()
 
