@@ -13,11 +13,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from matmul_drift import gpucheck
+from matmul_drift import cli, gpucheck
+
+PROG = "import_gpu_check"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="import_gpu_check")
+    return cli.guarded(lambda: _main(argv), PROG)
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG)
     parser.add_argument("archive", type=Path)
     parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     parser.add_argument("--force", action="store_true", help="replace results already recorded (kept beside)")
@@ -25,13 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         done = gpucheck.import_archive(args.archive, args.results, args.force)
     except gpucheck.ImportRefused as exc:
-        print(f"import_gpu_check: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    for w in done.warnings:  # before the paths: a stdout whose reader left must not cost them
+        print(f"{PROG}: warning: {w}", file=sys.stderr)
+    print(f"{PROG}: {len(done.written)} files into {args.results}", file=sys.stderr)
     for p in done.written:
         print(p)
-    for w in done.warnings:
-        print(f"import_gpu_check: warning: {w}", file=sys.stderr)
-    print(f"import_gpu_check: {len(done.written)} files into {args.results}", file=sys.stderr)
     return 0
 
 

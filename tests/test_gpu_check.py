@@ -606,3 +606,24 @@ def test_a_tree_that_is_not_the_fetched_commit_is_refused(rehearsal, tmp_path):
     assert re.search(r"^install\s+rc\s+1 ", (tmp_path / "out/summary.txt").read_text(), re.M)
     assert not (tmp_path / "site").exists()
     subprocess.run(["git", "checkout", "--", "src/matmul_drift/cli.py"], cwd=proj, check=True)
+
+
+def _import_script(*args, cwd=None, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts/import_gpu_check.py"), *args], cwd=cwd, stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_an_import_whose_stdout_reader_left_is_whole_and_silent(tmp_path):
+    # `import_gpu_check.py ... | head -1`: the files are written before a path is printed;
+    # the reader leaving is no error to report, and never a traceback.
+    archive = _synthetic_archive(tmp_path, 1, "x")
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = _import_script(str(archive), "--results", str(tmp_path / "results"), stdout=w)
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and "Traceback" not in p.stderr and "error" not in p.stderr, p.stderr
+    again = _import_script(str(archive), "--results", str(tmp_path / "results"))
+    assert again.returncode == 0 and again.stdout == "", again.stderr  # everything was imported the first time
+

@@ -496,10 +496,16 @@ class _Stdout:
 
 
 def main(argv=None) -> int:
+    return guarded(lambda: _main(argv), "matmul-drift")
+
+
+def guarded(run, prog: str) -> int:
+    """``run()``'s exit status, where a stdout that fails is one line on stderr and exit 1, and
+    a reader that left (EPIPE) is silence and 141: for every entry point that prints."""
     out = sys.stdout = _Stdout(sys.stdout)
     try:
         try:
-            status = _main(argv)
+            status = run()
         except SystemExit:  # argparse's --help: its text may still be buffered
             sys.stdout.flush()
             raise
@@ -515,7 +521,7 @@ def main(argv=None) -> int:
         cause = exc.args[0]
         if cause.errno == errno.EPIPE:  # `matmul-drift ... | head`: the reader left; nothing to say
             return 141
-        print(f"matmul-drift: error: cannot write to stdout: {cause.strerror or cause}", file=sys.stderr)
+        print(f"{prog}: error: cannot write to stdout: {cause.strerror or cause}", file=sys.stderr)
         return 1
     finally:
         sys.stdout = out.stream
