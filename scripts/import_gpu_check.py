@@ -18,19 +18,25 @@ from matmul_drift import cli, gpucheck
 PROG = "import_gpu_check"
 
 
+def _folder(text: str) -> Path:
+    if not text:  # Path("") is the current folder: the import would land wherever this runs
+        raise argparse.ArgumentTypeError("needs a folder, got an empty name")
+    return Path(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     return cli.guarded(lambda: _main(argv), PROG)
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG)
+    parser = cli.Parser(prog=PROG)  # a usage error is one line, not argparse's usage block
     parser.add_argument("archive", type=Path)
-    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results")
+    parser.add_argument("--results", type=_folder, default=Path(__file__).resolve().parents[1] / "results")
     parser.add_argument("--force", action="store_true", help="replace results already recorded (kept beside)")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         done = gpucheck.import_archive(args.archive, args.results, args.force)
-    except gpucheck.ImportRefused as exc:
+    except (cli.UsageError, gpucheck.ImportRefused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     for w in done.warnings:  # before the paths: a stdout whose reader left must not cost them

@@ -627,3 +627,15 @@ def test_an_import_whose_stdout_reader_left_is_whole_and_silent(tmp_path):
     again = _import_script(str(archive), "--results", str(tmp_path / "results"))
     assert again.returncode == 0 and again.stdout == "", again.stderr  # everything was imported the first time
 
+
+def test_import_usage_errors_are_one_line_and_an_empty_results_name_writes_nothing(tmp_path):
+    archive = _synthetic_archive(tmp_path, 1, "x")
+    work = tmp_path / "work"
+    work.mkdir()
+    for args, needle in [((), "the following arguments are required: archive"),
+                         ((str(archive), "extra"), "unrecognized arguments: extra"),
+                         ((str(archive), "--results", ""), "argument --results: needs a folder, got an empty name")]:
+        p = _import_script(*args, cwd=work)
+        assert p.returncode == 2 and p.stdout == "", p.stderr
+        assert p.stderr.splitlines() == [f"import_gpu_check: error: {needle}"], p.stderr
+    assert list(work.iterdir()) == []  # '' is not the current folder: nothing lands there
