@@ -9,19 +9,13 @@ any other machine. Exit 0, or 2 with one line when the archive is refused.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from matmul_drift import cli, gpucheck
+from matmul_drift.cli_scan import _folder
 
 PROG = "import_gpu_check"
-
-
-def _folder(text: str) -> Path:
-    if not text:  # Path("") is the current folder: the import would land wherever this runs
-        raise argparse.ArgumentTypeError("needs a folder, got an empty name")
-    return Path(text)
 
 
 def main(argv: list[str] | None = None) -> int:

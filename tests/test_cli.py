@@ -673,3 +673,13 @@ def test_an_unreadable_candidate_of_a_rounded_id_does_not_hide_the_others(tmp_pa
     rc, out, err = _main("catalog", "--root", str(tmp_path), rounded)
     assert rc == 2 and f"env {good:012x}" in out and f'"x": {seen[rounded]}' in out, (out, err)
     assert err == f"matmul-drift: error: catalog entry kernels/{bad:012x} is unreadable: Expecting value: line 1 column 1 (char 0)\n"
+
+
+@pytest.mark.parametrize("args,option", [(("run", "--repo", ""), "--repo"), (("catalog", "1", "--root", ""), "--root")])
+def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(args, option, monkeypatch):
+    # Path("") is ".": `run --repo "$CHECKOUT"` with the variable empty ran the main job on
+    # whatever checkout it was started in (nightly's --merge/--tree/--repo: test_nightly)
+    from matmul_drift import mainjob
+
+    monkeypatch.setattr(mainjob, "run", lambda o: pytest.fail(f"the main job ran on {o.repo}"))
+    assert _main(*args) == (2, "", f"matmul-drift: error: argument {option}: needs a folder, got an empty name\n")

@@ -1262,3 +1262,17 @@ def test_a_merge_whose_stdout_reader_left_is_still_committed(tmp_path, entry):
     assert git(tree, "log", "-1", "--format=%s").startswith("night 2026-01-05: m merged")
     assert not resultsbranch.uncommitted(tree, ["results", "nights", "summaries"])
     assert p.returncode == 141, p.returncode  # as any matmul-drift command whose reader left
+
+
+@pytest.mark.parametrize("args", [("--merge", ""), ("--merge", "--tree", ""), ("--merge", "--repo", ""),
+                                  ("--python", PY, "--machine", "x", "--tree", "")])
+def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(tmp_path, args):
+    # `--merge "$ARTIFACTS"` with the variable empty merged the folder it ran in (a checkout's own
+    # results/: 154 files committed), as Path("") is "."; --tree and --repo likewise.
+    o = _merge_target(tmp_path)
+    p = subprocess.run([PY, "-m", "matmul_drift.cli", "nightly", *args, "--no-publish"], cwd=o.repo,
+                       capture_output=True, text=True, timeout=120)
+    option = [a for a in args if a.startswith("--")][-1]
+    assert p.returncode == 2 and p.stderr.splitlines() == [
+        f"matmul-drift: error: argument {option}: needs a folder, got an empty name"], p.stderr
+    assert not (o.repo / "nightly").exists() and git(o.repo, "status", "--porcelain") == ""

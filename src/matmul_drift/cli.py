@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_nightly.configure(sub.add_parser("nightly", help="one night on one machine (or --merge): asv run, summary, site"))
     cat = sub.add_parser("catalog", help="the kernel names or environment behind an id, as asv shows it")
     cat.add_argument("id", metavar="ID", help="12 hex digits, or the number asv shows (143656636881798.0, 1.9e+12)")
-    cat.add_argument("--root", type=Path, help="the catalog (default: results/catalog of the checkout)")
+    cat.add_argument("--root", type=cli_scan._folder, help="the catalog (default: results/catalog of the checkout)")
     mach = sub.add_parser("machine", help="this hardware's asv machine name, and what it is made of")
     mach.add_argument("--register", action="store_true",
                       help="also record it in ~/.asv-machine.json (as `asv machine --yes` does), for `asv run --machine NAME`")

@@ -15,9 +15,9 @@ import argparse
 import os
 import shutil
 import sys
-from pathlib import Path
 
 from . import nightly, resultsbranch, suite
+from .cli_scan import _folder
 
 PROG = "matmul-drift nightly"
 
@@ -33,13 +33,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="only benchmarks matching REGEX (asv run --bench; repeatable)")
     run.add_argument("--quick", action="store_true", help="asv run --quick")
     run.add_argument("--launch-method", choices=("spawn", "forkserver"), help="asv's launch method")
-    parser.add_argument("--merge", nargs="*", metavar="SRC", type=Path,
+    parser.add_argument("--merge", nargs="*", metavar="SRC", type=_folder,
                         help="merge these results trees or artifact folders (results/, summaries/, "
                              "nights/) into the tree, summarise every machine's latest night, publish")
     parser.add_argument("--date", help="the night, YYYY-MM-DD (default: today, UTC)")
-    parser.add_argument("--tree", type=Path, metavar="DIR",
+    parser.add_argument("--tree", type=_folder, metavar="DIR",
                         help="the results worktree (default: REPO/nightly; created on the branch if absent)")
-    parser.add_argument("--repo", type=Path, metavar="DIR",
+    parser.add_argument("--repo", type=_folder, metavar="DIR",
                         help="the project checkout: its asv.conf.json and benchmarks/ (default: the one here)")
     parser.add_argument("--branch", default="results", help="the results branch (default: results)")
     parser.add_argument("--remote", metavar="NAME",

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from . import mainjob, resultsbranch, suite
+from .cli_scan import _folder
 
 PROG = "matmul-drift run"
 
@@ -34,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-publish", dest="publish", action="store_false", help="skip asv publish and the site")
     parser.add_argument("--machine", metavar="NAME",
                         help="asv machine name (default: named after this hardware, see `matmul-drift machine`)")
-    parser.add_argument("--repo", type=Path, metavar="DIR", help="the project checkout (default: the one here)")
+    parser.add_argument("--repo", type=_folder, metavar="DIR", help="the project checkout (default: the one here)")
 
 
 def _minutes(seconds: float) -> str:

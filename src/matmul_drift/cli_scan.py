@@ -15,6 +15,7 @@ import importlib.util
 import os
 import stat
 import sys
+from pathlib import Path
 
 from . import atomic, cases, scan
 
@@ -43,6 +44,13 @@ def _file(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("needs a file name, got an empty one")
     return text
+
+
+def _folder(text: str) -> Path:
+    # Path("") is ".": an empty $VAR would act on whatever folder this runs in
+    if not text:
+        raise argparse.ArgumentTypeError("needs a folder, got an empty name")
+    return Path(text)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
