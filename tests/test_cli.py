@@ -580,6 +580,17 @@ def test_a_stdout_that_fails_is_one_line_and_a_reader_that_left_is_silent(tmp_pa
         assert (p.returncode, p.stderr) == (141, ""), args
 
 
+def test_a_stdout_that_cannot_encode_a_character_prints_it_escaped(tmp_path):
+    # PYTHONIOENCODING=ascii (a log collector's pipe, an old terminal): the text report's 'γ_K'
+    # and '×' were a UnicodeEncodeError traceback, exit 1
+    rc, out, _ = _main("explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32", "--json")
+    (tmp_path / "r.json").write_text(out)
+    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "explain", "--render", str(tmp_path / "r.json")],
+                       capture_output=True, env={**os.environ, "PYTHONIOENCODING": "ascii"}, timeout=120)
+    assert p.returncode == 0 and b"Traceback" not in p.stderr, p.stderr[-300:]
+    assert b"2\\xd764 @ 64\\xd78" in p.stdout and b"\\u03b3_K bound (u)" in p.stdout, p.stdout[:300]
+
+
 def test_render_prints_a_saved_report_and_takes_no_other_option(tmp_path):
     rc, out, _ = _main("explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32", "--json")
     assert rc == 0

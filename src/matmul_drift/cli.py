@@ -484,7 +484,11 @@ class _Stdout:
 
     def write(self, text):
         try:
-            return self.stream.write(text)
+            try:
+                return self.stream.write(text)
+            except UnicodeEncodeError:  # PYTHONIOENCODING=ascii: 'μ' as \u03bc, not a traceback
+                enc = self.stream.encoding
+                return self.stream.write(text.encode(enc, "backslashreplace").decode(enc))
         except OSError as exc:
             raise OutputError(exc) from None
 
