@@ -764,6 +764,10 @@ def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     # Every key written is documented in the schema docstring the README copies.
     for key in [*doc, *f, *f["before"], "id", "kernels"]:
         assert f'"{key}":' in render.__doc__, key
+    # ... and every kind the summary can write, in the schema's list of kinds
+    kind_doc = re.search(r'"kind": "kernel",\s*#([^"]*)"failing"', render.__doc__).group(1)
+    documented = {k.strip(" #\n") for k in kind_doc.split("|")}
+    assert documented == set(summary.KINDS), documented ^ set(summary.KINDS)
 
 
 def test_plain_output_groups_by_machine_and_kind(capsys, tmp_path):

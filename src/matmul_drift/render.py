@@ -10,8 +10,8 @@ JSON schema (``--format json``), one document::
       "machines": ["name", ...],
       "flags": [                    # one record per flag, grouped by machine and kind
         {
-          "kind": "kernel",         # kernel | invariance | accuracy | input | timing |
-                                    # ulp-growth | failure | code
+          "kind": "kernel",         # kernel | order | invariance | accuracy | nonfinite |
+                                    # input | fix | timing | ulp-growth | failure | code
           "failing": true,          # kind is in fail_on
           "machine": "name",
           "across": "commits",      # commits: same env, neighbouring commits;
