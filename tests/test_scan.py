@@ -725,6 +725,25 @@ def test_class_search_sees_periodic_routes_exactly(limit, modulus, kernel_cut, l
     assert len(points) <= 0.10 * (hi - lo + 1)  # 3001 sizes: within 10 %
 
 
+def test_a_boundary_of_drift_in_inf_entries_alone_shows_that_drift():
+    # fp16 near its overflow: the slice gives 65504 where the top of the range gave inf. max_ulp
+    # and max_u leave out entries non-finite on either side, so only frac_differ sees the drift.
+    def point(n):
+        moved = n >= 30
+        return {"size": n, "kernel_id": "k", "kernels": ["k"], "error_u": 0.5, "max_ulp": 0,
+                "frac_differ": 0.25 if moved else 0.0, "max_u": 0.0}
+
+    points = scan.class_search(2, 60, point, step=1)
+    params = scan.Params("n", 2, 60, 4, 300000, None, "float16", "cpu", 1, 0, "0" * 12)
+    rec = scan.record(params, points, input_checksum="x", environment={}, sessions=[], complete=True)
+    assert rec["boundaries"] and all(b["drift_changed"] for b in rec["boundaries"])
+    rows = [line for line in cli_scan.render(rec).splitlines() if " → " in line]
+    assert len(rows) == len(rec["boundaries"])
+    for row in rows:  # each side says what it is: none differ before, a quarter of the entries after
+        assert row.rstrip().endswith("0 ulp, 0 u, 25% of entries between finite and NaN/inf"), row
+        assert row.count("25%") == 1
+
+
 def test_pattern_reads_as_the_route_is():
     points = scan.class_search(1, 700, functools.partial(periodic_point, limit=11, modulus=4))
     assert [p["text"] for p in scan.pattern(points, 1, 700)] == [

@@ -215,8 +215,15 @@ def _num(x) -> str:
 
 
 def _side(point: dict, drift: bool) -> str:
-    """One side of a boundary: its drift (ulps, u) for n and m, its error_u (u) for k."""
-    return f"{point['max_ulp']} ulp, {_num(point['max_u'])} u" if drift else _num(point["error_u"])
+    """One side of a boundary: its drift (ulps, u) for n and m, its error_u (u) for k. Drift
+    that max_ulp and max_u leave out (entries finite on one side only: 65504 against inf)
+    is given as the share of entries that differ, which alone makes that side drift."""
+    if not drift:
+        return _num(point["error_u"])
+    text = f"{point['max_ulp']} ulp, {_num(point['max_u'])} u"
+    if point["frac_differ"] and not point["max_ulp"]:
+        text += f", {100 * point['frac_differ']:.3g}% of entries between finite and NaN/inf"
+    return text
 
 
 class _Parser(argparse.ArgumentParser):
