@@ -70,7 +70,7 @@ def parse_range(text: str) -> tuple[int, int]:
     if hi < lo:
         raise ScanError(f"{lo}:{hi} is reversed; write {hi}:{lo}")
     if hi == lo:
-        raise ScanError(f"{lo}:{hi} is empty: a scan needs at least two sizes")
+        raise ScanError(f"{lo}:{hi} holds one size, {lo} (both ends are included): a scan needs at least two")
     return lo, hi
 
 
