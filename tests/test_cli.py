@@ -462,6 +462,66 @@ def test_verdicts_from_hand_built_reports():
     assert explain.verdict(nan_in)["kind"] == "defect"
 
 
+def _slice_report(per_call: list[str], drifts: dict) -> dict:
+    """A hand-built report of n = 1 and 8 on full's route X or on Y: ``drifts`` maps n to its max_ulp."""
+    r = {
+        "dtype": "float16", "gamma_k_u": 100.0, "error_u": 1.0, "run_to_run": {"repeat": 3, **_row()},
+        "error_entries": {"entries": 10, "of": 10, "zero_misses": 0, "subnormal": 0, "beyond_bound": 0},
+        "nonfinite": {"a": 0, "b": 0, "product": 0, "reference": 0, "overflow": 0, "spurious": 0, "mismatch": 0},
+        "kernels": {"full": ["aten::mm", "X"], "slice_n": ["aten::mm", "Y", "X"], "slice_n per call": per_call,
+                    "slice_m": []},
+        "slices": {"n": [{"n": n, "form": "as-is", **_row()} for n in (1, 8)], "m": []},
+    }
+    for row in r["slices"]["n"]:
+        if drifts.get(row["n"]):
+            row.update(max_ulp=drifts[row["n"]], max_u=0.5 * drifts[row["n"]], max_abs=0.5, ulp_at_max=0.5, frac_differ=0.1)
+    return r
+
+
+def test_the_verdict_names_the_kernels_of_the_slice_that_drifts():
+    # n = 1 ran Y, n = 8 full's X: the merged slice_n list holds Y whichever slice drifts
+    per_call = ["n=1: aten::mm; Y", "n=8: aten::mm; X"]
+    v = explain.verdict(_slice_report(per_call, {8: 3}))
+    assert "slice_n n=8 moves" in v["text"] and "the same kernels ran" in v["text"] and "Y" not in v["text"], v
+    v = explain.verdict(_slice_report(per_call, {1: 3}))
+    assert "slice_n n=1 moves" in v["text"] and "a different kernel ran (Y)" in v["text"], v
+    v = explain.verdict(_slice_report(per_call, {1: 1, 8: 3}))  # the worst slice's kernels, not the first's
+    assert "slice_n n=8 moves" in v["text"] and "the same kernels ran" in v["text"], v
+    # two forms of one n (the seed's 1-D A and A.unsqueeze(0)): the label names the form
+    r = _slice_report(["n=8 as-is: aten::mm; X", "n=8 2d: aten::mm; Y"], {})
+    r["slices"]["n"] = [{"n": 8, "form": form, **_row(max_ulp=ulp, max_u=ulp / 2, frac_differ=0.1 * ulp)}
+                        for form, ulp in (("as-is", 0), ("2d", 2))]
+    assert "a different kernel ran (Y)" in explain.verdict(r)["text"]
+    r["slices"]["n"][0].update(max_ulp=4, max_u=2.0, frac_differ=0.5)  # now the 1-D form drifts most
+    assert "the same kernels ran" in explain.verdict(r)["text"]
+
+
+def test_the_report_lists_each_slices_kernels_where_they_differ(monkeypatch, tmp_path):
+    from matmul_drift import kernels, measure
+    from matmul_drift.cases import Case, Shape
+
+    # hand-built routes (which kernel this CPU picks is not the point): n = 1 on Y, the rest on full's F
+    routes = {16: "F", 1: "Y", 2: "F", 8: "F"}
+    monkeypatch.setattr(kernels, "traced", lambda call, device: (y := call(), ["aten::mm", routes[y.shape[-1]]]))
+    m = measure.measure(Case("routes", "mm", Shape(4, 8, 16), Shape(4, 8, 16), slice_n=(1, 2, 8)), "float32", "cpu",
+                        timing=False)
+    r = json.loads(json.dumps(explain.report(m), allow_nan=False))
+    assert r["kernels"]["slice_n per call"] == ["n=1: aten::mm; Y", "n=2: aten::mm; F", "n=8: aten::mm; F"]
+    assert list(r["kernels"]) == ["full", "slice_n", "slice_n per call", "slice_m"]
+    for row in r["slices"]["n"]:  # hand-built drift: n = 2 alone (what this CPU's slices do is not the point)
+        row.update(_row(**({"max_ulp": 2, "max_u": 1.0, "frac_differ": 0.25, "max_abs": 1.0, "ulp_at_max": 0.5}
+                           if row["n"] == 2 else {})))
+    r["verdict"] = explain.verdict(r)
+    assert "slice_n n=2 moves" in r["verdict"]["text"] and "the same kernels ran" in r["verdict"]["text"]
+    (tmp_path / "new.json").write_text(json.dumps(r))
+    rc, text, err = _main("explain", "--render", str(tmp_path / "new.json"))
+    assert (rc, err) == (0, "") and "slice_n per call  n=1: aten::mm; Y" in text, text
+    del r["kernels"]["slice_n per call"]  # a report saved before the per-call lists
+    (tmp_path / "old.json").write_text(json.dumps(r))
+    rc, text, err = _main("explain", "--render", str(tmp_path / "old.json"))
+    assert (rc, err) == (0, "") and "per call" not in text and r["verdict"]["text"] in text
+
+
 def _mkl_route(a_path, b_path, contiguous: bool) -> str:
     """The SGEMM transposes MKL itself prints for a direct A @ B on the loaded files, in a
     fresh process (MKL_VERBOSE=1), parsed here rather than by the project's normaliser."""

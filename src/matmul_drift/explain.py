@@ -63,11 +63,7 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
         "slice_n": _pick(m.slice_n, slice_n, "n"),
         "slice_m": _pick(m.slice_m, slice_m, "m"),
         "run_to_run": dict(m.run_to_run),
-        "kernels": {
-            "full": m.kernels.get("full", []),
-            "slice_n": m.kernels.get("slice_n", []),
-            "slice_m": m.kernels.get("slice_m", []),
-        },
+        "kernels": _kernels(m.kernels),
         "kernel_id": f"{m.kernel_id:012x}",
         "slices": {"n": m.slice_n, "m": m.slice_m},
         "input_checksum": m.input_checksum,
@@ -85,6 +81,30 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
     out["nulls"] = nulls
     out["verdict"] = verdict(out)
     return out
+
+
+def _kernels(kern: dict) -> dict:
+    """``full``, ``slice_n`` and ``slice_m`` (every name once), each kind followed by its
+    ``"<kind> per call"`` list where its calls' kernels differ (kernels.merged)."""
+    out = {}
+    for kind in ("full", "slice_n", "slice_m"):
+        out[kind] = kern.get(kind, [])
+        if f"{kind} per call" in kern:
+            out[f"{kind} per call"] = kern[f"{kind} per call"]
+    return out
+
+
+def _call_kernels(r: dict, name: str, row: dict) -> list[str] | None:
+    """The kernels of the one call behind ``row`` of ``name`` (slice_n or slice_m): its line of
+    ``"<name> per call"`` ("n=8: a; b", or "n=8 2d: a; b" where the case has two forms) where
+    the calls differ, else the list they all share."""
+    dim = name[-1]
+    for line in r["kernels"].get(f"{name} per call") or ():
+        label, _, names = line.partition(": ")
+        size, _, form = label.partition(" ")
+        if size == f"{dim}={row[dim]}" and form in ("", row.get("form")):
+            return names.split("; ") if names else []
+    return r["kernels"].get(name)
 
 
 def _finite(obj, path: str, nulls: dict):
@@ -185,7 +205,7 @@ def _judge(r: dict) -> dict:
         return {"kind": "bit-identical",
                 "text": f"bit-identical: every slice and every repeat gave the full product's bits; {err_text}"}
     name, row = max(moved, key=lambda x: _worst(x[1]))
-    kind = r["kernels"].get(name) if name != "run_to_run" else None
+    kind = _call_kernels(r, name, row) if name != "run_to_run" else None
     if kind and kind != r["kernels"]["full"]:
         extra = [k for k in kind if k not in r["kernels"]["full"]]
         why = f"a different kernel ran ({'; '.join(extra) or 'another order of the same kernels'})"
