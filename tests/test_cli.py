@@ -496,6 +496,21 @@ def test_the_verdict_names_the_kernels_of_the_slice_that_drifts():
     assert "the same kernels ran" in explain.verdict(r)["text"]
 
 
+def test_a_slice_that_ran_fewer_kernels_is_not_called_another_order():
+    # cuBLAS split-K: the full product runs a GEMM and a reduction, the slice the GEMM alone
+    gemm, reduce = "nvjet_tst_64x8_64x16_1x4_h_bz_splitK_TNT", "splitKreduce_kernel<__half, __half, __half, __half>"
+    r = _slice_report([], {8: 1})
+    r["kernels"] = {"full": ["aten::mm", gemm, reduce], "slice_n": ["aten::mm", gemm], "slice_m": []}
+    text = explain.verdict(r)["text"]
+    assert f"a different set of kernels ran ({reduce} did not run)" in text and "another order" not in text, text
+    r["kernels"]["slice_n"] = ["aten::mm", reduce, gemm]
+    assert "a different kernel ran (another order of the same kernels)" in explain.verdict(r)["text"]
+    # a kernel the full product launched twice: the merged list holds every name once, so the
+    # slices that all ran the full product's list are no "other order"
+    r["kernels"] = {"full": ["aten::mm", gemm, gemm], "slice_n": ["aten::mm", gemm], "slice_m": []}
+    assert "the same kernels ran" in explain.verdict(r)["text"]
+
+
 def test_the_report_lists_each_slices_kernels_where_they_differ(monkeypatch, tmp_path):
     from matmul_drift import kernels, measure
     from matmul_drift.cases import Case, Shape

@@ -11,6 +11,7 @@ import math
 from tabulate import tabulate
 
 from . import numerics
+from .kernels import unique
 from .measure import Measurement
 
 DRIFT_KEYS = ("max_u", "max_u_entries", "frac_differ", "max_ulp", "sign_changes", "nonfinite_differ", "beyond_bound")
@@ -205,16 +206,25 @@ def _judge(r: dict) -> dict:
         return {"kind": "bit-identical",
                 "text": f"bit-identical: every slice and every repeat gave the full product's bits; {err_text}"}
     name, row = max(moved, key=lambda x: _worst(x[1]))
-    kind = _call_kernels(r, name, row) if name != "run_to_run" else None
-    if kind and kind != r["kernels"]["full"]:
-        extra = [k for k in kind if k not in r["kernels"]["full"]]
-        why = f"a different kernel ran ({'; '.join(extra) or 'another order of the same kernels'})"
-    else:
-        why = "the same kernels ran, so the library summed in another order for this shape"
+    why = _why(_call_kernels(r, name, row) if name != "run_to_run" else None, r["kernels"]["full"])
     bound = f"within the bound 2·{g} = {2 * gamma:.4g} u" if gamma else f"K·u ≥ 1, so {g} gives no bound"
     if gamma and max(_worst(row)[1] for _, row in moved) > 2 * gamma:  # only the η term lets it be beyond
         bound += f" plus twice (K+1)·η, the absolute rounding below {dt}'s normal range"
     return {"kind": "rounding", "text": f"rounding-level drift: {drift_text}; {why}; {bound}; {err_text}"}
+
+
+def _why(call: list[str] | None, full: list[str]) -> str:
+    """Why a slice's sums differ, from its call's kernels and the full product's. Names count
+    once: the list of slice calls that agree is merged (kernels.merged), every name once."""
+    extra = [k for k in call or () if k not in full]
+    missing = [k for k in unique(full) if call and k not in call]
+    if extra:
+        return f"a different kernel ran ({'; '.join(extra)})"
+    if missing:
+        return f"a different set of kernels ran ({'; '.join(missing)} did not run)"
+    if call and unique(call) != unique(full):
+        return "a different kernel ran (another order of the same kernels)"
+    return "the same kernels ran, so the library summed in another order for this shape"
 
 
 def _drift_text(r: dict, moved: list) -> str:
