@@ -496,6 +496,18 @@ def test_the_verdict_names_the_kernels_of_the_slice_that_drifts():
     assert "the same kernels ran" in explain.verdict(r)["text"]
 
 
+def test_the_verdict_says_which_form_of_a_1d_a_drifts():
+    # s @ v[:, :8] bit-identical, s.unsqueeze(0) @ v[:, :8] not: the user's own 1-D product does not drift
+    r = _slice_report(["n=8 as-is: aten::mm; X", "n=8 2d: aten::mm; Y"], {})
+    r["slices"]["n"] = [{"n": 8, "form": form, **_row(max_ulp=ulp, max_u=ulp / 2, frac_differ=0.1 * ulp)}
+                        for form, ulp in (("as-is", 0), ("2d", 2))]
+    assert explain.verdict(r)["text"].startswith("rounding-level drift: slice_n n=8 (A 2-D) moves 20% of entries")
+    r["slices"]["n"][0].update(max_ulp=4, max_u=2.0, frac_differ=0.5)
+    assert explain.verdict(r)["text"].startswith("rounding-level drift: slice_n n=8 moves 50% of entries")
+    r["slices"]["n"][1].update(beyond_bound=1, max_u=900.0)
+    assert explain.verdict(r)["text"].startswith("DEFECT: slice_n n=8 (A 2-D) moves 1 entry further than")
+
+
 def test_a_slice_that_ran_fewer_kernels_is_not_called_another_order():
     # cuBLAS split-K: the full product runs a GEMM and a reduction, the slice the GEMM alone
     gemm, reduce = "nvjet_tst_64x8_64x16_1x4_h_bz_splitK_TNT", "splitKreduce_kernel<__half, __half, __half, __half>"

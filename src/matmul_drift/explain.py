@@ -126,7 +126,9 @@ def _drifts(r: dict) -> list[tuple[str, dict]]:
 
 
 def _where(name: str, row: dict) -> str:
-    return f"n={row['n']}" if "n" in row else f"m={row['m']}" if "m" in row else f"over {row['repeat']} calls"
+    if "n" in row:  # the 2d form is a 1-D A made one row: the user's own 1-D product is the other
+        return f"n={row['n']}" + (" (A 2-D)" if row.get("form") == "2d" else "")
+    return f"m={row['m']}" if "m" in row else f"over {row['repeat']} calls"
 
 
 def _pct(x: float) -> str:
