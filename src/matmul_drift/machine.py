@@ -118,9 +118,11 @@ class NotRegistered(Exception):
     """~/.asv-machine.json cannot take the entry; the message is one line, the file is as it was."""
 
 
-def register(fp: dict | None = None) -> str:
-    """Record this machine in ``~/.asv-machine.json``, as ``asv machine --yes`` does, and
-    return its name; ``asv run --machine NAME`` then takes the entry from there. The other
+def register(fp: dict | None = None, as_name: str | None = None) -> str:
+    """Record this machine in ``~/.asv-machine.json`` (under ``as_name`` where given), as
+    ``asv machine --yes`` does, and return its name; ``asv run --machine NAME`` then takes the
+    entry from there. Not `asv machine --yes --machine NAME` itself: asv 0.6 then records the
+    name alone (no cpu, arch, ...), and runs on other hardware read as one history. The other
     entries are kept, and the new file replaces the old one whole (asv's own save truncates it
     first, and follows a FIFO or a directory there into a hang or a traceback)."""
     from asv.machine import MachineCollection
@@ -128,6 +130,7 @@ def register(fp: dict | None = None) -> str:
     from . import atomic
 
     entry = asv_entry(fingerprint() if fp is None else fp)
+    entry["machine"] = as_name or entry["machine"]
     path = _machine_file()
     try:
         machines = _machines(path)
