@@ -675,6 +675,50 @@ def test_a_code_change_before_a_night_without_the_benchmark_stops_the_walk_back(
     assert result.failing(summary.DEFAULT_FAIL_ON) == []
 
 
+def _on_other_cpu(data: dict) -> None:
+    data["params"].update(cpu="AMD EPYC 9B14 96-Core Processor")
+
+
+def test_a_machine_seen_on_two_hardwares_keeps_the_flags_of_its_latest_night(tmp_path):
+    # Night 0 ran on another CPU under the same machine name (a partition's other node): the
+    # summary then labels each hardware "vm [cpu, ...]", and compare kept only flags labelled
+    # "vm", so the kernel change of night 2 against night 1 (one hardware) was dropped: 0 flags.
+    root = tmp_path / "results"
+    new = catalog.store(root / "catalog", "kernels", {"device": "cpu", "full": ["aten::mm", "NEW"]})
+
+    def adjust(ci, ei, data):
+        if ci == 0:
+            _on_other_cpu(data)
+        if ci == 2:
+            F.set_value(data, F.KERNEL, _KERNEL_COMBO, new)
+
+    tree = F.write_tree(root, machine="vm", n_commits=3, torch_versions=("2.13.0",), adjust=adjust)
+    hist = history.read_history(root)
+    pairs, _ = nightly.latest_nights(hist)
+    assert pairs == {"vm": (tree.commits[1], tree.commits[2])}
+    result = nightly.compare(hist, pairs)
+    kernel = [(f.before.commit, f.after.commit, f.params) for f in result.flags if f.kind == "kernel"]
+    assert kernel == [(tree.commits[1], tree.commits[2], tree.combos[_KERNEL_COMBO])]
+    # the same flags as `summary --base --head` over this machine's results alone
+    alone = summary.summarise(hist, summary.Options(base=tree.commits[1], head=tree.commits[2]))
+    assert [(f.kind, f.benchmark, f.params) for f in result.flags] == [(f.kind, f.benchmark, f.params) for f in alone.flags]
+
+
+def test_a_merge_counts_and_warns_about_each_machines_own_nights_only(tmp_path):
+    # box-a's nights are days 0 and 1, box-b's days 0, 1 and 2: one latest pair each. Each
+    # machine was summarised over every machine's results, so box-b's days 0 -> 1 were counted
+    # in box-a's comparison too (3 comparisons, not 2), and box-b's warned about box-a's lack of
+    # day 2 ("box-a: environment ... has results only at base; not compared").
+    root = tmp_path / "results"
+    F.write_tree(root, machine="box-a", n_commits=2, torch_versions=("2.13.0",))
+    later = F.write_tree(root, machine="box-b", n_commits=3, torch_versions=("2.13.0",))
+    hist = history.read_history(root)
+    pairs, _ = nightly.latest_nights(hist)
+    assert pairs == {"box-a": (later.commits[0], later.commits[1]), "box-b": (later.commits[1], later.commits[2])}
+    result = nightly.compare(hist, pairs)
+    assert result.pairs == 2 and result.warnings == [] and result.flags == []
+
+
 def test_a_merged_night_whose_environment_parts_are_not_objects_is_still_listed(tmp_path):
     # check_night_file takes any object as environment: its torch and cuda may be strings there
     tree = _tree_with(tmp_path, {"nights/2026-01-01-gpu-a.json": json.dumps(

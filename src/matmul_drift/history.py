@@ -180,6 +180,11 @@ class History:
     def units(self) -> dict[str, str]:
         return {name: b.unit for name, b in self.benchmarks.items()}
 
+    def of(self, machine: str) -> History:
+        """The history of ``machine`` alone: its runs (the same objects), the warnings list shared."""
+        return History(self.asv_dir, self.catalog, self.benchmarks, {machine: self.machines.get(machine, {})},
+                       {machine: self.runs.get(machine, [])}, self.warnings)
+
     def param_names(self, benchmark: str, params: tuple) -> list[str]:
         """Names for a row's params: benchmarks.json's, if they fit the row, else p0, p1, ..."""
         b = self.benchmarks.get(benchmark)

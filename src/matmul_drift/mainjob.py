@@ -290,8 +290,7 @@ def latest_runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
         if not machine_runs:
             continue
         head = machine_runs[-1].commit
-        one = history.History(hist.asv_dir, hist.catalog, hist.benchmarks, {name: hist.machines.get(name, {})},
-                              {name: machine_runs}, hist.warnings)
+        one = hist.of(name)
         s = summary.summarise(one, summary.Options(at=head))
         flags += s.flags
         pairs += s.pairs

@@ -332,15 +332,14 @@ def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> 
         if prev is None:
             continue  # a machine's first night has nothing to compare with
         own = _one_environment(hist, machine, (prev, head))
-        try:
-            s = summary.summarise(hist, summary.Options(base=prev, head=head))
+        try:  # this machine's results alone: its flags (labelled "machine [hardware]" on two), pairs, warnings
+            s = summary.summarise(hist.of(machine), summary.Options(base=prev, head=head))
         finally:
             for r in hist.runs[machine]:
                 r.env_name = own.get(r.commit, r.env_name)
-        found = [f for f in s.flags if f.machine == machine]
-        for side in (x for f in found for x in (f.before, f.after)):
+        for side in (x for f in s.flags for x in (f.before, f.after)):
             side.env = own.get(side.commit, side.env)  # each night by its own environment
-        flags += found
+        flags += s.flags
         npairs += s.pairs
     return summary.Summary(flags, npairs, sorted(pairs), list(dict.fromkeys(hist.warnings)))
 
