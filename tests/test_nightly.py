@@ -704,6 +704,39 @@ def test_a_machine_seen_on_two_hardwares_keeps_the_flags_of_its_latest_night(tmp
     assert [(f.kind, f.benchmark, f.params) for f in result.flags] == [(f.kind, f.benchmark, f.params) for f in alone.flags]
 
 
+@pytest.mark.parametrize("last_on_other", [False, True])
+def test_a_night_is_compared_with_the_previous_night_on_its_own_hardware(tmp_path, last_on_other):
+    # Night 1 ran on another CPU under the same name. Night 2 (back on the first CPU, its kernel
+    # changed) was paired with night 1: the summary compares no hardwares, so nothing was
+    # judged (0 comparisons, no flag) while the line said "against" night 1. It is judged
+    # against night 0 now. Where night 2 is itself on the other CPU, after nights 0 and 1 on
+    # the first, it has nothing to compare with on its hardware, and the line says so.
+    root = tmp_path / "results"
+    new = catalog.store(root / "catalog", "kernels", {"device": "cpu", "full": ["aten::mm", "NEW"]})
+
+    def adjust(ci, ei, data):
+        if ci == (2 if last_on_other else 1):
+            _on_other_cpu(data)
+        if ci == 2:
+            F.set_value(data, F.KERNEL, _KERNEL_COMBO, new)
+
+    tree = F.write_tree(root, machine="vm", n_commits=3, torch_versions=("2.13.0",), adjust=adjust)
+    hist = history.read_history(root)
+    pairs, (night,) = nightly.latest_nights(hist)
+    dates = [nightly._ms_date(d) for d in tree.dates]
+    line = nightly.night_line({**night, "bridged": []})
+    result = nightly.compare(hist, pairs)
+    if last_on_other:
+        assert pairs == {"vm": (None, tree.commits[2])} and result.pairs == 0 and result.flags == []
+        assert line == (f"vm: {dates[2]} ({tree.commits[2][:8]}, torch 2.13.0+cpu), the first night on this hardware: "
+                        f"nothing to compare with ({dates[1]} ({tree.commits[1][:8]}) ran on other hardware)")
+    else:
+        assert pairs == {"vm": (tree.commits[0], tree.commits[2])} and result.pairs == 1
+        assert [(f.kind, f.before.commit, f.params) for f in result.flags] == [
+            ("kernel", tree.commits[0], tree.combos[_KERNEL_COMBO])]
+        assert f", against {dates[0]} ({tree.commits[0][:8]}, torch 2.13.0+cpu)" in line
+
+
 def test_a_merge_counts_and_warns_about_each_machines_own_nights_only(tmp_path):
     # box-a's nights are days 0 and 1, box-b's days 0, 1 and 2: one latest pair each. Each
     # machine was summarised over every machine's results, so box-b's days 0 -> 1 were counted

@@ -936,6 +936,24 @@ def test_one_machine_name_on_two_hardwares_is_never_judged_as_one_history(tmp_pa
     assert "different hardware (1, not compared)" in md
 
 
+@pytest.mark.parametrize("other", [1, 2])
+def test_the_sites_run_line_names_the_commit_compared_on_the_same_hardware(tmp_path, other):
+    # The drift page's run line said "against" the machine's previous commit even where that
+    # ran on other hardware, which the summary never compares.
+    from matmul_drift import mainjob
+
+    root = tmp_path / "results"
+    tree = F.write_tree(root, machine="vm", n_commits=3, adjust=lambda ci, ei, d: ci == other and _other_cpu(d))
+    result, (run,) = mainjob.latest_runs(history.read_history(root))
+    compared = {p.before.commit for p in summary.make_pairs(history.read_history(root), summary.Options(at=tree.commits[2]))
+                if p.across == "commits"}
+    if other == 1:  # commit 2 is judged against commit 0, on its hardware
+        assert compared == {tree.commits[0]} and run["line"].endswith(f"; against {tree.commits[0][:8]}"), run["line"]
+    else:
+        assert compared == set() and run["line"].endswith(
+            f"; its first recorded commit on this hardware ({tree.commits[1][:8]} ran on other hardware; not compared)"), run["line"]
+
+
 def test_across_machines_compares_hardwares_only_when_asked(tmp_path, capsys):
     root = tmp_path / "results"
     F.write_tree(root, machine="box-a", n_commits=2)

@@ -292,16 +292,20 @@ def _commits(runs: list[history.Run]) -> list[str]:
 
 
 def latest(hist: history.History, machine: str, commit: str | None = None) -> tuple[str | None, str] | None:
-    """(previous night's commit or None, the night's commit) for ``machine``: ``commit``, or its
-    latest night when None. None if the machine has no readable results."""
-    commits = _commits(hist.runs.get(machine, []))
+    """(previous night's commit on the same hardware or None, the night's commit) for
+    ``machine``: ``commit``, or its latest night when None. None if the machine has no
+    readable results. The summary never compares two hardwares (summary.hardware_key)."""
+    runs = hist.runs.get(machine, [])
+    commits = _commits(runs)
     if not commits:
         return None
     head = commit if commit is not None else commits[-1]
     if head not in commits:
         return None
-    i = commits.index(head)
-    return (commits[i - 1] if i else None), head
+    key = summary.hardware_key(next(r for r in runs if r.commit == head))
+    same = _commits([r for r in runs if summary.hardware_key(r) == key])
+    i = same.index(head)
+    return (same[i - 1] if i else None), head
 
 
 def _one_environment(hist: history.History, machine: str, commits: tuple[str, str]) -> dict[str, str]:
@@ -354,9 +358,12 @@ def night_info(hist: history.History, machine: str, prev: str | None, head: str)
     """Plain facts about one machine's night for the summary and the site."""
     run = next(r for r in hist.runs[machine] if r.commit == head)
     before = next((r for r in hist.runs[machine] if r.commit == prev), None)
+    # with no previous night on its hardware, the latest earlier night on another, not compared
+    other = None if before else next((r for r in reversed(hist.runs[machine]) if r.order_key < run.order_key), None)
     return {"machine": machine, "date": _ms_date(run.date), "commit": head, "torch": run.torch,
             "previous": None if before is None else {"commit": prev, "date": _ms_date(before.date),
                                                      "torch": before.torch},
+            "other_hardware": other and {"commit": other.commit, "date": _ms_date(other.date)},
             "failed": failed_in(hist, machine, head)}
 
 
@@ -374,8 +381,10 @@ def bridged(n: dict, result: summary.Summary) -> list[dict]:
 def night_line(n: dict) -> str:
     """One line about a machine's night (a dict of nightly.night_info, with "bridged" where
     known) and the one before."""
-    prev = n["previous"]
+    prev, other = n["previous"], n.get("other_hardware")
     against = (f"against {prev['date']} ({prev['commit'][:8]}, torch {prev['torch']})" if prev
+               else f"the first night on this hardware: nothing to compare with ({other['date']} "
+                    f"({other['commit'][:8]}) ran on other hardware)" if other
                else "the first night: nothing to compare with")
     line = f"{n['machine']}: {n['date']} ({n['commit'][:8]}, torch {n['torch']}), {against}"
     if n.get("bridged"):

@@ -192,7 +192,9 @@ def resolve_commit(history: History, prefix: str) -> str:
     return found[0]
 
 
-def _hardware_key(run: Run) -> tuple:
+def hardware_key(run: Run) -> tuple:
+    """What tells a run's hardware apart (asv's arch, cpu, num_cpu, isa, gpu): runs of one
+    machine with different keys are never compared across commits or builds."""
     return tuple(_hardware_value(run.env_params, k) for k in hardware.HARDWARE_PARAMS)
 
 
@@ -220,7 +222,7 @@ def hardware_groups(history: History) -> dict[str, list[Run]]:
     for machine, runs in history.runs.items():
         by_hw: dict[tuple, list[Run]] = {}
         for r in runs:
-            by_hw.setdefault(_hardware_key(r), []).append(r)
+            by_hw.setdefault(hardware_key(r), []).append(r)
         for group in by_hw.values():
             label = base = machine if len(by_hw) == 1 else f"{machine} [{_hardware_text(group[0])}]"
             n = 1
@@ -236,7 +238,7 @@ def hardware_changes(history: History) -> list[str]:
     notes = []
     for machine, runs in history.runs.items():
         for a, b in zip(runs, runs[1:]):
-            if _hardware_key(a) != _hardware_key(b):
+            if hardware_key(a) != hardware_key(b):
                 notes.append(f"{machine}: {a.commit[:8]} ({_hardware_text(a)}) and {b.commit[:8]} "
                              f"({_hardware_text(b)}) are different hardware; not compared "
                              "(--across machines compares runs of one commit and torch build on two hardwares)")
