@@ -794,10 +794,37 @@ def test_plan_merge_copies_new_skips_same_flags_conflicts(tmp_path):
     rels = [str(d.relative_to(tree)) for _, d in copies]
     assert rels == ["results/catalog/kernels/k.json", "results/asv/a/machine.json", "results/asv/b/y.json",
                     "summaries/d-b.md"]  # catalog first, results before summaries
-    assert [b.name for b in benches] == ["benchmarks.json"] and conflicts == []
+    assert [(d, b.name) for d, b in benches] == [(None, "benchmarks.json")] and conflicts == []
     clash = _tree_with(tmp_path / "clash", {"results/asv/a/x.json": b'"other"'})
     copies, _, conflicts = nightly.plan_merge(tree, [clash])
     assert conflicts == ["results/asv/a/x.json differs from the recorded file"] and len(copies) == 1
+
+
+@pytest.mark.parametrize("newer_first", [True, False])
+def test_a_merge_keeps_the_newest_benchmark_descriptions_whatever_the_order(tmp_path, newer_first):
+    # asv publish draws a result only where its benchmark version is benchmarks.json's. box-b's
+    # tree is older (its nights are days 0-1, before its benchmark changed); box-a's (days 10-11)
+    # ran the new code. Merged after box-a's, box-b's benchmarks.json won, and asv's own
+    # get_result_keys then dropped track_error_u from box-a's newest results: gone from the site.
+    from asv.results import Results
+
+    version = F.bench_version(F.ERROR_U, "new code")
+
+    def newer(ci, ei, data):
+        data["date"] += 10 * F.DAY_MS
+        F.set_version(data, F.ERROR_U, version)
+
+    new = F.write_tree(tmp_path / "a/results", machine="box-a", n_commits=2, torch_versions=("2.13.0",), adjust=newer)
+    bench = json.loads((new.asv_dir / "benchmarks.json").read_text())
+    bench[F.ERROR_U]["version"] = version
+    (new.asv_dir / "benchmarks.json").write_text(json.dumps(bench))
+    F.write_tree(tmp_path / "b/results", machine="box-b", n_commits=2, torch_versions=("2.13.0",))
+    o = _merge_target(tmp_path)
+    sources = [tmp_path / "a", tmp_path / "b"]
+    nightly.run_merge(o, sources if newer_first else sources[::-1])
+    merged = json.loads((o.tree / "results/asv/benchmarks.json").read_text())
+    newest = Results.load(str(o.tree / "results/asv/box-a" / new.file(1, 0).name))
+    assert merged[F.ERROR_U]["version"] == version and F.ERROR_U in newest.get_result_keys(merged)
 
 
 def test_a_merge_reads_order_trees_deeper_than_json_loads_goes(tmp_path):

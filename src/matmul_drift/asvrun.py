@@ -232,16 +232,23 @@ def json_object(path: Path) -> dict | None:
     return found if isinstance(found, dict) else None
 
 
-def recorded_later(results: Path, date: int) -> bool:
-    """Whether ``results`` (RESULTS_DIR or asv's results dir) holds an asv run of a commit
-    dated after ``date`` (ms since the epoch)."""
+def newest_run(results: Path) -> int | None:
+    """The latest commit date (ms since the epoch) of an asv run that ``results`` (RESULTS_DIR
+    or asv's results dir) holds; None where it holds none that can be read."""
     from . import history
 
     try:
         hist = history.read_history(results)
     except history.HistoryError:
-        return False
-    return any(r.date > date for runs in hist.runs.values() for r in runs)
+        return None
+    return max((r.date for runs in hist.runs.values() for r in runs), default=None)
+
+
+def recorded_later(results: Path, date: int) -> bool:
+    """Whether ``results`` (RESULTS_DIR or asv's results dir) holds an asv run of a commit
+    dated after ``date`` (ms since the epoch)."""
+    newest = newest_run(results)
+    return newest is not None and newest > date
 
 
 def _meanwhile(path: Path) -> AlreadyRecorded:

@@ -771,13 +771,16 @@ def _loads(rel: Path, text: str):
     return json.loads(text)
 
 
-def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]], list[Path], list[str]]:
+def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]], list[tuple[int | None, Path]], list[str]]:
     """(copies in writing order, benchmarks.json files, conflicts) for merging ``sources``
     into ``tree``. A file the tree lacks is copied; an identical one skipped; a different one
     is a conflict (and copied, after a backup, only with --force); machine.json is asv's
-    description of a machine, which asv itself rewrites on each run, so a newer one is copied."""
+    description of a machine, which asv itself rewrites on each run, so a newer one is copied.
+    Each benchmarks.json comes with the latest commit date (ms) of its source's asv results
+    (None without one), oldest first: the order in which the newest descriptions win."""
     copies, benches, conflicts, seen = [], [], [], {}
     for src in sources:
+        newest, found = None, []
         for f in _source_files(src):
             rel = f.relative_to(src)
             try:
@@ -793,8 +796,11 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
                     raise UsageError(f"--merge {src}: {rel} is not valid JSON (truncated?); nothing merged") from None
                 if rel.name == "benchmarks.json" and not isinstance(doc, dict):
                     raise UsageError(f"--merge {src}: {rel} is not a JSON object; nothing merged")
+                if rel.parts[:2] == (RESULTS, "asv") and len(rel.parts) == 4 and isinstance(doc, dict) \
+                        and rel.name != "machine.json" and type(doc.get("date")) is int:
+                    newest = max(newest or doc["date"], doc["date"])
             if rel.name == "benchmarks.json":
-                benches.append(f)
+                found.append(f)
                 continue
             if rel in seen:
                 if seen[rel] != data and rel.name != "machine.json":
@@ -808,7 +814,9 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
                 if rel.name != "machine.json":
                     conflicts.append(f"{rel} differs from the recorded file")
             copies.append((f, dst))
+        benches += [(newest, f) for f in found]
     copies.sort(key=lambda c: _rank(c[1].relative_to(tree)))
+    benches.sort(key=lambda b: -1 if b[0] is None else b[0])
     return copies, benches, conflicts
 
 
@@ -827,8 +835,12 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
         if conflicts and not o.force:
             raise UsageError(f"{len(conflicts)} files conflict, nothing merged: {conflicts[0]}; "
                              "pass --force to replace (the old files are kept beside)")
-        for f in benches:
-            asvrun.merge_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()), _log)
+        # asv publish draws a result only where its benchmark version is benchmarks.json's: a
+        # source's descriptions replace the tree's only if its results are as new (its own added).
+        recorded = asvrun.newest_run(tree / RESULTS / "asv") if benches else None
+        for newest, f in benches:
+            keep = recorded is not None and (newest is None or newest < recorded)
+            asvrun.merge_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()), _log, keep)
         imported = []
         for src, dst in copies:
             if dst.exists() and dst.name != "machine.json":
