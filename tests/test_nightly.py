@@ -704,6 +704,29 @@ def test_a_machine_seen_on_two_hardwares_keeps_the_flags_of_its_latest_night(tmp
     assert [(f.kind, f.benchmark, f.params) for f in result.flags] == [(f.kind, f.benchmark, f.params) for f in alone.flags]
 
 
+def test_a_machine_on_two_hardwares_says_which_flags_were_judged_against_an_earlier_night(tmp_path):
+    # Its flags are labelled "vm [cpu, ...]": the night line matched "vm" alone, so a flag judged
+    # against night 1 (night 2 had no value) lost its "instead" note
+    root = tmp_path / "results"
+    new = catalog.store(root / "catalog", "kernels", {"device": "cpu", "full": ["aten::mm", "NEW"]})
+
+    def adjust(ci, ei, data):
+        if ci == 0:
+            _on_other_cpu(data)
+        if ci == 2:
+            F.set_value(data, F.KERNEL, _KERNEL_COMBO, None)  # failed that night
+        if ci == 3:
+            F.set_value(data, F.KERNEL, _KERNEL_COMBO, new)
+
+    tree = F.write_tree(root, machine="vm", n_commits=4, torch_versions=("2.13.0",), adjust=adjust)
+    hist = history.read_history(root)
+    pairs, (night,) = nightly.latest_nights(hist)
+    result = nightly.compare(hist, pairs)
+    assert [f.before.commit for f in result.flags if f.kind == "kernel"] == [tree.commits[1]]
+    (b,) = nightly.bridged(night, result)
+    assert (b["commit"], b["flags"]) == (tree.commits[1], 1)
+
+
 @pytest.mark.parametrize("last_on_other", [False, True])
 def test_a_night_is_compared_with_the_previous_night_on_its_own_hardware(tmp_path, last_on_other):
     # Night 1 ran on another CPU under the same name. Night 2 (back on the first CPU, its kernel

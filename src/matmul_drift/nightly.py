@@ -373,7 +373,8 @@ def bridged(n: dict, result: summary.Summary) -> list[dict]:
     prev = (n["previous"] or {}).get("commit")
     out: dict[str, dict] = {}
     for f in result.flags:
-        if f.machine == n["machine"] and f.after.commit == n["commit"] and f.before.commit != prev:
+        mine = f.machine == n["machine"] or f.machine.startswith(f"{n['machine']} [")  # "vm [cpu, ...]" on two hardwares
+        if mine and f.after.commit == n["commit"] and f.before.commit != prev:
             out.setdefault(f.before.commit, {"commit": f.before.commit, "date": _ms_date(f.before.date), "flags": 0})["flags"] += 1
     return sorted(out.values(), key=lambda b: b["date"], reverse=True)
 
