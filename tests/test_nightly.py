@@ -704,6 +704,17 @@ def test_a_machine_seen_on_two_hardwares_keeps_the_flags_of_its_latest_night(tmp
     assert [(f.kind, f.benchmark, f.params) for f in result.flags] == [(f.kind, f.benchmark, f.params) for f in alone.flags]
 
 
+def test_nightly_sh_reads_relative_paths_from_where_it_is_called(tmp_path):
+    # It changed into the checkout first: `cd /data && nightly.sh --merge ./artifacts` merged the
+    # checkout's own ./artifacts, or said "not a directory" about a folder that is there
+    (tmp_path / "only-here").mkdir()
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "nightly.sh"),
+                        "--merge", "./only-here", "--date", "bogus"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHON": sys.executable}, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "matmul-drift nightly: error: --date 'bogus' is not a date like 2026-01-31"], p.stderr
+
+
 def test_a_machine_on_two_hardwares_says_which_flags_were_judged_against_an_earlier_night(tmp_path):
     # Its flags are labelled "vm [cpu, ...]": the night line matched "vm" alone, so a flag judged
     # against night 1 (night 2 had no value) lost its "instead" note
