@@ -980,6 +980,24 @@ def test_slurm_submit_moves_each_task_to_its_partition(tmp_path):
     assert "--dependency=afterany:4242" in calls[4] and "NIGHTLY_MERGE=1" in calls[4]
 
 
+def test_slurm_submit_with_a_partition_slurm_refuses_runs_the_other_machines(tmp_path):
+    # `scontrol update` failing (a mistyped partition) stopped --submit under set -e after
+    # `sbatch --hold`: the whole array stayed held, no merge was queued, every machine lost the night
+    log = tmp_path / "calls"
+    _stub(tmp_path / "bin", "sbatch", f'echo "sbatch $*" >> {log}; echo 4242')
+    _stub(tmp_path / "bin", "scontrol", f'echo "scontrol $*" >> {log}; case "$*" in *gpu-typo*) exit 1;; esac')
+    _stub(tmp_path / "bin", "scancel", f'echo "scancel $*" >> {log}')
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "MATMUL_DRIFT_REPO": str(ROOT),
+           "MATMUL_DRIFT_MACHINES": "h100 a100", "MATMUL_DRIFT_PARTITIONS": "gpu-typo gpu-a100"}
+    p = subprocess.run(["bash", str(ROOT / "scripts/slurm-nightly.sbatch"), "--submit"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert p.returncode == 1 and "cannot move h100 to partition gpu-typo" in p.stderr, p.stderr
+    assert calls[1:5] == ["scontrol update JobId=4242_0 Partition=gpu-typo", "scancel 4242_0",
+                          "scontrol update JobId=4242_1 Partition=gpu-a100", "scontrol release 4242"], calls
+    assert "--dependency=afterany:4242" in calls[5] and "NIGHTLY_MERGE=1" in calls[5]
+
+
 def test_slurm_task_stops_in_one_line_when_its_pull_fails(tmp_path):
     # The task's clone exists and its origin is gone: the pull fails, and the night must not
     # run on the stale code (set -e does not apply inside $(...), where the clone once ran).
