@@ -781,3 +781,34 @@ def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(args, op
 
     monkeypatch.setattr(mainjob, "run", lambda o: pytest.fail(f"the main job ran on {o.repo}"))
     assert _main(*args) == (2, "", f"matmul-drift: error: argument {option}: needs a folder, got an empty name\n")
+
+
+def _peak_bytes(*args) -> tuple[int, int, str]:
+    """(exit status, peak resident bytes, stderr) of `matmul-drift ARGS` in a process of its own."""
+    p = subprocess.Popen([sys.executable, "-m", "matmul_drift.cli", *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    err = p.stderr.read().decode()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.stderr.close()
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, err  # ru_maxrss: KiB on Linux
+
+
+@pytest.mark.parametrize("m, k, n, dtype", [(64, 1024, 8192, "float32"), (8192, 1024, 64, "float32"),
+                                            (8192, 1024, 64, "float64")])
+def test_memory_estimate_covers_operands_with_nan_and_inf(tmp_path, m, k, n, dtype):
+    """memory.bytes_needed is what explain checks before it reads a file's values, so it must
+    cover the peak whatever the values: one NaN in A and one -inf in B send the reference
+    through its IEEE indicator products. Those once held a dozen float64 indicators of A and
+    of B at once: peaks of 952, 982 and 1290 MiB here against estimates of 746, 746 and 1042."""
+    from matmul_drift import memory
+
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    a[1, 2], b[3, 4] = np.nan, -np.inf
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    rc, peak, err = _peak_bytes("explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
+                                "--dtype", dtype)
+    assert rc in (0, 1), err
+    need = memory.bytes_needed(m, k, n, dtype, "cpu")[0]
+    assert peak <= need, f"peak {peak / 2**20:.0f} MiB above the estimate {need / 2**20:.0f} MiB"
