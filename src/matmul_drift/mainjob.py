@@ -296,11 +296,10 @@ def latest_runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
         pairs += s.pairs
         notes += s.different_hardware
         builds = [r.torch or r.env_name for r in machine_runs if r.commit == head]
-        before = [r for r in machine_runs if r.commit != head and r.order_key < machine_runs[-1].order_key]
-        compared = [r for r in before if summary.hardware_key(r) == summary.hardware_key(machine_runs[-1])]
-        against = (f"against {compared[-1].commit[:8]}" if compared
-                   else f"its first recorded commit on this hardware ({before[-1].commit[:8]} ran on other hardware; "
-                        "not compared)" if before else "its first recorded commit")
+        same, other = summary.earlier_runs(machine_runs, head)
+        against = (f"against {same.commit[:8]}" if same
+                   else f"its first recorded commit on this hardware ({other.commit[:8]} ran on other hardware; "
+                        "not compared)" if other else "its first recorded commit")
         runs.append({"machine": name, "commit": head,
                      "line": f"{name}: {head[:8]}, torch {', '.join(builds)}; {against}",
                      "failed": [f"{o.benchmark} {' '.join(o.params.values())}".strip()

@@ -296,16 +296,11 @@ def latest(hist: history.History, machine: str, commit: str | None = None) -> tu
     ``machine``: ``commit``, or its latest night when None. None if the machine has no
     readable results. The summary never compares two hardwares (summary.hardware_key)."""
     runs = hist.runs.get(machine, [])
-    commits = _commits(runs)
-    if not commits:
+    head = commit if commit is not None else runs[-1].commit if runs else None
+    if head is None or all(r.commit != head for r in runs):
         return None
-    head = commit if commit is not None else commits[-1]
-    if head not in commits:
-        return None
-    key = summary.hardware_key(next(r for r in runs if r.commit == head))
-    same = _commits([r for r in runs if summary.hardware_key(r) == key])
-    i = same.index(head)
-    return (same[i - 1] if i else None), head
+    same, _ = summary.earlier_runs(runs, head)
+    return (same.commit if same else None), head
 
 
 def _one_environment(hist: history.History, machine: str, commits: tuple[str, str]) -> dict[str, str]:
@@ -359,7 +354,7 @@ def night_info(hist: history.History, machine: str, prev: str | None, head: str)
     run = next(r for r in hist.runs[machine] if r.commit == head)
     before = next((r for r in hist.runs[machine] if r.commit == prev), None)
     # with no previous night on its hardware, the latest earlier night on another, not compared
-    other = None if before else next((r for r in reversed(hist.runs[machine]) if r.order_key < run.order_key), None)
+    other = None if before else summary.earlier_runs(hist.runs[machine], head)[1]
     return {"machine": machine, "date": _ms_date(run.date), "commit": head, "torch": run.torch,
             "previous": None if before is None else {"commit": prev, "date": _ms_date(before.date),
                                                      "torch": before.torch},

@@ -198,6 +198,16 @@ def hardware_key(run: Run) -> tuple:
     return tuple(_hardware_value(run.env_params, k) for k in hardware.HARDWARE_PARAMS)
 
 
+def earlier_runs(runs: list[Run], commit: str) -> tuple[Run | None, Run | None]:
+    """Of one machine's ``runs`` (history order), the latest run of an earlier commit than
+    ``commit`` on ``commit``'s hardware (what a run of ``commit`` is compared with), and the
+    latest run of an earlier commit on any hardware. None where there is none."""
+    first = next(r for r in runs if r.commit == commit)
+    before = [r for r in runs if r.order_key < first.order_key and r.commit != commit]
+    same = [r for r in before if hardware_key(r) == hardware_key(first)]
+    return (same[-1] if same else None), (before[-1] if before else None)
+
+
 def _hardware_value(params: dict, key: str) -> str:
     """One spelling per hardware: no gpu recorded is "none", 2 cpus are "2" (asv writes
     strings); anything else a results file holds (a list) by its repr, which hashes."""
