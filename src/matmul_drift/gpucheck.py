@@ -142,11 +142,12 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
             if not re.fullmatch(r"[A-Za-z0-9._-]+", p.name):
                 raise ImportRefused(f"{archive}: {p.name!r} is no name gpu_check.sh gives an output")
         for p in outputs:  # a step that failed or was cut short leaves its output empty, or JSON cut short
-            if p.stat().st_size == 0 or p.suffix == ".json" and _not_json(p):
-                done.warnings.append(f"{archive}: {p.name} is {'empty' if p.stat().st_size == 0 else 'no JSON'}: "
-                                     "its step did not finish; not imported")
-        planned += [(extras / p.name, p.read_bytes()) for p in outputs
-                    if p.stat().st_size and not (p.suffix == ".json" and _not_json(p))]
+            data = p.read_bytes()
+            unfinished = "empty" if not data else "no JSON" if p.suffix == ".json" and _not_json(data) else None
+            if unfinished:
+                done.warnings.append(f"{archive}: {p.name} is {unfinished}: its step did not finish; not imported")
+            else:
+                planned.append((extras / p.name, data))
         changed = [dst for dst, data in planned if dst.exists() and dst.read_bytes() != data]
         if changed and not force:
             others = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
@@ -172,10 +173,10 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
         return done
 
 
-def _not_json(path: Path) -> bool:
-    """Whether ``path`` holds no RFC 8259 JSON (what nightly --merge refuses in a tree)."""
+def _not_json(data: bytes) -> bool:
+    """Whether ``data`` is no RFC 8259 JSON (what nightly --merge refuses in a tree)."""
     try:
-        json.loads(path.read_bytes(), parse_constant=bounded.no_constant)
+        json.loads(data, parse_constant=bounded.no_constant)
     except (ValueError, RecursionError):
         return True
     return False
