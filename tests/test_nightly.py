@@ -679,21 +679,28 @@ def _on_other_cpu(data: dict) -> None:
     data["params"].update(cpu="AMD EPYC 9B14 96-Core Processor")
 
 
-def test_a_machine_seen_on_two_hardwares_keeps_the_flags_of_its_latest_night(tmp_path):
-    # Night 0 ran on another CPU under the same machine name (a partition's other node): the
-    # summary then labels each hardware "vm [cpu, ...]", and compare kept only flags labelled
-    # "vm", so the kernel change of night 2 against night 1 (one hardware) was dropped: 0 flags.
+def _vm_nights(tmp_path: Path, n: int, other_cpu: set[int], kernel: dict[int, str | None]) -> tuple[F.Tree, history.History]:
+    """Nights 0..n-1 of machine "vm" (one torch build): those in ``other_cpu`` ran on another
+    CPU, and ``kernel`` sets the kernel-id of _KERNEL_COMBO on a night ("new": a new kernel
+    list, None: failed). The tree and its history."""
     root = tmp_path / "results"
     new = catalog.store(root / "catalog", "kernels", {"device": "cpu", "full": ["aten::mm", "NEW"]})
 
     def adjust(ci, ei, data):
-        if ci == 0:
+        if ci in other_cpu:
             _on_other_cpu(data)
-        if ci == 2:
-            F.set_value(data, F.KERNEL, _KERNEL_COMBO, new)
+        if ci in kernel:
+            F.set_value(data, F.KERNEL, _KERNEL_COMBO, new if kernel[ci] == "new" else kernel[ci])
 
-    tree = F.write_tree(root, machine="vm", n_commits=3, torch_versions=("2.13.0",), adjust=adjust)
-    hist = history.read_history(root)
+    tree = F.write_tree(root, machine="vm", n_commits=n, torch_versions=("2.13.0",), adjust=adjust)
+    return tree, history.read_history(root)
+
+
+def test_a_machine_seen_on_two_hardwares_keeps_the_flags_of_its_latest_night(tmp_path):
+    # Night 0 ran on another CPU under the same machine name (a partition's other node): the
+    # summary then labels each hardware "vm [cpu, ...]", and compare kept only flags labelled
+    # "vm", so the kernel change of night 2 against night 1 (one hardware) was dropped: 0 flags.
+    tree, hist = _vm_nights(tmp_path, 3, other_cpu={0}, kernel={2: "new"})
     pairs, _ = nightly.latest_nights(hist)
     assert pairs == {"vm": (tree.commits[1], tree.commits[2])}
     result = nightly.compare(hist, pairs)
@@ -718,19 +725,7 @@ def test_nightly_sh_reads_relative_paths_from_where_it_is_called(tmp_path):
 def test_a_machine_on_two_hardwares_says_which_flags_were_judged_against_an_earlier_night(tmp_path):
     # Its flags are labelled "vm [cpu, ...]": the night line matched "vm" alone, so a flag judged
     # against night 1 (night 2 had no value) lost its "instead" note
-    root = tmp_path / "results"
-    new = catalog.store(root / "catalog", "kernels", {"device": "cpu", "full": ["aten::mm", "NEW"]})
-
-    def adjust(ci, ei, data):
-        if ci == 0:
-            _on_other_cpu(data)
-        if ci == 2:
-            F.set_value(data, F.KERNEL, _KERNEL_COMBO, None)  # failed that night
-        if ci == 3:
-            F.set_value(data, F.KERNEL, _KERNEL_COMBO, new)
-
-    tree = F.write_tree(root, machine="vm", n_commits=4, torch_versions=("2.13.0",), adjust=adjust)
-    hist = history.read_history(root)
+    tree, hist = _vm_nights(tmp_path, 4, other_cpu={0}, kernel={2: None, 3: "new"})  # night 2 failed
     pairs, (night,) = nightly.latest_nights(hist)
     result = nightly.compare(hist, pairs)
     assert [f.before.commit for f in result.flags if f.kind == "kernel"] == [tree.commits[1]]
@@ -745,17 +740,7 @@ def test_a_night_is_compared_with_the_previous_night_on_its_own_hardware(tmp_pat
     # judged (0 comparisons, no flag) while the line said "against" night 1. It is judged
     # against night 0 now. Where night 2 is itself on the other CPU, after nights 0 and 1 on
     # the first, it has nothing to compare with on its hardware, and the line says so.
-    root = tmp_path / "results"
-    new = catalog.store(root / "catalog", "kernels", {"device": "cpu", "full": ["aten::mm", "NEW"]})
-
-    def adjust(ci, ei, data):
-        if ci == (2 if last_on_other else 1):
-            _on_other_cpu(data)
-        if ci == 2:
-            F.set_value(data, F.KERNEL, _KERNEL_COMBO, new)
-
-    tree = F.write_tree(root, machine="vm", n_commits=3, torch_versions=("2.13.0",), adjust=adjust)
-    hist = history.read_history(root)
+    tree, hist = _vm_nights(tmp_path, 3, other_cpu={2 if last_on_other else 1}, kernel={2: "new"})
     pairs, (night,) = nightly.latest_nights(hist)
     dates = [nightly._ms_date(d) for d in tree.dates]
     line = nightly.night_line({**night, "bridged": []})
