@@ -301,16 +301,21 @@ def measure_operands(
         routes_n: list[tuple[str, list[str]]] = []  # (slice, its kernels) per traced call
         routes_m: list[tuple[str, list[str]]] = []
 
+        def traced(call, label: str, routes: list):
+            """call() through _call, its kernels recorded in ``routes`` under ``label``."""
+            names: list[str] | None = [] if with_kernels else None
+            y = _call(call, device, names)
+            if names is not None:
+                routes.append((label, names))
+            return y
+
         slices_n = []
         for form in case.forms:
             a_form = ops.a.unsqueeze(0) if form == "2d" else ops.a
             for n in slice_n:
                 b_n = ops.b_cols(n)
                 call = lambda a_form=a_form, b_n=b_n: ops.product(a_form, b_n)  # noqa: E731
-                names: list[str] | None = [] if with_kernels else None
-                y = _call(call, device, names)
-                if names is not None:
-                    routes_n.append((f"n={n}" + (f" {form}" if len(case.forms) > 1 else ""), names))
+                y = traced(call, f"n={n}" + (f" {form}" if len(case.forms) > 1 else ""), routes_n)
                 if form == "2d":
                     y = y.squeeze(0)
                 cols = min(n, case.compare_cols or n)
@@ -319,10 +324,7 @@ def measure_operands(
         slices_m = []
         for m in slice_m:
             a_m = ops.a[..., :m, :]
-            names = [] if with_kernels else None
-            y = _call(lambda a_m=a_m: ops.product(a_m), device, names)
-            if names is not None:
-                routes_m.append((f"m={m}", names))
+            y = traced(lambda a_m=a_m: ops.product(a_m), f"m={m}", routes_m)
             d = _compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)), k, precision)
             slices_m.append({"m": m, **d})
         if routes_n:
