@@ -229,7 +229,7 @@ def add_orders(out: dict, root, log=sys.stderr) -> None:
             got = {"probed": False, "reason": str(exc)}
         except Exception as exc:  # the probe must not lose the measurements made, nor pass for a skip
             got = {"probed": False, "reason": "".join(traceback.format_exception_only(exc)).strip()}
-            out[k]["failed"] = {**out[k].get("failed", {}), "order_id": got["reason"]}
+            out[k].setdefault("failed", {})["order_id"] = got["reason"]
         if not got["probed"]:
             out[k]["order_id"], what = NAN, f"not probed: {got['reason']}"
         else:
@@ -284,7 +284,7 @@ def add_fixes(out: dict, root, log=sys.stderr) -> None:
     for k, report in zip(todo, fixfind.try_fixes_many(specs, isa, progress=progress, lean=True)):
         if "failed" in report:  # asv null, not NaN: a crash or a timeout is no skip
             out[k].update(fix_cost=NAN, fix_id=NAN)
-            out[k]["failed"] = {**out[k].get("failed", {}), "fix_cost": report["failed"], "fix_id": report["failed"]}
+            out[k].setdefault("failed", {}).update(fix_cost=report["failed"], fix_id=report["failed"])
             print(f"fixes of {k}: {report['failed']}", file=log, flush=True)
             continue
         cheapest = next((r for r in report["candidates"] if r["name"] == report["cheapest"]), None)
