@@ -9,7 +9,10 @@
 # batch-invariance case in bf16, reveals the summation orders of the seed's 45999 and 46000
 # columns in fp16 and of batch-invariance in bf16 (full and A[:1]), and scans the seed's
 # columns. Every step has a timeout (together 8 min) and prints its time, and the archive is
-# packed again after each, so a check stopped from outside keeps what it finished. OUT receives three
+# packed again after each, so a check stopped from outside keeps what it finished. The whole
+# check ends by its deadline (GPU_CHECK_SECONDS, 570 s: run it under a limit of 600 s), whatever
+# the commands between the steps take: a step cut short by it says so, one with no time left is
+# not started, and the summary is still written. OUT receives three
 # files: gpu-check.tar.gz (asv results, catalog entries, explain, fixes, order trees and scan
 # output), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
@@ -23,22 +26,45 @@ OUT=$(cd "$OUT" && pwd)
 exec > >(tee "$OUT/log.txt") 2>&1
 WORK=$(mktemp -d)
 PACK=$WORK/pack  # what goes into the archive
-mkdir -p "$PACK"
+mkdir -p "$PACK" "$WORK/home"
+# asv's machine file (~/.asv-machine.json) and every cache in a home of the check's own: the
+# image's HOME may be missing or read-only, and a machine that cannot be registered would
+# leave the archive without the name its import needs.
+export HOME=$WORK/home
 PY=${PYTHON:-python3}
 STEPS=$PACK/steps.txt
 : > "$STEPS"
 failed=0
+DEADLINE=${GPU_CHECK_SECONDS:-570}
+RESERVE=15  # kept for the summary at the end
+# capped SECONDS: SECONDS, or less where the deadline (less the summary's reserve) comes first; at least 1
+capped() {
+  local left=$((DEADLINE - RESERVE - SECONDS))
+  [ "$left" -lt "$1" ] || left=$1
+  [ "$left" -ge 1 ] || left=1
+  echo "$left"
+}
 
 # step NAME SECONDS CMD...: run CMD under a timeout (its stdout to $STEP_OUT when set),
 # print and record its time and status, and pack what the steps made so far. SECONDS covers
-# it all: CMD gets SECONDS - 4, then SIGKILL 2 s later if it ignored the SIGTERM, and the
-# packing 2 s.
+# it all: CMD gets SECONDS - 4 (exported as STEP_LIMIT), then SIGKILL 2 s later if it ignored
+# the SIGTERM, and the packing 2 s. Where the deadline comes first, SECONDS is cut to what is
+# left; under 8 s left, the step is not started (rc 124, as a timeout).
 step() {
-  local name=$1 limit=$2 t0=$SECONDS rc
+  local name=$1 asked=$2 limit t0=$SECONDS rc
   shift 2
+  limit=$(capped "$asked")
+  if [ "$limit" -lt 8 ]; then
+    echo "gpu_check: step $name not started: the check's deadline ($DEADLINE s) is near"
+    printf '%-12s rc %3d  %4d s of %4d s  not started: deadline\n' "$name" 124 0 0 | tee -a "$STEPS"
+    failed=$((failed + 1))
+    return 0
+  fi
+  [ "$limit" -eq "$asked" ] || echo "gpu_check: step $name cut from $asked s to $limit s by the check's deadline ($DEADLINE s)"
   echo "gpu_check: step $name (limit $limit s): $*"
   if declare -F "$1" > /dev/null; then set -- bash -c "$1"; fi  # timeout runs programs: a function via bash (exported)
-  if [ -n "${STEP_OUT:-}" ]; then timeout -k 2 $((limit - 4)) "$@" > "$STEP_OUT"; else timeout -k 2 $((limit - 4)) "$@"; fi
+  export STEP_LIMIT=$((limit - 4))
+  if [ -n "${STEP_OUT:-}" ]; then timeout -k 2 "$STEP_LIMIT" "$@" > "$STEP_OUT"; else timeout -k 2 "$STEP_LIMIT" "$@"; fi
   rc=$?
   printf '%-12s rc %3d  %4d s of %4d s\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" | tee -a "$STEPS"
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
@@ -70,7 +96,8 @@ else
           "seed-46000-float16:--case seed --slice-n 46000 --dtype float16"
           "batch-invariance-2-bfloat16:--case batch-invariance-2 --dtype bfloat16"
           "batch-invariance-2-m1-bfloat16:--case batch-invariance-2 --slice-m 1 --dtype bfloat16")
-  timeout 20 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv || true
+  timeout "$(capped 20)" nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv |
+    tee "$WORK/gpu.txt" || true
 fi
 
 # Install asv (with its dependencies) and the project from the wheels alone, into a folder
@@ -89,12 +116,20 @@ export -f install_wheels
 step install 20 install_wheels
 export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 export ASV_PYTHONPATH=$PYTHONPATH  # asv's benchmark processes drop PYTHONPATH and take this instead
-timeout 30 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.is_available())'
+# The name the import files everything under, first of what runs between the steps. Where it
+# cannot be registered, the name alone (the log says why): the suite then fails, and the
+# import still takes the rest.
+machine=$(timeout "$(capped 30)" "$PY" -m matmul_drift.cli machine --register 2> "$WORK/machine.err") ||
+  { cat "$WORK/machine.err"; machine=$(timeout "$(capped 30)" "$PY" -m matmul_drift.cli machine 2>/dev/null); }
+[ -n "$machine" ] || echo "gpu_check: error: no machine name: the archive will not import"
+printf '%s\n' "$machine" > "$PACK/MACHINE"
+timeout "$(capped 30)" "$PY" -c 'import torch; print("torch", torch.__version__, "git", torch.version.git_version[:12], "CUDA",
+  torch.version.cuda, torch.cuda.is_available())' | tee "$WORK/torch.txt"
 
 # asv records results against a commit: the one fetch_gpu_wheels.sh recorded in commit.json,
 # which asv reads through the plugin matmul_drift.asv_commit (no history travels, and git
 # may be missing there), with a config that points at this tree's benchmarks.
-COMMIT=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["commit"])' "$WHL/commit.json" 2>/dev/null)
+COMMIT=$(timeout "$(capped 10)" "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["commit"])' "$WHL/commit.json" 2>/dev/null)
 write_config() {
   "$PY" - "$ROOT" "$WORK" "$(cd "$WHL" && pwd)/commit.json" <<'PYEOF'
 import json, sys
@@ -111,8 +146,6 @@ PYEOF
 export COMMIT
 export -f write_config
 step config 10 write_config
-machine=$(timeout 30 "$PY" -m matmul_drift.cli machine --register 2>/dev/null)
-printf '%s\n' "$machine" > "$PACK/MACHINE"
 printf '%s\n' "$COMMIT" > "$PACK/COMMIT"
 export MATMUL_DRIFT_DEVICES=$DEVICE MATMUL_DRIFT_CATALOG=$PACK/results/catalog MATMUL_DRIFT_CASES=$CASES
 # float32-high is left to the nightly: on CUDA it sets the cuBLAS mode float32-tf32 sets
@@ -140,13 +173,13 @@ STEP_OUT=$PACK/seed-float16.txt step explain-txt 8 "$PY" -m matmul_drift.cli exp
 # 156 s then hold asv's discovery and import of torch (about 10 s here), the budget, the
 # combination running when it is spent and those 520 processes, with some 50 s to spare:
 # the GPU machine may run under gVisor, where every system call costs more.
-BENCH=$(timeout 10 "$PY" -c 'import sys; from matmul_drift import suite; print(suite.selection_regex(sys.argv[1]))' \
+BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift import suite; print(suite.selection_regex(sys.argv[1]))' \
   'drift\.Drift\.track_\w+') ||
   { BENCH='drift\.Drift'; echo "gpu_check: warning: no selection of the suite's combinations; asv starts all 108 of each"; }
 MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_BUDGET=80 step suite 160 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench "$BENCH" --launch-method forkserver --show-stderr
 # asvrun.reap_orphans, as the nightly's: the image need not have pkill
-timeout 10 "$PY" -c 'import sys; from pathlib import Path; from matmul_drift import asvrun
+timeout "$(capped 10)" "$PY" -c 'import sys; from pathlib import Path; from matmul_drift import asvrun
 for line in asvrun.reap_orphans(Path(sys.argv[1])): print("gpu_check:", line)' "$ROOT"
 # The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16. Each
 # process has its timeout and none starts after the budget (those rows say "not tried"), so
@@ -163,7 +196,7 @@ reveal_orders() {
   local spec share rc=0 left t0=$SECONDS
   left=$(wc -l <<< "$ORDERS_TEXT")
   while IFS= read -r spec; do
-    share=$(((44 - (SECONDS - t0)) / left))
+    share=$(((STEP_LIMIT - 2 - (SECONDS - t0)) / left))
     [ "$share" -ge 1 ] || share=1  # timeout 0 would mean none
     # shellcheck disable=SC2086  # the spec's words are the arguments
     timeout "$share" "$PY" -m matmul_drift.cli order ${spec#*:} --device "$DEVICE" --verify \
@@ -181,17 +214,18 @@ step scan 60 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --no-host-memory-check 
 step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-check --json "$PACK/scan-seed-dense.json"
 
 # Three files come back: the archive (packed after every step), a one-page summary, the log.
+RESERVE=0  # the summary's own time, kept for it until now
 {
   echo "gpu_check on $machine at ${COMMIT:0:12} ($MODE): $failed step(s) failed"
-  timeout 30 "$PY" -c 'import torch; print("torch", torch.__version__, "git", torch.version.git_version[:12], "CUDA", torch.version.cuda)'
-  timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
+  cat "$WORK/torch.txt"  # as printed at the start: no second import of torch, no second nvidia-smi
+  tail -n +2 "$WORK/gpu.txt" 2>/dev/null | grep . || echo "no GPU"
   cat "$STEPS"
   # kernels.Sentinels' notes, one per process whose profiler dropped records (pytorch#192021)
   if [ -s "$PACK/profiler-notes.txt" ]; then head -n 12 "$PACK/profiler-notes.txt"
   elif [ "$DEVICE" = cuda ]; then echo "the profiler lost no kernel record"; fi
   head -c 4000 "$PACK/seed-float16.txt" 2>/dev/null
   # the orders, one line each: the tree in words, its replay and how its fused adds round
-  timeout 10 "$PY" - "$PACK" <<'PYEOF'
+  timeout "$(capped 10)" "$PY" - "$PACK" <<'PYEOF'
 import pathlib, sys
 from matmul_drift import order
 for p in sorted(pathlib.Path(sys.argv[1]).glob("order-*.json")):

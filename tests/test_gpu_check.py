@@ -216,6 +216,40 @@ def test_a_check_killed_midway_still_brings_back_the_steps_it_finished(rehearsal
     assert p.returncode == 0 and "the suite step did not finish" in p.stderr, p.stderr
 
 
+def test_the_check_ends_by_its_deadline_whatever_runs_between_its_steps(rehearsal, tmp_path):
+    # torch slow to start (a CUDA context can take seconds) and a HOME it cannot write: the check
+    # still ends by GPU_CHECK_SECONDS with its summary, the steps it had no time for say so, and
+    # the archive keeps a machine name, so that what the check made imports.
+    base, _, _, _, _ = rehearsal
+    out, home = tmp_path / "out", tmp_path / "file" / "home"  # no folder can be made there, root or not
+    home.parent.write_text("a file\n")
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\ncase \"$*\" in *'print(\"torch\", torch.__version__'*) sleep 15;; esac\n"
+                    f'exec {base / "image/bin/python"} "$@"\n')
+    slow.chmod(0o755)
+    env = {**image_env(base, tmp_path), "PYTHON": str(slow), "HOME": str(home), "GPU_CHECK_SECONDS": "45"}
+    t0 = time.monotonic()
+    run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out), "--rehearse"], cwd=base / "tree", env=env,
+                         capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
+    log = (out / "log.txt").read_text()
+    assert run.returncode == 1 and took < 45 + 10, (took, log[-3000:])  # the whole rehearsal takes about a minute
+    lines = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s(.*)$", (out / "summary.txt").read_text(), re.M)
+    assert [line[0] for line in lines] == ["install", "config", "explain", "explain-txt", "suite", "fixes-seed",
+                                           "fixes-batch", "orders", "scan", "dense"], log[-3000:]
+    skipped = [name for name, rc, _, _, rest in lines if rest.strip() == "not started: deadline" and rc == "124"]
+    assert skipped and skipped == [line[0] for line in lines[-len(skipped):]], lines  # the last ones, none before
+    assert f"{len(skipped) + sum(rc != '0' for name, rc, *_ in lines if name not in skipped)} step(s) failed" in log
+    assert all(int(t) <= int(limit) for _, _, t, limit, _ in lines), lines
+    assert "Traceback" not in log and home.parent.read_text() == "a file\n"
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        machine = tar.extractfile("./MACHINE").read().decode().strip()
+    assert re.fullmatch(r"[a-z0-9-]+-[0-9a-f]{6}", machine), machine
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/import_gpu_check.py"), str(out / "gpu-check.tar.gz"),
+                        "--results", str(tmp_path / "results")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "the suite step did not finish" in p.stderr, p.stderr
+
+
 def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
     _, proj, out, _, _ = rehearsal
     results = tmp_path / "results"
