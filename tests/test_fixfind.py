@@ -391,3 +391,24 @@ def test_the_onednn_cap_is_in_force_from_library_load():
     (got,) = fixfind._child([spec], c, timeout=120)
     capped = [k for k in got["None"]["kernels"]["slice_m"] if k.startswith("oneDNN")]
     assert capped != route, (c.name, route, capped)
+
+
+def test_slices_on_different_routes_keep_each_calls_route(monkeypatch):
+    """A candidate's slices that ran different kernels are not one route: as explain's own
+    report, ``kernels`` lists each name once and ``"<kind> per call"`` each call's route.
+    Before, the names of every slice of a kind were merged into one list, which read as one
+    route calling both kernels. Hand-built routes (one name per output shape), since which
+    slice takes which kernel is the machine's."""
+    from matmul_drift import fixrun, kernels
+
+    def traced(fn, device):
+        y = fn()
+        return y, [f"K{tuple(y.shape)}"]
+
+    monkeypatch.setattr(kernels, "traced", traced)
+    monkeypatch.setattr(measure, "time_call", lambda fn, device, **kw: None)
+    spec = {"m": 8, "k": 16, "n": 8, "dtype": "float32", "device": "cpu", "repeat": 2, "slice_n": [3, 7],
+            "slice_m": [2, 2], "codes": [None]}
+    got = fixrun.run(spec)
+    assert got["None"]["kernels"] == {"slice_n": ["K(8, 3)", "K(8, 7)"], "slice_n per call": ["n=3: K(8, 3)", "n=7: K(8, 7)"],
+                                      "slice_m": ["K(2, 8)"]}, got["None"]["kernels"]  # m=2 twice: one route

@@ -13,7 +13,9 @@ Printed, one JSON line, a list with {code: result} per SPEC (or {"failed": why} 
 SPEC raised); a result holds, for each drift kind, the worst drift over the slices of
 the computation under the candidate against the full product under the same setting
 (max_ulp in output ulps, max_u in u, frac_differ a fraction); error_u of the full
-product (u); the route of the sliced computation; and its seconds per call of its
+product (u); the route of the sliced computation (``kernels``: each kind's names once, and
+``"<kind> per call"``, one "n=8: name; name" line a call, where its slices' routes differ, as
+measure.py's); and its seconds per call of its
 slices of the drifting kinds one after another, the full product once for "full" and
 where no slice drifts (None where not timed).
 """
@@ -56,15 +58,16 @@ def _pad(t, dim: int, multiple: int):
     return torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)], dim=dim)
 
 
-def computations(ops, case, spec: dict) -> list[tuple[str, object, tuple]]:
-    """(drift kind, callable giving the compared output, the cut of the full product) for
-    every slice of ``spec`` under its code change ``spec["code"]``."""
+def computations(ops, case, spec: dict) -> list[tuple[str, str, object, tuple]]:
+    """(drift kind, the slice's label as measure.py writes it: "n=8", "n=8 2d", "m=1", callable
+    giving the compared output, the cut of the full product) for every slice of ``spec``
+    under its code change ``spec["code"]``."""
     code = spec.get("code")
     out = []
     for n in sizes(spec.get("slice_n")):
         cut = (Ellipsis, slice(0, min(n, case.compare_cols or n)))
         if code == "full":
-            out.append(("slice_n", lambda n=n: ops.product()[..., :n], cut))
+            out.append(("slice_n", f"n={n}", lambda n=n: ops.product()[..., :n], cut))
             continue
         for form in case.forms:
             a = ops.a.unsqueeze(0) if form == "2d" else ops.a
@@ -75,7 +78,8 @@ def computations(ops, case, spec: dict) -> list[tuple[str, object, tuple]]:
                 call = lambda a=a, n=n, k=k: ops.product(a, _pad(ops.b_cols(n), -1, k))[..., :n]  # noqa: E731
             else:
                 call = lambda a=a, n=n: ops.product(a, ops.b_cols(n))  # noqa: E731
-            out.append(("slice_n", (lambda call=call: call().squeeze(0)) if form == "2d" else call, cut))
+            label = f"n={n}" + (f" {form}" if len(case.forms) > 1 else "")
+            out.append(("slice_n", label, (lambda call=call: call().squeeze(0)) if form == "2d" else call, cut))
     for m in sizes(spec.get("slice_m")):
         cut = (Ellipsis, slice(0, m), slice(None))
         a_m = ops.a[..., :m, :]
@@ -86,7 +90,7 @@ def computations(ops, case, spec: dict) -> list[tuple[str, object, tuple]]:
             call = lambda a_m=a_m, m=m, k=k: ops.product(_pad(a_m, -2, k))[..., :m, :]  # noqa: E731
         else:
             call = lambda a_m=a_m: ops.product(a_m)  # noqa: E731
-        out.append(("slice_m", call, cut))
+        out.append(("slice_m", f"m={m}", call, cut))
     return out
 
 
@@ -127,14 +131,15 @@ def run(spec: dict) -> dict:
         worst = {key: worst[key] for key in KEYS}
         for code in spec.get("codes", [None]):
             out: dict = {"drift": {}, "kernels": {}, "error_u": error_u, "seconds": None}
-            routes: dict[str, list] = {}
-            for kind, call, cut in computations(ops, case, {**spec, "code": code}):
+            routes: dict[str, list] = {}  # kind: [(slice label, its kernels)], one per call
+            for kind, label, call, cut in computations(ops, case, {**spec, "code": code}):
                 y, names = (call(), []) if lean else kernels.traced(call, device)
                 d = measure._compare(bits, values, y, absprod, dtype, cut, k, precision)
                 out["drift"][kind] = _worse(d, out["drift"].get(kind))
-                routes.setdefault(kind, []).extend(names)
+                routes.setdefault(kind, []).append((label, names))
                 calls.setdefault(str(code), []).append((kind, call))
-            out["kernels"] = {kind: kernels.unique(names) for kind, names in routes.items()}
+            for kind, per_call in routes.items():  # each call's own route where they differ, as explain's
+                out["kernels"].update(kernels.merged(kind, per_call))
             out["drift"]["run_to_run"] = worst
             runs[str(code)] = out
         kinds = set(spec.get("drifts") or drifting(runs.get("None", {"drift": {}})))
