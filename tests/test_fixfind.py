@@ -141,7 +141,29 @@ def test_no_setting_starts_once_the_budget_is_spent(drifting_slice):
                             for r in settings), verdicts
     # the code changes ran in the default computation's process, before the budget counted
     assert any(r["code_change"] and r["verdict"] in ("removes", "reduces", "no effect") for r in rep["candidates"])
-    assert "not tried" in fixfind.render(rep)
+    last = fixfind.render(rep).strip().splitlines()[-1]
+    assert "of those measured" in last and all(r["name"] in last for r in settings), last
+
+
+def test_the_closing_line_speaks_only_for_the_candidates_measured():
+    """With settings not tried (a spent budget, a signal) or failed, none of the measured
+    removing the drift says nothing of those: before, the line read "no candidate removes
+    every drift of this case" (and "cheapest that removes every drift: X") all the same."""
+    base = _result(run_to_run=2)
+    rows = [{"name": "one thread", "code_change": None, "verdict": "not tried", "reason": "the budget of 1 s was spent"},
+            {"name": "MKL_CBWR=AVX2", "code_change": None, "verdict": "failed", "reason": "timed out after 9 s"},
+            {"name": "MKL_CBWR=AUTO", "code_change": None, "verdict": "no effect", "drift": base["drift"],
+             "time_ratio": 1.0, "spread": 0.1, "error_u": None}]
+    rep = {"baseline": base, "drifts": ["run_to_run"], "candidates": rows, "cheapest": None}
+    last = fixfind.render(rep).strip().splitlines()[-1]
+    assert last == "no candidate of those measured removes every drift of this case; not tried or failed: one thread, MKL_CBWR=AVX2"
+    rows[2].update(verdict="removes", drift=_result()["drift"])
+    last = fixfind.render({**rep, "cheapest": "MKL_CBWR=AUTO"}).strip().splitlines()[-1]
+    assert last.startswith("cheapest that removes every drift of those measured: MKL_CBWR=AUTO (1.00x")
+    assert last.endswith("; not tried or failed: one thread, MKL_CBWR=AVX2"), last
+    rows[:2] = []  # every candidate measured: the line as it was
+    assert fixfind.render({**rep, "cheapest": "MKL_CBWR=AUTO"}).strip().splitlines()[-1] == \
+        "cheapest that removes every drift: MKL_CBWR=AUTO (1.00x the default's time)"
 
 
 def test_a_failed_default_computation_keeps_the_measurement_and_exits_1(monkeypatch, capsys):

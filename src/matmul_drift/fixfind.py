@@ -210,10 +210,14 @@ def render(report: dict) -> str:
                                          for k in report["drifts"])
     table = tabulate(rows, headers=["candidate", "verdict", "drift after (max ulp, share of entries)",
                                     "time vs default", "error_u"], tablefmt="simple", disable_numparse=True)
+    unmeasured = [r["name"] for r in report["candidates"] if r["verdict"] in ("not tried", "failed")]
+    among = " of those measured" if unmeasured else ""  # the others may remove it, and cost less
     if report["cheapest"]:
         c = {r["name"]: r for r in report["candidates"]}[report["cheapest"]]  # a saved report naming none: KeyError
-        last = (f"cheapest that removes every drift: {c['name']} ({c['time_ratio']:.2f}x the default's time)"
+        last = (f"cheapest that removes every drift{among}: {c['name']} ({c['time_ratio']:.2f}x the default's time)"
                 + (f"; a code change: {c['code_change']}" if c["code_change"] else ""))
     else:
-        last = "no candidate removes every drift of this case"
+        last = f"no candidate{among} removes every drift of this case"
+    if unmeasured:
+        last += f"; not tried or failed: {', '.join(unmeasured)}"
     return f"{head}\n\n{table}\n\n{last}\n"
