@@ -434,3 +434,20 @@ def test_slices_on_different_routes_keep_each_calls_route(monkeypatch):
     got = fixrun.run(spec)
     assert got["None"]["kernels"] == {"slice_n": ["K(8, 3)", "K(8, 7)"], "slice_n per call": ["n=3: K(8, 3)", "n=7: K(8, 7)"],
                                       "slice_m": ["K(2, 8)"]}, got["None"]["kernels"]  # m=2 twice: one route
+
+
+def test_a_setting_that_makes_the_product_nan_removes_nothing():
+    """All NaN is bit-identical too: a setting under which every output is NaN leaves no
+    slice or repeat differing from the full product, and read "removes" (then the cheapest
+    fix, had it been fast). A candidate whose full product has more NaN/inf entries than
+    the default's is "adds NaN/inf" now; as many as the default's (an overflow both have)
+    is no obstacle."""
+    nan = fixes.Candidate("breaks the product", "cpu", fixes.DRIFTS,
+                          setup="_mm = torch.matmul\ntorch.matmul = lambda a, b: _mm(a, b) * float('nan')")
+    spec = {"m": 8, "k": 16, "n": 8, "dtype": "float32", "device": "cpu", "repeat": 2, "slice_m": [1], "slice_n": [7],
+            "codes": [None]}
+    (got,) = fixfind._child([spec], nan, timeout=120)
+    got = got["None"]
+    assert not fixfind.drifting(got) and got["nonfinite"] == 8 * 8, got  # measured: nothing differs, all NaN
+    assert fixfind.verdict({**_result(slice_m=3), "nonfinite": 0}, got) == "adds NaN/inf"
+    assert fixfind.verdict({**_result(slice_m=3), "nonfinite": 64}, got) == "removes"

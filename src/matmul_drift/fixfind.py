@@ -3,8 +3,10 @@ own (fixrun.py), against a baseline measured the same way, and a verdict for eac
 
 Verdicts: "removes" when every drift the case has is gone, bit for bit, on every compared
 entry, and no other appeared (measured, not inferred); "adds drift" when a slice or repeat
-that was bit-identical drifts under the candidate; "reduces" when some drift is gone or
-smaller (max_u or the share of entries); "no effect" otherwise; "not applicable" with the
+that was bit-identical drifts under the candidate; "adds NaN/inf" when its full product has
+more NaN or inf entries than the default's (slices that agree with it may be NaN too);
+"reduces" when some drift is gone or smaller (max_u or the share of entries); "no effect"
+otherwise; "not applicable" with the
 reason; "failed" when the candidate's process crashed or timed out (the others still
 run); "not tried" when the
 budget was spent before its process could start, or a signal stopped the finder first or
@@ -77,10 +79,14 @@ def _result(text: str, count: int) -> list[dict] | None:
 
 
 def verdict(base: dict, got: dict) -> str:
-    """removes / adds drift / reduces / no effect, for the case's drifts ``drifting(base)``.
-    "removes" only where nothing compared drifts under the candidate: one that clears a
-    slice_m drift but makes slice_n drift has removed nothing ("adds drift")."""
+    """removes / adds drift / reduces / no effect / adds NaN/inf, for the case's drifts
+    ``drifting(base)``. "removes" only where nothing compared drifts under the candidate: one
+    that clears a slice_m drift but makes slice_n drift has removed nothing ("adds drift"), and
+    one whose full product has more NaN or inf entries than the default's ("adds NaN/inf")
+    may agree with its slices only because both are NaN or inf."""
     want, left = drifting(base), drifting(got)
+    if got.get("nonfinite", 0) > base.get("nonfinite", 0):  # all NaN is bit-identical too: not a fix
+        return "adds NaN/inf"
     if not left:
         return "removes"
     if left - want:

@@ -13,7 +13,7 @@ Printed, one JSON line, a list with {code: result} per SPEC (or {"failed": why} 
 SPEC raised); a result holds, for each drift kind, the worst drift over the slices of
 the computation under the candidate against the full product under the same setting
 (max_ulp in output ulps, max_u in u, frac_differ a fraction); error_u of the full
-product (u); the route of the sliced computation (``kernels``: each kind's names once, and
+product (u); ``nonfinite``, the count of its NaN or ±inf entries; the route of the sliced computation (``kernels``: each kind's names once, and
 ``"<kind> per call"``, one "n=8: name; name" line a call, where its slices' routes differ, as
 measure.py's); and its seconds per call of its
 slices of the drifting kinds one after another, the full product once for "full" and
@@ -26,6 +26,8 @@ import json
 import math
 import sys
 import traceback
+
+import numpy as np
 
 from . import cases, kernels, measure, numerics
 
@@ -129,8 +131,9 @@ def run(spec: dict) -> dict:
             error_u = None
         worst = measure.repeat_drift(ops, bits, values, absprod, dtype, k, spec.get("repeat", 3), precision)
         worst = {key: worst[key] for key in KEYS}
+        nonfinite = int(np.count_nonzero(~np.isfinite(values)))  # a setting that makes them NaN/inf fixes nothing
         for code in spec.get("codes", [None]):
-            out: dict = {"drift": {}, "kernels": {}, "error_u": error_u, "seconds": None}
+            out: dict = {"drift": {}, "kernels": {}, "error_u": error_u, "nonfinite": nonfinite, "seconds": None}
             routes: dict[str, list] = {}  # kind: [(slice label, its kernels)], one per call
             for kind, label, call, cut in computations(ops, case, {**spec, "code": code}):
                 y, names = (call(), []) if lean else kernels.traced(call, device)
