@@ -342,7 +342,8 @@ def test_a_candidate_that_moves_the_drift_to_another_slice_removes_nothing():
     ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", {"failed": "crashed (killed by SIGSEGV)"}),
     ("import os\nos._exit(0)", {"failed": "ended (exit 0) without printing its result"}),
     ("import atexit\natexit.register(print, 'a library says goodbye')", None),  # the result stands
-], ids=["segfault", "silent exit 0", "prints after its result"])
+    ("import atexit\natexit.register(print, '[{\"event\": 1}]')", None),  # JSON, but not fixrun's
+], ids=["segfault", "silent exit 0", "prints after its result", "prints a JSON list after its result"])
 def test_a_child_that_dies_or_prints_oddly_is_one_line_in_its_row(setup, expect):
     c = fixes.Candidate("odd", "cpu", fixes.DRIFTS, setup=setup)
     spec = {"m": 2, "k": 16, "n": 8, "dtype": "float32", "device": "cpu", "repeat": 2, "slice_m": [1], "codes": [None]}
