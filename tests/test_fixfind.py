@@ -111,6 +111,21 @@ def test_the_report_names_the_cheapest_fix_and_marks_code_changes(report):
     json.dumps(report, allow_nan=False)  # strict JSON
 
 
+def test_every_key_of_the_json_fixes_section_is_documented(report):
+    """docs/explain.md's "Trying fixes" names each key `--json` writes in `fixes`, its rows and
+    their drift (before, none of them was named: "with --json the same is the fixes section")."""
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1].joinpath("docs", "explain.md").read_text()
+    doc = doc[doc.index("## Trying fixes"):]
+    rows = [r for r in report["candidates"] if "drift" in r]
+    keys = set(report) | {"failed", "stopped"} | set(report["baseline"]) | {k for r in report["candidates"] for k in r}
+    keys |= {k for r in rows for d in r["drift"].values() for k in d} | {k for r in rows for k in r["kernels"]}
+    keys = {k.replace("slice_m", "slice_n") for k in keys} - {"slice_n", "run_to_run"}  # the kinds, named above
+    missing = sorted(k for k in keys if f"`{k}`" not in doc)
+    assert not missing, missing
+
+
 def test_a_case_without_drift_says_so_in_one_line(tmp_path):
     rep = {"baseline": {"drift": {"slice_n": {"max_ulp": 0, "max_u": 0.0, "frac_differ": 0.0}}}, "drifts": [],
            "candidates": [], "cheapest": None}

@@ -195,7 +195,8 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
             else:
                 ratio, spread = _timing(report["baseline"], got)
                 row.update(verdict=verdict(report["baseline"], got), drift=got["drift"], error_u=got.get("error_u"),
-                           kernels=got.get("kernels"), seconds=got.get("seconds"), time_ratio=ratio, spread=spread)
+                           nonfinite=got.get("nonfinite"), kernels=got.get("kernels"), seconds=got.get("seconds"),
+                           time_ratio=ratio, spread=spread)
             report["candidates"].append(row)
         removes = [r for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
         if removes:
