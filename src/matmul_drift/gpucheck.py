@@ -143,7 +143,7 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
                 raise ImportRefused(f"{archive}: {p.name!r} is no name gpu_check.sh gives an output")
         for p in outputs:  # a step that failed or was cut short leaves its output empty, or JSON cut short
             data = p.read_bytes()
-            unfinished = "empty" if not data else "no JSON" if p.suffix == ".json" and _not_json(data) else None
+            unfinished = "empty" if not data else "no JSON" if p.suffix == ".json" and _not_json(p.name, data) else None
             if unfinished:
                 done.warnings.append(f"{archive}: {p.name} is {unfinished}: its step did not finish; not imported")
             else:
@@ -173,10 +173,16 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
         return done
 
 
-def _not_json(data: bytes) -> bool:
-    """Whether ``data`` is no RFC 8259 JSON (what nightly --merge refuses in a tree)."""
+def _not_json(name: str, data: bytes) -> bool:
+    """Whether ``data`` is no RFC 8259 JSON (what nightly --merge refuses in a tree). An order
+    report (order-*.json) is read as nightly --merge reads it: its tree may be K deep, past json.loads."""
+    from . import order
+
     try:
-        json.loads(data, parse_constant=bounded.no_constant)
+        if name.startswith("order-"):
+            order.read_report(data.decode("utf-8"))
+        else:
+            json.loads(data, parse_constant=bounded.no_constant)
     except (ValueError, RecursionError):
         return True
     return False

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import catalog
+from . import bounded, catalog
 
 # dtype -> (significant bits of the accumulator, of the output, base product, M)
 # fp16/bf16/fp32 accumulate in fp32; fp16's base is its smallest subnormal, so that
@@ -370,11 +370,12 @@ def report_text(meta: dict, tree) -> str:
 
 def read_report(text: str) -> dict:
     """report_text's inverse, the tree read without recursion (json.loads stops at about 1000
-    levels, and a sequential loop is K deep). ValueError for anything else."""
+    levels, and a sequential loop is K deep). ValueError for anything else, NaN and Infinity
+    tokens too (report_text writes none)."""
     head, sep, tail = text.replace("\r\n", "\n").rstrip().rpartition(TREE_MEMBER)  # a copy with CRLF too
     if not sep or not tail.endswith("}"):
         raise ValueError("not an order report: no tree at its end")
-    obj = json.loads(head + "\n}")
+    obj = json.loads(head + "\n}", parse_constant=bounded.no_constant)
     if not isinstance(obj, dict):
         raise ValueError("not an order report: not a JSON object")
     return {**obj, "tree": from_json(tail[:-1])}
