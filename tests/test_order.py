@@ -68,7 +68,13 @@ TREES = {
                "4 chunks of 16; each: 4 lanes × 4 sequential; lanes then pairwise; chunks sequential"),
     "fused": (seq([list(range(g, g + 4)) for g in range(0, K, 4)]),
               "16 chunks of 4; each: fused group of 4; chunks sequential"),
-    "right-deep": ((lambda f: f(f, 0))(lambda f, i: i if i == K - 1 else [i, f(f, i + 1)]), None),
+    # a loop run backwards, or from midway: canonical order puts its running sum second, which
+    # read as "2 chunks of 1..63; each: varied; chunks added"
+    "right-deep": ((lambda f: f(f, 0))(lambda f, i: i if i == K - 1 else [i, f(f, i + 1)]),
+                   "sequential (out of index order)"),
+    "sequential from midway": (seq([*range(K // 2, K), *range(K // 2)]), "sequential (out of index order)"),
+    "chunks from the last": (seq([seq(list(range(c, c + 16))) for c in (48, 32, 16, 0)]),
+                             "4 chunks of 16; each: sequential; chunks sequential"),
 }
 
 
@@ -179,6 +185,8 @@ TENSOR_CORE_TREES = {
     "interleaved groups": (seq([[*range(g, g + 4), *range(g + 32, g + 36)] for g in range(0, 32, 4)]),
                            "8 chunks of 8; each: fused group of 8; chunks sequential"),
     "one group": (list(range(16)), "fused group of 16"),
+    "groups from the last": ([[[[*range(48, 64)], *range(32, 48)], *range(16, 32)], *range(16)],
+                             f"sequential in 4 fused groups of 16, {WITH_THE_SUM} (out of index order)"),
 }
 
 

@@ -221,10 +221,9 @@ def fuse(tree, measure_pairs, k: int):
     order_ = inner_nodes(tree)  # parents before children
     parent: dict[int, list | None] = {id(tree): None}
     parent.update((id(c), x) for x in order_ for c in x if isinstance(c, list))
-    size: dict[int, int] = {}
+    size = _sizes(tree)
     least: dict[int, int] = {}
     for x in reversed(order_):
-        size[id(x)] = sum(size[id(c)] if isinstance(c, list) else 1 for c in x)
         least[id(x)] = min(least[id(c)] if isinstance(c, list) else c for c in x)
     first = lambda c: least[id(c)] if isinstance(c, list) else c  # noqa: E731
     links = [x for x in order_ if len(x) == 2]
@@ -263,6 +262,14 @@ def inner_nodes(tree) -> list[list]:
         order.append(x)
         stack.extend(c for c in x if isinstance(c, list))
     return order
+
+
+def _sizes(tree) -> dict[int, int]:
+    """{id(inner node): how many products it adds}, iterative."""
+    size: dict[int, int] = {}
+    for x in reversed(inner_nodes(tree)):
+        size[id(x)] = sum(size[id(c)] if isinstance(c, list) else 1 for c in x)
+    return size
 
 
 def canonical(node):
@@ -444,23 +451,21 @@ def describe(node, depth: int = 0) -> str:
             return running
         return _parts(list(node), "fused into one rounding", depth)
     options = []
-    # A left-deep chain ((a + b) + c) + d read down its left spine: the deepest stop at which
-    # the bottom and every right child are alike.
+    # A chain ((a + b) + c) + d read down its running sum, the larger child of each node (the
+    # canonical order puts it second where a loop meets a smaller index later, as one run
+    # backwards): the deepest stop at which the bottom and every part added are alike.
+    size = _sizes(node)
+    held = lambda x: size[id(x)] if isinstance(x, list) else 1  # noqa: E731
     rights, bottom, alike, best = [], node, True, None
     while isinstance(bottom, list) and len(bottom) == 2:
-        r = bottom[1]
+        bottom, r = bottom if held(bottom[0]) >= held(bottom[1]) else bottom[::-1]
         alike = alike and (not rights or sid(r) == sid(rights[-1]))
         rights.append(r)
-        bottom = bottom[0]
         if alike and sid(bottom) == sid(r):
             best = (bottom, len(rights))
     if best is not None:
         b, n = best
-        x, parts = node, []
-        for _ in range(n):
-            parts.append(x[1])
-            x = x[0]
-        options.append(([b, *reversed(parts)], "sequential"))
+        options.append(([b, *reversed(rights[:n])], "sequential"))
     d = 1
     while (parts := _pairwise(node, d)) is not None:
         if len({sid(p) for p in parts}) == 1:
@@ -470,28 +475,29 @@ def describe(node, depth: int = 0) -> str:
         return _parts(list(node), "added", depth)
     parts, how = max(options, key=lambda o: len(o[0]))  # the finest reading with parts all alike
     if not isinstance(parts[0], list):  # single products
-        return how + (_index_order(node) if how == "sequential" else "")
+        return how + (_index_order(parts) if how == "sequential" else "")
     return _parts(parts, how, depth)
 
 
 def _running(node) -> str | None:
     """A tensor core's loop in words: a left-deep chain of fused adds, each of the running sum
     and a group of products, down to a first group; None for any other tree."""
-    groups, x = [], node
-    while isinstance(x, list) and len(x) > 2 and isinstance(x[0], list) and not any(isinstance(c, list) for c in x[1:]):
-        groups.append(len(x) - 1)
-        x = x[0]
+    groups, x = [], node  # each group's products, the last added first
+    while isinstance(x, list) and len(x) > 2 and len(sums := [c for c in x if isinstance(c, list)]) == 1:
+        groups.append(sorted(c for c in x if not isinstance(c, list)))  # the running sum: any child (canonical order)
+        x = sums[0]
     if not groups or not isinstance(x, list) or any(isinstance(c, list) for c in x):
         return None
-    groups.append(len(x))
-    size = f"{groups[0]}" if len(set(groups)) == 1 else f"{min(groups)}..{max(groups)}"
+    groups.append(sorted(x))
+    sizes = [len(g) for g in groups]
+    size = f"{sizes[0]}" if len(set(sizes)) == 1 else f"{min(sizes)}..{max(sizes)}"
     return (f"sequential in {len(groups)} fused groups of {size}, each added with the running sum in one rounding"
-            + _index_order(node))
+            + _index_order([k for g in reversed(groups) for k in g]))
 
 
-def _index_order(node) -> str:
-    """" (out of index order)" where a sequential reading meets the products out of index order."""
-    seen = leaves(node)
+def _index_order(seen: list[int]) -> str:
+    """" (out of index order)" where a sequential reading meets the products (``seen``, in the
+    order added) out of index order."""
     return "" if seen == sorted(seen) else " (out of index order)"
 
 
