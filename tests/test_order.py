@@ -73,6 +73,8 @@ TREES = {
     "right-deep": ((lambda f: f(f, 0))(lambda f, i: i if i == K - 1 else [i, f(f, i + 1)]),
                    "sequential (out of index order)"),
     "sequential from midway": (seq([*range(K // 2, K), *range(K // 2)]), "sequential (out of index order)"),
+    # 0 + 32, 1 + 33, ...: another tree than pairwise in index order, which it read the same as
+    "pairwise across halves": (pw([k for i in range(K // 2) for k in (i, i + K // 2)]), "pairwise (out of index order)"),
     "chunks from the last": (seq([seq(list(range(c, c + 16))) for c in (48, 32, 16, 0)]),
                              "4 chunks of 16; each: sequential; chunks sequential"),
 }

@@ -475,7 +475,7 @@ def describe(node, depth: int = 0) -> str:
         return _parts(list(node), "added", depth)
     parts, how = max(options, key=lambda o: len(o[0]))  # the finest reading with parts all alike
     if not isinstance(parts[0], list):  # single products
-        return how + (_index_order(parts) if how == "sequential" else "")
+        return how + _index_order(parts)
     return _parts(parts, how, depth)
 
 
@@ -496,8 +496,8 @@ def _running(node) -> str | None:
 
 
 def _index_order(seen: list[int]) -> str:
-    """" (out of index order)" where a sequential reading meets the products (``seen``, in the
-    order added) out of index order."""
+    """" (out of index order)" where a sequential or pairwise reading meets the products
+    (``seen``, in the order added) out of index order."""
     return "" if seen == sorted(seen) else " (out of index order)"
 
 
