@@ -75,6 +75,8 @@ TREES = {
     "sequential from midway": (seq([*range(K // 2, K), *range(K // 2)]), "sequential (out of index order)"),
     # 0 + 32, 1 + 33, ...: another tree than pairwise in index order, which it read the same as
     "pairwise across halves": (pw([k for i in range(K // 2) for k in (i, i + K // 2)]), "pairwise (out of index order)"),
+    # a tail block added apart from the rest (as 00934f1eb43f of the catalog): no run of neighbours
+    "a block apart": ([seq([*range(56), *range(60, 64)]), seq(list(range(56, 60)))], "2 parts of 4..60; each: varied; parts added"),
     "chunks from the last": (seq([seq(list(range(c, c + 16))) for c in (48, 32, 16, 0)]),
                              "4 chunks of 16; each: sequential; chunks sequential"),
 }
@@ -185,7 +187,7 @@ TENSOR_CORE_TREES = {
                    f"2 chunks of 32; each: sequential in 2 fused groups of 16, {WITH_THE_SUM}; chunks sequential"),
     "4 splits, pairwise": (pw([running(8, 16, lo) for lo in range(0, 64, 16)]), None),
     "interleaved groups": (seq([[*range(g, g + 4), *range(g + 32, g + 36)] for g in range(0, 32, 4)]),
-                           "8 chunks of 8; each: fused group of 8; chunks sequential"),
+                           "8 parts of 8; each: fused group of 8; parts sequential"),  # 0..3 with 32..35: no chunk
     "one group": (list(range(16)), "fused group of 16"),
     "groups from the last": ([[[[*range(48, 64)], *range(32, 48)], *range(16, 32)], *range(16)],
                              f"sequential in 4 fused groups of 16, {WITH_THE_SUM} (out of index order)"),

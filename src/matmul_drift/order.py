@@ -437,7 +437,8 @@ def _pairwise(node, depth: int) -> list | None:
 
 def describe(node, depth: int = 0) -> str:
     """The tree in words: "sequential", "pairwise", "fused group of 4", or parts:
-    "4 chunks of 1024; each: ...; chunks sequential" ("lanes" where parts interleave)."""
+    "4 chunks of 1024; each: ...; chunks sequential" ("lanes" where parts interleave by one
+    stride, "parts" where they interleave otherwise)."""
     if node is None:
         return "not revealed"
     if not isinstance(node, list):
@@ -513,7 +514,9 @@ def _parts(parts: list, how: str, depth: int) -> str:
     size = f"{sizes[0]}" if same else f"{min(sizes)}..{max(sizes)}"
     if lanes:
         return f"{len(parts)} lanes × {size} {inner}; lanes then {how}"
-    return f"{len(parts)} chunks of {size}; each: {inner}; chunks {how}"
+    # chunks: runs of neighbouring products; parts that interleave otherwise are only parts
+    word = "chunks" if all(h[-1] - h[0] == len(h) - 1 for h in held) else "parts"
+    return f"{len(parts)} {word} of {size}; each: {inner}; {word} {how}"
 
 
 # ---------------------------------------------------------------------------- replay
