@@ -107,10 +107,24 @@ def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path, capsy
     assert capsys.readouterr().out.splitlines()[1:] == [f"  K = {k}: sequential", f"  {text}"]
 
 
-@pytest.mark.parametrize("text", ["[]", "[0,", "[0,1]]", "[,1]", "[0 1]", "[0,]", "{}", "", "[-1,2]"])
+@pytest.mark.parametrize("text", ["[]", "[0,", "[0,1]]", "[,1]", "[0 1]", "[0,]", "{}", "", "[-1,2]",
+                                  "[[\u0660,1],2]", "[[00,01],2]", "\u0661", "07"])
 def test_text_that_is_not_a_tree_is_refused(text):
+    # JSON's numbers alone: str.isdigit takes Arabic-Indic digits, int() leading zeros
     with pytest.raises(ValueError):
         order.from_json(text)
+
+
+@pytest.mark.parametrize("tree, k", [("[[0],1]", 2), ("[[0,0],1]", 3), ("[[0,1],3]", 3), ("[[0,1],2]", 4)])
+def test_a_file_whose_tree_is_no_order_over_k_is_refused(tree, k):
+    # a node adding one term, a product added twice or never: no sum torch could have made
+    good = order.report_text({"k": 3, "summary": "x"}, [[0, 1], 2])
+    assert order.read_report(good)["tree"] == [[0, 1], 2]
+    assert order.parse_entry('{"k":3,"tree":[[0,1],2]}')["k"] == 3
+    with pytest.raises(ValueError, match="not an order tree"):
+        order.read_report(order.report_text({"k": k, "summary": "x"}, [[0, 1], 2]).replace("[[0,1],2]", tree))
+    with pytest.raises(ValueError, match="not an order tree"):
+        order.parse_entry(f'{{"k":{k},"tree":{tree}}}')
 
 
 def test_counts_that_fit_no_tree_are_not_revealed():

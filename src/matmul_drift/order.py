@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -318,7 +319,7 @@ def from_json(text: str):
     text = text.strip()
     if text == "null":
         return None
-    if text.isdigit():  # one product
+    if _NUMBER.fullmatch(text):  # one product
         return int(text)
     stack: list[list] = []
     root, i, n = None, 0, len(text)
@@ -334,12 +335,9 @@ def from_json(text: str):
             stack.append(node)
             i += 1
             continue
-        if c.isdigit() and expect_value and stack:
-            j = i
-            while j < n and text[j].isdigit():
-                j += 1
-            stack[-1].append(int(text[i:j]))
-            i, expect_value = j, False
+        if expect_value and stack and (m := _NUMBER.match(text, i)):
+            stack[-1].append(int(m.group()))
+            i, expect_value = m.end(), False
             continue
         if c == "," and not expect_value and stack:
             i, expect_value = i + 1, True
@@ -356,14 +354,27 @@ def from_json(text: str):
     return root
 
 
+_NUMBER = re.compile(r"0(?![0-9])|[1-9][0-9]*")  # JSON's: ASCII digits, no leading zero (str.isdigit takes '٠')
+
+
+def check_tree(tree, k: int) -> None:
+    """ValueError unless ``tree`` adds each of the K products once (leaves 0..K-1) and every
+    inner node adds two or more: what a revealed tree is, and a file read back must be."""
+    bad = next((x for x in inner_nodes(tree) if len(x) < 2), None) if isinstance(tree, list) else None
+    if bad is not None:
+        raise ValueError(f"not an order tree: a node adds {len(bad)} term{'s' * (len(bad) != 1)}")
+    if tree is not None and sorted(leaves(tree)) != list(range(k)):
+        raise ValueError(f"not an order tree over K = {k}: its leaves are not 0..{k - 1}, each once")
+
+
 def parse_entry(text: str) -> dict:
     """{"k": K, "tree": tree} from a catalog entry's text (entry_text's inverse)."""
-    import re
-
-    m = re.fullmatch(r'\{"k":(\d+),"tree":(.*)\}', text.strip(), re.S)
+    m = re.fullmatch(r'\{"k":(0|[1-9][0-9]*),"tree":(.*)\}', text.strip(), re.S)
     if m is None:
         raise ValueError("not an order entry: expected {\"k\":K,\"tree\":...}")
-    return {"k": int(m.group(1)), "tree": from_json(m.group(2))}
+    k, tree = int(m.group(1)), from_json(m.group(2))
+    check_tree(tree, k)
+    return {"k": k, "tree": tree}
 
 
 TREE_MEMBER = ',\n "tree": '  # `order --json` writes the tree last, after this
@@ -385,7 +396,12 @@ def read_report(text: str) -> dict:
     obj = json.loads(head + "\n}", parse_constant=bounded.no_constant)
     if not isinstance(obj, dict):
         raise ValueError("not an order report: not a JSON object")
-    return {**obj, "tree": from_json(tail[:-1])}
+    tree = from_json(tail[:-1])
+    if tree is not None:
+        if not isinstance(obj.get("k"), int) or isinstance(obj["k"], bool):
+            raise ValueError("not an order report: no K for its tree")
+        check_tree(tree, obj["k"])
+    return {**obj, "tree": tree}
 
 
 def order_id(tree, k: int) -> int:
