@@ -812,3 +812,19 @@ def test_memory_estimate_covers_operands_with_nan_and_inf(tmp_path, m, k, n, dty
     assert rc in (0, 1), err
     need = memory.bytes_needed(m, k, n, dtype, "cpu")[0]
     assert peak <= need, f"peak {peak / 2**20:.0f} MiB above the estimate {need / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("args", [
+    ["explain", "--a", "{x}", "--b", "{x}", "--dtype", "float32"],
+    ["explain", "--render", "{x}"],
+    ["catalog", "--root", "{x}", "123456789abc"],
+    ["summary", "{x}"],
+    ["run", "--repo", "{x}"],
+    ["scan", "--vary", "n", "--range", "1:4", "--m", "2", "--k", "2", "--dtype", "float32", "--out", "{x}/f.json"],
+])
+def test_an_error_naming_a_file_whose_name_holds_a_newline_is_one_line(tmp_path, args):
+    # `explain --a "$(printf 'x\ny.npy')"` printed its error on two lines, the second a bare 'y.npy'
+    x = str(tmp_path / "x\ny\u202e.npy")  # a newline and a bidi override, each shown as \uXXXX
+    rc, out, err = _main(*(a.replace("{x}", x) for a in args))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and err.endswith("\n"), err
+    assert ": error: " in err and "x\\u000ay\\u202e.npy" in err, err

@@ -26,6 +26,15 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def say_error(prog: str, message) -> None:
+    """``prog: error: message`` on stderr, one line whatever the message holds: its control and
+    bidi characters (a newline in a file's name) are written as \\uXXXX (render.visible).
+    Every subcommand prints its errors here."""
+    from .render import visible
+
+    print(f"{prog}: error: {visible(message)}", file=sys.stderr)
+
+
 def _progress(msg: str) -> None:
     if sys.stderr.isatty():
         print(f"matmul-drift: {msg}", file=sys.stderr, flush=True)
@@ -320,7 +329,7 @@ def run_explain(args) -> int:
         print(f"matmul-drift explain: {_stopped_line(r['fixes'])}", file=sys.stderr)
         return 128 + signal.Signals[stopped]
     if "failed" in r.get("fixes", {}):  # the measurement above stands; the fixes are missing
-        print(f"matmul-drift explain: error: --try-fixes: {r['fixes']['failed']}", file=sys.stderr)
+        say_error("matmul-drift explain", f"--try-fixes: {r['fixes']['failed']}")
         return 1
     return 1 if r["verdict"]["kind"] == "defect" else 0
 
@@ -525,7 +534,7 @@ def guarded(run, prog: str) -> int:
         cause = exc.args[0]
         if cause.errno == errno.EPIPE:  # `matmul-drift ... | head`: the reader left; nothing to say
             return 141
-        print(f"{prog}: error: cannot write to stdout: {cause.strerror or cause}", file=sys.stderr)
+        say_error(prog, f"cannot write to stdout: {cause.strerror or cause}")
         return 1
     finally:
         sys.stdout = out.stream
@@ -564,7 +573,7 @@ def _main(argv) -> int:
         parser.print_help()
         return EXIT_USAGE
     except UsageError as exc:
-        print(f"matmul-drift: error: {exc}", file=sys.stderr)
+        say_error("matmul-drift", exc)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("matmul-drift: interrupted", file=sys.stderr)
@@ -573,13 +582,13 @@ def _main(argv) -> int:
         from .kernels import ProfilerLost
 
         if isinstance(exc, ProfilerLost):
-            print(f"matmul-drift: error: {exc}", file=sys.stderr)
+            say_error("matmul-drift", exc)
             return 1
         text = str(exc).strip()
         if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
                 or "can't allocate memory" in text):
             raise
-        print(f"matmul-drift: error: out of memory: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
+        say_error("matmul-drift", f"out of memory: {text.splitlines()[0] if text else type(exc).__name__}")
         return 1
 
 

@@ -17,6 +17,7 @@ import shutil
 import sys
 
 from . import nightly, resultsbranch, suite
+from .cli import say_error
 from .cli_scan import _folder
 
 PROG = "matmul-drift nightly"
@@ -52,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _error(message: str, status: int = 2) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    say_error(PROG, message)
     return status
 
 

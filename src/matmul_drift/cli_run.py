@@ -15,6 +15,7 @@ import os
 import sys
 
 from . import mainjob, resultsbranch, suite
+from .cli import say_error
 from .cli_scan import _folder
 
 PROG = "matmul-drift run"
@@ -69,18 +70,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = mainjob.run(options(args))
     except mainjob.UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        say_error(PROG, exc)
         return 2
     except mainjob.JobError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        say_error(PROG, exc)
         return 1
     except OSError as exc:  # a full disk, a read-only checkout: recorded files stay whole (atomic writes)
-        print(f"{PROG}: error: " + f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), file=sys.stderr)
+        say_error(PROG, f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
         return 1
     parts = [f"torch {o.build} {o.status}" + (f" ({_minutes(o.seconds)})" if o.seconds else "") for o in report.outcomes]
     print(f"{PROG}: done in {_minutes(report.seconds)} on {report.machine} at {report.commit[:8]}: {'; '.join(parts)}. "
           f"Results under results/asv/{report.machine}/, site under html/ (drift.html names the kernels; "
           "`asv preview` serves it)", file=sys.stderr)
     for o in report.failed:
-        print(f"{PROG}: error: torch {o.build}: {o.message}", file=sys.stderr)
+        say_error(PROG, f"torch {o.build}: {o.message}")
     return 1 if report.failed else 0

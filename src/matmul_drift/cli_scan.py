@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from . import atomic, cases, scan
+from .cli import say_error
 
 PROG = "matmul-drift scan"
 
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except (_Fail, scan.ScanError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        say_error(PROG, exc)
         return 2
     except KeyboardInterrupt:  # outside the search (drawing inputs, plotting): no point in hand
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -228,7 +229,7 @@ def _side(point: dict, drift: bool) -> str:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage block
-        print(f"{PROG}: error: {message}", file=sys.stderr)
+        say_error(PROG, message)
         sys.exit(2)
 
 

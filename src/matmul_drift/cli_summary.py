@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from . import atomic, history, render, summary
+from .cli import say_error
 
 PROG = "matmul-drift summary"
 
@@ -53,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    say_error(PROG, message)
     return 2
 
 
