@@ -92,7 +92,7 @@ def _independent(a, b, c, dtype):
     A = a.double().reshape(-1, a.shape[-1]).tolist()
     B = b.double().tolist()
     C = c.double().reshape(-1, b.shape[1]).tolist()
-    worst, covered, zero_misses, subnormal, beyond = None, 0, 0, 0, 0
+    worst, covered, zero_misses, exact_zeros, subnormal, beyond = None, 0, 0, 0, 0, 0
     nf = {"a": int((~torch.isfinite(a)).sum()), "b": int((~torch.isfinite(b)).sum()), "product": 0,
           "reference": 0, "overflow": 0, "spurious": 0, "mismatch": 0}
     for i, row in enumerate(A):
@@ -114,6 +114,7 @@ def _independent(a, b, c, dtype):
                 continue
             if absprod == 0:
                 zero_misses += cij != 0
+                exact_zeros += cij == 0
                 continue
             if absprod > F64_MAX:
                 continue
@@ -123,7 +124,7 @@ def _independent(a, b, c, dtype):
                 beyond += abs(Fraction(cij) - val) > gamma * absprod + (k + 1) * eta
             e = float(abs(Fraction(cij) - val) / (Fraction(u) * absprod))
             worst = e if worst is None else max(worst, e)
-    return worst, {"entries": covered, "of": len(A) * len(B[0]), "zero_misses": zero_misses,
+    return worst, {"entries": covered, "of": len(A) * len(B[0]), "zero_misses": zero_misses, "exact_zeros": exact_zeros,
                    "subnormal": subnormal, "beyond_bound": beyond}, nf
 
 
@@ -311,3 +312,29 @@ def test_subnormal_counts_entries_whose_terms_all_lie_below_the_normal_range(tmp
     assert r["error_entries"] == cover
     assert (cover["entries"], cover["subnormal"]) == (4, 2)
     assert "2 of them with Σ|a·b| below float16's normal range" in r["verdict"]["text"]
+
+
+@pytest.mark.parametrize("zero_rows", [5, 2])
+def test_outputs_whose_every_term_is_zero_are_counted_exact(tmp_path, zero_rows):
+    """An all-zero A gives exactly 0 everywhere, yet the verdict said 'no entry has a finite
+    error (over 0 of 15 entries)', as if something were wrong. Now it counts those entries
+    exact; with only some rows zero, it counts them beside error_u's coverage."""
+    a = np.ones((5, 4), dtype=np.float32)
+    a[:zero_rows] = 0.0
+    a[:zero_rows:2] = -0.0  # -0.0 · 1 is a zero term too
+    b = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    rc, out, err = _run(["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
+                         "--dtype", "float32", "--json"])
+    assert rc == 0, err
+    r = _strict(out)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    _, cover, _ = _independent(ta, tb, ta @ tb, "float32")
+    assert r["error_entries"] == cover and cover["exact_zeros"] == 3 * zero_rows
+    text = r["verdict"]["text"]
+    if zero_rows == 5:
+        assert r["error_u"] is None and "no entry has a finite error" not in text, text
+        assert text.endswith("every entry is exact: 15 outputs are 0, as is each of their product terms"), text
+    else:
+        assert "u over 9 of 15 entries; 6 more outputs are exactly 0, as is each of their product terms" in text, text

@@ -91,7 +91,7 @@ def test_drift_and_error_normalisation():
     assert d["max_u"] == 2.0
     assert d["ulp_at_max"] == 2.0**-22
     e = numerics.error(x, np.array([1.0, 2.0, 5.0]), np.zeros(3), np.ones(3, bool), absprod, "float32")
-    assert e == {"error_u": 0.0, "entries": 2, "of": 3, "zero_misses": 0, "subnormal": 0, "beyond_bound": 0}
+    assert e == {"error_u": 0.0, "entries": 2, "of": 3, "zero_misses": 0, "exact_zeros": 0, "subnormal": 0, "beyond_bound": 0}
 
 
 def test_finite_max_of_each_dtype():
@@ -122,7 +122,7 @@ def test_error_covers_finite_entries_and_counts_the_rest():
     finite = np.array([True, False, True, True, True, True])
     absprod = np.array([70000.0, 1.0, 1.0, 100.0, 2.0, 0.0])
     e = numerics.error(c, hi, np.zeros(6), finite, absprod, "float16")
-    assert e == {"error_u": 0.0, "entries": 2, "of": 6, "zero_misses": 1, "subnormal": 0, "beyond_bound": 0}
+    assert e == {"error_u": 0.0, "entries": 2, "of": 6, "zero_misses": 1, "exact_zeros": 0, "subnormal": 0, "beyond_bound": 0}
     nf = numerics.nonfinite(c, hi, finite, "float16")
     assert nf == {"product": 3, "reference": 1, "overflow": 1, "spurious": 1, "mismatch": 0}
     nf = numerics.nonfinite(np.array([1.0, np.inf]), np.array([np.nan, -np.inf]), np.array([False, False]), "float16")
@@ -291,8 +291,10 @@ def test_a_correctly_rounded_tiny_sum_of_underflowed_terms_is_no_zero_miss():
     for c in (2.0**-1074, 0.0):  # each within one step of 2^-1074 of the exact value
         assert abs(Fraction(c) - exact) <= Fraction(2) ** -1074
         e = numerics.error(np.array([[c]]), r.hi, r.lo, r.finite, r.absprod, "float64", k=3)
-        assert e["zero_misses"] == 0
-    # where every term is an exact zero, a non-zero output still is one
+        assert e["zero_misses"] == 0 and e["exact_zeros"] == 0  # 0 is not the exact value here
+    # where every term is an exact zero, a non-zero output still is one, and 0 is exact
     z = torch.zeros((1, 3), dtype=torch.float64)
     r = reference.exact_product(torch.matmul, z, z.T.contiguous())
     assert numerics.error(np.array([[2.0**-1074]]), r.hi, r.lo, r.finite, r.absprod, "float64", k=3)["zero_misses"] == 1
+    e = numerics.error(np.array([[-0.0]]), r.hi, r.lo, r.finite, r.absprod, "float64", k=3)
+    assert (e["error_u"], e["entries"], e["zero_misses"], e["exact_zeros"]) == (None, 0, 0, 1)

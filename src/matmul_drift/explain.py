@@ -174,7 +174,7 @@ def _judge(r: dict) -> dict:
             moves = _count(row["beyond_bound"], "entry", "entries")
             return {"kind": "defect", "text": f"DEFECT: {name} {_where(name, row)} moves {moves} further than "
                                               f"2·{g} = {2 * gamma:.4g} u (max_u {_fmt(row['max_u'])} u)"}
-    err_text = f"error_u {err:.3g} u {over}" if err is not None else f"no entry has a finite error ({over})"
+    err_text = _error_text(err, cover, over)
     ref = r.get("reference") or {}
     if not ref.get("exact_products", True) and (ref.get("error_bound_u") or 0) >= 1:
         # float64 rows or columns too wide in range for the slices: error_u may be the reference's own
@@ -213,6 +213,17 @@ def _judge(r: dict) -> dict:
     if gamma and max(_worst(row)[1] for _, row in moved) > 2 * gamma:  # only the η term lets it be beyond
         bound += f" plus twice (K+1)·η, the absolute rounding below {dt}'s normal range"
     return {"kind": "rounding", "text": f"rounding-level drift: {drift_text}; {why}; {bound}; {err_text}"}
+
+
+def _error_text(err: float | None, cover: dict, over: str) -> str:
+    """error_u and what it covers, in words; entries whose every product term is 0 and whose
+    output is 0 (``exact_zeros``; absent from reports saved before it was counted) are exact."""
+    zeros = cover.get("exact_zeros", 0)
+    if err is None and zeros == cover["of"]:  # an all-zero A or B: nothing to cover, nothing wrong
+        return f"every entry is exact: {_count(zeros, 'output is', 'outputs are')} 0, as is each of their product terms"
+    text = f"error_u {err:.3g} u {over}" if err is not None else f"no entry has a finite error ({over})"
+    return text + (f"; {_count(zeros, 'more output is', 'more outputs are')} exactly 0, as is each of their product "
+                   "terms" if zeros else "")
 
 
 def _why(call: list[str] | None, full: list[str]) -> str:
@@ -274,7 +285,8 @@ def render(r: dict) -> str:
     cover = r["error_entries"]
     head = [
         ["case", r["case"]], ["shape", shape], ["dtype", r["dtype"]], ["device", r["device"]],
-        ["error_u (u)", f"{_fmt(r['error_u'])} over {cover['entries']} of {cover['of']} entries"],
+        ["error_u (u)", f"{_fmt(r['error_u'])} over {cover['entries']} of {cover['of']} entries"
+                        + (f"; {cover['exact_zeros']} more exactly 0" if cover.get("exact_zeros") else "")],
         [f"{numerics.bound_name(r['dtype'])} bound (u)", _fmt(r["gamma_k_u"]) if r["gamma_k_u"] else "none (K·u ≥ 1)"],
         ["reference", f"{r['reference']['method']}, error ≤ {r['reference']['error_bound_u']:.2g} u"],
         ["run-to-run", f"{_fmt(r['run_to_run']['max_u'])} u over {r['run_to_run']['repeat']} calls"],

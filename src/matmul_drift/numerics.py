@@ -230,7 +230,8 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
     not inf, not beyond float64) and 0 < |A||B| < inf; entries with |A||B| = 0 are exact
     zeros, and are covered by the count of non-zero ``zero_misses`` instead (where the exact
     value hi is 0: terms whose float64 products underflowed to 0 may still sum to a value
-    that rounds to float64's smallest subnormal, which a kernel may rightly return).
+    that rounds to float64's smallest subnormal, which a kernel may rightly return);
+    ``exact_zeros`` counts the others, the outputs that are 0 there: exact.
     ``subnormal``: covered entries whose |A||B| (as computed, float64) is below the dtype's
     smallest normal number. There every product, partial sum and the exact value lie below
     the normal range, where rounding is absolute, and the allowance's (K+1)·η exceeds
@@ -252,20 +253,22 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
         c, hi, lo, absprod, *slack = (v[at] for v in flat)
         ok = np.isfinite(c) & fin[at] & np.isfinite(hi)
         keep = ok & (absprod > 0) & np.isfinite(absprod)
-        zero_misses = int(np.count_nonzero(ok & (absprod == 0) & (hi == 0) & (c != 0)))
+        zero = ok & (absprod == 0) & (hi == 0)
+        zero_misses = int(np.count_nonzero(zero & (c != 0)))
+        exact_zeros = int(np.count_nonzero(zero)) - zero_misses
         c, hi, lo, absprod, *slack = _kept(keep, c, hi, lo, absprod, *slack)
         if not c.size:
-            return None, 0, zero_misses, 0, 0
+            return None, 0, zero_misses, 0, 0, exact_zeros
         diff = np.abs((c - hi) - lo)
         subnormal = int(np.count_nonzero(absprod < smallest_normal))
         return (normalised_max(diff, absprod, u), c.size, zero_misses, subnormal,
-                _beyond(diff, absprod, k, dtype, 1.0, precision, slack[0] if slack else None))
+                _beyond(diff, absprod, k, dtype, 1.0, precision, slack[0] if slack else None), exact_zeros)
 
     parts = blocks.map_blocks(fin.size, part)
     worst = [p[0] for p in parts if p[0] is not None]
-    entries, zero_misses, subnormal, beyond = (sum(p[i] for p in parts) for i in range(1, 5))
+    entries, zero_misses, subnormal, beyond, exact_zeros = (sum(p[i] for p in parts) for i in range(1, 6))
     return {"error_u": max(worst) if worst else None, "entries": entries, "of": fin.size,
-            "zero_misses": zero_misses, "subnormal": subnormal, "beyond_bound": beyond}
+            "zero_misses": zero_misses, "exact_zeros": exact_zeros, "subnormal": subnormal, "beyond_bound": beyond}
 
 
 def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: str,
