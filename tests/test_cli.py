@@ -828,3 +828,22 @@ def test_an_error_naming_a_file_whose_name_holds_a_newline_is_one_line(tmp_path,
     rc, out, err = _main(*(a.replace("{x}", x) for a in args))
     assert rc == 2 and out == "" and err.count("\n") == 1 and err.endswith("\n"), err
     assert ": error: " in err and "x\\u000ay\\u202e.npy" in err, err
+
+
+def test_the_worst_slice_n_names_the_form_of_a_1d_a_it_was_measured_with():
+    # slice_n of `explain --json` had no form: where the 1-D A's 2-D form drifted most, the verdict
+    # said "n=8 (A 2-D)" while slice_n could not say which product its numbers were of
+    import dataclasses
+
+    from matmul_drift import cases, measure
+
+    m = measure.measure(cases.adhoc(1, 8, 9), "float32", "cpu", slice_n=(8,), slice_m=(), repeat=1, timing=False)
+    rows = [{"n": 8, "form": form, "cols": 8, **_row(max_ulp=ulp, max_u=ulp / 2, frac_differ=0.1 * ulp)}
+            for form, ulp in (("as-is", 1), ("2d", 3))]
+    r = explain.report(dataclasses.replace(m, slice_n=rows), 8)
+    assert r["slice_n"]["form"] == "2d" and r["slice_n"]["max_ulp"] == 3
+    assert "slice_n n=8 (A 2-D) moves 30% of entries" in r["verdict"]["text"]
+    rows[0].update(max_ulp=5, max_u=2.5, frac_differ=0.5)
+    r = explain.report(dataclasses.replace(m, slice_n=rows))
+    assert r["slice_n"]["form"] == "as-is" and "slice_n n=8 moves 50% of entries" in r["verdict"]["text"]
+    assert "form" not in (explain.report(dataclasses.replace(m, slice_n=[], slice_m=[{"m": 1, **_row()}]))["slice_m"])

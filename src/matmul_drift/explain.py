@@ -30,13 +30,14 @@ def _worst(row: dict) -> tuple:
 
 
 def _pick(rows: list[dict], want: int | None, key: str) -> dict | None:
-    """The row for ``want`` (worst over forms), else the worst row overall."""
+    """The row for ``want`` (worst over forms), else the worst row overall; a slice_n row
+    keeps its ``form``, which says whether that worst is the 1-D A's own product or its 2-D one."""
     if want is not None:
         rows = [r for r in rows if r[key] == want]
     if not rows:
         return None
     worst = max(rows, key=_worst)
-    return {key: worst[key], **{k: worst[k] for k in DRIFT_KEYS}}
+    return {key: worst[key], **{k: worst[k] for k in ("form",) if k in worst}, **{k: worst[k] for k in DRIFT_KEYS}}
 
 
 def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = None, layout: dict | None = None,
