@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import atomic
+from .lock import TreeLock
 
 PROGRESS = re.compile(r"(·|\[ *[\d.]+%\] ·{1,3} )(?!=)")  # asv's step lines, not its tables
 
@@ -49,15 +50,16 @@ def write_config(path: Path, conf: dict) -> Path:
 
 
 def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | None = None,
-        progress: Callable[[str], None] | None = None) -> tuple[int, list[str]]:
+        progress: Callable[[str], None] | None = None, hold: TreeLock | None = None) -> tuple[int, list[str]]:
     """Run ``asv --config conf args``. With ``log``, asv's progress lines go to stderr as they
     come (or to ``progress``), its result tables and benchmark output only to the ``log`` file.
-    Returns (exit status, the last 30 lines of output)."""
+    ``hold``: a lock asv holds too while it runs (its scratch folder's, scratch.py), even past
+    a kill of this process. Returns (exit status, the last 30 lines of output)."""
     cmd = [sys.executable, "-m", "asv", "--config", str(conf), *args]
     tail: list[str] = []
     with open(log or os.devnull, "a", encoding="utf-8") as fh, subprocess.Popen(
             cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8",
-            errors="replace", bufsize=1) as proc:
+            errors="replace", bufsize=1, pass_fds=(hold.fileno(),) if hold else ()) as proc:
         for line in proc.stdout:
             fh.write(line)
             if log is not None and PROGRESS.match(line):

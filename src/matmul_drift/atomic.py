@@ -120,3 +120,36 @@ def write_text(path: Path | str, text: str) -> Path:
 def copy(src: Path | str, dst: Path | str) -> Path:
     """Copy the bytes of ``src`` over ``dst`` atomically."""
     return write_bytes(dst, Path(src).read_bytes())
+
+
+def replace_folder(new: Path | str, dest: Path | str) -> None:
+    """Put folder ``new`` in ``dest``'s place, on one file system; afterwards ``new`` holds what
+    ``dest`` held (or is gone where there was none). Where the kernel can (Linux's renameat2
+    RENAME_EXCHANGE) the two names swap in one step, so a reader finds the old folder or the
+    new, never neither; elsewhere ``dest`` is renamed aside first, and a kill between the two
+    renames leaves no ``dest`` (the old one at ``new`` + ".old", the new one at ``new``)."""
+    new, dest = Path(new), Path(dest)
+    if not os.path.lexists(dest):
+        os.rename(new, dest)
+    elif not _exchange(new, dest):
+        aside = new.with_name(new.name + ".old")
+        os.rename(dest, aside)
+        os.rename(new, dest)
+        os.rename(aside, new)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names ``a`` and ``b`` atomically; False where this kernel or file system cannot."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc 2.28+ or not Linux
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))

@@ -43,6 +43,11 @@ class TreeLock:
         self._fd = fd
         return self
 
+    def fileno(self) -> int | None:
+        """The descriptor that holds the lock (None when not held): a child process given it
+        (subprocess's pass_fds) holds the lock too, until it and this process both let go."""
+        return self._fd
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing drops the flock
@@ -53,3 +58,24 @@ class TreeLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def left_behind(path: Path | str) -> TreeLock | None:
+    """The lock at ``path``, now held here, where its file exists and nobody holds it: whoever
+    took it is gone. None where it is held, absent, or removed or replaced meanwhile (a holder
+    that removes its lock file before letting go never has it taken this way)."""
+    try:
+        fd = os.open(path, os.O_RDWR)  # not created: an absent lock file is no one's
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        now, held = os.stat(path), os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise FileNotFoundError(path)
+    except (BlockingIOError, FileNotFoundError):
+        os.close(fd)
+        return None
+    lock = TreeLock(path)
+    lock._fd = fd
+    return lock

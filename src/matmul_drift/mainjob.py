@@ -268,17 +268,21 @@ def publish(repo: Path, conf: dict, name: str, commit: str) -> None:
     """asv publish into html/, then the site's own parts: local scripts and the drift page
     (every machine's latest commit against its previous one, and the kernel names)."""
     asvrun.checkpoint("publishing")
-    path = asvrun.write_config(repo / STATE / "asv-publish.json",
-                               {**build_config(repo, conf, matrix_builds(conf)[0], repo / RESULTS / "asv"),
-                                "matrix": conf.get("matrix", {})})
-    rc, tail = asvrun.run(path, "publish", cwd=repo, log=repo / STATE / "asv-publish.log", progress=lambda _: None)
-    if rc != 0:
-        raise JobError(f"asv publish failed: {tail[-1] if tail else rc}")
-    hist = read(repo)
-    result, runs = latest_runs(hist)
+
+    def build(folder: Path, lock) -> list[str]:  # into a scratch folder: html/ stays whole until it is done
+        path = asvrun.write_config(repo / STATE / "asv-publish.json",
+                                   {**build_config(repo, conf, matrix_builds(conf)[0], repo / RESULTS / "asv"),
+                                    "matrix": conf.get("matrix", {}), "html_dir": str(folder)})
+        rc, tail = asvrun.run(path, "publish", cwd=repo, log=repo / STATE / "asv-publish.log",
+                              progress=lambda _: None, hold=lock)
+        if rc != 0:
+            raise JobError(f"asv publish failed: {tail[-1] if tail else rc}; the site is left as it was")
+        hist = read(repo)
+        result, runs = latest_runs(hist)
+        return site.write(folder, hist, result, runs, title="the latest run on each machine")
+
     html = Path(conf.get("html_dir", "html"))
-    html = html if html.is_absolute() else repo / html
-    for url in site.write(html, hist, result, runs, title="the latest run on each machine"):
+    for url in site.replace(html if html.is_absolute() else repo / html, build, log):
         log(f"warning: the site loads {url} from the network")
 
 

@@ -441,13 +441,19 @@ def publish(tree: Path, repo: Path, branch: str) -> None:
     hist = _read(tree)
     dates = [_ms_date(r.date) for runs in hist.runs.values() for r in runs]
     axis_repo(tree, max(dates, default=today()), branch)
-    conf = _write_config(tree, "asv-publish.json", asv_config(repo, tree, branch, tree / RESULTS / "asv"))
-    rc, tail = asvrun.run(conf, "publish", cwd=tree, env=_asv_env(tree), log=tree / STATE / "asv-publish.log")
-    if rc != 0:
-        raise NightError(f"asv publish failed: {tail[-1] if tail else rc}")
-    pairs, nights = latest_nights(hist)
-    runs = [{**n, "line": night_line(n)} for n in nights]
-    for url in site.write(tree / "html", hist, compare(hist, pairs), runs, _recorded_nights(tree)):
+
+    def build(folder: Path, lock) -> list[str]:  # into a scratch folder: html/ stays whole until it is done
+        conf = _write_config(tree, "asv-publish.json",
+                             {**asv_config(repo, tree, branch, tree / RESULTS / "asv"), "html_dir": str(folder)})
+        rc, tail = asvrun.run(conf, "publish", cwd=tree, env=_asv_env(tree), log=tree / STATE / "asv-publish.log",
+                              hold=lock)
+        if rc != 0:
+            raise NightError(f"asv publish failed: {tail[-1] if tail else rc}; the site is left as it was")
+        pairs, nights = latest_nights(hist)
+        runs = [{**n, "line": night_line(n)} for n in nights]
+        return site.write(folder, hist, compare(hist, pairs), runs, _recorded_nights(tree))
+
+    for url in site.replace(tree / "html", build, _log):
         _log(f"warning: the site loads {url} from the network")
     _log(f"site: {tree / 'html' / 'index.html'} (and {site.PAGE})")
 

@@ -13,7 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
-IGNORE = ".nightly/\nhtml/\n.tmp-*.part\n"  # run state, the built site, interrupted writes
+IGNORE = ".nightly/\nhtml/\n.html.new-*\n.tmp-*.part\n"  # run state, the built site and one being built, interrupted writes
 # git prints names and messages as the bytes it was given: read them leniently, not as strict UTF-8.
 _TEXT = {"encoding": "utf-8", "errors": "replace"}
 IDENTITY = {"GIT_AUTHOR_NAME": "matmul-drift nightly", "GIT_AUTHOR_EMAIL": "nightly@matmul-drift.invalid"}

@@ -16,10 +16,15 @@ from __future__ import annotations
 import html
 import itertools
 import math
+import os
 import re
 from pathlib import Path
+from typing import Callable, TypeVar
 
-from . import atomic, history, render, summary
+from . import atomic, history, render, scratch, summary
+from .lock import TreeLock
+
+T = TypeVar("T")
 
 PAGE = "drift.html"
 VENDOR = Path(__file__).with_name("site_vendor")
@@ -191,6 +196,26 @@ def _id_row(anchor: str, ident: int, unit: str, cells: list[str], uses: list[str
     """One row of an id table: the 12-hex id, as asv shows it, ``cells`` (HTML), where it is used."""
     return (f'<tr id="{anchor}-{ident:012x}"><td><code>{ident:012x}</code></td><td>{float(ident):.3g} {unit}</td>'
             + "".join(f"<td>{c}</td>" for c in cells) + f"<td>{'<br>'.join(_e(u) for u in uses) or '&mdash;'}</td></tr>")
+
+
+def replace(html_dir: Path | str, build: Callable[[Path, TreeLock], T], log: Callable[[str], None]) -> T:
+    """Build the site with ``build(folder, lock)`` in a scratch folder beside ``html_dir`` and
+    only then put it in html_dir's place (atomic.replace_folder): a build that fails (asv
+    publish starts by deleting the folder it is given) or a run killed while building leaves
+    the old site whole. ``lock`` is the scratch folder's, for the asv that build runs to hold
+    (asvrun.run's ``hold``). What killed builds left beside is removed first, a line logged
+    each. Returns what ``build`` returned."""
+    html_dir = Path(html_dir)
+    for left in scratch.sweep(html_dir.parent, f".{html_dir.name}.new-*"):
+        log(f"recovered: removed {left}, the site a killed run was building")
+    box = html_dir.with_name(f".{html_dir.name}.new-{os.getpid()}")
+    lock = scratch.claim(box)
+    try:
+        out = build(box / "site", lock)
+        atomic.replace_folder(box / "site", html_dir)  # box/site now holds the old site, if any
+    finally:
+        scratch.done(box, lock)
+    return out
 
 
 def write(html_dir: Path | str, hist: history.History, result: summary.Summary, runs: list[dict],
