@@ -305,7 +305,7 @@ def test_a_results_file_asv_left_cut_short_is_a_failed_build_and_not_recorded(tm
     conf = mainjob.project_config(proj)
     commit = git(proj, "rev-parse", "HEAD")
 
-    def asv(conf, *args, cwd, env=None, log=None, progress=None):
+    def asv(conf, *args, cwd, env=None, log=None, progress=None, hold=None):
         staging = Path(json.loads(Path(conf).read_text())["results_dir"])
         (staging / "m").mkdir(parents=True)
         (staging / "m/machine.json").write_text('{"machine": "m", "version": 1}')

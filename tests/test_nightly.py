@@ -1281,7 +1281,7 @@ def test_a_results_file_asv_left_cut_short_never_reaches_the_tree(tmp_path, monk
     synthetic = F.write_tree(tmp_path / "synthetic", machine="m", n_commits=1, torch_versions=("2.13.0",))
     asv_killed = [True]
 
-    def asv(conf, *args, cwd, env=None, log=None, progress=None):  # what `asv run` leaves in staging
+    def asv(conf, *args, cwd, env=None, log=None, progress=None, hold=None):  # what `asv run` leaves in staging
         if args[0] != "run":
             return 0, []
         staging = Path(json.loads(Path(conf).read_text())["results_dir"])
@@ -1302,9 +1302,16 @@ def test_a_results_file_asv_left_cut_short_never_reaches_the_tree(tmp_path, monk
         nightly.run_night(night)
     assert asvrun.recorded(o.tree / "results/asv", "m", axis.commit(o.date)) == []
     assert not (o.tree / "nights/2026-01-05-m.json").exists() and not (o.tree / ".nightly/pending.json").exists()
+    # its staging is left (the cut-short file in it); named as an earlier second's, so that
+    # the next run's own staging, which it removes itself, cannot be taken for it
+    (left,) = [p for p in (o.tree / ".nightly/staging").iterdir() if not p.name.endswith(".lock")]
+    for p in (left, left.with_name(left.name + ".lock")):
+        if p.exists():
+            p.rename(p.with_name(p.name.replace(left.name, left.name + "0")))
     asv_killed[0] = False
     report = nightly.run_night(night)  # the next night, with no --force and no hand fix
     assert report.commit and len(report.imported) == 1
+    assert list((o.tree / ".nightly/staging").iterdir()) == []  # the failed night's staging went with it
     assert history.read_history(o.tree / "results", machine="m").runs["m"][0].commit == axis.commit(o.date)
 
 

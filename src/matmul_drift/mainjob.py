@@ -26,14 +26,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import asvrun, atomic, history, machine, render, site, summary
+from . import asvrun, atomic, history, machine, render, scratch, site, summary
 
 STATE = Path(".asv") / "main-job"  # staging, generated configs and logs; git ignores .asv/
 RESULTS = Path("results")
@@ -207,7 +206,6 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     t0 = time.monotonic()
     state = o.repo / STATE
     staging = state / "staging" / f"{build}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
     bconf = build_config(o.repo, conf, build, staging)
     env = env_name(bconf)
     results_dir = o.repo / RESULTS / "asv"
@@ -224,18 +222,23 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     log(f"torch {build}: asv {' '.join(args)} in {env} (log: {logfile.relative_to(o.repo)})")
     envvars = {**os.environ, "MATMUL_DRIFT_CATALOG": str(o.repo / RESULTS / "catalog"),
                "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # forkserver: no CUDA before the fork
-    rc, tail = asvrun.run(path, *args, cwd=o.repo, env=envvars, log=logfile, progress=_progress(build))
-    if o.publish:  # until the site is built: a run killed in between is published by the next
-        atomic.write_text(_unpublished(o.repo), commit + "\n")
+    claim = scratch.claim(staging)  # a run killed from here on leaves it to the next run's sweep
     try:
+        rc, tail = asvrun.run(path, *args, cwd=o.repo, env=envvars, log=logfile, progress=_progress(build), hold=claim)
+        if o.publish:  # until the site is built: a run killed in between is published by the next
+            atomic.write_text(_unpublished(o.repo), commit + "\n")
         files = asvrun.import_results(staging, results_dir, name, old, o.force, log)
     except asvrun.AlreadyRecorded as exc:  # recorded meanwhile by another run
+        scratch.keep(staging, claim)
         return Outcome(build, env, "already recorded", f"{exc}; this run's results are left in "
                        f"{staging.relative_to(o.repo)}", seconds=time.monotonic() - t0)
     except asvrun.CutShort as exc:  # asv killed as it wrote: nothing recorded, the next run measures it
         return Outcome(build, env, "failed", f"{exc}; nothing recorded (asv exit status {rc}; see "
                        f"{logfile.relative_to(o.repo)})", seconds=time.monotonic() - t0)
-    shutil.rmtree(staging, ignore_errors=True)
+    else:
+        scratch.done(staging, claim)
+    finally:
+        claim.release()  # its lock file stays where the folder does: the next run's sweep removes it
     seconds = time.monotonic() - t0
     if not files:
         why = _install_error(logfile) or (tail[-1] if tail else f"asv exit status {rc}")
@@ -340,6 +343,8 @@ def run(o: Options) -> Report:
     log(f"machine {name}; commit {commit[:8]}; torch builds {', '.join(builds)}")
     for line in asvrun.reap_orphans(o.repo):
         log(f"recovered: {line}")
+    for left in scratch.sweep(o.repo / STATE / "staging"):
+        log(f"recovered: removed {left.relative_to(o.repo)}, the staging folder of a run that was killed")
     outcomes = []
     for build in builds:
         out = run_build(o, conf, name, build, commit)

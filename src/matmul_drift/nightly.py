@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from . import asvrun, atomic, axis, bounded, history, render, resultsbranch, site, summary
+from . import asvrun, atomic, axis, bounded, history, render, resultsbranch, scratch, site, summary
 from . import machine as hardware
 from .lock import Locked, TreeLock
 
@@ -497,6 +497,8 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
     # Everything that can fail on the tree runs here, before asv (which can take hours).
     for line in _git("repairing the results tree", resultsbranch.repair, tree, o.branch) + asvrun.reap_orphans(Path(o.repo)):
         _log(f"recovered: {line}")
+    for left in scratch.sweep(tree / STATE / "staging"):
+        _log(f"recovered: removed {left.relative_to(tree)}, the staging folder of a run that was killed")
     finished = _finish_pending(tree)  # (date, machine, the report of a night it committed)
     said = finished[2] if finished else ""
     pushed = 0
@@ -683,28 +685,32 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
     args += ["--launch-method", o.launch_method] if o.launch_method else []
     log = _asv_log(tree, o)
     _log(f"asv {' '.join(args)} (full output in {log})")
-    rc, tail = asvrun.run(conf, *args, cwd=tree, env=env, log=log)
-    night = {"date": o.date, "machine": o.machine}
-    dest = Path(RESULTS) / "asv" / o.machine
-    made = asvrun.results_files(staging / o.machine)
-    if not made:  # nothing reaches the tree: it stays as it was
-        raise NightError(f"asv run recorded no results (exit status {rc}): {tail[-1] if tail else ''}; see {log}")
-    try:  # before the pending state: a night that copies nothing leaves nothing to recover
-        asvrun.check_written(made)
-    except asvrun.CutShort as exc:
-        raise NightError(f"{exc}; nothing of the night reached the tree (asv exit status {rc}; see {log})") from None
-    # what import_night moves aside (--force) too: another Python's results have other names
-    aside = [str(p.relative_to(tree)) for p in asvrun.recorded(tree / RESULTS / "asv", o.machine, commit)]
-    _set_pending(tree, "copying", night, commit, list(dict.fromkeys([str(dest / f.name) for f in made] + aside + [rel])))
-    imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
-    described = _staged_night(tree, rel).read_bytes()
-    if (tree / rel).exists() and (tree / rel).read_bytes() != described:
-        _log(f"replacing {rel}; the old description is kept as {asvrun.backup(tree / rel).name}")
-    atomic.write_bytes(tree / rel, described)
-    _set_pending(tree, "copied", night, commit, [str(p.relative_to(tree)) for p in imported] + [rel])
-    asvrun.checkpoint("copied")
-    _staged_night(tree, rel).unlink()
-    shutil.rmtree(staging, ignore_errors=True)
+    claim = scratch.claim(staging)  # a run killed from here on leaves it to the next run's sweep
+    try:
+        rc, tail = asvrun.run(conf, *args, cwd=tree, env=env, log=log, hold=claim)
+        night = {"date": o.date, "machine": o.machine}
+        dest = Path(RESULTS) / "asv" / o.machine
+        made = asvrun.results_files(staging / o.machine)
+        if not made:  # nothing reaches the tree: it stays as it was
+            raise NightError(f"asv run recorded no results (exit status {rc}): {tail[-1] if tail else ''}; see {log}")
+        try:  # before the pending state: a night that copies nothing leaves nothing to recover
+            asvrun.check_written(made)
+        except asvrun.CutShort as exc:
+            raise NightError(f"{exc}; nothing of the night reached the tree (asv exit status {rc}; see {log})") from None
+        # what import_night moves aside (--force) too: another Python's results have other names
+        aside = [str(p.relative_to(tree)) for p in asvrun.recorded(tree / RESULTS / "asv", o.machine, commit)]
+        _set_pending(tree, "copying", night, commit, list(dict.fromkeys([str(dest / f.name) for f in made] + aside + [rel])))
+        imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
+        described = _staged_night(tree, rel).read_bytes()
+        if (tree / rel).exists() and (tree / rel).read_bytes() != described:
+            _log(f"replacing {rel}; the old description is kept as {asvrun.backup(tree / rel).name}")
+        atomic.write_bytes(tree / rel, described)
+        _set_pending(tree, "copied", night, commit, [str(p.relative_to(tree)) for p in imported] + [rel])
+        asvrun.checkpoint("copied")
+        _staged_night(tree, rel).unlink()
+        scratch.done(staging, claim)
+    finally:
+        claim.release()  # its lock file stays where the folder does: the next run's sweep removes it
     _log(f"results: {', '.join(str(p.relative_to(tree)) for p in imported)}"
          + ("" if rc == 0 else f" (asv exit status {rc}: some benchmarks failed)"))
     return imported
