@@ -82,6 +82,16 @@ def _exact(a_row, b_col):
     return total, None
 
 
+def _explain_files(tmp_path, a: np.ndarray, b: np.ndarray, dtype: str) -> tuple[dict, str]:
+    """`explain --json` of A and B saved as .npy files: (its report, read strictly; its stderr);
+    asserts exit status 0."""
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    rc, out, err = _run(["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--dtype", dtype, "--json"])
+    assert rc == 0, err
+    return _strict(out), err
+
+
 def _independent(a, b, c, dtype):
     """error_u, its coverage and the non-finite counts of C = a @ b, from first principles."""
     u, big = U[dtype], float(torch.finfo(getattr(torch, dtype)).max)
@@ -280,11 +290,8 @@ def test_explain_matches_an_independent_computation(p, tmp_path_factory):
 def test_overflow_is_named_and_json_stays_valid(tmp_path, dtype):
     big = float(torch.finfo(getattr(torch, dtype)).max)
     a = np.full((2, 4), math.sqrt(big), dtype=np.float32)  # each term ≈ max: the sum of 4 is beyond it
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", a.T.copy())
-    rc, out, err = _run(["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--dtype", dtype, "--json"])
-    assert rc == 0 and "Traceback" not in err and "RuntimeWarning" not in err, err
-    r = _strict(out)
+    r, err = _explain_files(tmp_path, a, a.T.copy(), dtype)
+    assert "Traceback" not in err and "RuntimeWarning" not in err, err
     assert r["verdict"]["kind"] == "overflow"
     assert r["nonfinite"]["overflow"] == 4 and r["error_u"] is None and "error_u" in r["nulls"]
 
@@ -301,12 +308,7 @@ def test_subnormal_counts_entries_whose_terms_all_lie_below_the_normal_range(tmp
                   [t / 16, -t / 16],  # a zero from cancelling subnormal terms: counted
                   [2.0**-4, -(2.0**-4 - 2.0**-15)]])  # subnormal 2^-15 from cancelling 2^-4: not counted
     b = np.array([[1.0], [1.0]])
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
-    rc, out, err = _run(["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
-                         "--dtype", "float16", "--json"])
-    assert rc == 0, err
-    r = _strict(out)
+    r, _ = _explain_files(tmp_path, a, b, "float16")
     ta, tb = torch.from_numpy(a).half(), torch.from_numpy(b).half()
     _, cover, _ = _independent(ta, tb, ta @ tb, "float16")
     assert r["error_entries"] == cover
@@ -323,12 +325,7 @@ def test_outputs_whose_every_term_is_zero_are_counted_exact(tmp_path, zero_rows)
     a[:zero_rows] = 0.0
     a[:zero_rows:2] = -0.0  # -0.0 · 1 is a zero term too
     b = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
-    rc, out, err = _run(["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
-                         "--dtype", "float32", "--json"])
-    assert rc == 0, err
-    r = _strict(out)
+    r, _ = _explain_files(tmp_path, a, b, "float32")
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     _, cover, _ = _independent(ta, tb, ta @ tb, "float32")
     assert r["error_entries"] == cover and cover["exact_zeros"] == 3 * zero_rows
