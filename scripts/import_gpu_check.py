@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from matmul_drift import cli, gpucheck
-from matmul_drift.cli_scan import _folder
+from matmul_drift.cli_args import folder
 
 PROG = "import_gpu_check"
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = cli.Parser(prog=PROG)  # a usage error is one line, not argparse's usage block
     parser.add_argument("archive", type=Path)
-    parser.add_argument("--results", type=_folder, default=Path(__file__).resolve().parents[1] / "results")
+    parser.add_argument("--results", type=folder, default=Path(__file__).resolve().parents[1] / "results")
     parser.add_argument("--force", action="store_true", help="replace results already recorded (kept beside)")
     try:
         args = parser.parse_args(argv)

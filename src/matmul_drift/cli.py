@@ -43,35 +43,35 @@ def _progress(msg: str) -> None:
 def add_shape_arguments(p: argparse.ArgumentParser) -> None:
     """--m/--k/--n or --case: what explain and order measure."""
     from . import cases
-    from .cli_scan import _positive  # one parser of positive sizes for every subcommand
+    from .cli_args import positive  # one parser of positive sizes for every subcommand
 
-    p.add_argument("--m", type=_positive)
-    p.add_argument("--k", type=_positive)
-    p.add_argument("--n", type=_positive)
+    p.add_argument("--m", type=positive)
+    p.add_argument("--k", type=positive)
+    p.add_argument("--n", type=positive)
     p.add_argument("--case", help=f"a catalog case: {', '.join(cases.CASE_IDS)}")
 
 
 def configure_explain(p: argparse.ArgumentParser) -> None:
     from . import cases
-    from .cli_scan import _positive
+    from .cli_args import positive
 
     add_shape_arguments(p)
     p.add_argument("--a", type=Path, help="A as .npy or .pt: (M, K) or (K,)")
     p.add_argument("--b", type=Path, help="B as .npy or .pt: (K, N)")
     p.add_argument("--dtype", choices=cases.DTYPES, help="required, except with --render")
     p.add_argument("--device", default="cpu", choices=cases.DEVICES)
-    p.add_argument("--slice-n", type=_positive, help="compare A @ B[:, :n] with (A @ B)[:, :n]")
-    p.add_argument("--slice-m", type=_positive, help="compare A[:m] @ B with (A @ B)[:m]")
-    p.add_argument("--repeat", type=_positive, help="identical calls compared run to run (default 3)")
+    p.add_argument("--slice-n", type=positive, help="compare A @ B[:, :n] with (A @ B)[:, :n]")
+    p.add_argument("--slice-m", type=positive, help="compare A[:m] @ B with (A @ B)[:m]")
+    p.add_argument("--repeat", type=positive, help="identical calls compared run to run (default 3)")
     p.add_argument("--layout", choices=("as-stored", "contiguous"), default="as-stored",
                    help="--a/--b files: keep the strides they were saved with (a Fortran-order .npy is a "
                         "transposed view; a .pt view keeps its strides and offset), or copy them contiguous")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--try-fixes", action="store_true",
                    help="measure every candidate fix (fixes.py) in a fresh process and say which removes the drift")
-    p.add_argument("--fix-timeout", type=_positive, default=None, metavar="S",
+    p.add_argument("--fix-timeout", type=positive, default=None, metavar="S",
                    help="with --try-fixes: seconds each candidate's process may take (default 600)")
-    p.add_argument("--fix-budget", type=_positive, default=None, metavar="S",
+    p.add_argument("--fix-budget", type=positive, default=None, metavar="S",
                    help="with --try-fixes: start no candidate's process after S seconds of trying "
                         "(the rest are reported as not tried); default: no limit")
     p.add_argument("--orders", action="store_true",
@@ -408,7 +408,7 @@ class _Bar:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
-    from . import cli_nightly, cli_order, cli_run, cli_scan, cli_summary
+    from . import cli_args, cli_nightly, cli_order, cli_run, cli_scan, cli_summary
 
     cli_run.configure(sub.add_parser("run", help="the main job: every torch build of the matrix, side by side, "
                                                  "with asv on this machine; then the site and what changed"))
@@ -420,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_nightly.configure(sub.add_parser("nightly", help="one night on one machine (or --merge): asv run, summary, site"))
     cat = sub.add_parser("catalog", help="the kernel names or environment behind an id, as asv shows it")
     cat.add_argument("id", metavar="ID", help="12 hex digits, or the number asv shows (143656636881798.0, 1.9e+12)")
-    cat.add_argument("--root", type=cli_scan._folder, help="the catalog (default: results/catalog of the checkout)")
+    cat.add_argument("--root", type=cli_args.folder, help="the catalog (default: results/catalog of the checkout)")
     mach = sub.add_parser("machine", help="this hardware's asv machine name, and what it is made of")
     mach.add_argument("--register", action="store_true",
                       help="also record it in ~/.asv-machine.json (as `asv machine --yes` does), for `asv run --machine NAME`")

@@ -18,7 +18,7 @@ import sys
 
 from . import nightly, resultsbranch, suite
 from .cli import say_error
-from .cli_scan import _folder
+from .cli_args import folder, os_error
 
 PROG = "matmul-drift nightly"
 
@@ -34,13 +34,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="only benchmarks matching REGEX (asv run --bench; repeatable)")
     run.add_argument("--quick", action="store_true", help="asv run --quick")
     run.add_argument("--launch-method", choices=("spawn", "forkserver"), help="asv's launch method")
-    parser.add_argument("--merge", nargs="*", metavar="SRC", type=_folder,
+    parser.add_argument("--merge", nargs="*", metavar="SRC", type=folder,
                         help="merge these results trees or artifact folders (results/, summaries/, "
                              "nights/) into the tree, summarise every machine's latest night, publish")
     parser.add_argument("--date", help="the night, YYYY-MM-DD (default: today, UTC)")
-    parser.add_argument("--tree", type=_folder, metavar="DIR",
+    parser.add_argument("--tree", type=folder, metavar="DIR",
                         help="the results worktree (default: REPO/nightly; created on the branch if absent)")
-    parser.add_argument("--repo", type=_folder, metavar="DIR",
+    parser.add_argument("--repo", type=folder, metavar="DIR",
                         help="the project checkout: its asv.conf.json and benchmarks/ (default: the one here)")
     parser.add_argument("--branch", default="results", help="the results branch (default: results)")
     parser.add_argument("--remote", metavar="NAME",
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     except nightly.NightError as exc:
         return _error(str(exc), 1)
     except OSError as exc:  # a full disk, a read-only tree: recorded files stay whole (atomic writes)
-        return _error(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), 1)
+        return _error(os_error(exc), 1)
     sys.stdout.write(report.text)  # last: all is recorded, whether stdout takes it or not
     return 0
 

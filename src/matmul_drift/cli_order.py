@@ -15,25 +15,25 @@ import argparse
 import os
 
 from . import cases
-from .cli_scan import _file, _positive
+from .cli_args import file_name, positive
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     from .cli import add_memory_argument, add_shape_arguments
 
     add_shape_arguments(p)
-    p.add_argument("--slice-n", type=_positive, help="with --case: the product A @ B[:, :N]")
-    p.add_argument("--slice-m", type=_positive, help="with --case: the product A[:M] @ B")
+    p.add_argument("--slice-n", type=positive, help="with --case: the product A @ B[:, :N]")
+    p.add_argument("--slice-m", type=positive, help="with --case: the product A[:M] @ B")
     p.add_argument("--form", default="as-is", choices=("as-is", "2d"),
                    help="with --case: A as the case holds it, or a 1-D A as A.unsqueeze(0) (the seed's 2d form)")
     p.add_argument("--dtype", required=True, choices=cases.DTYPES)
     p.add_argument("--device", default="cpu", choices=cases.DEVICES)
     p.add_argument("--row", type=int, default=0, help="the entry's row (default 0)")
     p.add_argument("--col", type=int, default=0, help="the entry's column (default 0)")
-    p.add_argument("--json", type=_file, metavar="FILE",
+    p.add_argument("--json", type=file_name, metavar="FILE",
                    help="write the tree and what was measured")
     p.add_argument("--verify", action="store_true", help="replay the tree against the kernel on 100 random draws")
-    p.add_argument("--max-calls", type=_positive, default=4000,
+    p.add_argument("--max-calls", type=positive, default=4000,
                    help="refuse a probe expected to need more matmul calls (default 4000)")
     add_memory_argument(p, "the probe")
 

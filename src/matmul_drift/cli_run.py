@@ -16,7 +16,7 @@ import sys
 
 from . import mainjob, resultsbranch, suite
 from .cli import say_error
-from .cli_scan import _folder
+from .cli_args import folder, os_error
 
 PROG = "matmul-drift run"
 
@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-publish", dest="publish", action="store_false", help="skip asv publish and the site")
     parser.add_argument("--machine", metavar="NAME",
                         help="asv machine name (default: named after this hardware, see `matmul-drift machine`)")
-    parser.add_argument("--repo", type=_folder, metavar="DIR", help="the project checkout (default: the one here)")
+    parser.add_argument("--repo", type=folder, metavar="DIR", help="the project checkout (default: the one here)")
 
 
 def _minutes(seconds: float) -> str:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         say_error(PROG, exc)
         return 1
     except OSError as exc:  # a full disk, a read-only checkout: recorded files stay whole (atomic writes)
-        say_error(PROG, f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+        say_error(PROG, os_error(exc))
         return 1
     parts = [f"torch {o.build} {o.status}" + (f" ({_minutes(o.seconds)})" if o.seconds else "") for o in report.outcomes]
     print(f"{PROG}: done in {_minutes(report.seconds)} on {report.machine} at {report.commit[:8]}: {'; '.join(parts)}. "

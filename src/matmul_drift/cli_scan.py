@@ -15,22 +15,12 @@ import importlib.util
 import os
 import stat
 import sys
-from pathlib import Path
 
 from . import atomic, cases, scan
 from .cli import say_error
+from .cli_args import file_name, positive
 
 PROG = "matmul-drift scan"
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
-    return v
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -40,20 +30,6 @@ def _range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _file(text: str) -> str:
-    # "" is falsy: unchecked, --json "" would silently record nothing
-    if not text:
-        raise argparse.ArgumentTypeError("needs a file name, got an empty one")
-    return text
-
-
-def _folder(text: str) -> Path:
-    # Path("") is ".": an empty $VAR would act on whatever folder this runs in
-    if not text:
-        raise argparse.ArgumentTypeError("needs a folder, got an empty name")
-    return Path(text)
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the scan's arguments to ``parser`` (a subcommand parser of matmul-drift)."""
     parser.description = __doc__.splitlines()[0]
@@ -61,18 +37,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--range", required=True, type=_range, metavar="LO:HI",
                         help="sizes of the varied dimension, both included")
     for d in scan.DIMS:
-        parser.add_argument(f"--{d}", type=_positive, help=f"{d}, fixed (give the two dimensions not varied)")
+        parser.add_argument(f"--{d}", type=positive, help=f"{d}, fixed (give the two dimensions not varied)")
     parser.add_argument("--dtype", required=True, choices=cases.DTYPES)
     parser.add_argument("--device", default="cpu", choices=cases.DEVICES)
-    parser.add_argument("--step", type=_positive, metavar="S",
+    parser.add_argument("--step", type=positive, metavar="S",
                         help="coarse grid spacing in sizes within each alignment class (default: each class "
                              "in 20 pieces); kernels or drift that change and change back between two grid points "
                              "of a class are missed, --step 1 is a dense sweep")
-    parser.add_argument("--json", type=_file, metavar="FILE", help="write every point, boundary and region here, "
+    parser.add_argument("--json", type=file_name, metavar="FILE", help="write every point, boundary and region here, "
                         "once a second and at the end (refuses an existing FILE: use --resume)")
-    parser.add_argument("--resume", type=_file, metavar="FILE", help="continue the scan recorded in FILE (same "
+    parser.add_argument("--resume", type=file_name, metavar="FILE", help="continue the scan recorded in FILE (same "
                         "parameters) and write it back there")
-    parser.add_argument("--plot", type=_file, metavar="FILE.png", help="draw the regions and the drift (matplotlib)")
+    parser.add_argument("--plot", type=file_name, metavar="FILE.png", help="draw the regions and the drift (matplotlib)")
     from .cli import add_memory_argument
 
     add_memory_argument(parser, "the top of the range")
