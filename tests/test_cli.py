@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -783,14 +784,25 @@ def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(args, op
     assert _main(*args) == (2, "", f"matmul-drift: error: argument {option}: needs a folder, got an empty name\n")
 
 
+# The child's own high-water mark (VmHWM, KiB), read as it exits. Not wait4's ru_maxrss: Linux
+# carries the exec-ing process's peak into it, so after a test that grew pytest to 3.5 GiB
+# every child read 3544 MiB (test_measure or test_scan run before this file).
+_PEAK_CHILD = ("import atexit, runpy, sys\n"
+               "out = sys.argv.pop(1)\n"
+               "atexit.register(lambda: open(out, 'w').write(next(ln.split()[1] for ln in open('/proc/self/status') "
+               "if ln.startswith('VmHWM:'))))\n"
+               "sys.argv[0] = 'matmul-drift'\n"
+               "runpy.run_module('matmul_drift.cli', run_name='__main__', alter_sys=True)\n")
+
+
 def _peak_bytes(*args) -> tuple[int, int, str]:
     """(exit status, peak resident bytes, stderr) of `matmul-drift ARGS` in a process of its own."""
-    p = subprocess.Popen([sys.executable, "-m", "matmul_drift.cli", *args], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)
-    err = p.stderr.read().decode()
-    _, status, usage = os.wait4(p.pid, 0)
-    p.stderr.close()
-    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, err  # ru_maxrss: KiB on Linux
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "peak")
+        p = subprocess.run([sys.executable, "-c", _PEAK_CHILD, out, *args], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+        with open(out) as f:
+            return p.returncode, int(f.read()) * 1024, p.stderr
 
 
 @pytest.mark.parametrize("m, k, n, dtype", [(64, 1024, 8192, "float32"), (8192, 1024, 64, "float32"),
