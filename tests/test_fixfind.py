@@ -99,6 +99,32 @@ def test_each_cpu_verdict_matches_plain_torch_under_the_same_setting(report, dri
     assert "removes" in verdicts and ("no effect" in verdicts or "reduces" in verdicts)  # both, really measured
 
 
+FULL_ROUTE = r"""
+import json, sys, numpy as np, torch
+from matmul_drift import inputs, kernels
+seed, m, k, n = json.loads(sys.argv[1])
+bits = lambda name, shape: torch.from_numpy(inputs.round_bits(inputs.draw(seed, f"adhoc-{m}x{k}x{n}:{name}", shape, "uniform"), "float32").view(np.int32)).view(torch.float32)
+A, B = bits("A", (m, k)), bits("B", (k, n))
+print(json.dumps(kernels.traced(lambda: A @ B, "cpu")[1]))
+"""
+
+
+def test_each_row_names_the_kernels_of_its_full_product_under_its_setting(report, drifting_slice):
+    # the drift is measured against the full product under the setting, so a setting that moves
+    # it shows in the row: traced here in a fresh process under the same setting
+    dim, _ = drifting_slice
+    by_name = {c.name: c for c, _ in fixes.candidates("cpu", set(report["drifts"]), dim, fixes.onednn_isa_in_force())}
+    base = report["baseline"]["kernels"]["full"]
+    settings = [r for r in report["candidates"] if "drift" in r and not by_name[r["name"]].compute]
+    moved = [r for r in settings if r["kernels"]["full"] != base]
+    assert base and all(r["kernels"]["full"] for r in settings)
+    for c, want in [(None, base)] + [(by_name[r["name"]], r["kernels"]["full"]) for r in moved[:3]]:
+        code = (fixes.prelude(c) if c else "import torch\n") + FULL_ROUTE
+        p = subprocess.run([sys.executable, "-c", code, json.dumps([measure.SEED, M, K, N])], capture_output=True,
+                           env={**os.environ, **(c.env if c else {})}, text=True, timeout=300)
+        assert p.returncode == 0 and json.loads(p.stdout.strip().splitlines()[-1]) == want, (c and c.name, p.stderr)
+
+
 def test_the_report_names_the_cheapest_fix_and_marks_code_changes(report):
     rows = {r["name"]: r for r in report["candidates"]}
     assert rows["full product, then slice"]["verdict"] == "removes" and rows["full product, then slice"]["code_change"]

@@ -13,7 +13,8 @@ Printed, one JSON line, a list with {code: result} per SPEC (or {"failed": why} 
 SPEC raised); a result holds, for each drift kind, the worst drift over the slices of
 the computation under the candidate against the full product under the same setting
 (max_ulp in output ulps, max_u in u, frac_differ a fraction); error_u of the full
-product (u); ``nonfinite``, the count of its NaN or ±inf entries; the route of the sliced computation (``kernels``: each kind's names once, and
+product (u); ``nonfinite``, the count of its NaN or ±inf entries; the routes (``kernels``: ``full``, the
+full product's under the setting, and each kind's names once, and
 ``"<kind> per call"``, one "n=8: name; name" line a call, where its slices' routes differ, as
 measure.py's); and its seconds per call of its
 slices of the drifting kinds one after another, the full product once for "full" and
@@ -120,8 +121,9 @@ def run(spec: dict) -> dict:
     runs, calls = {}, {}
     with measure.precision_flags(precision):
         lean = bool(spec.get("lean"))
+        full: list[str] | None = None if lean else []  # its kernels: a setting may move the full product too
         if not lean:
-            top = measure.top_product(ops)
+            top = measure.top_product(ops, measure._call(ops.product, device, full))
             bits, values, absprod = top.bits, top.values, top.ref.absprod
             error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, absprod, dtype, k,
                                      precision=precision)["error_u"]
@@ -133,7 +135,8 @@ def run(spec: dict) -> dict:
         worst = {key: worst[key] for key in KEYS}
         nonfinite = int(np.count_nonzero(~np.isfinite(values)))  # a setting that makes them NaN/inf fixes nothing
         for code in spec.get("codes", [None]):
-            out: dict = {"drift": {}, "kernels": {}, "error_u": error_u, "nonfinite": nonfinite, "seconds": None}
+            out: dict = {"drift": {}, "kernels": {} if lean else {"full": full}, "error_u": error_u,
+                         "nonfinite": nonfinite, "seconds": None}
             routes: dict[str, list] = {}  # kind: [(slice label, its kernels)], one per call
             for kind, label, call, cut in computations(ops, case, {**spec, "code": code}):
                 y, names = (call(), []) if lean else kernels.traced(call, device)
