@@ -96,6 +96,30 @@ def test_a_lone_surrogate_in_a_results_file_is_escaped_in_the_report(capsys, tmp
         assert json.loads(text)["machines"] == ["m\udcff"]
 
 
+def test_warnings_on_stderr_are_one_line_each_and_control_free(capsys, tmp_path):
+    # An env name from a results file and a results file's name, each holding a newline, an
+    # escape sequence and a bidi control, reached stderr as they were: a warning broke into a
+    # forged "matmul-drift summary: no changes" line and ESC[2J cleared the terminal.
+    evil = "env\x1b[2J\nmatmul-drift summary: no changes\u202e"
+
+    def adjust(ci, ei, data):
+        if ei == 0:
+            data["env_name"] = evil
+        if ci == 1:  # the kernel-ids measure square only: a warning names the pair's env names
+            row = data["results"][F.KERNEL]
+            row[F.COL["params"]] = [["'square'"], *row[F.COL["params"]][1:]]
+            row[F.COL["result"]] = row[F.COL["result"]][:len(F.DTYPES)]
+
+    tree = F.write_tree(tmp_path / "results", n_commits=2, adjust=adjust)
+    (tree.machine_dir / "bad\nname\x1b[31m.json").write_text("{")
+    assert cli_summary.main([str(tree.root)]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and all(ln.startswith("matmul-drift summary: warning: ") for ln in lines), lines
+    assert not re.search("[\x00-\x1f\x7f-\x9f\u202a-\u202e]", "".join(lines)), lines
+    assert sum("env\\u001b[2J\\u000amatmul-drift summary: no changes\\u202e" in ln for ln in lines) == 1, lines
+    assert sum("bad\\u000aname\\u001b[31m.json" in ln for ln in lines) == 1, lines
+
+
 # ---------------------------------------------------------------------------- git's output
 
 

@@ -58,6 +58,14 @@ def _error(message: str) -> int:
     return 2
 
 
+def _warn(warnings: list[str]) -> None:
+    """Each warning once, in the order met (a missing catalog entry can be asked for twice), on
+    one line: names from results trees (an env name, a file's) hold any character, and their
+    newlines and escape sequences would forge lines or drive the terminal (as say_error)."""
+    for w in dict.fromkeys(warnings):
+        print(f"{PROG}: warning: {render.visible(w)}", file=sys.stderr)
+
+
 def _output_problem(path: str) -> str | None:
     """Why ``--output`` cannot be written, checked before anything is read: a file that exists is
     never replaced (it may be a results file); a device such as /dev/null is written to."""
@@ -105,13 +113,10 @@ def run(args: argparse.Namespace) -> int:
     except summary.UsageError as exc:
         return _error(str(exc))
     except history.HistoryError as exc:
-        for w in dict.fromkeys(exc.warnings):
-            print(f"{PROG}: warning: {w}", file=sys.stderr)
+        _warn(exc.warnings)
         return _error(str(exc))
     text = render.render(result, args.format, fail_on)
-    # Each warning once, in the order met (a missing catalog entry can be asked for twice).
-    for w in dict.fromkeys(result.warnings):
-        print(f"{PROG}: warning: {w}", file=sys.stderr)
+    _warn(result.warnings)
     if args.output is not None:
         try:
             _write_output(args.output, text)
