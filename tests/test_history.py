@@ -73,6 +73,41 @@ def test_skipped_and_failed_are_kept_apart(tmp_path):
     assert s.failed.all() and s.values.shape == (len(tree.combos),)
 
 
+def test_a_one_sample_timing_as_asv_writes_it_is_read_without_a_warning(tmp_path, capsys):
+    # `asv run --quick` (matmul-drift run --quick) times one sample, and asv writes its 99 % CI as
+    # [-Infinity, Infinity]. Each file drew "N values are not finite numbers, skipped": a warning
+    # that data was lost, on asv's own output, though every time was read.
+    from asv_runner.statistics import compute_stats
+
+    from matmul_drift import cli_summary
+
+    tree = F.write_tree(tmp_path / "results", n_commits=2, torch_versions=("2.13.0",))
+    data = F.load_results(tree.file(1, 0))
+    before = F.load_results(tree.file(0, 0))["results"][F.TIME][F.COL["result"]]
+    i = tree.index("square", "float32", "cpu")
+    for k, v in enumerate(before):
+        if v is None or math.isnan(v):
+            continue
+        value, stats = compute_stats([v * 1.5 if k == i else v], 1)  # asv's own numbers
+        F.set_value(data, F.TIME, k, value)
+        row = data["results"][F.TIME]
+        for col in ("ci_99_a", "ci_99_b", "q_25", "q_75", "repeat"):
+            row[F.COL["stats_" + col]] = list(row[F.COL["stats_" + col]])
+            row[F.COL["stats_" + col]][k] = stats[col]
+    F.write_results(tree.machine_dir, data)
+    assert "-Infinity" in tree.file(1, 0).read_text()
+    h = history.read_history(tree.root)
+    s = h.runs[tree.machine][1].series[F.TIME]
+    assert h.warnings == [] and s.stats["ci_99_a"][i] == -math.inf and s.stats["ci_99_b"][i] == math.inf
+    assert s.values[i] == before[i] * 1.5
+    # one sample: the ratio alone decides; 1.5x is flagged, the unchanged times are not
+    assert cli_summary.main([str(tree.root), "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    flags = json.loads(out)["flags"]
+    assert err == "" and [(f["kind"], f["params"]["dtype"], f["params"]["case"], f["detail"]) for f in flags] == [
+        ("timing", "float32", "square", f"{before[i] * 1e3:.3g} ms -> {before[i] * 1.5e3:.3g} ms (1.5x; one sample)")]
+
+
 def test_observations_are_keyed_by_machine_env_commit_benchmark_params(tree):
     h = history.read_history(tree.root)
     obs = {(o.machine, o.env_name, o.commit, o.benchmark, tuple(o.params.items())): o

@@ -84,7 +84,8 @@ class Series:
     ``params`` in ``itertools.product`` order, NaN where skipped *or* failed; ``failed``
     marks the nulls, so skipped == isnan(values) & ~failed. ``stats`` maps asv stat names
     (ci_99_a, ci_99_b, q_25, q_75, repeat; seconds except repeat) to float64 arrays, NaN
-    where absent; it is None for benchmarks without stats (tracks).
+    where absent (a one-sample CI is [-inf, inf], as asv writes it); it is None for benchmarks
+    without stats (tracks).
     """
 
     params: tuple[tuple[str, ...], ...]
@@ -583,28 +584,30 @@ def _read_row(name: str, row: list, col: dict, interned: dict, odd: list[str]) -
         stats = {}
         for k in _STATS:
             v = _column(row, col, k)
-            stats[k[6:]] = np.full(n, np.nan) if v is None else _floats(name, k, v, n, nulls=False, odd=odd)[0]
+            stats[k[6:]] = np.full(n, np.nan) if v is None else _floats(name, k, v, n, stats=True, odd=odd)[0]
     return Series(params_t, version, values, failed, stats)
 
 
-def _floats(name: str, column: str, lst, n: int, nulls: bool = True,
+def _floats(name: str, column: str, lst, n: int, stats: bool = False,
             odd: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask or None).
-    An entry that is neither a number nor null (true, "1.5", a list), or is ±Infinity (no
-    value of this suite, and one the judge could not compare), becomes NaN, and its description
-    is appended to ``odd``: numpy alone would read true as 1 and "1.5" as 1.5."""
+    """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask or None; None
+    for a ``stats`` column). An entry that is neither a number nor null (true, "1.5", a list), or
+    is ±Infinity in a result (no value of this suite, and one the judge could not compare),
+    becomes NaN, and its description is appended to ``odd``: numpy alone would read true as 1
+    and "1.5" as 1.5. In a stats column ±Infinity is kept: asv writes a one-sample 99 % CI
+    (asv run --quick) as [-Infinity, Infinity]."""
     if not isinstance(lst, list) or len(lst) != n:
         raise BadFile(f"{name}: {column} has {len(lst) if isinstance(lst, list) else 'no'} entries, "
                       f"params give {n}")
     # `None in lst` scans in C; the common no-failure case then skips the Python loop.
-    if not nulls:
+    if stats:
         failed = None
     elif None in lst:
         failed = np.fromiter((v is None for v in lst), dtype=bool, count=n)
     else:
         failed = np.zeros(n, dtype=bool)
     bad = [i for i, v in enumerate(lst)
-           if v is not None and (type(v) not in (int, float) or v in (math.inf, -math.inf))]
+           if v is not None and (type(v) not in (int, float) or (not stats and v in (math.inf, -math.inf)))]
     if bad:
         if odd is not None:
             odd += [f"{name} {column}[{i}] = {json.dumps(lst[i])[:40]}" for i in bad]
