@@ -770,6 +770,15 @@ def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     assert documented == set(summary.KINDS), documented ^ set(summary.KINDS)
 
 
+def test_every_flag_kind_and_the_default_fail_on_are_documented():
+    """docs/summary.md named neither `nonfinite` nor `failure`, and not which kinds fail by
+    default (`fix` and `nonfinite` among them): a reader of --format json met kinds it never saw."""
+    doc = " ".join((REPO / "docs" / "summary.md").read_text().split())
+    assert not [k for k in summary.KINDS if f"`{k}`" not in doc]
+    default = ",".join(k for k in summary.KINDS if k in summary.DEFAULT_FAIL_ON)
+    assert f"`--fail-on`'s default is `{default}`" in doc
+
+
 def test_plain_output_groups_by_machine_and_kind(capsys, tmp_path):
     i = _idx(dtype="float32")
 
