@@ -109,16 +109,24 @@ def test_a_row_naming_a_hundred_million_combinations_is_skipped(tree):
     assert rc in (0, 1) and [ln for ln in lines if "100000000 combinations" in ln], lines
 
 
-@pytest.mark.parametrize("bad", [True, "143656636881798.0", "1.5", [1.0], float("inf"), float("-inf")])
+# An integer float64 cannot hold (10**400, a JSON number without a point) once dropped the
+# whole file, every other value with it: "malformed results file (OverflowError: ...)".
+@pytest.mark.parametrize("bad", [True, "143656636881798.0", "1.5", [1.0], float("inf"), float("-inf"),
+                                 pytest.param(10**400, id="10**400"),
+                                 pytest.param(-(2**1024 - 2**970), id="-(2**1024-2**970)")])
 def test_a_value_of_the_wrong_type_is_skipped_with_a_warning_not_read_as_a_number(tree, bad):
     rc0, clean, _ = summary_of(tree.root)
     data = F.load_results(tree.file(1, 0))
     for name in ("drift.Drift.track_kernel_id", "drift.Drift.track_error_u"):
         for i in range(len(data["results"][name][data["result_columns"].index("result")])):
             F.set_value(data, name, i, bad)
+    time_row = data["results"][F.TIME]
+    time_row[F.COL["stats_q_25"]] = [bad, *time_row[F.COL["stats_q_25"]][1:]]  # a stats column too
     tree.file(1, 0).write_text(json.dumps(data))
     h = history.read_history(tree.root)
     run = next(r for r in h.runs[tree.machine] if r.path == tree.file(1, 0))
+    q_25 = run.series[F.TIME].stats["q_25"][0]  # ±inf is asv's own in stats (a one-sample CI): kept
+    assert run.series[F.TIME].values[0] > 0 and (q_25 == bad if isinstance(bad, float) else q_25 != q_25)
     assert all(s != s for s in run.series["drift.Drift.track_kernel_id"].values)  # NaN: skipped
     assert not run.series["drift.Drift.track_kernel_id"].failed.any()
     rc, text, lines = summary_of(tree.root)

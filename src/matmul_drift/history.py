@@ -42,6 +42,7 @@ _SKIP_FILES = {"machine.json", "benchmarks.json"}
 _TRACK = re.compile(r"^drift\.Drift\.track_(\w+)$")  # the suite's series, named as asv names them
 MAX_COMBINATIONS = 1 << 20  # parameter combinations in one results row (the suite has 108)
 MAX_DATE_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: datetime holds no later day
+_INT_PAST_FLOAT = 2**1024 - 2**970  # the least integer that float() rounds to infinity (OverflowError)
 _KNOWN_COLUMNS = {
     "result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
     "stats_q_25", "stats_q_75", "stats_number", "stats_repeat", "samples", "profile",
@@ -591,7 +592,8 @@ def _read_row(name: str, row: list, col: dict, interned: dict, odd: list[str]) -
 def _floats(name: str, column: str, lst, n: int, stats: bool = False,
             odd: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask or None; None
-    for a ``stats`` column). An entry that is neither a number nor null (true, "1.5", a list), or
+    for a ``stats`` column). An entry that is neither a number nor null (true, "1.5", a list), an
+    integer no float64 holds (10**400: numpy raised, and the whole file was dropped), or
     is ±Infinity in a result (no value of this suite, and one the judge could not compare),
     becomes NaN, and its description is appended to ``odd``: numpy alone would read true as 1
     and "1.5" as 1.5. In a stats column ±Infinity is kept: asv writes a one-sample 99 % CI
@@ -607,7 +609,8 @@ def _floats(name: str, column: str, lst, n: int, stats: bool = False,
     else:
         failed = np.zeros(n, dtype=bool)
     bad = [i for i, v in enumerate(lst)
-           if v is not None and (type(v) not in (int, float) or (not stats and v in (math.inf, -math.inf)))]
+           if v is not None and (not -_INT_PAST_FLOAT < v < _INT_PAST_FLOAT if type(v) is int else
+                                 type(v) is not float or (not stats and v in (math.inf, -math.inf)))]
     if bad:
         if odd is not None:
             odd += [f"{name} {column}[{i}] = {json.dumps(lst[i])[:40]}" for i in bad]
