@@ -163,3 +163,14 @@ def test_a_catalog_entry_that_is_not_its_id_is_missing_not_a_traceback(tmp_path,
     catalog.entry_path(tmp_path, "env", ident).write_text(text)
     with pytest.raises(catalog.MissingEntry, match=why):
         catalog.load(tmp_path, "env", ident)
+
+
+def test_the_nightly_and_main_job_log_lines_are_one_line_whatever_a_name_holds(capsys):
+    # their warnings name results files and environments, which may hold a newline or ESC
+    from matmul_drift import mainjob, nightly
+
+    for say in (nightly._log, mainjob.log):
+        say("warning: existing-py\n matmul-drift nightly: no changes\x1b[2J\u202e")
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "\x1b" not in err and "\u202e" not in err, err
+        assert "\\u000a" in err and "\\u001b[2J" in err

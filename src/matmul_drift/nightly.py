@@ -95,7 +95,9 @@ class Report:
 
 
 def _log(msg: str) -> None:
-    print(f"matmul-drift nightly: {msg}", file=sys.stderr, flush=True)
+    """One line on stderr: names from the results tree or asv (a file's, an env's) may hold a
+    newline or an escape sequence, written as \\uXXXX (render.visible) so no line is forged."""
+    print(f"matmul-drift nightly: {render.visible(msg)}", file=sys.stderr, flush=True)
 
 
 def today() -> str:
