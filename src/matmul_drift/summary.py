@@ -160,7 +160,8 @@ class Summary:
 
 
 def parse_fail_on(text: str | None) -> frozenset[str]:
-    """'kernel,accuracy' -> kinds; '' or None -> the default; 'none' -> nothing; 'all'."""
+    """'kernel,accuracy' -> kinds; None -> the default; 'none' -> nothing; 'all'. '' is refused
+    (UsageError): an empty $VAR would otherwise pass for a choice."""
     if text is None:
         return DEFAULT_FAIL_ON
     words = [w.strip() for w in text.split(",") if w.strip()]
