@@ -752,7 +752,7 @@ def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     i = _idx(dtype="float32")
     tree = _tree_with(tmp_path, lambda d, t: F.set_value(d, F.ERROR_U, i, 50.0))
     rc, doc, _ = run_json(capsys, tree.root)
-    assert set(doc) == {"version", "fail_on", "failing", "pairs", "machines", "flags", "different_hardware"}
+    assert set(doc) == {"version", "fail_on", "failing", "pairs", "machines", "flags", "different_hardware", "warnings"}
     assert doc["different_hardware"] == []
     assert doc["fail_on"] == ["kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix"]
     f = doc["flags"][0]
@@ -852,6 +852,7 @@ def test_runs_with_different_params_are_compared_on_the_common_combinations(caps
     # and said once, for the one pair: a combination in one run only is never compared
     (line,) = err.strip().splitlines()
     assert rc == 1 and "the benchmarks' params differ" in line and f"{tree.commits[0][:8]} (" in line, err
+    assert doc["warnings"] == [line.split(": warning: ", 1)[1]]  # a JSON reader learns it too
 
 
 def test_a_value_measured_before_and_skipped_now_is_said_not_flagged(capsys, tree):

@@ -39,6 +39,8 @@ JSON schema (``--format json``), one document::
       ],
       "different_hardware": ["..."] # neighbouring runs of one machine name on two hardwares:
                                     # one line each, never judged
+      "warnings": ["..."]           # what was not read or not compared (a corrupt file skipped,
+                                    # params that differ, a value skipped now), each once
     }
 """
 
@@ -235,6 +237,7 @@ def render_json(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         "machines": list(summary.machines),
         "flags": [flag_record(f, fail_on) for _, _, flags in groups(summary) for f in flags],
         "different_hardware": list(summary.different_hardware),
+        "warnings": list(dict.fromkeys(summary.warnings)),  # a JSON reader learns what was left out too
     }
     text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     return visible(text, newlines=True)  # as JSON escapes: the same data reads back
