@@ -180,9 +180,16 @@ def captured_fds(fds=(1, 2)):
             tmps[fd].close()
 
 
+# Kineto's notes: "USDT:... profiler_start" at every session; and, at a process's first session
+# under a CUDA build of torch on a machine without a GPU (2.14.1+cu130, no driver), "ERROR:<time>
+# <pid>:<tid> DeviceProperties.cpp:56] gpuGetDeviceCount failed with code 35": an ERROR on every
+# CPU explain, scan and order, about a device that measurement does not use.
+_KINETO_NOTE = re.compile(r"USDT:|ERROR:.*\] gpuGetDeviceCount failed with code \d+$")
+
+
 def _pass_on_stderr(text: str) -> None:
-    """Re-emit captured stderr, less the profiler's start/stop notes."""
-    rest = "".join(line for line in text.splitlines(True) if not line.startswith("USDT:"))
+    """Re-emit captured stderr, less Kineto's notes (``_KINETO_NOTE``)."""
+    rest = "".join(line for line in text.splitlines(True) if not _KINETO_NOTE.match(line.rstrip("\n")))
     if rest:
         sys.stderr.write(rest)
 
