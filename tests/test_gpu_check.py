@@ -38,9 +38,14 @@ def image_python(base) -> str:
     neither asv nor this project (each only from .whl/ there). Returns its executable."""
     farm = base / "image-site"
     farm.mkdir()
-    for p in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if not p.name.startswith(("asv", "matmul_drift", "__editable__")) and p.suffix != ".pth":
-            (farm / p.name).symlink_to(p)
+    # every site folder this Python imports from, in its order: a venv made with
+    # --system-site-packages, or one whose .pth names another's, has torch and numpy there
+    sites = [sysconfig.get_paths()["purelib"]] + [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    for site in dict.fromkeys(sites):
+        for p in Path(site).iterdir():
+            if (not p.name.startswith(("asv", "matmul_drift", "__editable__")) and p.suffix != ".pth"
+                    and not (farm / p.name).is_symlink()):
+                (farm / p.name).symlink_to(p)
     subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(base / "image")], check=True)
     venv_site = subprocess.run([base / "image/bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip()
