@@ -476,7 +476,8 @@ def test_slices_on_different_routes_keep_each_calls_route(monkeypatch):
     spec = {"m": 8, "k": 16, "n": 8, "dtype": "float32", "device": "cpu", "repeat": 2, "slice_n": [3, 7],
             "slice_m": [2, 2], "codes": [None]}
     got = fixrun.run(spec)
-    assert got["None"]["kernels"] == {"slice_n": ["K(8, 3)", "K(8, 7)"], "slice_n per call": ["n=3: K(8, 3)", "n=7: K(8, 7)"],
+    assert got["None"]["kernels"] == {"full": ["K(8, 8)"], "slice_n": ["K(8, 3)", "K(8, 7)"],
+                                      "slice_n per call": ["n=3: K(8, 3)", "n=7: K(8, 7)"],
                                       "slice_m": ["K(2, 8)"]}, got["None"]["kernels"]  # m=2 twice: one route
 
 
