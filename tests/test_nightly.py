@@ -949,16 +949,24 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
     (bin_dir / name).chmod(0o755)
 
 
-def test_slurm_submit_moves_each_task_to_its_partition(tmp_path):
+def _submit(tmp_path: Path, partitions: str, scontrol_fails_on: str = "none") -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`slurm-nightly.sbatch --submit` for machines h100 and a100 on ``partitions``, with stub
+    sbatch (job 4242), scancel and scontrol (which fails on a partition named
+    ``scontrol_fails_on``): (the run, every Slurm call it made, one line each)."""
     log = tmp_path / "calls"
     _stub(tmp_path / "bin", "sbatch", f'echo "sbatch $*" >> {log}; echo 4242')
-    _stub(tmp_path / "bin", "scontrol", f'echo "scontrol $*" >> {log}')
+    _stub(tmp_path / "bin", "scontrol", f'echo "scontrol $*" >> {log}; case "$*" in *{scontrol_fails_on}*) exit 1;; esac')
+    _stub(tmp_path / "bin", "scancel", f'echo "scancel $*" >> {log}')
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "MATMUL_DRIFT_REPO": str(ROOT),
-           "MATMUL_DRIFT_MACHINES": "h100 a100", "MATMUL_DRIFT_PARTITIONS": "gpu-h100 gpu-a100"}
+           "MATMUL_DRIFT_MACHINES": "h100 a100", "MATMUL_DRIFT_PARTITIONS": partitions}
     p = subprocess.run(["bash", str(ROOT / "scripts/slurm-nightly.sbatch"), "--submit"], env=env,
                        capture_output=True, text=True, timeout=60)
+    return p, log.read_text().splitlines()
+
+
+def test_slurm_submit_moves_each_task_to_its_partition(tmp_path):
+    p, calls = _submit(tmp_path, "gpu-h100 gpu-a100")
     assert p.returncode == 0, p.stderr
-    calls = log.read_text().splitlines()
     assert calls[0].startswith("sbatch --parsable --hold --array=0-1 ")
     assert calls[1:4] == ["scontrol update JobId=4242_0 Partition=gpu-h100",
                           "scontrol update JobId=4242_1 Partition=gpu-a100", "scontrol release 4242"]
@@ -968,15 +976,7 @@ def test_slurm_submit_moves_each_task_to_its_partition(tmp_path):
 def test_slurm_submit_with_a_partition_slurm_refuses_runs_the_other_machines(tmp_path):
     # `scontrol update` failing (a mistyped partition) stopped --submit under set -e after
     # `sbatch --hold`: the whole array stayed held, no merge was queued, every machine lost the night
-    log = tmp_path / "calls"
-    _stub(tmp_path / "bin", "sbatch", f'echo "sbatch $*" >> {log}; echo 4242')
-    _stub(tmp_path / "bin", "scontrol", f'echo "scontrol $*" >> {log}; case "$*" in *gpu-typo*) exit 1;; esac')
-    _stub(tmp_path / "bin", "scancel", f'echo "scancel $*" >> {log}')
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "MATMUL_DRIFT_REPO": str(ROOT),
-           "MATMUL_DRIFT_MACHINES": "h100 a100", "MATMUL_DRIFT_PARTITIONS": "gpu-typo gpu-a100"}
-    p = subprocess.run(["bash", str(ROOT / "scripts/slurm-nightly.sbatch"), "--submit"], env=env,
-                       capture_output=True, text=True, timeout=60)
-    calls = log.read_text().splitlines()
+    p, calls = _submit(tmp_path, "gpu-typo gpu-a100", scontrol_fails_on="gpu-typo")
     assert p.returncode == 1 and "cannot move h100 to partition gpu-typo" in p.stderr, p.stderr
     assert calls[1:5] == ["scontrol update JobId=4242_0 Partition=gpu-typo", "scancel 4242_0",
                           "scontrol update JobId=4242_1 Partition=gpu-a100", "scontrol release 4242"], calls
