@@ -228,3 +228,98 @@ def test_a_cpu_route_prints_nothing_on_stderr_in_a_fresh_process():
     code = "import torch; from matmul_drift import kernels; a = torch.ones(2, 2); print(kernels.cpu_route(lambda: a @ a)[1])"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "aten::mm" in p.stdout and p.stderr == "", p.stderr
+
+
+# torch's own CUDA names, as Kineto hands them over (demangled, with their parameter lists)
+SPIN_CUDA = "at::cuda::(anonymous namespace)::spin_kernel(long)"  # torch.cuda._sleep
+ADD_CUDA = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctorOnSelf_add<unsigned char>, "
+            "std::array<char*, 2ul> >(int, at::native::CUDAFunctorOnSelf_add<unsigned char>, std::array<char*, 2ul>)")
+GEMV = [n for tag, n in kernel_names.tagged() if tag == "full" and n.startswith(("nvjet", "void splitKreduce"))][:2]
+
+
+class FakeCuda:
+    """torch.cuda and torch.profiler.profile as kernels.cuda_kernels uses them, for a machine
+    without a GPU: every launch leaves a CPU runtime record and a device record, and a session's
+    records come as Kineto's (the CPU's first, then the device's, each with start_ns, end_ns and
+    a DeviceType), less the device's first ``loss(session)`` (pytorch#192021)."""
+
+    def __init__(self, torch, loss):
+        self.torch, self.loss, self.session, self.clock, self.calls = torch, loss, 0, 0, 0
+        self.cpu, self.device = [], []
+        fake = self
+
+        class Scratch:
+            def add_(self, value):
+                fake.launch("aten::add_", ADD_CUDA)
+
+        class Profile:
+            def __init__(self, activities):
+                assert torch.profiler.ProfilerActivity.CUDA in activities
+
+            def __enter__(self):
+                fake.session += 1
+                fake.cpu, fake.device = [], []
+                return self
+
+            def __exit__(self, *exc):
+                kept = fake.device[min(fake.loss(fake.session), len(fake.device)):]
+                raw = fake.cpu + kept
+                self.profiler = types.SimpleNamespace(kineto_results=types.SimpleNamespace(events=lambda: raw))
+
+        self.Scratch, self.Profile = Scratch, Profile
+
+    def raw(self, name, device_type, start, end):
+        return types.SimpleNamespace(name=lambda: name, device_type=lambda: device_type, start_ns=lambda: start,
+                                     end_ns=lambda: end, is_hidden_event=lambda: False)
+
+    def launch(self, op, kernel):
+        cpu, cuda = self.torch.autograd.DeviceType.CPU, self.torch.autograd.DeviceType.CUDA
+        t = self.clock = self.clock + 100
+        self.cpu += [self.raw(op, cpu, t, t + 50), self.raw("cudaLaunchKernel", cpu, t + 10, t + 20)]
+        self.device.append(self.raw(kernel, cuda, t + 1000, t + 1040))  # the GPU runs behind the host
+
+    def product(self):
+        """A traced call: a GEMV and its split-K reduction; its result says which call it was."""
+        self.calls += 1
+        for name in GEMV:
+            self.launch("aten::mv", name)
+        return self.calls
+
+    def install(self, monkeypatch):
+        torch = self.torch
+        empty = torch.empty
+        monkeypatch.setattr(torch, "empty", lambda *a, device=None, **kw: self.Scratch() if device == "cuda"
+                            else empty(*a, device=device, **kw))
+        monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: self.launch("aten::_sleep", SPIN_CUDA), raising=False)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+        monkeypatch.setattr(torch.profiler, "profile", self.Profile)
+        monkeypatch.setattr(kernels, "_SENTINELS", [])
+        monkeypatch.setattr(kernels.atexit, "register", lambda fn: None)
+
+
+def test_cuda_kernels_gives_each_calls_own_kernels_from_torch_shaped_records(monkeypatch):
+    """kernels.cuda_kernels end to end on torch's record types (DeviceType enums, Kineto's
+    start_ns/end_ns, torch's real spin and byte-add kernel names), under a profiler that loses
+    all of its first session, one record more each session after, and once 60 at a time (the
+    call is traced again): every call's list is its GEMV and split-K reduction, normalised, and
+    the result returned is that same call's, the last try's."""
+    import torch
+
+    fake = FakeCuda(torch, lambda session: 60 if session == 20 else grows(session))
+    fake.install(monkeypatch)
+    for i in range(40):
+        result, names = kernels.cuda_kernels(fake.product)
+        assert names == [kernels.normalise_cuda(n) for n in GEMV] and result == fake.calls, (i, names)
+    s = kernels._SENTINELS[0]
+    assert s.marks == (kernels.normalise_cuda(SPIN_CUDA), kernels.normalise_cuda(ADD_CUDA))
+    assert s.marks[0] == "at::cuda::(anonymous namespace)::spin_kernel" and s.failed == 0 and s.lost[0] >= 40
+    assert s.retried == 1 and fake.calls == 41  # one call traced twice, its second result returned
+
+
+def test_cuda_kernels_says_no_kernel_where_the_call_launched_none(monkeypatch):
+    import torch
+
+    fake = FakeCuda(torch, lambda session: 0)
+    fake.install(monkeypatch)
+    assert kernels.cuda_kernels(lambda: "empty") == ("empty", ["(no kernel)"])
+    assert kernels._SENTINELS[0].report() is None
