@@ -208,3 +208,28 @@ def test_a_run_of_an_older_commit_does_not_hide_the_newer_results_from_the_site(
     assert rc == 0, out[-3000:]
     [graph] = (dst / "html" / "graphs" / "branch-main" / "machine-box").rglob("toy.track_one.json")
     assert [value for _, value in json.loads(graph.read_text())] == [2.0]
+
+
+def test_the_benchmark_modules_touch_no_cuda_before_asvs_fork():
+    """asv's forkserver imports the benchmark modules once and forks a process per benchmark
+    (setup_cache too): CUDA initialised in the server (torch.cuda.is_available() without
+    PYTORCH_NVML_BASED_CUDA_CHECK, a device count, a lazy init) leaves every child's CUDA
+    broken. Here every entry torch has into the CUDA driver raises while the modules are
+    imported as asv imports them and their params and selection are read."""
+    code = r"""
+import sys, torch
+def poisoned(*a, **k):
+    raise AssertionError("CUDA touched before the fork")
+for mod, name in ((torch._C, "_cuda_getDeviceCount"), (torch._C, "_cuda_init"), (torch.cuda, "_lazy_init"),
+                  (torch.cuda, "is_available"), (torch.cuda, "device_count"), (torch.cuda, "mem_get_info")):
+    if hasattr(mod, name):
+        setattr(mod, name, poisoned)
+sys.path.insert(0, sys.argv[1])
+import benchmarks.drift as d, benchmarks.timing as t
+from matmul_drift import suite
+print(len(d.Drift.params[0]) * len(d.Drift.params[1]) * len(d.Drift.params[2]), len(t.Time.params[2]),
+      bool(suite.selection_regex("drift")))
+"""
+    env = {**os.environ, "MATMUL_DRIFT_DEVICES": "cuda"}
+    p = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.split() == ["108", "2", "True"], p.stderr
