@@ -26,7 +26,7 @@ def test_the_table_holds_every_candidate_the_issue_names():
               "contiguous copy of the slice", "full product, then slice",
               *(f"pad n to a multiple of {k}" for k in (4, 8, 16, 32))):
         assert cpu[n] is None, n
-    for n in ("TF32 off", "reduced-precision reduction off, cuBLASLt", "cuBLAS workspace :16:8, cuBLASLt workspace 1",
+    for n in ("TF32 off", "split-K off, cuBLASLt", "reduced-precision reduction off, cuBLASLt", "cuBLAS workspace :16:8, cuBLASLt workspace 1",
               "deterministic algorithms", "pad n to a multiple of 8"):
         assert cuda[n] is None, n
     assert "batch_invariant_ops kernels" in cuda
@@ -95,6 +95,23 @@ def test_cuda_preludes_compile_and_name_real_torch_settings():
     assert hasattr(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction")
     assert hasattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction")
     assert callable(torch.backends.cuda.preferred_blas_library) and callable(torch.use_deterministic_algorithms)
+
+
+def test_the_split_k_candidate_turns_split_k_off_on_this_torch():
+    """Its setup run here, all but the BLAS choice (a CPU build refuses cuBLASLt): both
+    precisions read back with reduced precision and split-K off, where both were on."""
+    import torch
+
+    [c] = [c for c in fixes.CANDIDATES if c.name == "split-K off, cuBLASLt"]
+    m = torch.backends.cuda.matmul
+    before = (m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction)
+    try:
+        m.allow_fp16_reduced_precision_reduction = m.allow_bf16_reduced_precision_reduction = (True, True)
+        exec(fixes.prelude(c).replace("torch.backends.cuda.preferred_blas_library('cublaslt')", ""), {})
+        assert [m.allow_fp16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction_split_k,
+                m.allow_bf16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction_split_k] == [False] * 4
+    finally:
+        m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = before
 
 
 @pytest.mark.parametrize("flags,isa,down", [

@@ -62,6 +62,16 @@ CANDIDATES: tuple[Candidate, ...] = (
     # flags after the candidate's setup (fixrun), and NVIDIA's libraries obey this over any flag.
     # Only the TF32 precisions use TF32: torch leaves it off for plain float32 by default.
     Candidate("TF32 off", "cuda", DRIFTS, env={"NVIDIA_TF32_OVERRIDE": "0"}, precisions=("float32-tf32", "float32-high")),
+    # torch 2.10 and newer take (allow_reduced_precision, allow_splitk): with split-K off,
+    # cuBLASLt adds each output's K products in one kernel, as a different N may not
+    # (the seed's suspect). An older torch refuses the tuple, and the row says "failed".
+    Candidate("split-K off, cuBLASLt", "cuda", DRIFTS,
+              setup="m = torch.backends.cuda.matmul\n"
+                    "assert hasattr(m, 'allow_fp16_reduced_precision_reduction_split_k'), "
+                    "'this torch has no split-K setting (torch 2.10 and newer)'\n"
+                    "m.allow_fp16_reduced_precision_reduction = (False, False)\n"
+                    "m.allow_bf16_reduced_precision_reduction = (False, False)\n"
+                    "torch.backends.cuda.preferred_blas_library('cublaslt')"),
     Candidate("reduced-precision reduction off, cuBLASLt", "cuda", DRIFTS,
               setup="torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False\n"
                     "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False\n"
