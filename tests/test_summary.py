@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import asv_fixtures as F
+import checkout
 import kernel_names
 from matmul_drift import catalog, cli_summary, history, order, render, summary
 
@@ -521,6 +522,79 @@ def test_base_head_judges_what_base_lacks_against_the_latest_run_before_it(capsy
     # Head before base: nothing earlier is judged (there is no run between to step over).
     rc, doc, _ = run_json(capsys, tree.root, "--base", tree.commits[3][:8], "--head", tree.commits[1][:8])
     assert [f["kind"] for f in doc["flags"]] == ["failure", "failure"] and rc == 0
+
+
+def _rebased_project(root: Path, changes: dict[int, int]) -> tuple[list[str], F.Tree]:
+    """A git repository with commits A -> B -> C -> D whose author dates, which asv's results
+    hold (asv's Git.get_date), are days 0, 2, 1 and 1, as a rebase that keeps them leaves them
+    (committed in one second), with asv.conf.json (repo ".") and one environment's results
+    beside it. Combination i's kernel is new from commit ``changes[i]`` on. Returns the hashes."""
+    from asv.plugins.git import Git
+
+    root.mkdir(parents=True)
+    checkout.git(root.parent, "init", "-q", "-b", "main", str(root))
+    (root / "asv.conf.json").write_text(json.dumps({"version": 1, "project": "p", "repo": ".", "dvcs": "git",
+                                                    "branches": ["main"], "results_dir": "results/asv"}))
+    hashes = []
+    for name, day in zip("ABCD", (0, 2, 1, 1)):
+        (root / name).write_text(name)
+        stamp = {"GIT_AUTHOR_DATE": f"@{F.START_MS // 1000 + day * 86400} +0000",
+                 "GIT_COMMITTER_DATE": f"@{F.START_MS // 1000 + 9 * 86400} +0000"}
+        subprocess.run([*checkout.GIT, "add", "-A"], cwd=root, check=True)
+        subprocess.run([*checkout.GIT, "commit", "-qm", name], cwd=root, check=True, env={**os.environ, **stamp})
+        hashes.append(checkout.git(root, "rev-parse", "HEAD"))
+    dates = [Git(str(root), str(root / ".asv" / "repo")).get_date(h) for h in hashes]
+    new_kernel, _ = _new_ids(root / "results")
+
+    def adjust(ci, ei, data):
+        data["commit_hash"], data["date"] = hashes[ci], dates[ci]
+        for i, first in changes.items():
+            if ci >= first:
+                F.set_value(data, F.KERNEL, i, new_kernel)
+
+    return hashes, F.write_tree(root / "results", n_commits=4, torch_versions=("2.13.0",), adjust=adjust)
+
+
+def _kernel_flags(doc: dict) -> list[tuple]:
+    return sorted((f["params"]["dtype"], f["before"]["commit"], f["after"]["commit"])
+                  for f in doc["flags"] if f["kind"] == "kernel")
+
+
+def test_commits_are_paired_in_git_order_where_the_repository_is_at_hand(capsys, tmp_path, monkeypatch):
+    # By author date the runs read A, C, D, B (C and D tied): the float32 kernel, new at B,
+    # was put on C, and the float64 one, new at C, read "new at C, back to the old at B".
+    from asv.plugins.git import Git
+
+    i, j = _idx(dtype="float32"), _idx(dtype="float64")
+    (A, B, C, D), tree = _rebased_project(tmp_path / "project", {i: 1, j: 2})
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # no repository here: asv.conf.json beside the results names it
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    rc, doc, err = run_json(capsys, tree.root, "--across", "commits")
+    assert _kernel_flags(doc) == [("float32", A, B), ("float64", B, C)], doc["flags"]
+    assert rc == 1 and len(doc["flags"]) == 2 and doc["warnings"] == [] and "warning" not in err
+    # The order of asv's site: each commit's revision in asv's own get_revisions.
+    revision = Git(str(tmp_path / "project"), str(tmp_path / "mirror")).get_revisions({A, B, C, D})
+    assert [r.commit for r in history.read_history(tree.root).runs[tree.machine]] == sorted(revision, key=revision.get)
+
+    # The results alone, away from the project: by date, and C and D's shared date said in one line.
+    copy = tmp_path / "copy" / "results"
+    shutil.copytree(tree.root, copy)
+    for fmt in ("json", "github", "plain"):
+        rc, out, err = run_cli(capsys, copy, "--across", "commits", "--format", fmt)
+        tie = [w for w in (json.loads(out)["warnings"] if fmt == "json" else err.splitlines()) if "share the commit date" in w]
+        assert len(tie) == 1 and C[:8] in tie[0] and D[:8] in tie[0] and "2025-01-02 00:00:00 UTC" in tie[0], (fmt, out, err)
+        assert fmt != "github" or "share the commit date 2025-01-02 00:00:00 UTC" in out
+    # Run from the project's checkout, the copy is in git's order again; a commit git does not
+    # know (results of a deleted branch) keeps its place by date, and is named.
+    data = F.load_results(tree.machine_dir / f"{D[:8]}-{tree.env_names[0]}.json")
+    F.write_results(copy / "asv" / tree.machine, F.derive(data, "f" * 40, F.START_MS + 5 * F.DAY_MS))
+    monkeypatch.chdir(tmp_path / "project")
+    rc, doc, err = run_json(capsys, copy, "--across", "commits")
+    assert _kernel_flags(doc) == [("float32", A, B), ("float64", B, C)], doc["flags"]
+    assert doc["warnings"] == [f"git at {tmp_path / 'project'} does not know 1 of the 5 commits in the "
+                               "results (e.g. ffffffff); those are placed by their commit dates"]
+    assert [r.commit for r in history.read_history(copy).runs[tree.machine]] == [A, B, C, D, "f" * 40]
 
 
 def test_missing_catalog_entry_is_named_and_the_flag_kept(capsys, tmp_path):

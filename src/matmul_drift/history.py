@@ -33,7 +33,7 @@ from typing import Iterator
 
 import numpy as np
 
-from . import bounded
+from . import bounded, gitorder
 from . import catalog as _catalog
 
 RESULTS_API_VERSION = 2  # asv.results.Results.api_version
@@ -114,10 +114,11 @@ class Run:
     path: Path
     series: dict[str, Series]
     torch: str | None = None  # torch version that ran, best known (see History._torch_version)
+    rank: int = 0  # its commit's place in the history's commit order (gitorder.commit_ranks)
 
     @property
     def order_key(self) -> tuple:
-        return (self.date, version_key(self.torch), self.env_name, self.commit)
+        return (self.rank, version_key(self.torch), self.env_name, self.commit)
 
 
 @dataclass
@@ -168,8 +169,9 @@ class Catalog:
 class History:
     """Everything read: benchmarks, machines and their runs in order, and warnings.
 
-    ``runs[machine]`` is ordered by commit date, then torch version (numerically), then
-    environment name. ``warnings`` name each file that could not be used.
+    ``runs[machine]`` is ordered by commit (git's order where the repository is at hand, else
+    by commit date: see gitorder.py), then torch version (numerically), then environment
+    name. ``warnings`` name each file that could not be used.
     """
 
     asv_dir: Path
@@ -370,10 +372,17 @@ def read_history(
             runs.append(run)
         for run in runs:
             run.torch = _torch_version(run, history)
-        runs.sort(key=lambda r: r.order_key)
         history.runs[name] = runs
     if not any(history.runs.values()):
         raise HistoryError(f"no readable asv results under {asv_dir}", warnings)
+    dates: dict[str, int] = {}
+    for run in (r for runs in history.runs.values() for r in runs):
+        dates[run.commit] = min(run.date, dates.get(run.commit, run.date))
+    ranks = gitorder.commit_ranks(dates, asv_dir, warnings)
+    for runs in history.runs.values():
+        for run in runs:
+            run.rank = ranks[run.commit]
+        runs.sort(key=lambda r: r.order_key)
     return history
 
 

@@ -1,9 +1,11 @@
 """Observations in, flags out: what changed between neighbouring runs. Never imports torch.
 
 Two runs are neighbours when they are on one machine and one hardware, and either
-- ``commits``: in one environment (asv env name), consecutive by commit date (a combination
-  the earlier run has no value for, failed, skipped or not run, is judged against the latest
-  run before it that has one, as asv's graphs step over a missing point); or
+- ``commits``: in one environment (asv env name), consecutive in the commit order of
+  gitorder.py: asv's revision order where the project's git repository is at hand, else by
+  commit date (a combination the earlier run has no value for, failed, skipped or not run,
+  is judged against the latest run before it that has one, as asv's graphs step over a
+  missing point); or
 - ``envs``: at one commit, consecutive by torch version (numeric order; what the earlier
   build has no value for is judged against the latest build before it that has one).
 ``--base/--head`` instead pairs each environment at base with the same one at head (what base
@@ -139,7 +141,7 @@ class Pair:
     across: str
     before: Run
     after: Run
-    # The runs ``before`` and ``after`` are neighbours in: an environment's by date (commits
+    # The runs ``before`` and ``after`` are neighbours in: an environment's by commit order (commits
     # axis, --base/--head) or a commit's by torch version (envs), ``before`` at chain[at]. A
     # combination ``before`` has no value for (failed, skipped, not run) is judged against the
     # latest earlier run that has one, so a failed night between two kernels cannot hide the change.
@@ -292,7 +294,7 @@ def make_pairs(history: History, options: Options) -> list[Pair]:
     for machine, runs in groups.items():
         if options.across in ("commits", "both"):
             by_env: dict[str, list[Run]] = {}
-            for r in runs:  # already in date order
+            for r in runs:  # already in commit order
                 by_env.setdefault(r.env_name, []).append(r)
             for env_runs in by_env.values():
                 pairs += [Pair(machine, "commits", a, b, env_runs, k) for k, (a, b) in enumerate(zip(env_runs, env_runs[1:]))
@@ -324,7 +326,8 @@ def summarise(history: History, options: Options | None = None) -> Summary:
         for pair in pairs:
             flags += judge.pair(pair)
     order = {k: i for i, k in enumerate(KINDS)}
-    flags.sort(key=lambda f: (f.machine, order[f.kind], f.benchmark, f.before.date, f.after.date,
+    rank = {r.commit: r.rank for runs in history.runs.values() for r in runs}
+    flags.sort(key=lambda f: (f.machine, order[f.kind], f.benchmark, rank[f.before.commit], rank[f.after.commit],
                               version_key(f.after.torch), f.after.env))
     return Summary(flags, len(pairs), sorted(history.runs), history.warnings, notes)
 
