@@ -135,11 +135,23 @@ def test_counts_that_fit_no_tree_are_not_revealed():
         order.reveal(noisy, 16)
 
 
-def test_order_id_is_the_canonical_trees_content_id():
-    a, b = [[0, 1], 2], [2, [1, 0]]
-    assert order.order_id(order.canonical(a), 3) == order.order_id(order.canonical(b), 3)
-    assert order.order_id(order.canonical(a), 3) != order.order_id([0, [1, 2]], 3)
-    assert order.entry_text(a, 3) == json.dumps({"k": 3, "tree": a}, separators=(",", ":"), sort_keys=True)
+def test_order_id_is_the_canonical_trees_content_id(tmp_path):
+    a, b = [[0, 1], 2], [2, [1, 0]]  # one tree, the children of both nodes swapped in b
+    assert order.order_id(b, 3) == order.order_id(a, 3) == order.store(tmp_path, b, 3)
+    assert b == [2, [1, 0]]  # the caller's tree is left as it is
+    assert order.order_id(a, 3) != order.order_id([0, [1, 2]], 3)
+    assert order.entry_text(b, 3) == json.dumps({"k": 3, "tree": a}, separators=(",", ":"), sort_keys=True)
+    deep, backwards = 0, 0  # a sequential loop 3000 deep, written children first and children last
+    for i in range(1, 3000):
+        deep, backwards = [deep, i], [i, backwards]
+    assert order.order_id(backwards, 3000) == order.order_id(deep, 3000)
+
+
+def test_every_committed_catalog_tree_keeps_its_id():
+    found = sorted((Path(__file__).resolve().parents[1] / "results/catalog/orders").glob("*.json"))
+    for path in found:
+        entry = order.parse_entry(path.read_text())
+        assert f"{order.order_id(entry['tree'], entry['k']):012x}" == path.stem
 
 
 # ---------------------------------------------------------------------------- on this CPU's kernels

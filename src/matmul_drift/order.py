@@ -307,10 +307,11 @@ def to_json(tree) -> str:
 
 
 def entry_text(tree, k: int) -> str:
-    """The catalog text behind an order-id: canonical JSON of {"k": K, "tree": tree}; the tree
+    """The catalog text behind an order-id: canonical JSON of {"k": K, "tree": canonical(tree)},
+    so that one tree written two ways has one id (the tree given is left as it is); the tree
     None (``null``) stands for "not revealed", so that a kernel whose order stops being a tree
     changes the id the suite tracks."""
-    return f'{{"k":{k},"tree":{to_json(tree)}}}'
+    return f'{{"k":{k},"tree":{to_json(canonical(from_json(to_json(tree))))}}}'
 
 
 def from_json(text: str):
@@ -405,7 +406,7 @@ def read_report(text: str) -> dict:
 
 
 def order_id(tree, k: int) -> int:
-    """The content id of a canonical tree over K products (12 hex digits as an int)."""
+    """The content id of a tree over K products (12 hex digits as an int), its children in any order."""
     return catalog.text_id(entry_text(tree, k))
 
 
