@@ -1395,6 +1395,22 @@ def test_a_merge_after_one_killed_mid_copy_names_all_it_commits(tmp_path):
     assert not resultsbranch.uncommitted(tree, ["results", "nights"])
 
 
+def test_a_merge_run_again_leaves_its_summary_files_as_they_are(tmp_path):
+    # A merge run again on the same nights (a re-queued merge job) rewrote both summary files
+    # with the bytes they held: a new inode each, a window for a kill, and nothing for git.
+    o = _merge_target(tmp_path)
+    import asv_fixtures as F
+
+    src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
+    F.write_tree(src / "results", machine="m", n_commits=1)
+    first = nightly.run_merge(o, [src])
+    files = (first.summary_md, first.summary_json)
+    before = [(p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns) for p in files]
+    again = nightly.run_merge(o, [src])
+    assert again.commit is None and (again.summary_md, again.summary_json) == files
+    assert [(p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns) for p in files] == before
+
+
 @pytest.mark.parametrize("entry", [["-m", "matmul_drift.cli", "nightly"], ["-m", "matmul_drift.cli_nightly"]])  # the latter: nightly.sh
 def test_a_merge_whose_stdout_reader_left_is_still_committed(tmp_path, entry):
     # `nightly.sh --merge ... | head`, or a log collector that died: the summary on stdout is a

@@ -421,9 +421,9 @@ def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[d
                     *_failed_md(nights)]) + "\n"
     doc = json.loads(render.render_json(result, fail_on))
     doc["nights"] = nights
-    md_path = atomic.write_text(tree / SUMMARIES / f"{name}.md", md)
-    json_path = atomic.write_text(tree / SUMMARIES / f"{name}.json",
-                                  json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    md_path = atomic.write_changed(tree / SUMMARIES / f"{name}.md", md)  # a merge run again: the same bytes
+    json_path = atomic.write_changed(tree / SUMMARIES / f"{name}.json",
+                                     json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     step = os.environ.get("GITHUB_STEP_SUMMARY")
     if os.environ.get("GITHUB_ACTIONS") == "true" and step:
         with open(step, "a", encoding="utf-8") as fh:
