@@ -3,7 +3,7 @@
 Runs `matmul-drift explain` on four shapes (outputs few and B wide, A tall, outputs many, all
 alike) in float16, float32 and float64, two scans (along n and along k) and three order
 probes (with --verify; their trees go to a temporary catalog), each in a process of its own;
-prints its peak resident size (the kernel's ru_maxrss), the estimate (memory.bytes_needed,
+prints its peak resident size (its own, memory.peak_bytes), the estimate (memory.bytes_needed,
 which explain and scan check before they start; Target.bytes_needed for order) and their ratio.
 A ratio above 1 means the estimate is too low: the check could let through a shape that
 then runs out of memory. Took 2 min 3 s on 2 cores (Intel Xeon with AMX); on an AMD EPYC Zen 4
@@ -15,7 +15,6 @@ then runs out of memory. Took 2 min 3 s on 2 cores (Intel Xeon with AMX); on an 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -36,12 +35,10 @@ ORDERS = [  # the seed's slice (probes in 45952 columns), a copied slice, output
 
 def peak_bytes(args: list[str], env: dict | None = None, ok=(0,)) -> int:
     """The peak resident size (bytes) of `matmul-drift ARGS` in a process of its own."""
-    p = subprocess.Popen([sys.executable, "-m", "matmul_drift.cli", *args], stdout=subprocess.DEVNULL, env=env)
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode not in ok:
-        raise SystemExit(f"matmul-drift {' '.join(args)} failed ({p.returncode})")
-    return usage.ru_maxrss * 1024  # KiB on Linux
+    rc, peak, err = memory.peak_bytes(args, env)
+    if rc not in ok:
+        raise SystemExit(f"matmul-drift {' '.join(args)} failed ({rc}): {err.strip()[-500:]}")
+    return peak
 
 
 def show(label: str, peak: int, need: int) -> float:

@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -784,25 +783,19 @@ def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(args, op
     assert _main(*args) == (2, "", f"matmul-drift: error: argument {option}: needs a folder, got an empty name\n")
 
 
-# The child's own high-water mark (VmHWM, KiB), read as it exits. Not wait4's ru_maxrss: Linux
-# carries the exec-ing process's peak into it, so after a test that grew pytest to 3.5 GiB
-# every child read 3544 MiB (test_measure or test_scan run before this file).
-_PEAK_CHILD = ("import atexit, runpy, sys\n"
-               "out = sys.argv.pop(1)\n"
-               "atexit.register(lambda: open(out, 'w').write(next(ln.split()[1] for ln in open('/proc/self/status') "
-               "if ln.startswith('VmHWM:'))))\n"
-               "sys.argv[0] = 'matmul-drift'\n"
-               "runpy.run_module('matmul_drift.cli', run_name='__main__', alter_sys=True)\n")
+def test_bench_memory_reads_each_childs_own_peak_not_its_own():
+    # scripts/bench_memory.py read wait4's ru_maxrss, which Linux carries over from the process
+    # that starts the child: with 512 MiB more held here, `matmul-drift --help` read this peak.
+    import importlib.util
+    from pathlib import Path
 
-
-def _peak_bytes(*args) -> tuple[int, int, str]:
-    """(exit status, peak resident bytes, stderr) of `matmul-drift ARGS` in a process of its own."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "peak")
-        p = subprocess.run([sys.executable, "-c", _PEAK_CHILD, out, *args], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
-        with open(out) as f:
-            return p.returncode, int(f.read()) * 1024, p.stderr
+    spec = importlib.util.spec_from_file_location("bench_memory", Path(__file__).resolve().parents[1] / "scripts/bench_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    hog = np.ones(1 << 26)  # 512 MiB, every page touched
+    mine = next(int(ln.split()[1]) * 1024 for ln in open("/proc/self/status") if ln.startswith("VmHWM:"))
+    peak = bench.peak_bytes(["--help"])
+    assert 0 < peak < mine - hog.nbytes // 2, (peak, mine)
 
 
 @pytest.mark.parametrize("m, k, n, dtype", [(64, 1024, 8192, "float32"), (8192, 1024, 64, "float32"),
@@ -820,8 +813,8 @@ def test_memory_estimate_covers_operands_with_nan_and_inf(tmp_path, m, k, n, dty
     a[1, 2], b[3, 4] = np.nan, -np.inf
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
-    rc, peak, err = _peak_bytes("explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
-                                "--dtype", dtype)
+    rc, peak, err = memory.peak_bytes(["explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
+                                       "--dtype", dtype])
     assert rc in (0, 1), err
     need = memory.bytes_needed(m, k, n, dtype, "cpu")[0]
     assert peak <= need, f"peak {peak / 2**20:.0f} MiB above the estimate {need / 2**20:.0f} MiB"

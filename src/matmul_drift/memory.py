@@ -8,6 +8,11 @@ MemoryError part way, or the kernel's OOM killer, which ends a process without a
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
+
 from .numerics import WIDTH
 
 ANY_MACHINE = 1 << 60  # bytes: refused even with --no-host-memory-check
@@ -95,3 +100,25 @@ def check(need: tuple[int, int], what: str, device: str, host: bool = True) -> N
                             "anyway, where memory grows as it is used"), (need[1], gpu, "GPU memory free")):
         if have is not None and n > have:
             raise TooLarge(f"{what} needs about {n / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of {where}")
+
+
+# The process's own high-water mark (VmHWM, KiB), written as it exits. Not wait4's ru_maxrss:
+# Linux carries the exec-ing process's peak into it, so after a test that grew pytest to
+# 3.5 GiB every child read 3544 MiB (test_measure or test_scan run before test_cli).
+_PEAK_CHILD = ("import atexit, runpy, sys\n"
+               "out = sys.argv.pop(1)\n"
+               "atexit.register(lambda: open(out, 'w').write(next(ln.split()[1] for ln in open('/proc/self/status') "
+               "if ln.startswith('VmHWM:'))))\n"
+               "sys.argv[0] = 'matmul-drift'\n"
+               "runpy.run_module('matmul_drift.cli', run_name='__main__', alter_sys=True)\n")
+
+
+def peak_bytes(args: list[str], env: dict | None = None) -> tuple[int, int, str]:
+    """(exit status, peak resident bytes, stderr) of `matmul-drift ARGS` in a process of its own
+    (Linux): what the estimate is checked against."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "peak")
+        p = subprocess.run([sys.executable, "-c", _PEAK_CHILD, out, *args], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, env=env)
+        with open(out) as f:
+            return p.returncode, int(f.read()) * 1024, p.stderr
