@@ -798,6 +798,23 @@ def test_bench_memory_reads_each_childs_own_peak_not_its_own():
     assert 0 < peak < mine - hog.nbytes // 2, (peak, mine)
 
 
+def test_the_memory_check_of_try_fixes_counts_the_candidates_process_too(monkeypatch):
+    """explain --try-fixes measures, then waits while a process of its own measures each
+    candidate: 2x8x8 peaked at 305 MiB in explain and 303 MiB in its candidate's process, 608
+    together, where the check counted one process (512 MiB). With that much less one byte
+    available, explain alone starts and --try-fixes is refused."""
+    from matmul_drift import memory
+
+    args = ("explain", "--m", "2", "--k", "8", "--n", "8", "--dtype", "float32")
+    rc, peak, err = memory.peak_bytes([*args, "--try-fixes"])
+    alone = memory.peak_bytes(list(args))[1]
+    assert rc in (0, 1) and peak > 1.5 * alone, (peak, alone, err)  # the candidate's process counted (1: a defect)
+    monkeypatch.setattr(memory, "available", lambda device: (peak - 1, None))
+    assert _main(*args)[0] in (0, 1)
+    rc, out, err = _main(*args, "--try-fixes")
+    assert rc == 2 and "with --try-fixes, needs about" in err and out == "", err
+
+
 @pytest.mark.parametrize("m, k, n, dtype", [(64, 1024, 8192, "float32"), (8192, 1024, 64, "float32"),
                                             (8192, 1024, 64, "float64"), (2, 8, 8, "float32")])
 def test_memory_estimate_covers_operands_with_nan_and_inf(tmp_path, m, k, n, dtype):

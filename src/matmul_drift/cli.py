@@ -352,9 +352,10 @@ def _check_memory(case, shape, args, extra: int = 0) -> None:
     from . import memory
 
     batch = shape.batch or 1
-    host, device = memory.bytes_needed(shape.m, shape.k, shape.n, args.dtype, args.device, batch)
+    host, device = memory.bytes_needed(shape.m, shape.k, shape.n, args.dtype, args.device, batch, fixes=args.try_fixes)
     need = (host, device + extra) if args.device == "cuda" else (host + extra, device)
-    what = f"the product, {'' if batch == 1 else f'batch={batch} '}m={shape.m} k={shape.k} n={shape.n} in {args.dtype},"
+    what = (f"the product, {'' if batch == 1 else f'batch={batch} '}m={shape.m} k={shape.k} n={shape.n} in {args.dtype}"
+            f"{' with --try-fixes' * args.try_fixes},")
     try:
         memory.check(need, what, args.device, not args.no_host_memory_check)
     except memory.TooLarge as exc:

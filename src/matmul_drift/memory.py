@@ -34,10 +34,14 @@ class TooLarge(ValueError):
 
 
 def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1,
-                 prefix_a: bool = False) -> tuple[int, int]:
+                 prefix_a: bool = False, fixes: bool = False) -> tuple[int, int]:
     """(host, device) bytes to measure the product of an (m, k) A and a (k, n) B, ``batch``
     times, in ``dtype``: explain's measurement, or a scan at the top of its range
-    (``prefix_a``: one more copy of A, for a scan along k).
+    (``prefix_a``: one more copy of A, for a scan along k). ``fixes``: explain --try-fixes,
+    which then waits, holding about process_bytes(), while a process of its own measures the
+    product under each candidate, one at a time (measured, peaks of explain while waiting and
+    of its candidate's process, MiB: 305 + 303 at 2x8x8 float32, 460 + 531 at 1024x2048x2048
+    float32, 365 + 1875 at 4096x256x4096 float64; estimates 512, 816 and 2138 for one).
 
     Inputs: the drawn float32 values and their bits. The reference: float64 copies of A and
     B and of their absolute values for dtypes narrower than float64; for float64, Ozaki's
@@ -52,7 +56,7 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     a, b, outs = batch * m * k, batch * k * n, batch * m * n
     per_a, per_b = (48, 18) if dtype == "float64" else (16, 16)
     ref, prefix = a * per_a + b * per_b, itemsize * a if prefix_a else 0
-    host = process_bytes() + (a + b) * (4 + itemsize) + outs * (64 + 4 * itemsize)
+    host = process_bytes() * (1 + fixes) + (a + b) * (4 + itemsize) + outs * (64 + 4 * itemsize)
     if device == "cuda":
         return host, (a + 2 * b) * itemsize + prefix + ref + outs * (16 + 2 * itemsize)
     return host + prefix + ref, 0
@@ -102,23 +106,41 @@ def check(need: tuple[int, int], what: str, device: str, host: bool = True) -> N
             raise TooLarge(f"{what} needs about {n / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of {where}")
 
 
-# The process's own high-water mark (VmHWM, KiB), written as it exits. Not wait4's ru_maxrss:
-# Linux carries the exec-ing process's peak into it, so after a test that grew pytest to
-# 3.5 GiB every child read 3544 MiB (test_measure or test_scan run before test_cli).
-_PEAK_CHILD = ("import atexit, runpy, sys\n"
-               "out = sys.argv.pop(1)\n"
-               "atexit.register(lambda: open(out, 'w').write(next(ln.split()[1] for ln in open('/proc/self/status') "
-               "if ln.startswith('VmHWM:'))))\n"
-               "sys.argv[0] = 'matmul-drift'\n"
-               "runpy.run_module('matmul_drift.cli', run_name='__main__', alter_sys=True)\n")
+# A process's own high-water mark (VmHWM, KiB), written as it exits with its parent's resident
+# size then (VmRSS: the parent waits on it). Not wait4's ru_maxrss: Linux carries the exec-ing
+# process's peak into it, so after a test that grew pytest to 3.5 GiB every child read 3544 MiB.
+_HWM = """import atexit, os
+def _kib(pid, key):
+    return next(int(ln.split()[1]) for ln in open(f"/proc/{pid}/status") if ln.startswith(key))
+atexit.register(lambda: open(OUT, "a").write(f"{_kib('self', 'VmHWM:')}+{_kib(os.getppid(), 'VmRSS:')} "))
+"""
+_PEAK_CHILD = f"""import runpy, subprocess, sys
+hwm = "OUT = %r\\n" % sys.argv.pop(1) + {_HWM!r}
+exec(hwm)
+start = subprocess.Popen.__init__
+
+
+def init(self, args, *a, **kw):  # the Python children it starts (python -c CODE) write theirs too
+    if isinstance(args, list) and args[1:2] == ["-c"]:
+        args = [args[0], "-c", hwm + args[2], *args[3:]]
+    start(self, args, *a, **kw)
+
+
+subprocess.Popen.__init__ = init
+sys.argv[0] = "matmul-drift"
+runpy.run_module("matmul_drift.cli", run_name="__main__", alter_sys=True)
+"""
 
 
 def peak_bytes(args: list[str], env: dict | None = None) -> tuple[int, int, str]:
     """(exit status, peak resident bytes, stderr) of `matmul-drift ARGS` in a process of its own
-    (Linux): what the estimate is checked against."""
+    (Linux): its own peak, or more where a Python process it starts (explain --try-fixes: each
+    candidate's, one at a time) peaked higher with what it held meanwhile; what the estimate is
+    checked against."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "peak")
         p = subprocess.run([sys.executable, "-c", _PEAK_CHILD, out, *args], stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, env=env)
         with open(out) as f:
-            return p.returncode, int(f.read()) * 1024, p.stderr
+            *children, own = ([int(kib) for kib in x.split("+")] for x in f.read().split())  # atexit: its own last
+        return p.returncode, max([own[0]] + [child + held for child, held in children]) * 1024, p.stderr
