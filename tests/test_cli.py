@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from matmul_drift import explain
+from matmul_drift import cases, explain
 
 
 def run(*args, timeout=300):
@@ -813,6 +813,28 @@ def test_the_memory_check_of_try_fixes_counts_the_candidates_process_too(monkeyp
     assert _main(*args)[0] in (0, 1)
     rc, out, err = _main(*args, "--try-fixes")
     assert rc == 2 and "with --try-fixes, needs about" in err and out == "", err
+
+
+def test_try_fixes_on_cuda_gives_the_cached_gpu_memory_back_before_the_candidates(monkeypatch):
+    """The measurement's tensors are gone by then, but torch's caching allocator keeps their
+    blocks, which a candidate's process, measuring the same product, would find taken."""
+    import argparse
+
+    import torch
+
+    from matmul_drift import cli, fixfind
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(fixfind, "try_fixes_many", lambda *a, **kw: calls.append("try") or [{"candidates": []}])
+    args = argparse.Namespace(case="seed", m=None, k=None, n=None, dtype="float16", device="cuda", fix_timeout=None,
+                              fix_budget=None)
+    cli._try_fixes(args, cases.get("seed"), (True, False, False), (45999,), None, 3)
+    assert calls == ["empty_cache", "try"]
+    calls.clear()
+    cli._try_fixes(argparse.Namespace(**{**vars(args), "device": "cpu"}), cases.get("seed"), (True, False, False),
+                   (45999,), None, 3)
+    assert calls == ["try"]
 
 
 @pytest.mark.parametrize("m, k, n, dtype", [(64, 1024, 8192, "float32"), (8192, 1024, 64, "float32"),

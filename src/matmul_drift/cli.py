@@ -369,6 +369,10 @@ def _try_fixes(args, case, given, slice_n, slice_m, repeat) -> dict:
     spec.update(dtype=args.dtype, device=args.device, repeat=repeat or 3,
                 slice_n=list(slice_n or case.slice_n), slice_m=list(slice_m or case.slice_m))
     isa = fixes.onednn_isa_in_force() if args.device == "cpu" else None
+    if args.device == "cuda":  # the measurement's blocks, cached by torch, back to the GPU for the candidates' processes
+        import torch
+
+        torch.cuda.empty_cache()
     # SIGINT or SIGTERM (`timeout` sends its command two: to it, then to its group) ends the
     # process in hand and starts none: the report so far is printed, not lost with the process.
     with _Bar("try-fixes", "process") as bar, interrupt.deferred([], escalate=False) as stopped:
