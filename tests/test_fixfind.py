@@ -131,6 +131,8 @@ def test_the_report_names_the_cheapest_fix_and_marks_code_changes(report):
     assert rows["TF32 off"]["verdict"] == "not applicable" and "CUDA" in rows["TF32 off"]["reason"]
     removes = [r for r in report["candidates"] if r["verdict"] == "removes"]
     assert report["cheapest"] == min(removes, key=lambda r: r["time_ratio"])["name"]
+    # every row measured has its ratio: a setting's against the default's timer process
+    assert all(r["time_ratio"] > 0 and r["spread"] >= 0 for r in report["candidates"] if "drift" in r), report
     text = fixfind.render(report)
     assert text.strip().splitlines()[-1].startswith(f"cheapest that removes every drift: {report['cheapest']}")
     json.dumps(report, allow_nan=False)  # strict JSON
@@ -412,23 +414,25 @@ def test_only_the_drifting_slices_are_timed(monkeypatch):
         shapes.append((tuple((self.a if a is None else a).shape), tuple((self.b if b is None else b).shape)))
         return real(self, a, b)
 
-    timed: dict[str, list] = {}
+    timed: list[tuple] = []  # what each timing ran: the code changes' rounds time the default beside them
 
     def time_call(fn, device, **kw):
         shapes.clear()
         fn()
-        timed[len(timed)] = list(shapes)
-        return {"median": 1.0, "iqr": 0.0}
+        timed.append(tuple(shapes))
+        return {"median": 1.0, "iqr": 0.0, "calls_per_run": 1, "threads": 1, "method": "fake"}
 
     monkeypatch.setattr(measure.Operands, "product", product)
     monkeypatch.setattr(measure, "time_call", time_call)
     spec = {"m": 8, "k": 16, "n": 8, "dtype": "float32", "device": "cpu", "repeat": 2, "slice_m": [1], "slice_n": [7],
-            "codes": [None, "full", "pad:m:4"], "drifts": ["slice_m"]}
+            "codes": [None, "full", "pad:m:4"], "drifts": ["slice_m"], "baseline": True}
     fixrun.run(spec)
-    assert timed == {0: [((1, 16), (16, 8))], 1: [((8, 16), (16, 8))], 2: [((4, 16), (16, 8))]}, timed
+    one, full, pad = (((1, 16), (16, 8)),), (((8, 16), (16, 8)),), (((4, 16), (16, 8)),)
+    assert timed[0] == one and set(timed) == {one, full, pad}, timed  # the baseline's own, then the rounds
+    assert timed.count(full) == timed.count(pad) == fixrun.ROUNDS and timed.count(one) == 1 + 2 * fixrun.ROUNDS, timed
     timed.clear()
     fixrun.run({**spec, "codes": [None], "drifts": ["run_to_run"]})  # repeats alone drift: the full product
-    assert timed == {0: [((8, 16), (16, 8))]}, timed
+    assert timed == [full], timed
 
 
 def test_each_setting_is_in_force_in_its_process_as_its_kernels_show(report):
@@ -476,7 +480,8 @@ def test_slices_on_different_routes_keep_each_calls_route(monkeypatch):
         return y, [f"K{tuple(y.shape)}"]
 
     monkeypatch.setattr(kernels, "traced", traced)
-    monkeypatch.setattr(measure, "time_call", lambda fn, device, **kw: None)
+    monkeypatch.setattr(measure, "time_call", lambda fn, device, **kw: {"median": 1.0, "iqr": 0.0, "calls_per_run": 1,
+                                                                         "threads": 1, "method": "fake"})
     spec = {"m": 8, "k": 16, "n": 8, "dtype": "float32", "device": "cpu", "repeat": 2, "slice_n": [3, 7],
             "slice_m": [2, 2], "codes": [None]}
     got = fixrun.run(spec)
@@ -500,3 +505,77 @@ def test_a_setting_that_makes_the_product_nan_removes_nothing():
     assert not fixfind.drifting(got) and got["nonfinite"] == 8 * 8, got  # measured: nothing differs, all NaN
     assert fixfind.verdict({**_result(slice_m=3), "nonfinite": 0}, got) == "adds NaN/inf"
     assert fixfind.verdict({**_result(slice_m=3), "nonfinite": 64}, got) == "removes"
+
+
+def test_each_time_ratio_is_timed_beside_the_default_computation(monkeypatch, drifting_slice):
+    """Load that goes away after the default computation's first timing (1000 times slower
+    there, on a hand-built clock: each product costs m*k*n) must not move a ratio. Before,
+    every ratio was the candidate's seconds over that one baseline timing, taken at the
+    start: under load on a 2-core machine A[:1] @ B (1x512x256 fp32) measured 0.0169 s per
+    call, and ratios ran from 0.00036x to 1.15x; here each would read 1/1000 of its cost.
+    Now each is the median of rounds that time the default beside it, so every ratio is its
+    cost over the default's exactly: a setting's 1 (the settings run in this process here,
+    asking fixrun.default_round for the default's rounds as a setting's process asks
+    fixrun.serve), a code change's its products' over the default's."""
+    from matmul_drift import fixrun
+
+    dim, size = drifting_slice
+    load = [1000.0]  # the first timing only
+    cost = [0]
+    real = measure.Operands.product
+
+    def product(self, a=None, b=None):
+        a_, b_ = (self.a if a is None else a), (self.b if b is None else b)
+        cost[0] += int(a_.numel() // a_.shape[-1]) * a_.shape[-1] * b_.shape[-1]
+        return real(self, a, b)
+
+    def time_call(fn, device, **kw):
+        cost[0] = 0
+        fn()
+        seconds, load[0] = cost[0] * load[0], 1.0
+        return {"median": seconds, "iqr": 0.0, "runs": 1, "calls_per_run": 1, "threads": 1, "noisy": False,
+                "method": "fake"}
+
+    def child(specs, c, timeout, stopped=(), peer=None):  # in this process: the fake clock holds
+        return [fixrun.run(s, lambda spec, kinds: fixrun.default_round(spec, kinds, {})) for s in specs]
+
+    monkeypatch.setattr(measure.Operands, "product", product)
+    monkeypatch.setattr(measure, "time_call", time_call)
+    monkeypatch.setattr(fixfind, "_child", child)
+    names = ("one thread", "MKL_CBWR=COMPATIBLE", "contiguous copy of the slice", "full product, then slice")
+    monkeypatch.setattr(fixes, "CANDIDATES", tuple(c for c in fixes.CANDIDATES if c.name in names))
+    monkeypatch.setattr(fixes, "PAD_MULTIPLES", (4,))
+    spec = {"m": M, "k": K, "n": N, "dtype": "float32", "device": "cpu", "repeat": 2,
+            "slice_n": size if dim == "n" else None, "slice_m": size if dim == "m" else None}
+    rep = fixfind.try_fixes_many([spec], None)[0]
+    per = K * N if dim == "m" else M * K  # A[:size] @ B, or A @ B[:, :size]: a product per row (column)
+    default, padded = size * per, (size + -size % 4) * per
+    assert rep["baseline"]["seconds"]["median"] == 1000 * default  # the baseline's own timing, under the load
+    want = {"one thread": 1.0, "MKL_CBWR=COMPATIBLE": 1.0, "full product, then slice": M * K * N / default,
+            f"pad {dim} to a multiple of 4": padded / default, "contiguous copy of the slice": 1.0}
+    rows = {r["name"]: r for r in rep["candidates"] if r.get("time_ratio") is not None}
+    assert {"one thread", "full product, then slice", f"pad {dim} to a multiple of 4"} <= set(rows), rep["candidates"]
+    for name, r in rows.items():
+        assert r["time_ratio"] == pytest.approx(want[name], rel=1e-12) and r["spread"] == 0.0, (name, r["time_ratio"])
+
+
+def test_the_default_timer_answers_each_request_by_its_tag():
+    """A setting's process asks fixrun.serve (the default's timer) over pipes: a reply left
+    by a process killed before it read it, and a request line cut short, are passed over."""
+    import threading
+
+    from matmul_drift import fixrun
+
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    os.write(rep_w, b'{"tag": "a killed process\'s", "seconds": 99.0}\n')
+    os.write(req_w, b'{"tag": "cut sh\n')
+    server = threading.Thread(target=fixrun.serve, args=(f"{req_r},{rep_w}",))
+    server.start()
+    ask = fixrun.asker(f"{rep_r},{req_w}")
+    spec = {"m": 8, "k": 16, "n": 8, "dtype": "float32", "device": "cpu", "slice_m": [1]}
+    got = [ask(spec, {"slice_m"}), ask(spec, {"slice_m"}), ask({**spec, "dtype": "no such"}, {"slice_m"})]
+    os.close(req_w)  # the server's input ends: it returns
+    server.join(60)
+    os.close(rep_w)
+    assert not server.is_alive() and all(0 < g < 1 for g in got[:2]) and got[2] is None, got

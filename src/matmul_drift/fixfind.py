@@ -12,12 +12,14 @@ run); "not tried" when the
 budget was spent before its process could start, or a signal stopped the finder first or
 during it (``stopped``). Times are seconds per
 call of the compared computation: the slices that drift, one after another (fixrun.py);
-``time_ratio`` is the candidate's over the baseline's, ``spread`` the two relative IQRs
-added.
+``time_ratio`` is the candidate's over the default computation's, timed beside it round by
+round (fixrun.paired: in the same process for a code change, against a process under the
+default setting for a setting), ``spread`` the IQR of the rounds' ratios over their median.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -32,17 +34,21 @@ TIMEOUT_S = 600  # one candidate's process
 POLL_S = 0.05  # how often a running process is checked for its end, its timeout and a signal
 
 
-def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped: list[int] = ()) -> list[dict]:
+def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped: list[int] = (),
+           peer: str | None = None) -> list[dict]:
     """One {code: result} (or {"failed": why}) per spec, from one fresh process under
     candidate ``c``'s setting (None: none); every spec failed alike if the process did, and
-    {"not_tried": why} alike once ``stopped`` (signal numbers) is not empty."""
+    {"not_tried": why} alike once ``stopped`` (signal numbers) is not empty. ``peer``: the
+    pipe fds ("r,w") of _timer's process, which the child asks for the default's timings."""
     prelude = fixes.prelude(c) if c else "import torch\n"
     code = prelude + "from matmul_drift.fixrun import main\nmain()\n"
     env = {**os.environ, **(c.env if c else {})}
     # Files, not pipes: the process is polled, not waited on, and nothing reads a pipe meanwhile.
     with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
         # Our process group, not one of its own: `timeout` signals the whole group, this process too.
-        p = subprocess.Popen([sys.executable, "-c", code, json.dumps(specs)], env=env, stdout=out, stderr=err)
+        fds = tuple(map(int, peer.split(","))) if peer else ()
+        p = subprocess.Popen([sys.executable, "-c", code, json.dumps(specs), *([peer] if peer else [])], env=env,
+                             stdout=out, stderr=err, pass_fds=fds)
         end = time.monotonic() + timeout
         try:
             while p.poll() is None and not stopped and time.monotonic() < end:
@@ -63,6 +69,30 @@ def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped
             return [{"failed": (f"crashed ({how})" + (f": {lines[-1]}" if lines else ""))[:300]}] * len(specs)
         got = _result(out.read(), len(specs))
         return got or [{"failed": "ended (exit 0) without printing its result"}] * len(specs)
+
+
+@contextlib.contextmanager
+def _timer(stopped: list[int] = ()):
+    """A process under the default setting that times the default computation for the
+    settings' processes (fixrun.serve), one round at a time, as they ask: yields the pipe
+    fds ("r,w") _child passes on; killed at the end."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    try:
+        p = subprocess.Popen([sys.executable, "-c", "import sys, torch\nfrom matmul_drift.fixrun import serve\nserve(sys.argv[1])",
+                              f"{req_r},{rep_w}"], pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        os.close(req_r)
+        os.close(rep_w)
+    try:
+        yield f"{rep_r},{req_w}"
+    finally:
+        os.close(req_w)
+        os.close(rep_r)
+        p.kill()
+        if not stopped:  # not waited for when stopped, as _child's
+            p.wait()
 
 
 def _result(text: str, count: int) -> list[dict] | None:
@@ -106,13 +136,6 @@ def verdict(base: dict, got: dict) -> str:
     return "reduces" if len(left) < len(want) or smaller else "no effect"
 
 
-def _timing(base: dict, got: dict) -> tuple[float | None, float | None]:
-    b, g = base.get("seconds") or {}, got.get("seconds") or {}
-    if not b.get("median") or not g.get("median"):
-        return None, None
-    return g["median"] / b["median"], b["iqr"] / b["median"] + g["iqr"] / g["median"]
-
-
 def _table(spec: dict, drifts: set[str], onednn_isa: str | None) -> list[tuple[fixes.Candidate, str | None]]:
     """The candidates for ``spec`` with its ``drifts``, once each, with why_not's reason."""
     dims = [d for d, kind in (("n", "slice_n"), ("m", "slice_m")) if kind in drifts] or ["n"]
@@ -137,8 +160,9 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     and ``cheapest`` (the name of the cheapest that removes every drift, or None).
 
     Processes: one for the default setting, measuring every spec as it is and under every
-    code change its slices allow (the timing baseline of them all), then one per setting,
-    measuring every spec that setting applies to. ``lean``: fixrun.py's lean mode, for the suite.
+    code change its slices allow (each timed beside the default there), then one per setting,
+    measuring every spec that setting applies to, timed beside the default computation of
+    _timer's process, which runs meanwhile. ``lean``: fixrun.py's lean mode, for the suite.
     ``budget`` (seconds from the start): no setting's process starts after it; its rows say
     "not tried". ``timeout``: seconds each process may take. ``stopped``: signal numbers a
     handler appends to (interrupt.deferred); once one is there the process in hand is killed,
@@ -167,18 +191,19 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     for todo in todos:
         settings.update({c.name: c for c, why in todo if not why and not c.compute})
     measured: dict[tuple[int, str], dict] = {}
-    for i, c in enumerate(settings.values(), 1):
-        idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
-        why = (f"stopped by {interrupt.name(stopped[0])}" if stopped
-               else f"the budget of {budget:g} s was spent" if budget is not None and time.monotonic() - start > budget
-               else None)
-        if why:
-            measured.update({(j, c.name): {"not_tried": why} for j in idx})
-            continue
-        say(c.name, i, len(settings) + 1)
-        got = _child([{**specs[j], "codes": [None], "lean": lean, "drifts": reports[j]["drifts"]} for j in idx],
-                     c, timeout, stopped)
-        measured.update({(j, c.name): g.get("None", g) for j, g in zip(idx, got)})
+    with _timer(stopped) if settings else contextlib.nullcontext() as peer:
+        for i, c in enumerate(settings.values(), 1):
+            idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
+            why = (f"stopped by {interrupt.name(stopped[0])}" if stopped
+                   else f"the budget of {budget:g} s was spent" if budget is not None and time.monotonic() - start > budget
+                   else None)
+            if why:
+                measured.update({(j, c.name): {"not_tried": why} for j in idx})
+                continue
+            say(c.name, i, len(settings) + 1)
+            got = _child([{**specs[j], "codes": [None], "lean": lean, "drifts": reports[j]["drifts"]} for j in idx],
+                         c, timeout, stopped, peer)
+            measured.update({(j, c.name): g.get("None", g) for j, g in zip(idx, got)})
     say("done", len(settings) + 1, len(settings) + 1)
     for j, (report, todo) in enumerate(zip(reports, todos)):
         if stopped:
@@ -193,10 +218,9 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
             elif "failed" in got:
                 row.update(verdict="failed", reason=got["failed"])
             else:
-                ratio, spread = _timing(report["baseline"], got)
                 row.update(verdict=verdict(report["baseline"], got), drift=got["drift"], error_u=got.get("error_u"),
                            nonfinite=got.get("nonfinite"), kernels=got.get("kernels"), seconds=got.get("seconds"),
-                           time_ratio=ratio, spread=spread)
+                           time_ratio=got.get("time_ratio"), spread=got.get("spread"))
             report["candidates"].append(row)
         removes = [r for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
         if removes:

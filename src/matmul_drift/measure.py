@@ -390,13 +390,13 @@ BLOCK_SECONDS, MIN_RUNS, MIN_SECONDS = 0.02, 5, 0.2  # CPU: blocks of calls long
 
 
 def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20, min_runs: int = MIN_RUNS,
-              min_seconds: float = MIN_SECONDS) -> dict:
+              min_seconds: float = MIN_SECONDS, block_seconds: float = BLOCK_SECONDS) -> dict:
     """Seconds per call of ``fn``, with its spread.
 
     Returns ``median`` and ``iqr`` (seconds per call), ``runs`` (samples behind them),
     ``calls_per_run``, ``threads`` (torch's CPU thread count), ``noisy`` (IQR/median above
     0.1) and ``method``. On the CPU, at the process's own thread count, in blocks of calls
-    of about 20 ms (as blocked_autorange, but never fewer
+    of about ``block_seconds`` (20 ms; as blocked_autorange, but never fewer
     than ``min_runs`` blocks (5), so the IQR means something, and ``min_seconds`` (0.2 s) in
     all; blocked_autorange may take one). On CUDA as
     triton.testing.do_bench does: warm-up, an L2 flush (a 256 MiB write) before every
@@ -415,11 +415,11 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20, min
             return (time.perf_counter() - t0) / number
 
         once = block(1)  # warm-up, and the cost of one call
-        per_run = max(1, min(10_000, int(BLOCK_SECONDS / max(once, 1e-9))))
+        per_run = max(1, min(10_000, int(block_seconds / max(once, 1e-9))))
         samples: list[float] = []
         while len(samples) < min_runs or sum(samples) * per_run < min_seconds:
             samples.append(block(per_run))
-        method = (f"time.perf_counter around blocks of calls of about 20 ms, at least {min_runs} blocks and "
+        method = (f"time.perf_counter around blocks of calls of about {block_seconds * 1e3:g} ms, at least {min_runs} blocks and "
                   f"{min_seconds} s, at the process's thread count")
     else:
         cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
