@@ -39,9 +39,12 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     times, in ``dtype``: explain's measurement, or a scan at the top of its range
     (``prefix_a``: one more copy of A, for a scan along k). ``fixes``: explain --try-fixes,
     which then waits, holding about process_bytes(), while a process of its own measures the
-    product under each candidate, one at a time (measured, peaks of explain while waiting and
-    of its candidate's process, MiB: 305 + 303 at 2x8x8 float32, 460 + 531 at 1024x2048x2048
-    float32, 365 + 1875 at 4096x256x4096 float64; estimates 512, 816 and 2138 for one).
+    product under each candidate, one at a time, and another (fixfind's default timer) holds
+    the operands to time the default computation beside it (measured, peaks of explain while
+    waiting and of its candidate's process, MiB: 305 + 303 at 2x8x8 float32, 460 + 531 at
+    1024x2048x2048 float32, 365 + 1875 at 4096x256x4096 float64; estimates 512, 816 and 2138
+    for one; the three processes together, their resident sizes summed every 50 ms: 842 at
+    64x512x256 float32, 1254 at 1024x2048x2048 float32).
 
     Inputs: the drawn float32 values and their bits. The reference: float64 copies of A and
     B and of their absolute values for dtypes narrower than float64; for float64, Ozaki's
@@ -56,9 +59,9 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     a, b, outs = batch * m * k, batch * k * n, batch * m * n
     per_a, per_b = (48, 18) if dtype == "float64" else (16, 16)
     ref, prefix = a * per_a + b * per_b, itemsize * a if prefix_a else 0
-    host = process_bytes() * (1 + fixes) + (a + b) * (4 + itemsize) + outs * (64 + 4 * itemsize)
+    host = process_bytes() * (1 + 2 * fixes) + (a + b) * (4 + itemsize) * (1 + fixes) + outs * (64 + 4 * itemsize)
     if device == "cuda":
-        return host, (a + 2 * b) * itemsize + prefix + ref + outs * (16 + 2 * itemsize)
+        return host, (a + 2 * b + fixes * (a + b)) * itemsize + prefix + ref + outs * (16 + 2 * itemsize)
     return host + prefix + ref, 0
 
 
