@@ -208,6 +208,24 @@ def test_the_closing_line_speaks_only_for_the_candidates_measured():
         "cheapest that removes every drift: MKL_CBWR=AUTO (1.00x the default's time)"
 
 
+def test_the_closing_line_names_a_removing_candidate_whose_time_was_not_measured():
+    """A setting's time ratio comes from the default's timer process (fixrun.serve); where it
+    did not answer, the row removes every drift with no ratio. Before, the closing line read
+    "no candidate removes every drift of this case" above a row that does."""
+    base = _result(run_to_run=2)
+    rows = [{"name": "one thread", "code_change": None, "verdict": "removes", "drift": _result()["drift"],
+             "time_ratio": None, "spread": None, "error_u": None}]
+    rep = {"baseline": base, "drifts": ["run_to_run"], "candidates": rows, "cheapest": None}
+    last = fixfind.render(rep).strip().splitlines()[-1]
+    assert last == ("no candidate of those measured removes every drift of this case; "
+                    "removes every drift, its time not measured: one thread"), last
+    rows.append({"name": "MKL_CBWR=AUTO", "code_change": None, "verdict": "removes", "drift": _result()["drift"],
+                 "time_ratio": 1.5, "spread": 0.1, "error_u": None})
+    last = fixfind.render({**rep, "cheapest": "MKL_CBWR=AUTO"}).strip().splitlines()[-1]
+    assert last == ("cheapest that removes every drift of those measured: MKL_CBWR=AUTO (1.50x the default's time); "
+                    "removes every drift, its time not measured: one thread"), last
+
+
 def test_a_failed_default_computation_keeps_the_measurement_and_exits_1(monkeypatch, capsys):
     from matmul_drift import cli
 

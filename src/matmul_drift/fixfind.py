@@ -252,7 +252,9 @@ def render(report: dict) -> str:
     table = tabulate(rows, headers=["candidate", "verdict", "drift after (max ulp, share of entries)",
                                     "time vs default", "error_u"], tablefmt="simple", disable_numparse=True)
     unmeasured = [r["name"] for r in report["candidates"] if r["verdict"] in ("not tried", "failed")]
-    among = " of those measured" if unmeasured else ""  # the others may remove it, and cost less
+    # a row that removes every drift with no time (the default's timer did not answer) may be the cheapest
+    untimed = [r["name"] for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is None]
+    among = " of those measured" if unmeasured or untimed else ""  # the others may remove it, and cost less
     if report["cheapest"]:
         c = {r["name"]: r for r in report["candidates"]}[report["cheapest"]]  # a saved report naming none: KeyError
         last = (f"cheapest that removes every drift{among}: {c['name']} ({c['time_ratio']:.2f}x the default's time)"
@@ -261,4 +263,6 @@ def render(report: dict) -> str:
         last = f"no candidate{among} removes every drift of this case"
     if unmeasured:
         last += f"; not tried or failed: {', '.join(unmeasured)}"
+    if untimed:
+        last += f"; removes every drift, its time not measured: {', '.join(untimed)}"
     return f"{head}\n\n{table}\n\n{last}\n"
