@@ -226,6 +226,32 @@ def test_the_closing_line_names_a_removing_candidate_whose_time_was_not_measured
                     "removes every drift, its time not measured: one thread"), last
 
 
+@pytest.mark.parametrize("how", ["budget", "signal"])
+def test_no_timer_process_starts_once_no_setting_may(monkeypatch, how):
+    """The default's timer (fixfind._timer, a process importing torch) is for the settings'
+    processes; with the budget spent, or a signal in, during the default computation none of
+    those starts. Before, the timer was started (and killed) all the same."""
+    stopped: list[int] = []
+    base = _result(slice_m=3)
+
+    def child(specs, c, timeout, stopped_=(), peer=None):
+        if how == "signal":
+            stopped.append(signal.SIGTERM)
+        else:
+            time.sleep(0.01)
+        return [{"None": base}] * len(specs)
+
+    started = []
+    real = fixfind.subprocess.Popen
+    monkeypatch.setattr(fixfind.subprocess, "Popen", lambda *a, **kw: started.append(a) or real(*a, **kw))
+    monkeypatch.setattr(fixfind, "_child", child)
+    spec = {"m": M, "k": K, "n": N, "dtype": "float32", "device": "cpu", "repeat": 2, "slice_m": [1]}
+    rep = fixfind.try_fixes_many([spec], None, budget=0.001, stopped=stopped)[0]
+    settings = [r for r in rep["candidates"] if not r["code_change"] and r["verdict"] != "not applicable"]
+    assert settings and all(r["verdict"] == "not tried" for r in settings), rep["candidates"]
+    assert started == [], started
+
+
 def test_a_failed_default_computation_keeps_the_measurement_and_exits_1(monkeypatch, capsys):
     from matmul_drift import cli
 

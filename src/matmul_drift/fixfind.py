@@ -191,12 +191,17 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     for todo in todos:
         settings.update({c.name: c for c, why in todo if not why and not c.compute})
     measured: dict[tuple[int, str], dict] = {}
-    with _timer(stopped) if settings else contextlib.nullcontext() as peer:
+
+    def why_not() -> str | None:  # why no setting's process starts now
+        return (f"stopped by {interrupt.name(stopped[0])}" if stopped
+                else f"the budget of {budget:g} s was spent" if budget is not None and time.monotonic() - start > budget
+                else None)
+
+    # The timer only where a setting's process may still start: none starts once stopped or spent.
+    with _timer(stopped) if settings and not why_not() else contextlib.nullcontext() as peer:
         for i, c in enumerate(settings.values(), 1):
             idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
-            why = (f"stopped by {interrupt.name(stopped[0])}" if stopped
-                   else f"the budget of {budget:g} s was spent" if budget is not None and time.monotonic() - start > budget
-                   else None)
+            why = why_not()
             if why:
                 measured.update({(j, c.name): {"not_tried": why} for j in idx})
                 continue
