@@ -226,6 +226,21 @@ def test_the_closing_line_names_a_removing_candidate_whose_time_was_not_measured
                     "removes every drift, its time not measured: one thread"), last
 
 
+def test_a_ratio_of_zero_has_no_spread_and_still_renders(monkeypatch):
+    """Calls below the clock's resolution time at 0 s: a median ratio of 0 has no relative
+    spread (0/0), which the JSON keeps as null and the table leaves out, not a crash."""
+    from matmul_drift import fixrun
+
+    monkeypatch.setattr(fixrun, "_round", lambda todo, device: {"median": 0.0, "calls_per_run": 1, "threads": 1,
+                                                                 "method": "a clock too coarse"})
+    out = fixrun.paired([lambda: None], lambda: 1.0, "cpu", 3)
+    assert out["time_ratio"] == 0.0 and out["spread"] is None, out
+    rows = [{"name": "one thread", "code_change": None, "verdict": "removes", "drift": _result()["drift"],
+             "time_ratio": 0.0, "spread": None, "error_u": None}]
+    rep = {"baseline": _result(run_to_run=2), "drifts": ["run_to_run"], "candidates": rows, "cheapest": "one thread"}
+    assert "0.00x" in fixfind.render(rep)
+
+
 @pytest.mark.parametrize("how", ["budget", "signal"])
 def test_no_timer_process_starts_once_no_setting_may(monkeypatch, how):
     """The default's timer (fixfind._timer, a process importing torch) is for the settings'

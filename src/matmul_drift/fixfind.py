@@ -249,7 +249,7 @@ def render(report: dict) -> str:
         t = r.get("time_ratio")
         rows.append([r["name"] + (" (code change)" if r["code_change"] else ""), r["verdict"],
                      "; ".join(cells) or r.get("reason", ""),
-                     "" if t is None else f"{t:.2f}x ± {r['spread']:.0%}",
+                     "" if t is None else f"{t:.2f}x" + ("" if r.get("spread") is None else f" ± {r['spread']:.0%}"),
                      "" if r.get("error_u") is None else f"{r['error_u']:.3g}"])
     base = report["baseline"]["drift"]
     head = "drifts before: " + "; ".join(f"{k}: {base[k]['max_ulp']} ulp, {base[k]['frac_differ']:.1%}"

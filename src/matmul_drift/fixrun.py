@@ -201,7 +201,8 @@ def paired(todo: list, base, device: str, rounds: int) -> dict:
            "time_ratio": None, "spread": None}
     if None not in ratios:
         q = np.quantile(ratios, [0.25, 0.5, 0.75])
-        out.update(time_ratio=float(q[1]), spread=float((q[2] - q[0]) / q[1]))
+        # a median of 0 (calls below the timer's resolution) has no relative spread
+        out.update(time_ratio=float(q[1]), spread=float((q[2] - q[0]) / q[1]) if q[1] > 0 else None)
     return out
 
 
