@@ -597,6 +597,22 @@ def test_commits_are_paired_in_git_order_where_the_repository_is_at_hand(capsys,
     assert [r.commit for r in history.read_history(copy).runs[tree.machine]] == [A, B, C, D, "f" * 40]
 
 
+def test_git_order_reads_the_named_repository_under_a_hooks_git_variables(tmp_path, monkeypatch):
+    # Inside a git hook GIT_DIR, GIT_WORK_TREE and GIT_INDEX_FILE are set: git then ignored the
+    # repository it ran in and read the hook's (before: the other repository's commit came back).
+    from matmul_drift import gitorder
+
+    heads = {}
+    for name in ("project", "hooked"):
+        checkout.git(tmp_path, "init", "-q", name)
+        checkout.git(tmp_path / name, "commit", "-q", "--allow-empty", "-m", name)
+        heads[name] = checkout.git(tmp_path / name, "rev-parse", "HEAD")
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "hooked" / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(tmp_path / "hooked"))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(tmp_path / "hooked" / ".git" / "index"))
+    assert gitorder.revisions(tmp_path / "project") == {heads["project"]: 0}
+
+
 def test_missing_catalog_entry_is_named_and_the_flag_kept(capsys, tmp_path):
     i = _idx(dtype="float32")
     tree = _tree_with(tmp_path, lambda d, t: F.set_value(d, F.KERNEL, i, 0xABCDEF012345))

@@ -47,9 +47,14 @@ def find_repo(asv_dir: Path) -> tuple[Path, bool]:
 def revisions(repo: Path) -> dict[str, int]:
     """{commit hash: its place in asv's revision order} for every commit on a ref of ``repo``.
     Raises OSError (no git) or ValueError (git's first line of complaint: not a repository)."""
+    # Without GIT_DIR, GIT_WORK_TREE, GIT_INDEX_FILE... (set in a git hook, say): with them git
+    # ignores ``repo`` and reads another repository. git's own list of them.
+    local = subprocess.run(["git", "rev-parse", "--local-env-vars"], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL).stdout.split()
+    env = {k: v for k, v in os.environ.items() if k not in local}
     p = subprocess.run(["git", "rev-list", "--all", "--date-order", "--reverse"], cwd=repo, capture_output=True,
                        encoding="utf-8", errors="replace", stdin=subprocess.DEVNULL,
-                       env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+                       env={**env, "GIT_TERMINAL_PROMPT": "0"})
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         raise ValueError(lines[0] if lines else f"git rev-list: exit status {p.returncode}")
