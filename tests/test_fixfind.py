@@ -146,7 +146,7 @@ def test_every_key_of_the_json_fixes_section_is_documented(report):
     doc = Path(__file__).resolve().parents[1].joinpath("docs", "explain.md").read_text()
     doc = doc[doc.index("## Trying fixes"):]
     rows = [r for r in report["candidates"] if "drift" in r]
-    keys = set(report) | {"failed", "stopped"} | set(report["baseline"]) | {k for r in report["candidates"] for k in r}
+    keys = set(report) | {"failed", "stopped", "timer_failed"} | set(report["baseline"]) | {k for r in report["candidates"] for k in r}
     keys |= {k for r in rows for d in r["drift"].values() for k in d} | {k for r in rows for k in r["kernels"]}
     keys = {k.replace("slice_m", "slice_n") for k in keys} - {"slice_n", "run_to_run"}  # the kinds, named above
     missing = sorted(k for k in keys if f"`{k}`" not in doc)
@@ -170,6 +170,23 @@ def test_a_crashing_candidate_is_reported_and_the_others_run(monkeypatch, drifti
     rows = {r["name"]: r for r in rep["candidates"]}
     assert rows["crashes"]["verdict"] == "failed" and "boom" in rows["crashes"]["reason"]
     assert rows["one thread"]["verdict"] in ("removes", "reduces", "no effect")
+
+
+def test_a_timer_process_that_fails_is_named_in_the_report(monkeypatch, drifting_slice):
+    """The default's timer process had stderr=DEVNULL: when it crashed, every setting's
+    time_ratio was null and nothing said why (before: no ``timer_failed``, no word in the
+    closing line)."""
+    dim, size = drifting_slice
+    monkeypatch.setattr(fixes, "CANDIDATES", tuple(c for c in fixes.CANDIDATES if c.name == "one thread"))
+    monkeypatch.setattr(fixes, "PAD_MULTIPLES", ())
+    monkeypatch.setattr(fixfind, "TIMER", "raise SystemExit('timer boom')", raising=False)  # before: no TIMER
+    rep = fixfind.try_fixes_many([{"m": M, "k": K, "n": N, "dtype": "float32", "device": "cpu", "repeat": 2,
+                                   "slice_n": size if dim == "n" else None, "slice_m": size if dim == "m" else None}],
+                                 None, timeout=120)[0]
+    (row,) = rep["candidates"]
+    assert row["verdict"] in ("removes", "reduces", "no effect") and row["time_ratio"] is None, row
+    assert rep.get("timer_failed") == "crashed (exit 1): timer boom", rep.get("timer_failed")
+    assert "timer process crashed (exit 1): timer boom" in fixfind.render(rep).strip().splitlines()[-1]
 
 
 def test_no_setting_starts_once_the_budget_is_spent(drifting_slice):

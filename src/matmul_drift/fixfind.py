@@ -62,37 +62,50 @@ def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped
             p.wait()
             return [{"failed": f"timed out after {timeout:.0f} s"}] * len(specs)
         out.seek(0)
-        err.seek(0)
         if p.returncode != 0:
-            lines = [ln for ln in err.read().splitlines() if ln.strip()]
-            how = f"killed by {interrupt.name(-p.returncode)}" if p.returncode < 0 else f"exit {p.returncode}"
-            return [{"failed": (f"crashed ({how})" + (f": {lines[-1]}" if lines else ""))[:300]}] * len(specs)
+            return [{"failed": _crashed(p.returncode, err)}] * len(specs)
         got = _result(out.read(), len(specs))
         return got or [{"failed": "ended (exit 0) without printing its result"}] * len(specs)
 
 
+def _crashed(returncode: int, err) -> str:
+    """One line on a process that ended on its own with ``returncode``: how, and the last
+    line of its stderr (the file ``err``)."""
+    err.seek(0)
+    lines = [ln for ln in err.read().splitlines() if ln.strip()]
+    how = f"killed by {interrupt.name(-returncode)}" if returncode < 0 else f"exit {returncode}"
+    return (f"crashed ({how})" + (f": {lines[-1]}" if lines else ""))[:300]
+
+
+TIMER = "import sys, torch\nfrom matmul_drift.fixrun import serve\nserve(sys.argv[1])"
+
+
 @contextlib.contextmanager
-def _timer(stopped: list[int] = ()):
+def _timer(stopped: list[int] = (), failed: list[str] | None = None):
     """A process under the default setting that times the default computation for the
     settings' processes (fixrun.serve), one round at a time, as they ask: yields the pipe
-    fds ("r,w") _child passes on; killed at the end."""
+    fds ("r,w") _child passes on; killed at the end. Where it ended before (a crash, an
+    import error, the OOM killer: no setting's time after that), why goes on ``failed``."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
-    try:
-        p = subprocess.Popen([sys.executable, "-c", "import sys, torch\nfrom matmul_drift.fixrun import serve\nserve(sys.argv[1])",
-                              f"{req_r},{rep_w}"], pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    finally:
-        os.close(req_r)
-        os.close(rep_w)
-    try:
-        yield f"{rep_r},{req_w}"
-    finally:
-        os.close(req_w)
-        os.close(rep_r)
-        p.kill()
-        if not stopped:  # not waited for when stopped, as _child's
-            p.wait()
+    with tempfile.TemporaryFile("w+", errors="replace") as err:
+        try:
+            p = subprocess.Popen([sys.executable, "-c", TIMER, f"{req_r},{rep_w}"], pass_fds=(req_r, rep_w),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        try:
+            yield f"{rep_r},{req_w}"
+        finally:
+            ended = p.poll()  # before its requests' pipe closes, which ends it
+            os.close(req_w)
+            os.close(rep_r)
+            p.kill()
+            if not stopped:  # not waited for when stopped, as _child's
+                p.wait()
+            if ended is not None and not stopped and failed is not None:  # a signal to the group ends it too
+                failed.append(_crashed(ended, err))
 
 
 def _result(text: str, count: int) -> list[dict] | None:
@@ -191,6 +204,7 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     for todo in todos:
         settings.update({c.name: c for c, why in todo if not why and not c.compute})
     measured: dict[tuple[int, str], dict] = {}
+    timer_failed: list[str] = []
 
     def why_not() -> str | None:  # why no setting's process starts now
         return (f"stopped by {interrupt.name(stopped[0])}" if stopped
@@ -198,7 +212,7 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
                 else None)
 
     # The timer only where a setting's process may still start: none starts once stopped or spent.
-    with _timer(stopped) if settings and not why_not() else contextlib.nullcontext() as peer:
+    with _timer(stopped, timer_failed) if settings and not why_not() else contextlib.nullcontext() as peer:
         for i, c in enumerate(settings.values(), 1):
             idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
             why = why_not()
@@ -213,6 +227,8 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     for j, (report, todo) in enumerate(zip(reports, todos)):
         if stopped:
             report["stopped"] = interrupt.name(stopped[0])
+        if timer_failed:
+            report["timer_failed"] = timer_failed[0]
         for c, why in todo:
             row = {"name": c.name, "code_change": c.code, "env": c.env, "setup": c.setup or None}
             got = first[j].get(c.compute, {"failed": "not measured"}) if c.compute else measured.get((j, c.name))
@@ -270,4 +286,6 @@ def render(report: dict) -> str:
         last += f"; not tried or failed: {', '.join(unmeasured)}"
     if untimed:
         last += f"; removes every drift, its time not measured: {', '.join(untimed)}"
+    if "timer_failed" in report:
+        last += f"; the default's timer process {report['timer_failed']}, so the settings' times are missing"
     return f"{head}\n\n{table}\n\n{last}\n"
