@@ -1,11 +1,11 @@
 """The memory estimate against what explain and scan use, measured in one run.
 
 Runs `matmul-drift explain` on four shapes (outputs few and B wide, A tall, outputs many, all
-alike) in float16, float32 and float64, one with --try-fixes (what explain holds while it
-waits plus its candidate's process's peak, where more than its own: a budget of 1 s starts
-only the baseline's), two scans (along n and along k) and three order
+alike) in float16, float32 and float64, one with --try-fixes (explain and the processes it
+starts, their resident sizes summed, where more than its own: a budget of 1 s starts only the
+baseline's), two scans (along n and along k) and three order
 probes (with --verify; their trees go to a temporary catalog), each in a process of its own;
-prints its peak resident size (its own, memory.peak_bytes), the estimate (memory.bytes_needed,
+prints its peak resident size (memory.peak_bytes), the estimate (memory.bytes_needed,
 which explain and scan check before they start; Target.bytes_needed for order) and their ratio.
 A ratio above 1 means the estimate is too low: the check could let through a shape that
 then runs out of memory. Took 2 min 3 s on 2 cores (Intel Xeon with AMX); on an AMD EPYC Zen 4

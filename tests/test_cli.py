@@ -815,6 +815,30 @@ def test_the_memory_check_of_try_fixes_counts_the_candidates_process_too(monkeyp
     assert rc == 2 and "with --try-fixes, needs about" in err and out == "", err
 
 
+HOLDER = """import os, subprocess, sys, time
+mib = os.environ.pop("HOLD_MIB", None)  # in the measured process alone, not in its holder
+if mib:
+    h = subprocess.Popen([sys.executable, "-c", "import sys, numpy; x = numpy.ones(%d << 17); print(flush=True); sys.stdin.read()"
+                          % int(mib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    h.stdout.readline()  # it holds them now, until this process ends
+    time.sleep(0.5)
+"""
+
+
+def test_peak_bytes_counts_a_process_that_runs_beside_and_writes_no_peak(tmp_path):
+    """explain --try-fixes holds three processes at once, and fixfind's default timer is
+    killed at the end, so it never wrote its own peak: peak_bytes missed it (and so
+    bench_memory's --try-fixes row). Here `matmul-drift --help` starts a process holding
+    512 MiB (from a sitecustomize) that writes no peak either: before, the peak read ~100 MiB."""
+    from matmul_drift import memory
+
+    (tmp_path / "sitecustomize.py").write_text(HOLDER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "HOLD_MIB": "512"}
+    rc, peak, err = memory.peak_bytes(["--help"], env)
+    assert rc == 0 and peak > 512 << 20, (peak / 2**20, err)
+
+
 def test_try_fixes_on_cuda_gives_the_cached_gpu_memory_back_before_the_candidates(monkeypatch):
     """The measurement's tensors are gone by then, but torch's caching allocator keeps their
     blocks, which a candidate's process, measuring the same product, would find taken."""

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from .numerics import WIDTH
 
@@ -109,6 +110,8 @@ def check(need: tuple[int, int], what: str, device: str, host: bool = True) -> N
             raise TooLarge(f"{what} needs about {n / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of {where}")
 
 
+SAMPLE_S = 0.025  # peak_bytes's sampling of the whole process tree
+
 # A process's own high-water mark (VmHWM, KiB), written as it exits with its parent's resident
 # size then (VmRSS: the parent waits on it). Not wait4's ru_maxrss: Linux carries the exec-ing
 # process's peak into it, so after a test that grew pytest to 3.5 GiB every child read 3544 MiB.
@@ -135,15 +138,39 @@ runpy.run_module("matmul_drift.cli", run_name="__main__", alter_sys=True)
 """
 
 
+def _tree_kib(pid: int) -> int:
+    """KiB resident (VmRSS) in process ``pid`` and all its descendants now, summed (a page
+    they share counts once for each); 0 for one that has gone."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")), 0)
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += map(int, f.read().split())
+        except (OSError, ValueError):  # ended meanwhile
+            continue
+    return total
+
+
 def peak_bytes(args: list[str], env: dict | None = None) -> tuple[int, int, str]:
     """(exit status, peak resident bytes, stderr) of `matmul-drift ARGS` in a process of its own
-    (Linux): its own peak, or more where a Python process it starts (explain --try-fixes: each
-    candidate's, one at a time) peaked higher with what it held meanwhile; what the estimate is
-    checked against."""
-    with tempfile.TemporaryDirectory() as tmp:
+    (Linux): the most of its own peak, a Python process it starts (explain --try-fixes: each
+    candidate's) peaking with what it held meanwhile, and the resident sizes of it and all its
+    processes summed every SAMPLE_S seconds (explain --try-fixes holds three at once: itself,
+    a candidate's, and fixfind's default timer, which is killed, so writes no peak of its
+    own); what the estimate is checked against."""
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile("w+", errors="replace") as err:
         out = os.path.join(tmp, "peak")
-        p = subprocess.run([sys.executable, "-c", _PEAK_CHILD, out, *args], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True, env=env)
+        p = subprocess.Popen([sys.executable, "-c", _PEAK_CHILD, out, *args], stdout=subprocess.DEVNULL,
+                             stderr=err, env=env)
+        tree = 0
+        while p.poll() is None:
+            tree = max(tree, _tree_kib(p.pid))
+            time.sleep(SAMPLE_S)
         with open(out) as f:
             *children, own = ([int(kib) for kib in x.split("+")] for x in f.read().split())  # atexit: its own last
-        return p.returncode, max([own[0]] + [child + held for child, held in children]) * 1024, p.stderr
+        err.seek(0)
+        return p.returncode, max([own[0], tree] + [child + held for child, held in children]) * 1024, err.read()
