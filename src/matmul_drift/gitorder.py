@@ -13,9 +13,10 @@ keeps its place by date; the commits git knows fill the other places, in git's o
 from __future__ import annotations
 
 import os
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
+
+from . import resultsbranch
 
 MAX_CONF_BYTES = 1 << 20  # an asv.conf.json is a few kB; json5 would crawl through a planted 64 MiB one
 
@@ -46,19 +47,12 @@ def find_repo(asv_dir: Path) -> tuple[Path, bool]:
 
 def revisions(repo: Path) -> dict[str, int]:
     """{commit hash: its place in asv's revision order} for every commit on a ref of ``repo``.
-    Raises OSError (no git) or ValueError (git's first line of complaint: not a repository)."""
+    Raises OSError (no git) or resultsbranch.GitError (git's complaint: not a repository)."""
     # Without GIT_DIR, GIT_WORK_TREE, GIT_INDEX_FILE... (set in a git hook, say): with them git
     # ignores ``repo`` and reads another repository. git's own list of them.
-    local = subprocess.run(["git", "rev-parse", "--local-env-vars"], capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL).stdout.split()
-    env = {k: v for k, v in os.environ.items() if k not in local}
-    p = subprocess.run(["git", "rev-list", "--all", "--date-order", "--reverse"], cwd=repo, capture_output=True,
-                       encoding="utf-8", errors="replace", stdin=subprocess.DEVNULL,
-                       env={**env, "GIT_TERMINAL_PROMPT": "0"})
-    if p.returncode != 0:
-        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        raise ValueError(lines[0] if lines else f"git rev-list: exit status {p.returncode}")
-    return {h: i for i, h in enumerate(p.stdout.split())}
+    local = resultsbranch.git(repo, "rev-parse", "--local-env-vars", check=False).split()
+    out = resultsbranch.git(repo, "rev-list", "--all", "--date-order", "--reverse", env=dict.fromkeys(local))
+    return {h: i for i, h in enumerate(out.split())}
 
 
 def commit_ranks(dates: dict[str, int], asv_dir: Path, warnings: list[str]) -> dict[str, int]:
@@ -70,7 +64,7 @@ def commit_ranks(dates: dict[str, int], asv_dir: Path, warnings: list[str]) -> d
     repo, named = find_repo(asv_dir)
     try:
         rev = revisions(repo)
-    except (OSError, ValueError) as exc:
+    except (OSError, resultsbranch.GitError) as exc:
         if named:
             warnings.append(f"cannot read the git history of {repo} (asv.conf.json's repo): {exc}; "
                             "commits are ordered by their dates")
