@@ -9,6 +9,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from asv.machine import MachineCollection
@@ -121,3 +122,41 @@ def test_register_that_cannot_write_is_one_line_and_leaves_the_file(tmp_path, mo
     assert capsys.readouterr().err == (f"matmul-drift: error: cannot record this machine in {path}: "
                                        "Permission denied; the file is left as it was\n")
     assert path.read_text() == '{"version": 1}'
+
+
+def _driver_files(root, models):
+    """The NVIDIA driver's /proc/driver/nvidia/gpus as it lays them out: a folder per PCI bus."""
+    for i, model in enumerate(models):
+        bus = root / f"0000:{0x18 + i:02x}:00.0"
+        bus.mkdir(parents=True)
+        (bus / "information").write_text(f"Model: \t\t {model}\nIRQ:   \t\t 95\nGPU UUID: \t GPU-{i}\n"
+                                          f"Bus Location: \t {bus.name}\nDevice Minor: \t {i}\n")
+
+
+def _nvidia_smi(bin_dir, body, monkeypatch):
+    bin_dir.mkdir()
+    exe = bin_dir / "nvidia-smi"
+    exe.write_text(f"#!/bin/sh\n{body}\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_gpus_come_from_the_drivers_files_where_nvidia_smi_hangs(tmp_path, monkeypatch):
+    _driver_files(tmp_path / "gpus", ["NVIDIA H200", "NVIDIA H200"])
+    _nvidia_smi(tmp_path / "bin", "exec sleep 30", monkeypatch)
+    t0 = time.monotonic()
+    names = machine.gpus(timeout=1, proc_root=str(tmp_path / "gpus"))
+    assert names == ["NVIDIA H200", "NVIDIA H200"] and time.monotonic() - t0 < 15
+    assert machine.name(fp(gpus=names)).startswith("intel-xeon-amx-2c-2x-h200-")
+
+
+def test_gpus_prefer_nvidia_smi_and_fall_back_when_it_fails_or_is_missing(tmp_path, monkeypatch):
+    _driver_files(tmp_path / "gpus", ["NVIDIA H100 80GB HBM3"])
+    root = str(tmp_path / "gpus")
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))  # no nvidia-smi
+    assert machine.gpus(proc_root=root) == ["NVIDIA H100 80GB HBM3"]
+    assert machine.gpus(proc_root=str(tmp_path / "absent")) == []
+    _nvidia_smi(tmp_path / "bin", "echo 'NVIDIA H100 80GB HBM3'", monkeypatch)
+    assert machine.gpus(proc_root=str(tmp_path / "absent")) == ["NVIDIA H100 80GB HBM3"]
+    (tmp_path / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho 'Failed to initialize NVML'; exit 9\n")
+    assert machine.gpus(proc_root=root) == ["NVIDIA H100 80GB HBM3"]

@@ -46,18 +46,40 @@ def _cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
     return out
 
 
-def gpus(timeout: float = 20.0) -> list[str]:
-    """GPU model names from nvidia-smi, one per GPU ([] without one). nvidia-smi, not torch,
-    so no CUDA context is made in this process (asv's forkserver forbids one before its fork)."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
+PROC_GPUS = "/proc/driver/nvidia/gpus"  # the NVIDIA driver's: one folder per GPU, named by its PCI bus
+
+
+def _proc_gpus(root: str = PROC_GPUS) -> list[str]:
+    """GPU model names from the driver's ``root``/BUS/information files ("Model: NVIDIA H200"),
+    in bus order, as nvidia-smi lists them; [] without them."""
+    try:
+        buses = sorted(os.listdir(root))
+    except OSError:
         return []
+    names = []
+    for bus in buses:
+        try:
+            with open(os.path.join(root, bus, "information"), encoding="utf-8", errors="replace") as fh:
+                fields = dict(line.partition(":")[::2] for line in fh)
+        except OSError:
+            continue
+        if name := fields.get("Model", "").strip():
+            names.append(name)
+    return names
+
+
+def gpus(timeout: float = 20.0, proc_root: str = PROC_GPUS) -> list[str]:
+    """GPU model names, one per GPU ([] without one): nvidia-smi's, or where it is missing,
+    fails or hangs past ``timeout`` (s), the driver's /proc files'. Neither is torch, so no
+    CUDA context is made in this process (asv's forkserver forbids one before its fork)."""
+    exe = shutil.which("nvidia-smi")
     try:
         p = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=timeout)
+                           text=True, timeout=timeout) if exe else None
     except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in p.stdout.splitlines() if line.strip()] if p.returncode == 0 else []
+        p = None
+    names = [line.strip() for line in p.stdout.splitlines() if line.strip()] if p and p.returncode == 0 else []
+    return names or _proc_gpus(proc_root)
 
 
 def fingerprint(cpuinfo: dict[str, str] | None = None, gpu_names: list[str] | None = None,
