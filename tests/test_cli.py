@@ -861,6 +861,19 @@ def test_try_fixes_on_cuda_gives_the_cached_gpu_memory_back_before_the_candidate
     assert calls == ["try"]
 
 
+def test_try_fixes_on_cuda_counts_the_contexts_and_flushes_of_its_other_processes(monkeypatch):
+    """explain --try-fixes on CUDA runs explain, a candidate's process and the default's timer
+    at once: two CUDA contexts beyond explain's own, and three 256 MiB L2 flushes. A GPU with
+    1.5 GiB free holds one tiny measurement, not the three (the check counted neither flush nor
+    no context: under 1 MiB for 64x64x64 fp16)."""
+    from matmul_drift import memory
+
+    monkeypatch.setattr(memory, "available", lambda device: (None, 1536 << 20))
+    memory.check(memory.bytes_needed(64, 64, 64, "float16", "cuda"), "the product", "cuda")
+    with pytest.raises(memory.TooLarge, match="GPU memory free"):
+        memory.check(memory.bytes_needed(64, 64, 64, "float16", "cuda", fixes=True), "the product", "cuda")
+
+
 @pytest.mark.parametrize("m, k, n, dtype", [(64, 1024, 8192, "float32"), (8192, 1024, 64, "float32"),
                                             (8192, 1024, 64, "float64"), (2, 8, 8, "float32")])
 def test_memory_estimate_covers_operands_with_nan_and_inf(tmp_path, m, k, n, dtype):

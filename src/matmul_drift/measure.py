@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import catalog, environment, inputs, kernels, numerics
+from . import catalog, environment, inputs, kernels, memory, numerics
 from .reference import Reference, all_finite, exact_product
 from .cases import Case, storage_dtype
 
@@ -389,7 +389,7 @@ NOISY = 0.1  # IQR / median above which a time is marked noisy
 BLOCK_SECONDS, MIN_RUNS, MIN_SECONDS = 0.02, 5, 0.2  # CPU: blocks of calls long against the timer's overhead
 
 
-def time_call(fn, device: str, reps: int = 20, flush_bytes: int = 256 << 20, min_runs: int = MIN_RUNS,
+def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_BYTES, min_runs: int = MIN_RUNS,
               min_seconds: float = MIN_SECONDS, block_seconds: float = BLOCK_SECONDS) -> dict:
     """Seconds per call of ``fn``, with its spread.
 

@@ -21,6 +21,12 @@ ANY_MACHINE = 1 << 60  # bytes: refused even with --no-host-memory-check
 # build, whose GPU libraries are mapped on a machine without a GPU too. Measured, explain of a
 # 2×8×8 float32 product: 306 MiB with 2.13.0+cpu, 794 MiB with 2.14.1+cu130 (no GPU).
 PROCESS_BYTES = {False: 512 << 20, True: 1 << 30}
+# On CUDA, beyond the arrays: measure.time_call's L2 flush in each process that times, and a
+# CUDA context (cuBLAS's workspace with it) in each process but the one that checks, whose own
+# context asking the GPU's free memory has already made. Reasoned, not measured: a context
+# takes about 0.3-0.5 GiB on Hopper with CUDA's lazy module loading.
+FLUSH_BYTES = 256 << 20
+CUDA_CONTEXT_BYTES = 512 << 20
 
 
 def process_bytes() -> int:
@@ -52,7 +58,9 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     slices of A (six float64 arrays) and of B in blocks of columns. Outputs: the product,
     its slices and repeats, their float64 values, the reference's and the comparison's
     temporaries. On CUDA the operands (and a column slice's copy of B), the reference and the
-    outputs under comparison live on the GPU; the host keeps the rest. The bytes per entry
+    outputs under comparison live on the GPU, beside each timing process's L2 flush
+    (FLUSH_BYTES) and, with ``fixes``, two more CUDA contexts (CUDA_CONTEXT_BYTES); the host
+    keeps the rest. The bytes per entry
     were fitted to the peaks scripts/bench_memory.py measures on the CPU; the GPU's side is
     reasoned from the same arrays, not measured.
     """
@@ -62,7 +70,8 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     ref, prefix = a * per_a + b * per_b, itemsize * a if prefix_a else 0
     host = process_bytes() * (1 + 2 * fixes) + (a + b) * (4 + itemsize) * (1 + fixes) + outs * (64 + 4 * itemsize)
     if device == "cuda":
-        return host, (a + 2 * b + fixes * (a + b)) * itemsize + prefix + ref + outs * (16 + 2 * itemsize)
+        gpu = (a + 2 * b + fixes * (a + b)) * itemsize + prefix + ref + outs * (16 + 2 * itemsize)
+        return host, gpu + FLUSH_BYTES * (1 + 2 * fixes) + CUDA_CONTEXT_BYTES * 2 * fixes
     return host + prefix + ref, 0
 
 
