@@ -865,7 +865,7 @@ def test_try_fixes_on_cuda_counts_the_contexts_and_flushes_of_its_other_processe
     """explain --try-fixes on CUDA runs explain, a candidate's process and the default's timer
     at once: two CUDA contexts beyond explain's own, and three 256 MiB L2 flushes. A GPU with
     1.5 GiB free holds one tiny measurement, not the three (the check counted neither flush nor
-    no context: under 1 MiB for 64x64x64 fp16)."""
+    context: under 1 MiB for 64x64x64 fp16)."""
     from matmul_drift import memory
 
     monkeypatch.setattr(memory, "available", lambda device: (None, 1536 << 20))
