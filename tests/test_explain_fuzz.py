@@ -126,9 +126,7 @@ def _independent(a, b, c, dtype):
                 zero_misses += cij != 0
                 exact_zeros += cij == 0
                 continue
-            if absprod > F64_MAX:
-                continue
-            covered += 1
+            covered += 1  # |A||B| beyond float64 too: the exact value and C are finite
             subnormal += absprod < tiny  # every term and partial sum below the normal range
             if gamma is not None:
                 beyond += abs(Fraction(cij) - val) > gamma * absprod + (k + 1) * eta

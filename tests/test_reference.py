@@ -28,7 +28,11 @@ def _explain_json(tmp_path, capsys, monkeypatch, a: np.ndarray, b: np.ndarray) -
     np.save(tmp_path / "b.npy", b)
     monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
     rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--json"])
-    return rc, json.loads(capsys.readouterr().out)
+
+    def strict(token):  # RFC 8259 has no NaN or Infinity
+        raise ValueError(f"not JSON: {token}")
+
+    return rc, json.loads(capsys.readouterr().out, parse_constant=strict)
 
 
 def _within_bound(a: np.ndarray, b: np.ndarray) -> reference.Reference:
@@ -119,6 +123,77 @@ def test_an_overflow_in_one_row_is_judged_on_that_rows_own_reference(tmp_path, c
     nf = doc["nonfinite"]
     spurious = int(math.isinf(c[0, 0]))  # the sum's order is the kernel's: count what it gave
     assert rc == 0 and nf["spurious"] == spurious and nf["overflow"] == int(math.isinf(c[0, 1])), nf
+
+
+# |A||B| is 2^1024 and more in column 0, beyond float64; in column 1 it is below 2^1024. Every
+# exact value is finite: 1 and 2^1000 in column 0, -2^1023 + 2^993 + 2^-30 and 2^1000 in column 1.
+OVER_A = np.array([[2.0**1023, -2.0**1023, 1.0], [2.0**1023, 2.0**1000, -2.0**1023]])
+OVER_B = np.array([[1.0, 2.0**-30], [1.0, 1.0], [1.0, 2.0**-30]])
+
+
+def test_float64_entries_whose_abs_product_overflows_are_judged_against_gamma_k():
+    """Where |A||B| overflowed float64, an entry was left out of error_u and beyond_bound, so a
+    kernel's answer off by 2^975 there (16 u of |A||B|, beyond γ_3 = 3 u) was no defect. It is
+    judged now on |A||B|·2^-e, C·2^-e and the exact value·2^-e (e an integer per entry); the
+    entries with |A||B| in range are judged as before."""
+    r = _within_bound(OVER_A, OVER_B)
+    exact = _exact(OVER_A, OVER_B)
+    absprod = [[sum((abs(Fraction(x) * Fraction(y)) for x, y in zip(row, col)), Fraction(0)) for col in OVER_B.T]
+               for row in OVER_A]
+    scaled, absexp = r.absprod_pow2()
+    assert np.isinf(r.absprod[:, 0]).all() and np.isfinite(r.absprod[:, 1]).all()
+    assert (absexp[:, 1] == 0).all() and (scaled[:, 1] == r.absprod[:, 1]).all()
+    for i in range(2):
+        for j in range(2):  # |A||B| = scaled·2^absexp, to float64's rounding
+            got = Fraction(float(scaled[i, j])) * Fraction(2) ** int(absexp[i, j])
+            assert abs(got - absprod[i][j]) <= Fraction(2) ** -50 * absprod[i][j], (i, j)
+    slack = r.slack_or_relative()
+    assert (slack[:, 1] == r.bound_rel * r.absprod[:, 1]).all() and np.isfinite(slack).all()
+    k, u = 3, Fraction(2) ** -53
+    gamma = k * u / (1 - k * u)
+    c = (torch.from_numpy(OVER_A) @ torch.from_numpy(OVER_B)).numpy()
+    wrong = c.copy()
+    wrong[:, 0] += 2.0**975
+    for prod, want_beyond in ((c, 0), (wrong, 2)):
+        errs = [[abs(Fraction(float(prod[i, j])) - exact[i][j]) for j in range(2)] for i in range(2)]
+        assert sum(errs[i][j] > gamma * absprod[i][j] for i in range(2) for j in range(2)) == want_beyond  # the truth
+        e = numerics.error(prod, r.hi, r.lo, r.finite, scaled, "float64", k, ref_slack=slack, absexp=absexp)
+        assert (e["entries"], e["of"], e["beyond_bound"]) == (4, 4, want_beyond), e
+        want_u = max(float(errs[i][j] / (u * absprod[i][j])) for i in range(2) for j in range(2))
+        # (torch's worst error, 2^-30 at (0, 1), is 2^-1000 u: numerics divides among float64's subnormals there)
+        assert math.isclose(e["error_u"], want_u, rel_tol=2.0**-40, abs_tol=2.0**-900), (e, want_u)
+        # in range, the same answer as without the scaling
+        cut = (slice(None), slice(1, 2))
+        assert numerics.error(prod[cut], r.hi[cut], r.lo[cut], r.finite[cut], r.absprod[cut], "float64", k,
+                              ref_slack=slack[cut]) == numerics.error(
+            prod[cut], r.hi[cut], r.lo[cut], r.finite[cut], scaled[cut], "float64", k, ref_slack=slack[cut],
+            absexp=absexp[cut])
+    # a product whose |A||B| is in range everywhere carries no scaled copy
+    r = reference.exact_product(torch.matmul, torch.from_numpy(OVER_A[:, 1:]), torch.from_numpy(OVER_B[1:]))
+    assert r.absprod_pow2() == (r.absprod, None) and r.absprod_scaled is None
+
+
+def test_explain_judges_float64_entries_whose_abs_product_overflows(tmp_path, capsys, monkeypatch):
+    """explain once said "bit-identical ... error_u 0 u over 2 of 4 entries" of OVER_A @ OVER_B and
+    nothing of a kernel off by 2^975 at (0, 0), where |A||B| = 2^1024 + 1 overflows float64."""
+    from matmul_drift import measure
+
+    rc, doc = _explain_json(tmp_path, capsys, monkeypatch, OVER_A, OVER_B)
+    assert rc == 0 and doc["verdict"]["kind"] != "defect", doc["verdict"]
+    assert (doc["error_entries"]["entries"], doc["error_entries"]["beyond_bound"]) == (4, 0), doc["error_entries"]
+    product = measure.Operands.product
+
+    def off(self, a=None, b=None):
+        out = product(self, a, b)
+        if a is None and b is None:  # the kernel's own full product; the reference passes its slices
+            out = out.clone()
+            out[0, 0] += 2.0**975
+        return out
+
+    monkeypatch.setattr(measure.Operands, "product", off)
+    rc, doc = _explain_json(tmp_path, capsys, monkeypatch, OVER_A, OVER_B)
+    assert rc == 1 and doc["verdict"]["kind"] == "defect", doc["verdict"]
+    assert doc["error_entries"]["beyond_bound"] == 1 and math.isclose(doc["error_u"], 16.0, rel_tol=1e-9), doc
 
 
 def test_cancellation_to_zero_and_exact_integers():

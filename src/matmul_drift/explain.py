@@ -75,7 +75,7 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
     }
     nulls: dict[str, str] = {}
     if m.error_u is None:
-        nulls["error_u"] = "no entry is finite in both the product and the exact result, with 0 < Σ|a·b| < inf"
+        nulls["error_u"] = "no entry is finite in both the product and the exact result, with Σ|a·b| > 0"
     if m.gamma_k_u is None:
         nulls["gamma_k_u"] = ("2K·u ≥ 1: the γ_K(TF32) bound says nothing" if m.precision in numerics.TF32
                               else "K·u ≥ 1: the γ_K bound says nothing")

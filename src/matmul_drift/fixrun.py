@@ -128,8 +128,9 @@ def run(spec: dict, peer=None) -> dict:
         if not lean:
             top = measure.top_product(ops, measure._call(ops.product, device, full))
             bits, values, absprod = top.bits, top.values, top.ref.absprod
-            error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, absprod, dtype, k,
-                                     precision=precision)["error_u"]
+            scaled, absexp = top.ref.absprod_pow2()
+            error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, scaled, dtype, k,
+                                     precision=precision, absexp=absexp)["error_u"]
         else:  # drift only: |A||B| from a float64 product scales max_u; no exact reference, no error_u
             bits, values = measure._host(ops.product())
             absprod = ops.product(ops.a.abs().double(), ops.b.abs().double()).cpu().numpy()

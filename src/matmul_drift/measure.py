@@ -293,7 +293,8 @@ def measure_operands(
         kern = {"full": full} if with_kernels else {}
         c_bits, c_val, ref, absprod = top.bits, top.values, top.ref, top.ref.absprod
         slack = ref.slack_or_relative()  # how far hi + lo may be from the exact value, per entry
-        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, absprod, dtype, k, precision, slack)
+        scaled, absexp = ref.absprod_pow2()  # |A||B| = scaled·2^absexp: finite where absprod overflows
+        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, scaled, dtype, k, precision, slack, absexp)
         # an exact reference's hi is the exact value rounded: it alone says where inf is the rounding
         near = () if ref.exact else (slack, ref.lo)
         nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),
@@ -488,10 +489,11 @@ def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: s
         ref = top.ref[cut]
         d = numerics.drift(top.bits[cut], y_bits, top.values[cut], y, ref.absprod, dtype)
         drift = {key: d[key] for key in ("max_ulp", "frac_differ", "max_u")}
+    scaled, absexp = ref.absprod_pow2()
     return {
         "size": size,
         "kernel_id": catalog.hex_id(catalog.object_id(kernel_entry(device, {"full": names}))),
         "kernels": names,
-        "error_u": numerics.error(y, ref.hi, ref.lo, ref.finite, ref.absprod, dtype)["error_u"],
+        "error_u": numerics.error(y, ref.hi, ref.lo, ref.finite, scaled, dtype, absexp=absexp)["error_u"],
         **drift,
     }

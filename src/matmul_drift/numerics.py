@@ -221,16 +221,23 @@ def _kept(keep: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarray, absprod: np.ndarray,
-          dtype: str, k: int | None = None, precision: str | None = None, ref_slack: np.ndarray | None = None) -> dict:
+          dtype: str, k: int | None = None, precision: str | None = None, ref_slack: np.ndarray | None = None,
+          absexp: np.ndarray | None = None) -> dict:
     """The error of a product C against the exact product hi + lo (double-double, float64).
 
+    c, hi, lo and ``ref_slack`` are in output units. ``absprod`` is |A||B| (output units)
+    or, given ``absexp`` (an integer per entry: Reference.absprod_pow2()), |A||B|·2^-absexp,
+    finite where |A||B| overflows float64: those entries are judged on c, hi, lo and
+    ``ref_slack`` times 2^-absexp, a power of two that changes no ratio or comparison (it
+    rounds only below 2^-1074 there, far below the bound).
     Returns ``error_u`` = max |C − (hi + lo)| / (u·|A||B|) in u of the output ``dtype``
     (None when no entry qualifies) and ``entries`` / ``of``: how many entries it covers
     out of all. An entry is covered when C and the exact value are both finite (not NaN,
-    not inf, not beyond float64) and 0 < |A||B| < inf; entries with |A||B| = 0 are exact
-    zeros, and are covered by the count of non-zero ``zero_misses`` instead (where the exact
-    value hi is 0: terms whose float64 products underflowed to 0 may still sum to a value
-    that rounds to float64's smallest subnormal, which a kernel may rightly return);
+    not inf, not beyond float64) and |A||B| > 0 (beyond float64 too, given ``absexp``);
+    entries with |A||B| = 0 are exact zeros, and are covered by the count of non-zero
+    ``zero_misses`` instead (where the exact value hi is 0: terms whose float64 products
+    underflowed to 0 may still sum to a value that rounds to float64's smallest subnormal,
+    which a kernel may rightly return);
     ``exact_zeros`` counts the others, the outputs that are 0 there: exact.
     ``subnormal``: covered entries whose |A||B| (as computed, float64) is below the dtype's
     smallest normal number. There every product, partial sum and the exact value lie below
@@ -248,9 +255,12 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
         flat.append(np.asarray(ref_slack, dtype=np.float64).reshape(-1))
     fin = np.asarray(exact_finite, dtype=bool).reshape(-1)
     u, smallest_normal = unit_roundoff(dtype), 2.0 ** (1 - EXPONENT_BIAS[dtype])
+    shift = None if absexp is None else -np.asarray(absexp).reshape(-1)
 
     def part(at: slice) -> tuple:
         c, hi, lo, absprod, *slack = (v[at] for v in flat)
+        if shift is not None:  # the same units as absprod: 2^0 (no change) wherever |A||B| is finite
+            c, hi, lo, *slack = (np.ldexp(v, shift[at]) for v in (c, hi, lo, *slack))
         ok = np.isfinite(c) & fin[at] & np.isfinite(hi)
         keep = ok & (absprod > 0) & np.isfinite(absprod)
         zero = ok & (absprod == 0) & (hi == 0)

@@ -47,7 +47,10 @@ class Reference:
 
     ``hi`` + ``lo`` (float64 arrays) is the product of the rounded inputs; ``hi`` is NaN or
     ±inf where the exact result is (``finite`` False), and ±inf where it is finite but
-    beyond float64's range. ``absprod`` is |A||B| over the finite terms (float64).
+    beyond float64's range. ``absprod`` is |A||B| over the finite terms (float64, output
+    units; inf where it overflows float64). ``absprod_scaled`` and ``absexp`` (None where
+    it overflows nowhere) hold it there too: |A||B| = absprod_scaled·2^absexp, with absexp an
+    integer per entry (``absprod_pow2``).
     ``slices`` (A's, B's) and ``exact`` (every input bit was used, so hi + lo is exact up
     to the final double-double rounding) describe the method; ``bound_rel`` bounds
     |hi + lo − exact| / |A||B| (dimensionless) over all entries. ``slack`` (output units, per
@@ -65,6 +68,8 @@ class Reference:
     bound_rel: float
     method: str = METHOD
     slack: np.ndarray | None = None
+    absprod_scaled: np.ndarray | None = None
+    absexp: np.ndarray | None = None
 
     def describe(self, u: float) -> dict:
         """The JSON entry: method, slices, and the reference's own error bound in u."""
@@ -76,15 +81,28 @@ class Reference:
         }
 
     def __getitem__(self, cut) -> Reference:
+        part = lambda v: None if v is None else v[cut]  # noqa: E731
         return Reference(self.hi[cut], self.lo[cut], self.finite[cut], self.absprod[cut],
                          self.slices, self.exact, self.bound_rel, self.method,
-                         None if self.slack is None else self.slack[cut])
+                         part(self.slack), part(self.absprod_scaled), part(self.absexp))
+
+    def absprod_pow2(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(|A||B|·2^-e, e) per entry, e an integer: 0, and ``absprod`` itself, except where
+        |A||B| overflows float64 (output units; e is None where it overflows nowhere)."""
+        if self.absexp is None:
+            return self.absprod, None
+        return self.absprod_scaled, self.absexp
 
     def slack_or_relative(self) -> np.ndarray:
-        """``slack``, or where there is none ``bound_rel``·|A||B| (0 where that overflows)."""
+        """``slack``, or where there is none ``bound_rel``·|A||B| (output units; inf where
+        that overflows float64: there no finite error is called beyond the bound)."""
         if self.slack is not None:
             return self.slack
-        return np.where(np.isfinite(self.absprod), self.bound_rel * self.absprod, 0.0)
+        absprod, e = self.absprod_pow2()
+        if e is None:
+            return np.where(np.isfinite(absprod), self.bound_rel * absprod, 0.0)
+        with np.errstate(over="ignore"):
+            return np.ldexp(self.bound_rel * absprod, e)
 
 
 def rho(k: int) -> int:
@@ -179,9 +197,14 @@ def exact_product(product, a, b) -> Reference:
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=-1)  # noqa: E731
         slack = None if all(p.slack is None for p in parts) else np.concatenate(
             [p.slack_or_relative() for p in parts], axis=-1)
+        over = any(p.absexp is not None for p in parts)
+        scaled = (np.concatenate([p.absprod_pow2()[0] for p in parts], axis=-1),
+                  np.concatenate([np.zeros(p.absprod.shape, np.int16) if p.absexp is None else p.absexp
+                                  for p in parts], axis=-1)) if over else (None, None)
         return Reference(cat("hi"), cat("lo"), cat("finite"), cat("absprod"),
                          tuple(max(p.slices[i] for p in parts) for i in (0, 1)),
-                         all(p.exact for p in parts), max(p.bound_rel for p in parts), slack=slack)
+                         all(p.exact for p in parts), max(p.bound_rel for p in parts), slack=slack,
+                         absprod_scaled=scaled[0], absexp=scaled[1])
     return _exact_block(product, sa, _sliced(b, -2, r))
 
 
@@ -285,6 +308,16 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     slack = None
     # e_i + e_j in the output's shape: (…, M, 1) + (…, 1, N), or for a 1-D A, (1,) + (N,)
     scale = a.e + (b.e.squeeze(-2) if a.x64.dim() == 1 else b.e)
+    absexp = absprod_scaled = None
+    over = torch.isinf(absprod)
+    if bool(over.any()):
+        # |A||B| beyond float64: kept as |A||B|·2^-(e_i + e_j) from the scaled operands (at most
+        # K·2^448, finite), so its entries are judged too. Scaling rounded only entries 2^1074 below
+        # their row's or column's maximum: 2K·2^-627 at most, in a sum of at least 2^-128.
+        absexp = torch.where(over, torch.broadcast_to(scale, over.shape), 0).to(torch.int16)
+        absprod_scaled = torch.where(over, product(a_s.abs(), b_s.abs()), absprod)
+        absexp, absprod_scaled = absexp.cpu().numpy(), absprod_scaled.cpu().numpy()
+    del over
     if not exact or a.lost or b.lost or under:
         rel, err = _left_out(product, a, b, absprod, under, bound)
         bound += rel
@@ -311,7 +344,7 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     if tiny.size and tiny.min() < 2.0**-960:  # lo lands among the subnormals: absolute steps 2^-1074
         bound += 4 * SMALLEST / float(tiny.min())
     return Reference(hi.cpu().numpy(), lo.cpu().numpy(), finite.cpu().numpy(), absprod,
-                     (len(sa), len(sb)), exact, bound, slack=slack)
+                     (len(sa), len(sb)), exact, bound, slack=slack, absprod_scaled=absprod_scaled, absexp=absexp)
 
 
 def _resum_near_overflow(product, a: _Sliced, b: _Sliced, scale, over, hi, lo) -> tuple:
