@@ -92,6 +92,67 @@ def test_hand_built_trees_are_revealed_exactly(name):
         assert order.describe(got.tree) == words
 
 
+def lanes(n, k, into_first=(), start=0):
+    """A SIMD loop's n partial sums over products start..start+k-1, product start + i in lane
+    i mod n, each lane a sequential chain (a lane of one product is that product);
+    ``into_first``: products then added to lane 0 one at a time (a scalar loop's remainder)."""
+    return [seq([*range(start + lane, start + k, n), *(into_first if lane == 0 else ())]) for lane in range(n)]
+
+
+def hreduce(parts):
+    """A horizontal reduction: lane i + lane i + n/2, then again over the first half."""
+    while len(parts) > 1:
+        parts = [[parts[i], parts[i + len(parts) // 2]] for i in range(len(parts) // 2)]
+    return parts[0]
+
+
+# K no multiple of the lanes: lanes of two sizes, so two shapes. They read "2 lanes × 18..19
+# varied; lanes then added", "2 parts of 2..8; each: varied; parts added", "2 chunks of 1..36; ..."
+UNEVEN_LANES = {
+    "4 lanes, K = 10, pairwise": (hreduce(lanes(4, 10)), "4 lanes × 2..3 sequential; lanes then pairwise"),
+    "8 lanes, K = 37, pairwise": (hreduce(lanes(8, 37)), "8 lanes × 4..5 sequential; lanes then pairwise"),
+    "16 lanes, K = 33, pairwise": (hreduce(lanes(16, 33)), "16 lanes × 2..3 sequential; lanes then pairwise"),
+    "16 lanes, K = 17, pairwise": (hreduce(lanes(16, 17)), "16 lanes × 1..2 sequential; lanes then pairwise"),
+    "4 lanes, K = 10, sequential": (seq(lanes(4, 10)), "4 lanes × 2..3 sequential; lanes then sequential"),
+    "8 lanes, K = 17, sequential": (seq(lanes(8, 17)), "8 lanes × 2..3 sequential; lanes then sequential"),
+    # lanes that read otherwise: lane 0 pairwise, the others sequential
+    "varied lanes": (hreduce([[[0, 4], [8, 12]], *lanes(4, 12)[1:]]), "4 lanes × 3..4 varied; lanes then pairwise"),
+    "chunks of uneven lanes": (seq([hreduce(lanes(4, 10, start=c)) for c in (0, 10, 20)]),
+                               "3 chunks of 10; each: 4 lanes × 2..3 sequential; lanes then pairwise; chunks sequential"),
+    # a scalar loop adds the K mod n products left over to the lanes' sum
+    "remainder after 8 lanes pairwise": (seq([hreduce(lanes(8, 32)), *range(32, 37)]),
+                                         "8 lanes × 4 sequential; lanes then pairwise; then 5 more products sequential"),
+    "remainder after 4 lanes sequential": (seq([seq(lanes(4, 8)), 8, 9]),
+                                           "4 lanes × 2 sequential; lanes then sequential; then 2 more products sequential"),
+    "one left over": (seq([hreduce(lanes(8, 24)), 24]), "8 lanes × 3 sequential; lanes then pairwise; then 1 more product"),
+    # lanes of two products added pairwise are a pairwise tree: read so
+    "remainder after lanes of 2": (seq([hreduce(lanes(4, 8)), 8]), "pairwise (out of index order); then 1 more product"),
+    # ... or to lane 0, before the lanes are added (fp16 and bf16 on a Xeon with torch 2.13.0+cpu)
+    "remainder into lane 0": (seq(lanes(4, 8, into_first=(8, 9))),
+                              "4 lanes × 2 sequential, then 2 more products into lane 0; lanes then sequential"),
+    "remainder into lane 0, pairwise": (hreduce(lanes(8, 32, into_first=range(32, 37))),
+                                        "8 lanes × 4 sequential, then 5 more products into lane 0; lanes then pairwise"),
+}
+
+
+@pytest.mark.parametrize("name", list(UNEVEN_LANES))
+def test_lanes_of_two_sizes_read_as_lanes(name):
+    tree, words = UNEVEN_LANES[name]
+    k = len(order.leaves(tree))
+    got = order.reveal(simulated(tree), k)
+    assert got.tree == order.canonical(tree)
+    assert order.describe(got.tree) == words
+
+
+def test_lanes_of_two_sizes_are_read_without_recursion():
+    k = 4 * 3000 + 5  # lanes 3000 deep, past Python's recursion limit; 5 left over
+    assert order.describe(order.canonical(hreduce(lanes(8, k)))) == "8 lanes × 1500..1501 sequential; lanes then pairwise"
+    assert (order.describe(order.canonical(seq(lanes(4, k - 5, into_first=range(k - 5, k)))))
+            == "4 lanes × 3000 sequential, then 5 more products into lane 0; lanes then sequential")
+    assert (order.describe(order.canonical(seq([seq(lanes(4, k - 5)), *range(k - 5, k)])))
+            == "4 lanes × 3000 sequential; lanes then sequential; then 5 more products sequential")
+
+
 def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path, capsys):
     from matmul_drift import catalog, cli
 

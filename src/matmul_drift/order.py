@@ -455,32 +455,57 @@ def _pairwise(node, depth: int) -> list | None:
 def describe(node, depth: int = 0) -> str:
     """The tree in words: "sequential", "pairwise", "fused group of 4", or parts:
     "4 chunks of 1024; each: ...; chunks sequential" ("lanes" where parts interleave by one
-    stride, "parts" where they interleave otherwise)."""
+    stride, "parts" where they interleave otherwise; "4 lanes × 2..3 sequential" where K is no
+    multiple of the lanes), and a scalar loop's remainder: "...; then 2 more products sequential"
+    (added to the sum), "4 lanes × 2 sequential, then 2 more products into lane 0; ..."."""
     if node is None:
         return "not revealed"
     if not isinstance(node, list):
         return "one product"
-    shape = _shapes(node)
-    sid = lambda x: shape[id(x)] if isinstance(x, list) else 0  # noqa: E731
+    return _reading(node, depth) or _remainder(node, depth) or _parts(list(node), "added", depth)
+
+
+def _reading(node: list, depth: int) -> str | None:
+    """describe's words for an inner node; None where no reading fits."""
     if len(node) > 2:
         if all(not isinstance(c, list) for c in node):
             return f"fused group of {len(node)}"
         if running := _running(node):
             return running
         return _parts(list(node), "fused into one rounding", depth)
+    if (found := _finest(node)) is None:
+        return None
+    parts, how = found
+    if not any(isinstance(p, list) for p in parts):  # single products
+        return how + _index_order(parts)
+    return _parts(parts, how, depth)
+
+
+def _finest(node: list) -> tuple[list, str] | None:
+    """(parts, "sequential" or "pairwise"): the finest reading of a two-child node whose parts
+    are all alike, or are lanes; None where none fits."""
+    shape = _shapes(node)
+    sid = lambda x: shape[id(x)] if isinstance(x, list) else 0  # noqa: E731
     options = []
     # A chain ((a + b) + c) + d read down its running sum, the larger child of each node (the
     # canonical order puts it second where a loop meets a smaller index later, as one run
     # backwards): the deepest stop at which the bottom and every part added are alike.
     size = _sizes(node)
     held = lambda x: size[id(x)] if isinstance(x, list) else 1  # noqa: E731
-    rights, bottom, alike, best = [], node, True, None
+    # Lanes of a SIMD loop over K no multiple of their number n hold K // n or K // n + 1
+    # products, so they are not alike: ``uneven`` keeps the stops where the parts' sizes differ
+    # by at most one (a few: the bottom shrinks at every stop), taken where they are lanes.
+    rights, bottom, alike, best, uneven = [], node, True, None, []
+    least = most = None  # the sizes of the parts added to the running sum so far
     while isinstance(bottom, list) and len(bottom) == 2:
         bottom, r = bottom if held(bottom[0]) >= held(bottom[1]) else bottom[::-1]
         alike = alike and (not rights or sid(r) == sid(rights[-1]))
         rights.append(r)
+        least, most = min(least or held(r), held(r)), max(most or 0, held(r))
         if alike and sid(bottom) == sid(r):
             best = (bottom, len(rights))
+        elif max(most, held(bottom)) - min(least, held(bottom)) <= 1:
+            uneven.append(([bottom, *reversed(rights)], "sequential"))
     if best is not None:
         b, n = best
         options.append(([b, *reversed(rights[:n])], "sequential"))
@@ -488,13 +513,58 @@ def describe(node, depth: int = 0) -> str:
     while (parts := _pairwise(node, d)) is not None:
         if len({sid(p) for p in parts}) == 1:
             options.append((parts, "pairwise"))
+        elif max(map(held, parts)) - min(map(held, parts)) <= 1:
+            uneven.append((parts, "pairwise"))
         d += 1
-    if not options:
-        return _parts(list(node), "added", depth)
-    parts, how = max(options, key=lambda o: len(o[0]))  # the finest reading with parts all alike
-    if not isinstance(parts[0], list):  # single products
-        return how + _index_order(parts)
-    return _parts(parts, how, depth)
+    options += [o for o in uneven if _lanes(o[0])]  # after the alike: a tie keeps their reading
+    return max(options, key=lambda o: len(o[0])) if options else None  # the finest reading
+
+
+def _remainder(node: list, depth: int) -> str | None:
+    """A scalar loop's remainder in words: products added one at a time (a left-deep chain of
+    single products) on top of the lanes' sum, or the last products of K so added to one lane
+    before the lanes are; None for any other tree."""
+    tail, x = [], node  # the products added on top, the last first
+    while isinstance(x, list) and len(x) == 2 and sum(isinstance(c, list) for c in x) == 1:
+        x, r = x if isinstance(x[0], list) else x[::-1]
+        tail.append(r)
+    found = _finest(x) if tail and isinstance(x, list) and len(x) == 2 else None
+    if found is not None and (_lanes(found[0]) or not any(isinstance(p, list) for p in found[0])):
+        # lanes of one or two products each may read as single products added pairwise
+        more = "1 more product" if len(tail) == 1 else f"{len(tail)} more products sequential"
+        return f"{_reading(x, depth)}; then {more}" + _index_order(tail[::-1])
+    # Into a lane: the last products h, h - 1, ... each the leaf beside a running sum, spliced
+    # out of a copy of the tree, leave lanes of which that running sum is one.
+    tree = from_json(to_json(node))  # a copy, made without recursion
+    nodes = inner_nodes(tree)
+    up = {id(c): x for x in nodes for c in x if isinstance(c, list)}  # parent of each inner node
+    tail = [max(leaves(tree))]
+    top = next(x for x in nodes if tail[0] in x)  # the last product's node, the tail's top
+    lane = top[0] if top[1] == tail[0] else top[1]
+    while isinstance(lane, list) and len(lane) == 2 and tail[-1] - 1 in lane:
+        below = lane[0] if lane[1] == tail[-1] - 1 else lane[1]
+        if not isinstance(below, list):
+            break
+        tail.append(tail[-1] - 1)
+        lane = below
+    if len(top) != 2 or not isinstance(lane, list) or id(top) not in up:
+        return None
+    parent = up[id(top)]
+    parent[next(i for i, c in enumerate(parent) if c is top)] = lane  # by identity: == recurses
+    found = _finest(tree) if len(tree) == 2 else None
+    if found is None or not any(p is lane for p in found[0]) or not _lanes(found[0]):
+        return None
+    i = sorted(min(leaves(p)) for p in found[0]).index(min(leaves(lane)))
+    more = "1 more product" if len(tail) == 1 else f"{len(tail)} more products"
+    return _parts(*found, depth, into=f", then {more} into lane {i}")
+
+
+def _lanes(parts: list) -> bool:
+    """Whether part i holds every n-th product from start + i (n parts), whatever order the
+    parts are added in (a horizontal reduction adds lane 4 to lane 0 first)."""
+    held = sorted(sorted(leaves(p)) for p in parts)
+    n, start = len(parts), held[0][0]
+    return n > 1 and all(h == list(range(start + i, start + i + n * len(h), n)) for i, h in enumerate(held))
 
 
 def _running(node) -> str | None:
@@ -519,18 +589,17 @@ def _index_order(seen: list[int]) -> str:
     return "" if seen == sorted(seen) else " (out of index order)"
 
 
-def _parts(parts: list, how: str, depth: int) -> str:
+def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     sizes = [len(leaves(p)) for p in parts]
-    # lanes: part i holds every n-th product from start + i (n parts), whatever order the parts
-    # are added in (a horizontal reduction adds lane 4 to lane 0 first)
     held = sorted(sorted(leaves(p)) for p in parts)
-    n, start = len(parts), held[0][0]
-    lanes = n > 1 and all(h == list(range(start + i, start + i + n * len(h), n)) for i, h in enumerate(held))
     same = len(set(sizes)) == 1
     inner = "..." if depth > 3 else describe(parts[0], depth + 1) if same else "varied"
     size = f"{sizes[0]}" if same else f"{min(sizes)}..{max(sizes)}"
-    if lanes:
-        return f"{len(parts)} lanes × {size} {inner}; lanes then {how}"
+    if _lanes(parts):
+        if not same and depth <= 3:  # lanes of two sizes: their common reading, where they share one
+            seen = {describe(p, depth + 1) for p in parts if isinstance(p, list)}
+            inner = seen.pop() if len(seen) == 1 else "varied"
+        return f"{len(parts)} lanes × {size} {inner}{into}; lanes then {how}"
     # chunks: runs of neighbouring products; parts that interleave otherwise are only parts
     word = "chunks" if all(h[-1] - h[0] == len(h) - 1 for h in held) else "parts"
     return f"{len(parts)} {word} of {size}; each: {inner}; {word} {how}"
