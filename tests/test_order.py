@@ -153,6 +153,72 @@ def test_lanes_of_two_sizes_are_read_without_recursion():
             == "4 lanes × 3000 sequential; lanes then sequential; then 5 more products sequential")
 
 
+def blocks(k, size, each):
+    """A blocked loop's chunks over products 0..k-1: runs of ``size`` neighbours, the last one
+    short where k is no multiple of size, each summed by ``each`` (seq, pw, ...) of its products."""
+    return [each(list(range(c, min(c + size, k)))) for c in range(0, k, size)]
+
+
+def tangled_blocks_then_five():
+    """Blocks of 8, each block's products added around the running sum (no block a subtree of
+    its own), then products 32..36 added one at a time."""
+    s = [[[0, 2], [1, 3]], [[4, 6], [5, 7]]]
+    for o in (8, 16, 24):
+        s = [[[[s, o + 6], o + 4], [o + 5, o + 7]], [[o, o + 2], [o + 1, o + 3]]]
+    return seq([s, *range(32, 37)])
+
+
+# K no multiple of the block: chunks of two sizes, so two shapes. They read "2 chunks of 4..96;
+# each: varied; chunks added" (the full chunks, then the short one), "2 chunks of 12..16; ..."
+SHORT_CHUNKS = {
+    "short last chunk, sequential": (seq(blocks(100, 32, seq)), "3 chunks of 32 and 1 of 4; each: sequential; chunks sequential"),
+    "short last chunk, chunks added last first": (seq(blocks(100, 32, seq)[::-1]),
+                                                  "3 chunks of 32 and 1 of 4; each: sequential; chunks sequential"),
+    "short last chunk, pairwise": (pw(blocks(28, 8, pw)), "3 chunks of 8 and 1 of 4; each: pairwise; chunks pairwise"),
+    # chunks of lanes: the short chunk's 2 lanes of 2 products alone read "pairwise (out of index
+    # order)"; read as the others are, their sizes merged
+    "chunks of 2 lanes": (seq([seq(lanes(2, min(32, 100 - c), start=c)) for c in range(0, 100, 32)]),
+                          "3 chunks of 32 and 1 of 4; each: 2 lanes × 2..16 sequential; lanes then sequential; chunks sequential"),
+    "chunks of 8 lanes": (seq([hreduce(lanes(8, min(32, 76 - c), start=c)) for c in range(0, 76, 32)]),
+                          "2 chunks of 32 and 1 of 12; each: 8 lanes × 1..4 sequential; lanes then pairwise; chunks sequential"),
+    "chunks of 8 lanes, pairwise": (pw([hreduce(lanes(8, min(32, 108 - c), start=c)) for c in range(0, 108, 32)]),
+                                    "3 chunks of 32 and 1 of 12; each: 8 lanes × 1..4 sequential; lanes then pairwise; chunks pairwise"),
+    # chunks that read otherwise: varied
+    "varied chunks": (seq([pw(list(range(16))), seq(list(range(16, 32))), seq(list(range(32, 36)))]),
+                      "2 chunks of 16 and 1 of 4; each: varied; chunks sequential"),
+    # a last chunk of one product is a remainder (it read "2 chunks of 1..16; each: varied; chunks added")
+    "one more product": (seq([*blocks(16, 8, seq), 16]), "2 chunks of 8; each: sequential; chunks sequential; then 1 more product"),
+    # ... on top of whatever the rest reads (it read "2 chunks of 1..36; each: varied; chunks added")
+    "tangled blocks, then 5 products": (tangled_blocks_then_five(),
+                                        "2 parts of 4..28; each: varied; parts added; then 5 more products sequential"),
+}
+
+
+@pytest.mark.parametrize("name", list(SHORT_CHUNKS))
+def test_chunks_of_two_sizes_read_as_chunks(name):
+    tree, words = SHORT_CHUNKS[name]
+    k = len(order.leaves(tree))
+    got = order.reveal(simulated(tree), k)
+    assert got.tree == order.canonical(tree)
+    assert order.describe(got.tree) == words
+
+
+def test_chunks_of_two_sizes_in_one_fused_add():
+    # one fused add of chunks (it read "3 chunks of 4..8; each: varied; chunks fused into one
+    # rounding"), and a fused group with one product after it ("2 chunks of 1..4; ...")
+    assert (order.describe(order.canonical(blocks(20, 8, seq)))
+            == "2 chunks of 8 and 1 of 4; each: sequential; chunks fused into one rounding")
+    assert order.describe([[0, 1, 2, 3], 4]) == "fused group of 4; then 1 more product"
+
+
+def test_chunks_of_two_sizes_are_read_without_recursion():
+    k = 3 * 3000 + 5  # chunks 3000 deep, past Python's recursion limit; a last one of 5
+    assert order.describe(order.canonical(seq(blocks(k, 3000, seq)))) == "3 chunks of 3000 and 1 of 5; each: sequential; chunks sequential"
+    rest = [seq(list(range(3000))), pw(list(range(3000, 3004)))]
+    assert (order.describe(order.canonical(seq([rest, *range(3004, 3009)])))
+            == "2 chunks of 4..3000; each: varied; chunks added; then 5 more products sequential")
+
+
 def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path, capsys):
     from matmul_drift import catalog, cli
 

@@ -456,8 +456,9 @@ def describe(node, depth: int = 0) -> str:
     """The tree in words: "sequential", "pairwise", "fused group of 4", or parts:
     "4 chunks of 1024; each: ...; chunks sequential" ("lanes" where parts interleave by one
     stride, "parts" where they interleave otherwise; "4 lanes × 2..3 sequential" where K is no
-    multiple of the lanes), and a scalar loop's remainder: "...; then 2 more products sequential"
-    (added to the sum), "4 lanes × 2 sequential, then 2 more products into lane 0; ..."."""
+    multiple of the lanes, "3 chunks of 32 and 1 of 4; each: ..." where it is no multiple of the
+    block), and a scalar loop's remainder: "...; then 2 more products sequential" (added to the
+    sum), "4 lanes × 2 sequential, then 2 more products into lane 0; ..."."""
     if node is None:
         return "not revealed"
     if not isinstance(node, list):
@@ -483,7 +484,14 @@ def _reading(node: list, depth: int) -> str | None:
 
 def _finest(node: list) -> tuple[list, str] | None:
     """(parts, "sequential" or "pairwise"): the finest reading of a two-child node whose parts
-    are all alike, or are lanes; None where none fits."""
+    are all alike, or are lanes, or chunks with a short last one; None where none fits."""
+    options = _options(node)
+    return max(options, key=lambda o: len(o[0])) if options else None  # the finest reading
+
+
+def _options(node: list) -> list[tuple[list, str]]:
+    """Every reading of a two-child node _finest chooses from: the alike parts' first, then lanes
+    and chunks of two sizes (a tie keeps the first)."""
     shape = _shapes(node)
     sid = lambda x: shape[id(x)] if isinstance(x, list) else 0  # noqa: E731
     options = []
@@ -495,17 +503,23 @@ def _finest(node: list) -> tuple[list, str] | None:
     # Lanes of a SIMD loop over K no multiple of their number n hold K // n or K // n + 1
     # products, so they are not alike: ``uneven`` keeps the stops where the parts' sizes differ
     # by at most one (a few: the bottom shrinks at every stop), taken where they are lanes.
-    rights, bottom, alike, best, uneven = [], node, True, None, []
+    # Chunks of a blocked loop over K no multiple of its block: all of one size but a short last
+    # one, ``blocked`` (a few stops: the bottom, as large as the most parts added, shrinks).
+    rights, bottom, alike, best, uneven, blocked = [], node, True, None, [], []
     least = most = None  # the sizes of the parts added to the running sum so far
+    count: dict[int, int] = {}  # how many of them hold each size
     while isinstance(bottom, list) and len(bottom) == 2:
         bottom, r = bottom if held(bottom[0]) >= held(bottom[1]) else bottom[::-1]
         alike = alike and (not rights or sid(r) == sid(rights[-1]))
         rights.append(r)
         least, most = min(least or held(r), held(r)), max(most or 0, held(r))
+        count[held(r)] = count.get(held(r), 0) + 1
         if alike and sid(bottom) == sid(r):
             best = (bottom, len(rights))
         elif max(most, held(bottom)) - min(least, held(bottom)) <= 1:
             uneven.append(([bottom, *reversed(rights)], "sequential"))
+        elif held(bottom) == most and len(count) == 2 and count[least] == 1:
+            blocked.append(([bottom, *reversed(rights)], "sequential"))
     if best is not None:
         b, n = best
         options.append(([b, *reversed(rights[:n])], "sequential"))
@@ -515,9 +529,11 @@ def _finest(node: list) -> tuple[list, str] | None:
             options.append((parts, "pairwise"))
         elif max(map(held, parts)) - min(map(held, parts)) <= 1:
             uneven.append((parts, "pairwise"))
+        else:
+            blocked.append((parts, "pairwise"))
         d += 1
-    options += [o for o in uneven if _lanes(o[0])]  # after the alike: a tie keeps their reading
-    return max(options, key=lambda o: len(o[0])) if options else None  # the finest reading
+    # after the alike: a tie keeps their reading
+    return options + [o for o in uneven if _lanes(o[0])] + [o for o in blocked if _short_last(o[0])]
 
 
 def _remainder(node: list, depth: int) -> str | None:
@@ -528,11 +544,24 @@ def _remainder(node: list, depth: int) -> str | None:
     while isinstance(x, list) and len(x) == 2 and sum(isinstance(c, list) for c in x) == 1:
         x, r = x if isinstance(x[0], list) else x[::-1]
         tail.append(r)
+    more = "1 more product" if len(tail) == 1 else f"{len(tail)} more products sequential"
+    more += _index_order(tail[::-1])
     found = _finest(x) if tail and isinstance(x, list) and len(x) == 2 else None
     if found is not None and (_lanes(found[0]) or not any(isinstance(p, list) for p in found[0])):
         # lanes of one or two products each may read as single products added pairwise
-        more = "1 more product" if len(tail) == 1 else f"{len(tail)} more products sequential"
-        return f"{_reading(x, depth)}; then {more}" + _index_order(tail[::-1])
+        return f"{_reading(x, depth)}; then {more}"
+    # Or into a lane; else, where they are the last products of K in index order, on top of
+    # whatever the rest is (blocks of 8 added in a tangled order): x has no such tail of its own,
+    # so describe(x) comes back here no further.
+    if (into := _into_lane(node, depth)) is None and tail and tail[::-1] == list(range(tail[-1], tail[-1] + len(tail))):
+        if tail[0] == max(leaves(node)):
+            return f"{describe(x, depth)}; then {more}"
+    return into
+
+
+def _into_lane(node: list, depth: int) -> str | None:
+    """The last products of K added one at a time to one lane before the lanes are added, in
+    words; None for any other tree."""
     # Into a lane: the last products h, h - 1, ... each the leaf beside a running sum, spliced
     # out of a copy of the tree, leave lanes of which that running sum is one.
     tree = from_json(to_json(node))  # a copy, made without recursion
@@ -589,6 +618,16 @@ def _index_order(seen: list[int]) -> str:
     return "" if seen == sorted(seen) else " (out of index order)"
 
 
+def _short_last(parts: list) -> bool:
+    """Whether the parts are chunks (runs of neighbouring products), two or more of one size and
+    a last one (the highest products) shorter, of two products or more: a blocked loop over K no
+    multiple of its block. A last product alone reads as a remainder ("then 1 more product")."""
+    held = sorted(sorted(leaves(p)) for p in parts)
+    full, last = len(held[0]), len(held[-1])
+    return (len(held) > 2 and 2 <= last < full and all(len(h) == full for h in held[:-1])
+            and all(h[-1] - h[0] == len(h) - 1 for h in held))
+
+
 def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     sizes = [len(leaves(p)) for p in parts]
     held = sorted(sorted(leaves(p)) for p in parts)
@@ -597,12 +636,48 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     size = f"{sizes[0]}" if same else f"{min(sizes)}..{max(sizes)}"
     if _lanes(parts):
         if not same and depth <= 3:  # lanes of two sizes: their common reading, where they share one
-            seen = {describe(p, depth + 1) for p in parts if isinstance(p, list)}
-            inner = seen.pop() if len(seen) == 1 else "varied"
+            inner = _common([p for p in parts if isinstance(p, list)], depth) or "varied"
         return f"{len(parts)} lanes × {size} {inner}{into}; lanes then {how}"
+    if not same and _short_last(parts):  # "3 chunks of 32 and 1 of 4", read alike where they can be
+        last = next(p for p in parts if min(leaves(p)) == held[-1][0])
+        inner = "..." if depth > 3 else _common([p for p in parts if p is not last], depth, last) or "varied"
+        return (f"{len(parts) - 1} chunks of {len(held[0])} and 1 of {len(held[-1])}; each: {inner}; "
+                f"chunks {how}")
     # chunks: runs of neighbouring products; parts that interleave otherwise are only parts
     word = "chunks" if all(h[-1] - h[0] == len(h) - 1 for h in held) else "parts"
     return f"{len(parts)} {word} of {size}; each: {inner}; {word} {how}"
+
+
+_NUMBERS = re.compile(r"([0-9]+)(?:\.\.([0-9]+))?")
+
+
+def _common(parts: list, depth: int, last=None) -> str | None:
+    """The parts' common reading (at depth + 1), their sizes merged: "sequential", or "2 lanes ×
+    2..16 sequential; ..." for lanes of 16 and of 2; None where they read otherwise. ``last``, a
+    short last chunk, may be read at another of its readings (the finest of 4 products may be
+    "pairwise", where the others are lanes) to agree with the others."""
+    words = [describe(p, depth + 1) for p in parts]
+    if last is None or (common := _merge(words)) is None:
+        return _merge(words)
+    tried = [describe(last, depth + 1)]
+    if isinstance(last, list) and len(last) == 2:
+        tried += [how + _index_order(ps) if not any(isinstance(p, list) for p in ps) else _parts(ps, how, depth + 1)
+                  for ps, how in _options(last)]
+    return next((m for w in tried if (m := _merge([common, w])) is not None), None)
+
+
+def _merge(words: list[str]) -> str | None:
+    """The words where they are one text but for their numbers, each number the range of theirs
+    ("2..16" from "2" and "16"); None where the texts differ."""
+    split = [_NUMBERS.split(w) for w in words]  # text, number, range end or None, text, ...
+    if not split or any(len(x) != len(split[0]) or x[::3] != split[0][::3] for x in split):
+        return None
+    out = list(split[0])
+    for i in range(1, len(out), 3):
+        low = min(int(x[i]) for x in split)
+        high = max(int(x[i + 1] or x[i]) for x in split)
+        out[i], out[i + 1] = (str(low), None) if low == high else (f"{low}..{high}", None)
+    return "".join(x for x in out if x is not None)
 
 
 # ---------------------------------------------------------------------------- replay
