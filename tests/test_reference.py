@@ -18,8 +18,9 @@ def _exact(a: np.ndarray, b: np.ndarray) -> list[list[Fraction]]:
              for col in b.T] for row in a]
 
 
-def _explain_json(tmp_path, capsys, monkeypatch, a: np.ndarray, b: np.ndarray) -> tuple[int, dict]:
-    """`matmul-drift explain --dtype float64 --a A --b B --json` on these arrays: (exit status, report)."""
+def _explain_json(tmp_path, capsys, monkeypatch, a: np.ndarray, b: np.ndarray, *extra: str) -> tuple[int, dict]:
+    """`matmul-drift explain --dtype float64 --a A --b B --json` (and ``extra``) on these arrays:
+    (exit status, report)."""
     import json
 
     from matmul_drift import cli
@@ -27,7 +28,7 @@ def _explain_json(tmp_path, capsys, monkeypatch, a: np.ndarray, b: np.ndarray) -
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
     monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
-    rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--json"])
+    rc = cli.main(["explain", "--dtype", "float64", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"), "--json", *extra])
 
     def strict(token):  # RFC 8259 has no NaN or Infinity
         raise ValueError(f"not JSON: {token}")
@@ -194,6 +195,86 @@ def test_explain_judges_float64_entries_whose_abs_product_overflows(tmp_path, ca
     rc, doc = _explain_json(tmp_path, capsys, monkeypatch, OVER_A, OVER_B)
     assert rc == 1 and doc["verdict"]["kind"] == "defect", doc["verdict"]
     assert doc["error_entries"]["beyond_bound"] == 1 and math.isclose(doc["error_u"], 16.0, rel_tol=1e-9), doc
+
+
+def test_drift_at_float64_entries_whose_abs_product_overflows_is_judged_against_gamma_k():
+    """numerics.drift left entries whose |A||B| overflows float64 out of max_u and beyond_bound:
+    two products 2^975 apart at (0, 0) of OVER_A @ OVER_B (16 u of |A||B|, beyond 2·γ_3) were
+    not flagged. Given Reference.absprod_pow2()'s exponents they are judged on x·2^-e and
+    y·2^-e (scaled before subtracting: -F64_MAX against 2^1000 is finite there); entries in
+    range give the same answer as without the scaling."""
+    r = _within_bound(OVER_A, OVER_B)
+    scaled, absexp = r.absprod_pow2()
+    absprod = [[sum((abs(Fraction(x) * Fraction(y)) for x, y in zip(row, col)), Fraction(0)) for col in OVER_B.T]
+               for row in OVER_A]
+    k, u = 3, Fraction(2) ** -53
+    gamma = k * u / (1 - k * u)
+    x = (torch.from_numpy(OVER_A) @ torch.from_numpy(OVER_B)).numpy()
+    off, far, nudged = x.copy(), x.copy(), x.copy()
+    off[0, 0] += 2.0**975
+    far[1, 0] = -float(F64_MAX)
+    nudged[:, 1] = np.nextafter(x[:, 1], np.inf)  # a rounding-level move where |A||B| is in range
+    bits = lambda v: v.view(np.uint64)  # noqa: E731
+    for y, want_beyond in ((x, 0), (off, 1), (far, 1), (nudged, 0)):
+        diffs = [[abs(Fraction(float(x[i, j])) - Fraction(float(y[i, j]))) for j in range(2)] for i in range(2)]
+        assert sum(diffs[i][j] > 2 * gamma * absprod[i][j] for i in range(2) for j in range(2)) == want_beyond  # the truth
+        d = numerics.drift(bits(x), bits(y), x, y, scaled, "float64", k, absexp=absexp)
+        assert (d["max_u_entries"], d["beyond_bound"]) == (4, want_beyond), d
+        want_u = max(float(diffs[i][j] / (u * absprod[i][j])) for i in range(2) for j in range(2))
+        assert math.isclose(d["max_u"], want_u, rel_tol=2.0**-40, abs_tol=2.0**-900), (d, want_u)
+        cut = (slice(None), slice(1, 2))  # in range, the same answer as without the scaling
+        assert numerics.drift(bits(x[cut]), bits(y[cut]), x[cut], y[cut], r.absprod[cut], "float64", k) == numerics.drift(
+            bits(x[cut]), bits(y[cut]), x[cut], y[cut], scaled[cut], "float64", k, absexp=absexp[cut])
+
+
+def test_explain_flags_slice_and_repeat_drift_where_the_abs_product_overflows(tmp_path, capsys, monkeypatch):
+    """explain's slices and repeats once left the entries of OVER_A @ OVER_B whose |A||B| >= 2^1024
+    out of max_u: a slice m = 1 and repeats 2^975 away at (0, 0) (16 u of |A||B|, beyond 2·γ_3 = 6 u)
+    read "0 u over 1 entry", no defect. Correct ones cover every entry and stay within the bound."""
+    from matmul_drift import measure
+
+    slices = ("--slice-m", "1", "--slice-n", "1")
+    rc, doc = _explain_json(tmp_path, capsys, monkeypatch, OVER_A, OVER_B, *slices)
+    assert rc == 0 and doc["verdict"]["kind"] != "defect", doc["verdict"]
+    for name, entries in (("slice_m", 2), ("slice_n", 2), ("run_to_run", 4)):  # m = 1, n = 1, all
+        row = doc[name]  # a slice's own kernel may sum in another order: rounding-level at most
+        assert (row["max_u_entries"], row["beyond_bound"]) == (entries, 0) and row["max_u"] <= 6, (name, row)
+        assert row["max_u"] == 0 or row["frac_differ"] > 0, (name, row)
+    product, calls = measure.Operands.product, []
+
+    def off(self, a=None, b=None):
+        out = product(self, a, b)
+        full = a is None and b is None
+        calls.append(full)
+        # the slice A[:1] @ B (not the reference's, which passes B) and every full product after the first
+        if (a is not None and b is None and a.shape[-2] == 1) or (full and calls.count(True) > 1):
+            out = out.clone()
+            out[0, 0] += 2.0**975
+        return out
+
+    monkeypatch.setattr(measure.Operands, "product", off)
+    rc, doc = _explain_json(tmp_path, capsys, monkeypatch, OVER_A, OVER_B, *slices)
+    want_u = float(Fraction(2) ** 975 / (Fraction(2) ** -53 * (Fraction(2) ** 1024 + 1)))  # x(0, 0) is 1 or less
+    assert rc == 1 and doc["verdict"]["kind"] == "defect", doc["verdict"]
+    assert doc["error_entries"]["beyond_bound"] == 0, doc["error_entries"]  # the first full product is right
+    for name, entries in (("slice_m", 2), ("run_to_run", 4)):
+        row = doc[name]
+        assert (row["max_u_entries"], row["beyond_bound"]) == (entries, 1), (name, row)
+        assert math.isclose(row["max_u"], want_u, rel_tol=1e-12), (name, row, want_u)
+
+
+def test_scan_point_measures_drift_where_the_abs_product_overflows():
+    """scan's max_u left out the entries of OVER_A @ OVER_B whose |A||B| >= 2^1024: against a full
+    product 2^975 off at (0, 0), the point m = 1 read rounding-level drift, not 16 u."""
+    from matmul_drift import measure
+
+    ops = measure.Operands(torch.from_numpy(OVER_A), torch.from_numpy(OVER_B), "matmul", "as-stored")
+    c = ops.product()
+    c[0, 0] += 2.0**975  # the slice's own (0, 0) is at most 1 here: 2^975 away, as rounded
+    top = measure.Top(*measure._host(c), measure.reference(ops))
+    point = measure.scan_point(ops, "m", 1, top, dtype="float64", device="cpu")
+    want_u = float(Fraction(2) ** 975 / (Fraction(2) ** -53 * (Fraction(2) ** 1024 + 1)))
+    assert math.isclose(point["max_u"], want_u, rel_tol=1e-12), point
 
 
 def test_cancellation_to_zero_and_exact_integers():

@@ -127,13 +127,13 @@ def run(spec: dict, peer=None) -> dict:
         full: list[str] | None = None if lean else []  # its kernels: a setting may move the full product too
         if not lean:
             top = measure.top_product(ops, measure._call(ops.product, device, full))
-            bits, values, absprod = top.bits, top.values, top.ref.absprod
-            scaled, absexp = top.ref.absprod_pow2()
+            bits, values = top.bits, top.values
+            scaled, absexp = absprod = top.ref.absprod_pow2()
             error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, scaled, dtype, k,
                                      precision=precision, absexp=absexp)["error_u"]
         else:  # drift only: |A||B| from a float64 product scales max_u; no exact reference, no error_u
             bits, values = measure._host(ops.product())
-            absprod = ops.product(ops.a.abs().double(), ops.b.abs().double()).cpu().numpy()
+            absprod = (ops.product(ops.a.abs().double(), ops.b.abs().double()).cpu().numpy(), None)
             error_u = None
         worst = measure.repeat_drift(ops, bits, values, absprod, dtype, k, spec.get("repeat", 3), precision)
         worst = {key: worst[key] for key in KEYS}

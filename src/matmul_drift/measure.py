@@ -231,9 +231,13 @@ def _host(t) -> tuple[np.ndarray, np.ndarray]:
     return tensor_bits(t), t.double().cpu().numpy()
 
 
-def _compare(x_bits, x, y_tensor, absprod, dtype, cut, k, precision=None) -> dict:
+def _compare(x_bits, x, y_tensor, absprod: tuple, dtype, cut, k, precision=None) -> dict:
+    """numerics.drift of ``y_tensor`` against ``x`` over ``cut``; ``absprod``: (|A||B|·2^-e, e)
+    as Reference.absprod_pow2() gives it (e None where |A||B| overflows nowhere)."""
     y_bits, y = _host(y_tensor)
-    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], absprod[cut], dtype, k, precision)
+    scaled, e = absprod
+    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], scaled[cut], dtype, k, precision,
+                          None if e is None else e[cut])
 
 
 @dataclass
@@ -291,9 +295,9 @@ def measure_operands(
         full: list[str] | None = [] if with_kernels else None
         top = top_product(ops, _call(ops.product, device, full))
         kern = {"full": full} if with_kernels else {}
-        c_bits, c_val, ref, absprod = top.bits, top.values, top.ref, top.ref.absprod
+        c_bits, c_val, ref = top.bits, top.values, top.ref
         slack = ref.slack_or_relative()  # how far hi + lo may be from the exact value, per entry
-        scaled, absexp = ref.absprod_pow2()  # |A||B| = scaled·2^absexp: finite where absprod overflows
+        scaled, absexp = absprod = ref.absprod_pow2()  # |A||B| = scaled·2^absexp: finite where it overflows
         err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, scaled, dtype, k, precision, slack, absexp)
         # an exact reference's hi is the exact value rounded: it alone says where inf is the rounding
         near = () if ref.exact else (slack, ref.lo)
@@ -348,10 +352,11 @@ def measure_operands(
     )
 
 
-def repeat_drift(ops: Operands, c_bits, c_val, absprod, dtype: str, k: int, repeat: int,
+def repeat_drift(ops: Operands, c_bits, c_val, absprod: tuple, dtype: str, k: int, repeat: int,
                  precision: str | None = None) -> dict:
     """The worst drift (by share of entries, then ulps) of ``repeat`` − 1 more full products
-    against the first (``c_bits``/``c_val``); numerics.drift's keys, all 0 when none differ."""
+    against the first (``c_bits``/``c_val``; ``absprod`` as ``_compare`` takes it);
+    numerics.drift's keys, all 0 when none differ."""
     worst = {"max_ulp": 0, "max_u": 0.0, "max_u_entries": 0, "frac_differ": 0.0, "nonfinite_differ": 0,
              "sign_changes": 0, "beyond_bound": 0}
     for _ in range(max(repeat - 1, 0)):
@@ -482,14 +487,12 @@ def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: s
         raise ValueError(f"unknown dimension {vary!r}; expected n, m or k")
     out, names = kernels.traced(call, device)
     y_bits, y = _host(out)
-    if cut is None:
-        ref = reference(sub)
-        drift = {"max_ulp": None, "frac_differ": None, "max_u": None}
-    else:
-        ref = top.ref[cut]
-        d = numerics.drift(top.bits[cut], y_bits, top.values[cut], y, ref.absprod, dtype)
-        drift = {key: d[key] for key in ("max_ulp", "frac_differ", "max_u")}
+    ref = reference(sub) if cut is None else top.ref[cut]
     scaled, absexp = ref.absprod_pow2()
+    drift = dict.fromkeys(("max_ulp", "frac_differ", "max_u"))
+    if cut is not None:
+        d = numerics.drift(top.bits[cut], y_bits, top.values[cut], y, scaled, dtype, absexp=absexp)
+        drift = {key: d[key] for key in drift}
     return {
         "size": size,
         "kernel_id": catalog.hex_id(catalog.object_id(kernel_entry(device, {"full": names}))),

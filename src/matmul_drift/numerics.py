@@ -129,11 +129,15 @@ def drift(
     dtype: str,
     k: int | None = None,
     precision: str | None = None,
+    absexp: np.ndarray | None = None,
 ) -> dict:
     """Drift between two products of one dtype (of one ``precision``, for the bound).
 
     ``x_bits``/``y_bits`` are the raw bits, ``x``/``y`` the same values as float64 and
-    ``absprod`` is |A||B| in float64 for the same entries. Two entries agree when their
+    ``absprod`` is |A||B| in float64 for the same entries (output units) or, given ``absexp``
+    (an integer per entry: Reference.absprod_pow2()), |A||B|·2^-absexp, finite where |A||B|
+    overflows float64: max_u and beyond_bound judge those entries on x·2^-absexp and
+    y·2^-absexp, as numerics.error does (2^0, no change, where |A||B| is finite). Two entries agree when their
     bits are equal after ±0 folding, or both are NaN. Returns
     ``frac_differ`` (fraction of entries that disagree, non-finite ones included),
     ``nonfinite_differ`` (entries that disagree where either side is NaN or ±inf: a
@@ -141,8 +145,8 @@ def drift(
     ``max_ulp`` (int, output ulps, over entries finite on both sides),
     ``sign_changes`` (entries finite on both sides with opposite signs: their ulp count
     spans zero and says nothing of size),
-    ``max_u`` (max |x−y| / (u·|A||B|) over entries finite on both sides with 0 < |A||B| < inf;
-    ``max_u_entries`` says how many),
+    ``max_u`` (max |x−y| / (u·|A||B|) over entries finite on both sides with |A||B| > 0, and
+    below inf unless ``absexp`` says where it overflows; ``max_u_entries`` says how many),
     ``max_abs`` (float, output units, finite entries), ``ulp_at_max`` (output units: one ulp
     of the dtype at the smaller magnitude of the entry with the largest |x−y|, the finer
     spacing where the two lie on either side of a power of two, so that neighbours such as
@@ -153,6 +157,7 @@ def drift(
     flat = [np.asarray(v).reshape(-1) for v in (x_bits, y_bits)]
     flat += [np.asarray(v, dtype=np.float64).reshape(-1) for v in (x, y, absprod)]
     n = flat[0].size
+    shift = None if absexp is None else -np.asarray(absexp).reshape(-1)
 
     # Entries with equal bits add nothing below (no ulp, no difference, no sign change), so
     # the rest looks at the others alone: on a GPU's 8192 x 8192 output, most often few.
@@ -171,7 +176,12 @@ def drift(
     d = d[both_finite]
     max_ulp = int(d.max()) if d.size else 0
     x, y, absprod = x[both_finite], y[both_finite], absprod[both_finite]
-    diff = np.abs(x - y)
+    with np.errstate(over="ignore"):  # finite values 2^1024 apart or more: inf in output units
+        diff = np.abs(x - y)
+    diff_u = diff  # in absprod's units; scaled before subtracting, as x − y may overflow where |A||B| does
+    if shift is not None:
+        shift = shift[at][both_finite]
+        diff_u = np.abs(np.ldexp(x, shift) - np.ldexp(y, shift))
     max_abs = float(diff.max()) if diff.size else 0.0
     if max_abs > 0:
         i = int(np.argmax(diff))
@@ -183,11 +193,11 @@ def drift(
         "frac_differ": float(np.count_nonzero(~same)) / n if n else 0.0,
         "nonfinite_differ": int(np.count_nonzero(~same & ~both_finite)),
         "sign_changes": int(np.count_nonzero((np.signbit(x) != np.signbit(y)) & (x != 0) & (y != 0))),
-        "max_u": normalised_max(diff, absprod, unit_roundoff(dtype)),
+        "max_u": normalised_max(diff_u, absprod, unit_roundoff(dtype)),
         "max_u_entries": max_u_entries,
         "max_abs": max_abs,
         "ulp_at_max": ulp_at_max,
-        "beyond_bound": _beyond(diff, absprod, k, dtype, 2.0, precision=precision),
+        "beyond_bound": _beyond(diff_u, absprod, k, dtype, 2.0, precision=precision),
     }
 
 
