@@ -197,6 +197,23 @@ def test_explain_judges_float64_entries_whose_abs_product_overflows(tmp_path, ca
     assert doc["error_entries"]["beyond_bound"] == 1 and math.isclose(doc["error_u"], 16.0, rel_tol=1e-9), doc
 
 
+def test_only_entries_near_float64s_largest_value_are_summed_again(monkeypatch):
+    """Every entry whose |A||B| overflowed float64 counted as near the overflow threshold (its
+    Sum2 reach, 2^-100·|A||B|, was inf), so all went through _resum_near_overflow's Python
+    loop: 4096x256x4096 float64 with |A||B| ~ 2^1025 peaked at 14950 MiB, not 2026. In OVER_A @ OVER_B
+    the exact values (1, 2^1000; -2^1023 + 2^993 + 2^-30, 2^1000) lie far from it: none is."""
+    near = []
+    resum = reference._resum_near_overflow
+    monkeypatch.setattr(reference, "_resum_near_overflow",
+                        lambda *args: near.append(int(args[4].sum())) or resum(*args))
+    r = _within_bound(OVER_A, OVER_B)  # still within its bound, entry by entry
+    assert near == [] and np.isinf(r.absprod[:, 0]).all(), near
+    a = OVER_A.copy()
+    a[1, 2] = 2.0**1023 - 2.0**1000  # (1, 0) = 2^1024 - 2^1000 + 2^1000: rounds to inf, as its exact value does
+    r = _within_bound(a, OVER_B)
+    assert near == [1] and math.isinf(r.hi[1, 0]), near
+
+
 def test_drift_at_float64_entries_whose_abs_product_overflows_is_judged_against_gamma_k():
     """numerics.drift left entries whose |A||B| overflows float64 out of max_u and beyond_bound:
     two products 2^975 apart at (0, 0) of OVER_A @ OVER_B (16 u of |A||B|, beyond 2·γ_3) were

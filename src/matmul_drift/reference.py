@@ -308,7 +308,7 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     slack = None
     # e_i + e_j in the output's shape: (…, M, 1) + (…, 1, N), or for a 1-D A, (1,) + (N,)
     scale = a.e + (b.e.squeeze(-2) if a.x64.dim() == 1 else b.e)
-    absexp = absprod_scaled = None
+    absexp = absprod_scaled = pow2 = None
     over = torch.isinf(absprod)
     if bool(over.any()):
         # |A||B| beyond float64: kept as |A||B|·2^-(e_i + e_j) from the scaled operands (at most
@@ -316,6 +316,7 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
         # their row's or column's maximum: 2K·2^-627 at most, in a sum of at least 2^-128.
         absexp = torch.where(over, torch.broadcast_to(scale, over.shape), 0).to(torch.int16)
         absprod_scaled = torch.where(over, product(a_s.abs(), b_s.abs()), absprod)
+        pow2 = absprod_scaled, absexp  # on the device, for the reach below
         absexp, absprod_scaled = absexp.cpu().numpy(), absprod_scaled.cpu().numpy()
     del over
     if not exact or a.lost or b.lost or under:
@@ -328,12 +329,14 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     hi, lo = _ldexp(hi, scale), _ldexp(lo, scale)
     # Sum2 leaves hi + lo within (n·2^-50)²·|A||B| of the n slice products' exact sum (their
     # magnitudes add up to at most 9|A||B|): where that reaches float64's largest value, hi may
-    # sit on the wrong side of the overflow threshold, inf or the largest value (0 when n = 0)
+    # sit on the wrong side of the overflow threshold, inf or the largest value (0 when n = 0);
+    # from |A||B|·2^-e where |A||B| overflows (inf there would call every such entry near)
     n = len(sa) * len(sb)
-    near = torch.isfinite(scaled_hi) & (hi.abs() + (n * 2.0**-50) ** 2 * absprod >= F64_MAX)
+    reach = (n * 2.0**-50) ** 2 * absprod if pow2 is None else _ldexp((n * 2.0**-50) ** 2 * pow2[0], pow2[1])
+    near = torch.isfinite(scaled_hi) & (hi.abs() + reach >= F64_MAX)
     if bool(near.any()):
         hi, lo = _resum_near_overflow(product, a, b, scale, near, hi, lo)
-    del scaled_hi, near  # before the IEEE indicators below: each as large as the output
+    del scaled_hi, near, reach, pow2  # before the IEEE indicators below: each as large as the output
     lo = torch.where(torch.isfinite(hi), lo, 0.0)  # beyond float64's range: hi is ±inf alone
     finite = torch.ones_like(hi, dtype=torch.bool)
     if not (a.clean and b.clean):
