@@ -3,7 +3,8 @@
 Runs `matmul-drift explain` on four shapes (outputs few and B wide, A tall, outputs many, all
 alike) in float16, float32 and float64, one with --try-fixes (explain and the processes it
 starts, their resident sizes summed: a shape whose first row drifts here, so that explain, a
-setting's process and the default's timer run at once; a budget of 20 s), two scans (along n and along k) and three order
+setting's process and the default's timer run at once; a budget of 20 s), one of float64 files
+whose |A||B| overflows float64 everywhere, two scans (along n and along k) and three order
 probes (with --verify; their trees go to a temporary catalog), each in a process of its own;
 prints its peak resident size (memory.peak_bytes), the estimate (memory.bytes_needed,
 which explain and scan check before they start; Target.bytes_needed for order) and their ratio.
@@ -20,11 +21,14 @@ import os
 import sys
 import tempfile
 
+import numpy as np
+
 from matmul_drift import memory
 
 SHAPES = [(64, 4096, 46000), (46000, 4096, 64), (4096, 256, 4096), (2048, 2048, 4096)]
 DTYPES = ["float16", "float32", "float64"]
 FIXES = (1024, 2048, 2048, "float32")  # drifts in slice_m on the Xeon: three processes at once (1254 MiB)
+OVERFLOWS = (4096, 256, 4096)  # A ~ N(0, 1)·2^1000, B ~ N(0, 1)·2^18: |A||B| beyond float64, the exact values within
 SCANS = [  # (vary, lo, hi, fixed dims, dtype)
     ("n", 44000, 46000, {"m": 64, "k": 4096}, "float16"),
     ("k", 4000, 6000, {"m": 8192, "n": 64}, "float64"),
@@ -68,6 +72,14 @@ def main() -> int:
     ratios.append(show(f"explain --try-fixes {m} x {k} x {n} {dtype}", peak,
                        memory.bytes_needed(m, k, n, dtype, "cpu", fixes=True)[0]))
     with tempfile.TemporaryDirectory() as tmp:
+        m, k, n = OVERFLOWS  # float64 files whose |A||B| ~ 2^1025 overflows everywhere: the reference's scaled copy
+        g = np.random.default_rng(0)
+        np.save(os.path.join(tmp, "a.npy"), np.ldexp(g.standard_normal((m, k)), 1000))
+        np.save(os.path.join(tmp, "b.npy"), np.ldexp(g.standard_normal((k, n)), 18))
+        peak = peak_bytes(["explain", "--a", os.path.join(tmp, "a.npy"), "--b", os.path.join(tmp, "b.npy"), "--dtype",
+                           "float64", "--slice-n", str(n - 1), "--slice-m", "1"], ok=(0, 1))
+        ratios.append(show(f"explain --a/--b {m} x {k} x {n} float64 |A||B| > 2^1024", peak,
+                           memory.bytes_needed(m, k, n, "float64", "cpu")[0]))
         for vary, lo, hi, fixed, dtype in SCANS:
             dims = {**fixed, vary: hi}
             fixed_args = [a for d, v in fixed.items() for a in (f"--{d}", str(v))]

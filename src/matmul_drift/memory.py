@@ -68,9 +68,13 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     a, b, outs = batch * m * k, batch * k * n, batch * m * n
     per_a, per_b = (48, 18) if dtype == "float64" else (16, 16)
     ref, prefix = a * per_a + b * per_b, itemsize * a if prefix_a else 0
-    host = process_bytes() * (1 + 2 * fixes) + (a + b) * (4 + itemsize) * (1 + fixes) + outs * (64 + 4 * itemsize)
+    # float64: where |A||B| overflows, the reference also keeps |A||B|·2^-e and e, made through
+    # a float64 product and torch.where's temporaries (32 bytes per output entry, measured 19 to 33)
+    outs_extra = 32 if dtype == "float64" else 0
+    host = (process_bytes() * (1 + 2 * fixes) + (a + b) * (4 + itemsize) * (1 + fixes)
+            + outs * (64 + 4 * itemsize + outs_extra))
     if device == "cuda":
-        gpu = (a + 2 * b + fixes * (a + b)) * itemsize + prefix + ref + outs * (16 + 2 * itemsize)
+        gpu = (a + 2 * b + fixes * (a + b)) * itemsize + prefix + ref + outs * (16 + 2 * itemsize + outs_extra)
         return host, gpu + FLUSH_BYTES * (1 + 2 * fixes) + CUDA_CONTEXT_BYTES * 2 * fixes
     return host + prefix + ref, 0
 
