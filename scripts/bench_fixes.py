@@ -59,7 +59,7 @@ def under_load(repeats: int) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for d, v in (("m", 2048), ("k", 4096), ("n", 1024), ("slice-m", 5)):
         ap.add_argument(f"--{d}", type=int, default=v)
     ap.add_argument("--load", action="store_true")

@@ -14,6 +14,7 @@ default; extra arguments go to it), then prints, from that one run:
 
 from __future__ import annotations
 
+import argparse
 import io
 import itertools
 import json
@@ -80,4 +81,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # its own --help; every other argument goes to matmul-drift run
+    sys.exit(main(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_known_args()[1]))

@@ -17,7 +17,7 @@ from matmul_drift import cases, order, order_probe
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=",".join(cases.CASE_IDS))
     ap.add_argument("--dtypes", default=",".join(cases.DTYPES))
     a = ap.parse_args()

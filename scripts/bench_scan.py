@@ -16,6 +16,7 @@ the search missed a flip.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -102,4 +103,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help, before minutes of measuring
     sys.exit(main())

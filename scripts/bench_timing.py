@@ -11,6 +11,7 @@ and run count, and their ratio; the target is a ratio within 1/1.3 .. 1.3.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -36,8 +37,8 @@ def timer_seconds(m: int, k: int, n: int, threads: int) -> float:
     return Timer("a @ b", globals={"a": a, "b": b}, num_threads=threads).blocked_autorange(min_run_time=1.0).median
 
 
-def main() -> int:
-    shapes = SHAPES[:3] if "--quick" in sys.argv else SHAPES
+def main(quick: bool = False) -> int:
+    shapes = SHAPES[:3] if quick else SHAPES
     print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}")
     print(f"{'shape':>16} {'thr':>3} {'explain median':>15} {'IQR':>10} {'runs':>5} {'Timer median':>13} {'ratio':>6}")
     worst = 1.0
@@ -55,4 +56,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the three smaller shapes")
+    sys.exit(main(ap.parse_args().quick))

@@ -9,6 +9,7 @@ any other machine. Exit 0, or 2 with one line when the archive is refused.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -23,9 +24,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = cli.Parser(prog=PROG)  # a usage error is one line, not argparse's usage block
-    parser.add_argument("archive", type=Path)
-    parser.add_argument("--results", type=folder, default=Path(__file__).resolve().parents[1] / "results")
+    parser = cli.Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # errors: one line
+    parser.add_argument("archive", type=Path, help="gpu-check.tar.gz as the GPU machine's OUT brought it back")
+    parser.add_argument("--results", type=folder, default=Path(__file__).resolve().parents[1] / "results",
+                        help="the results folder to import into (default: this checkout's results/)")
     parser.add_argument("--force", action="store_true", help="replace results already recorded (kept beside)")
     try:
         args = parser.parse_args(argv)
