@@ -114,6 +114,10 @@ install_wheels() {
 }
 export PY WHL WORK ROOT
 export -f install_wheels
+# The commit the import files everything under (asv's, below), read first: the deadline may
+# leave the commands after the install a second each.
+COMMIT=$(timeout "$(capped 10)" "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["commit"])' "$WHL/commit.json" 2>/dev/null)
+printf '%s\n' "$COMMIT" > "$PACK/COMMIT"
 step install 20 install_wheels
 export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 export ASV_PYTHONPATH=$PYTHONPATH  # asv's benchmark processes drop PYTHONPATH and take this instead
@@ -130,7 +134,6 @@ timeout "$(capped 30)" "$PY" -c 'import torch; print("torch", torch.__version__,
 # asv records results against a commit: the one fetch_gpu_wheels.sh recorded in commit.json,
 # which asv reads through the plugin matmul_drift.asv_commit (no history travels, and git
 # may be missing there), with a config that points at this tree's benchmarks.
-COMMIT=$(timeout "$(capped 10)" "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["commit"])' "$WHL/commit.json" 2>/dev/null)
 write_config() {
   "$PY" - "$ROOT" "$WORK" "$(cd "$WHL" && pwd)/commit.json" <<'PYEOF'
 import json, sys
@@ -147,7 +150,6 @@ PYEOF
 export COMMIT
 export -f write_config
 step config 10 write_config
-printf '%s\n' "$COMMIT" > "$PACK/COMMIT"
 export MATMUL_DRIFT_DEVICES=$DEVICE MATMUL_DRIFT_CATALOG=$PACK/results/catalog MATMUL_DRIFT_CASES=$CASES
 # float32-high is left to the nightly: on CUDA it sets the cuBLAS mode float32-tf32 sets
 export MATMUL_DRIFT_PRECISIONS=float16,bfloat16,float32,float32-tf32,float64
@@ -216,6 +218,9 @@ step dense 20 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-chec
 
 # Three files come back: the archive (packed after every step), a one-page summary, the log.
 RESERVE=0  # the summary's own time, kept for it until now
+# MACHINE and COMMIT are written between the steps, and a step not started packs nothing: a
+# slow start that left no step after the install its 8 s brought back an archive without them.
+pack
 {
   echo "gpu_check on $machine at ${COMMIT:0:12} ($MODE): $failed step(s) failed"
   cat "$WORK/torch.txt"  # as printed at the start: no second import of torch, no second nvidia-smi
