@@ -135,13 +135,16 @@ UNEVEN_LANES = {
 }
 
 
-@pytest.mark.parametrize("name", list(UNEVEN_LANES))
-def test_lanes_of_two_sizes_read_as_lanes(name):
-    tree, words = UNEVEN_LANES[name]
-    k = len(order.leaves(tree))
-    got = order.reveal(simulated(tree), k)
+def revealed_reads(tree, words):
+    """The probe, simulated over ``tree``, finds it, and describe reads it as ``words``."""
+    got = order.reveal(simulated(tree), len(order.leaves(tree)))
     assert got.tree == order.canonical(tree)
     assert order.describe(got.tree) == words
+
+
+@pytest.mark.parametrize("name", list(UNEVEN_LANES))
+def test_lanes_of_two_sizes_read_as_lanes(name):
+    revealed_reads(*UNEVEN_LANES[name])
 
 
 def test_lanes_of_two_sizes_are_read_without_recursion():
@@ -196,11 +199,7 @@ SHORT_CHUNKS = {
 
 @pytest.mark.parametrize("name", list(SHORT_CHUNKS))
 def test_chunks_of_two_sizes_read_as_chunks(name):
-    tree, words = SHORT_CHUNKS[name]
-    k = len(order.leaves(tree))
-    got = order.reveal(simulated(tree), k)
-    assert got.tree == order.canonical(tree)
-    assert order.describe(got.tree) == words
+    revealed_reads(*SHORT_CHUNKS[name])
 
 
 def test_chunks_of_two_sizes_in_one_fused_add():
