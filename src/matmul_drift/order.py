@@ -474,9 +474,12 @@ def _reading(node: list, depth: int) -> str | None:
         if running := _running(node):
             return running
         return _parts(list(node), "fused into one rounding", depth)
-    if (found := _finest(node)) is None:
-        return None
-    parts, how = found
+    found = _finest(node)
+    return None if found is None else _words(*found, depth)
+
+
+def _words(parts: list, how: str, depth: int) -> str:
+    """A reading of a two-child node (_options': its parts, "sequential" or "pairwise") in words."""
     if not any(isinstance(p, list) for p in parts):  # single products
         return how + _index_order(parts)
     return _parts(parts, how, depth)
@@ -549,7 +552,7 @@ def _remainder(node: list, depth: int) -> str | None:
     found = _finest(x) if tail and isinstance(x, list) and len(x) == 2 else None
     if found is not None and (_lanes(found[0]) or not any(isinstance(p, list) for p in found[0])):
         # lanes of one or two products each may read as single products added pairwise
-        return f"{_reading(x, depth)}; then {more}"
+        return f"{_words(*found, depth)}; then {more}"
     # Or into a lane; else, where they are the last products of K in index order, on top of
     # whatever the rest is (blocks of 8 added in a tangled order): x has no such tail of its own,
     # so describe(x) comes back here no further.
@@ -661,8 +664,7 @@ def _common(parts: list, depth: int, last=None) -> str | None:
         return _merge(words)
     tried = [describe(last, depth + 1)]
     if isinstance(last, list) and len(last) == 2:
-        tried += [how + _index_order(ps) if not any(isinstance(p, list) for p in ps) else _parts(ps, how, depth + 1)
-                  for ps, how in _options(last)]
+        tried += [_words(ps, how, depth + 1) for ps, how in _options(last)]
     return next((m for w in tried if (m := _merge([common, w])) is not None), None)
 
 
