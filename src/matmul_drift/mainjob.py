@@ -343,10 +343,8 @@ def run(o: Options) -> Report:
     except machine.NotRegistered as exc:
         raise UsageError(str(exc)) from None
     log(f"machine {name}; commit {commit[:8]}; torch builds {', '.join(builds)}")
-    for line in asvrun.reap_orphans(o.repo):
+    for line in asvrun.reap_orphans(o.repo) + scratch.sweep_staging(o.repo / STATE / "staging", o.repo):
         log(f"recovered: {line}")
-    for left in scratch.sweep(o.repo / STATE / "staging"):
-        log(f"recovered: removed {left.relative_to(o.repo)}, the staging folder of a run that was killed")
     outcomes = []
     for build in builds:
         out = run_build(o, conf, name, build, commit)

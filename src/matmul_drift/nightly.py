@@ -497,10 +497,9 @@ def run_night(o: Options) -> Report:
 
 def _night(o: Options, tree: Path, t0: float) -> Report:
     # Everything that can fail on the tree runs here, before asv (which can take hours).
-    for line in _git("repairing the results tree", resultsbranch.repair, tree, o.branch) + asvrun.reap_orphans(Path(o.repo)):
+    for line in (_git("repairing the results tree", resultsbranch.repair, tree, o.branch) + asvrun.reap_orphans(Path(o.repo))
+                 + scratch.sweep_staging(tree / STATE / "staging", tree)):
         _log(f"recovered: {line}")
-    for left in scratch.sweep(tree / STATE / "staging"):
-        _log(f"recovered: removed {left.relative_to(tree)}, the staging folder of a run that was killed")
     finished = _finish_pending(tree)  # (date, machine, the report of a night it committed)
     said = finished[2] if finished else ""
     pushed = 0
