@@ -12,7 +12,8 @@
 # packed again after each, so a check stopped from outside keeps what it finished. The whole
 # check ends by its deadline (GPU_CHECK_SECONDS, 570 s: run it under a limit of 600 s), whatever
 # the commands between the steps take: a step cut short by it says so, one with no time left is
-# not started, and the summary is still written. OUT receives three
+# not started, and the summary is still written. After a failed install no later step starts
+# (each would fail at its import), and the summary says the archive will not import. OUT receives three
 # files: gpu-check.tar.gz (asv results, catalog entries, explain, fixes, order trees and scan
 # output), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
@@ -46,17 +47,23 @@ capped() {
 }
 
 # step NAME SECONDS CMD...: run CMD under a timeout (its stdout to $STEP_OUT when set),
-# print and record its time and status, and pack what the steps made so far. SECONDS covers
-# it all: CMD gets SECONDS - 4 (exported as STEP_LIMIT), then SIGKILL 2 s later if it ignored
-# the SIGTERM, and the packing 2 s. Where the deadline comes first, SECONDS is cut to what is
-# left; under 8 s left, the step is not started (rc 124, as a timeout).
+# print and record its time and status (in $rc too), and pack what the steps made so far.
+# SECONDS covers it all: CMD gets SECONDS - 4 (exported as STEP_LIMIT), then SIGKILL 2 s later
+# if it ignored the SIGTERM, and the packing 2 s. Where the deadline comes first, SECONDS is
+# cut to what is left; under 8 s left, or after a failed install (NOT_STARTED), the step is
+# not started (rc 124, as a timeout).
+NOT_STARTED=
 step() {
-  local name=$1 asked=$2 limit t0=$SECONDS rc
+  local name=$1 asked=$2 limit t0=$SECONDS why=$NOT_STARTED
   shift 2
   limit=$(capped "$asked")
-  if [ "$limit" -lt 8 ]; then
+  if [ -z "$why" ] && [ "$limit" -lt 8 ]; then
+    why=deadline
     echo "gpu_check: step $name not started: the check's deadline ($DEADLINE s) is near"
-    printf '%-12s rc %3d  %4d s of %4d s  not started: deadline\n' "$name" 124 0 0 | tee -a "$STEPS"
+  fi
+  if [ -n "$why" ]; then
+    rc=124
+    printf '%-12s rc %3d  %4d s of %4d s  not started: %s\n' "$name" "$rc" 0 0 "$why" | tee -a "$STEPS"
     failed=$((failed + 1))
     return 0
   fi
@@ -119,14 +126,23 @@ export -f install_wheels
 COMMIT=$(timeout "$(capped 10)" "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["commit"])' "$WHL/commit.json" 2>/dev/null)
 printf '%s\n' "$COMMIT" > "$PACK/COMMIT"
 step install 20 install_wheels
+# Without asv and this project every later step and snippet would only print an import's
+# traceback: none is started, and the archive has no machine name (its import needs one).
+if [ "$rc" -ne 0 ]; then
+  NOT_STARTED="install failed"
+  echo "gpu_check: error: the install failed (rc $rc): no step after it is started"
+fi
 export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 export ASV_PYTHONPATH=$PYTHONPATH  # asv's benchmark processes drop PYTHONPATH and take this instead
 # The name the import files everything under, first of what runs between the steps. Where it
 # cannot be registered, the name alone (the log says why): the suite then fails, and the
 # import still takes the rest.
-machine=$(timeout "$(capped 30)" "$PY" -m matmul_drift.cli machine --register 2> "$WORK/machine.err") ||
-  { cat "$WORK/machine.err"; machine=$(timeout "$(capped 30)" "$PY" -m matmul_drift.cli machine 2>/dev/null); }
-[ -n "$machine" ] || echo "gpu_check: error: no machine name: the archive will not import"
+machine=
+if [ -z "$NOT_STARTED" ]; then
+  machine=$(timeout "$(capped 30)" "$PY" -m matmul_drift.cli machine --register 2> "$WORK/machine.err") ||
+    { cat "$WORK/machine.err"; machine=$(timeout "$(capped 30)" "$PY" -m matmul_drift.cli machine 2>/dev/null); }
+  [ -n "$machine" ] || echo "gpu_check: error: no machine name: the archive will not import"
+fi
 printf '%s\n' "$machine" > "$PACK/MACHINE"
 timeout "$(capped 30)" "$PY" -c 'import torch; print("torch", torch.__version__, "git", torch.version.git_version[:12], "CUDA",
   torch.version.cuda, torch.cuda.is_available())' | tee "$WORK/torch.txt"
@@ -176,13 +192,14 @@ STEP_OUT=$PACK/seed-float16.txt step explain-txt 8 "$PY" -m matmul_drift.cli exp
 # 156 s then hold asv's discovery and import of torch (about 10 s here), the budget, the
 # combination running when it is spent and those 520 processes, with some 50 s to spare:
 # the GPU machine may run under gVisor, where every system call costs more.
-BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift import suite; print(suite.selection_regex(sys.argv[1]))' \
+BENCH=
+[ -n "$NOT_STARTED" ] || BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift import suite; print(suite.selection_regex(sys.argv[1]))' \
   'drift\.Drift\.track_\w+') ||
   { BENCH='drift\.Drift'; echo "gpu_check: warning: no selection of the suite's combinations; asv starts all 108 of each"; }
 MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_BUDGET=80 step suite 160 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench "$BENCH" --launch-method forkserver --show-stderr
 # asvrun.reap_orphans, as the nightly's: the image need not have pkill
-timeout "$(capped 10)" "$PY" -c 'import sys; from pathlib import Path; from matmul_drift import asvrun
+[ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" -c 'import sys; from pathlib import Path; from matmul_drift import asvrun
 for line in asvrun.reap_orphans(Path(sys.argv[1])): print("gpu_check:", line)' "$ROOT"
 # The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16. Each
 # process has its timeout and none starts after the budget (those rows say "not tried"), so
@@ -223,6 +240,7 @@ RESERVE=0  # the summary's own time, kept for it until now
 pack
 {
   echo "gpu_check on $machine at ${COMMIT:0:12} ($MODE): $failed step(s) failed"
+  [ -n "$machine" ] || echo "no machine name: the archive will not import (${NOT_STARTED:+the install failed, and the project it installs names the machine; }log.txt says why)"
   cat "$WORK/torch.txt"  # as printed at the start: no second import of torch, no second nvidia-smi
   tail -n +2 "$WORK/gpu.txt" 2>/dev/null | grep . || echo "no GPU"
   cat "$STEPS"
@@ -231,7 +249,7 @@ pack
   elif [ "$DEVICE" = cuda ]; then echo "the profiler lost no kernel record"; fi
   head -c 4000 "$PACK/seed-float16.txt" 2>/dev/null
   # the orders, one line each: the tree in words, its replay and how its fused adds round
-  timeout "$(capped 10)" "$PY" - "$PACK" <<'PYEOF'
+  [ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" - "$PACK" <<'PYEOF'
 import pathlib, sys
 from matmul_drift import order
 for p in sorted(pathlib.Path(sys.argv[1]).glob("order-*.json")):

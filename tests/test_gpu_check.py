@@ -674,6 +674,46 @@ def test_a_tree_that_is_not_the_fetched_commit_is_refused(rehearsal, tmp_path):
     subprocess.run(["git", "checkout", "--", "src/matmul_drift/cli.py"], cwd=proj, check=True)
 
 
+def test_a_failed_install_starts_no_later_step_and_still_writes_its_summary(tmp_path):
+    # An install that fails (here: a commit.json and tree.sha256 that pass, but no wheels; on
+    # the GPU machine, pip killed at its 20 s under load) left every later step and every
+    # snippet between them to run without asv and this project: each printed a
+    # ModuleNotFoundError's traceback into log.txt and spent its time for nothing.
+    proj, whl, out = tmp_path / "proj", tmp_path / "whl", tmp_path / "out"
+    committed_copy(proj)
+    stub = tmp_path / "python"  # stands in for pip: commit.json and tree.sha256 without a wheel
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    p = subprocess.run(["bash", "scripts/fetch_gpu_wheels.sh"], cwd=proj, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHON": str(stub), "WHL_DIR": str(whl)})
+    assert p.returncode == 0 and not list(whl.glob("*.whl")), p.stderr
+    image_python(tmp_path)
+    t0 = time.monotonic()
+    run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out), "--rehearse"], cwd=proj, capture_output=True,
+                         text=True, env={**image_env(tmp_path, tmp_path), "WHL_DIR": str(whl)}, timeout=300)
+    took = time.monotonic() - t0
+    log = (out / "log.txt").read_text()
+    summary = (out / "summary.txt").read_text()
+    lines = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s(.*)$", summary, re.M)
+    assert run.returncode == 1 and [line[0] for line in lines] == [
+        "install", "config", "explain", "explain-txt", "suite", "fixes-seed", "fixes-batch", "orders", "scan", "dense"], log
+    assert lines[0][1] != "0" and all(rest.strip() == "not started: install failed" and (rc, t) == ("124", "0")
+                                      for _, rc, t, _, rest in lines[1:]), lines
+    assert "Traceback" not in log and "No module named" not in log, log
+    assert re.findall(r"^gpu_check: (?:error|warning): .*$", log, re.M) == [
+        "gpu_check: error: the install failed (rc 1): no step after it is started"], log  # said once, and nothing else
+    assert "10 step(s) failed" in summary and "no machine name: the archive will not import (the install failed" in summary
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        steps = tar.extractfile("./steps.txt").read().decode()
+        commit = tar.extractfile("./COMMIT").read().decode().strip()
+    assert steps.splitlines() == [line for line in summary.splitlines() if re.match(r"\S+\s+rc ", line)]
+    assert commit == json.loads((whl / "commit.json").read_text())["commit"]
+    p = _import_script(str(out / "gpu-check.tar.gz"), "--results", str(tmp_path / "results"))
+    assert p.returncode == 2 and "is malformed" in p.stderr and p.stderr.count("\n") == 1, p.stderr  # as the summary says
+    # pip's refusal and torch's start: a few seconds, where every later step running took far more
+    assert took < 30, (took, log)
+
+
 def _import_script(*args, cwd=None, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts/import_gpu_check.py"), *args], cwd=cwd, stdout=stdout,
                           stderr=subprocess.PIPE, text=True, timeout=120)
