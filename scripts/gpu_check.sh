@@ -14,8 +14,8 @@
 # the commands between the steps take: a step cut short by it says so, one with no time left is
 # not started, and the summary is still written. After a failed install no later step starts
 # (each would fail at its import), and the summary says the archive will not import. OUT receives three
-# files: gpu-check.tar.gz (asv results, catalog entries, explain, fixes, order trees and scan
-# output), summary.txt and log.txt.
+# files: gpu-check.tar.gz (asv results, catalog entries, explain, fixes, order trees, scan
+# output, torch's build and on CUDA the GPU memory a CUDA context takes), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR [--rehearse]}
@@ -144,8 +144,37 @@ if [ -z "$NOT_STARTED" ]; then
   [ -n "$machine" ] || echo "gpu_check: error: no machine name: the archive will not import"
 fi
 printf '%s\n' "$machine" > "$PACK/MACHINE"
-timeout "$(capped 30)" "$PY" -c 'import torch; print("torch", torch.__version__, "git", torch.version.git_version[:12], "CUDA",
-  torch.version.cuda, torch.cuda.is_available())' | tee "$WORK/torch.txt"
+# torch's build (into the archive: the import keeps it), and on CUDA the GPU memory a CUDA
+# context takes, which memory.CUDA_CONTEXT_BYTES reasons and nothing else measures: NVML's
+# memory in use on every GPU before this process touches one, once its context is made, and
+# after a first product (cuBLAS and its workspace). The measuring has 3 s; whatever fails in
+# it is a line in torch.txt, never a traceback or the check's failure.
+timeout "$(capped 30)" "$PY" -c 'import subprocess, sys, time
+import torch
+def used():  # MiB in use on every GPU NVML sees
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True,
+                         text=True, timeout=max(0.1, round(end - time.monotonic(), 1)), check=True).stdout
+    return sum(int(x) for x in out.split())
+end, measure = time.monotonic() + 3, sys.argv[1] == "cuda"
+try:
+    before = used() if measure else None
+except Exception as exc:
+    before = exc
+print("torch", torch.__version__, "git", torch.version.git_version[:12], "CUDA", torch.version.cuda,
+      torch.cuda.is_available(), flush=True)
+if measure and torch.cuda.is_available():
+    what = "CUDA context"
+    try:
+        if isinstance(before, Exception):
+            raise before
+        torch.cuda.mem_get_info()  # the first call that needs a context makes it
+        print(f"{what}: {used() - before} MiB", flush=True)
+        what = "CUDA context with a first fp16 product (cuBLAS, 2 MiB of tensors)"
+        a = torch.ones(64, 64, device="cuda", dtype=torch.float16)
+        (a @ a).sum().item()
+        print(f"{what}: {used() - before} MiB")
+    except Exception as exc:
+        print(f"{what}: not measured ({type(exc).__name__}: {exc})")' "$DEVICE" | tee "$PACK/torch.txt"
 
 # asv records results against a commit: the one fetch_gpu_wheels.sh recorded in commit.json,
 # which asv reads through the plugin matmul_drift.asv_commit (no history travels, and git
@@ -241,7 +270,7 @@ pack
 {
   echo "gpu_check on $machine at ${COMMIT:0:12} ($MODE): $failed step(s) failed"
   [ -n "$machine" ] || echo "no machine name: the archive will not import (${NOT_STARTED:+the install failed, and the project it installs names the machine; }log.txt says why)"
-  cat "$WORK/torch.txt"  # as printed at the start: no second import of torch, no second nvidia-smi
+  cat "$PACK/torch.txt"  # as printed at the start: no second import of torch, no second nvidia-smi
   tail -n +2 "$WORK/gpu.txt" 2>/dev/null | grep . || echo "no GPU"
   cat "$STEPS"
   # kernels.Sentinels' notes, one per process whose profiler dropped records (pytorch#192021)

@@ -144,6 +144,10 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
     limits = [int(n) for n in re.findall(r"^\s*(?:\S+=\S+ )*step \S+ (\d+) ", (ROOT / "scripts/gpu_check.sh").read_text(), re.M)]
     assert len(limits) == 10 and sum(limits) <= 480, limits
     assert "0 step(s) failed" in summary and "torch" in summary
+    # torch's build; the CUDA context's memory, measured on CUDA alone, is skipped without a word
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        torch_txt = tar.extractfile("./torch.txt").read().decode()
+    assert re.fullmatch(r"torch \S+ git [0-9a-f]{12} CUDA \S+ False\n", torch_txt) and torch_txt in summary, torch_txt
     orders = re.findall(r"^order (\S+): .+; replay 100/100, fused adds .+; order-id [0-9a-f]{12}; ", summary, re.M)
     assert orders == ["batch-bfloat16", "batch-m1-bfloat16", "seed-47-float16", "seed-48-float16"], summary[-2000:]
 
@@ -159,7 +163,7 @@ def test_what_comes_back_fits_the_limits(rehearsal):
         names = tar.getnames()
     assert {"./seed-float16.json", "./seed-float16.txt", "./fixes-seed-float16.json", "./fixes-batch-bfloat16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./MACHINE", "./COMMIT",
             "./order-seed-47-float16.json", "./order-seed-48-float16.json", "./order-batch-bfloat16.json",
-            "./order-batch-m1-bfloat16.json"} <= set(names)
+            "./order-batch-m1-bfloat16.json", "./torch.txt"} <= set(names)
     assert any(n.startswith("./results/asv/") and n.endswith(".json") and "machine" not in n for n in names)
 
 
@@ -185,6 +189,7 @@ def test_the_real_runs_steps_fail_here_for_want_of_the_gpu_alone(rehearsal, tmp_
     assert errors.count("cuda requested but no CUDA GPU is available") == 9, errors  # 3 explains, 4 orders, 2 scans
     assert len(errors) == 10 and "not an explain report" in errors[1], errors  # explain-txt: the answer is missing
     assert "Traceback" not in log and "usage:" not in log
+    assert "CUDA context" not in log  # measured where torch has a GPU alone
     # only the 40 combinations measured there start a process (the others would say "not measured")
     assert log.count("asv: skipped:") == 13 * 40
     assert log.count("asv: skipped: NotImplementedError('cuda requested but no CUDA GPU is available')") == 13 * 40
@@ -278,6 +283,7 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
     imported = results / "gpu-check" / machine / runs[0].commit[:8]
     doc = json.loads((imported / "seed-float16.json").read_text())
     assert doc["dtype"] == "float16" and "fixes" not in doc  # the answer, on its own
+    assert (imported / "torch.txt").read_text().startswith(f"torch {torch.__version__} git ")
     doc = json.loads((imported / "fixes-seed-float16.json").read_text())
     assert doc["dtype"] == "float16" and "drifts" in doc["fixes"]  # --try-fixes ran on the seed's stand-in
     for name in ("seed-47-float16", "seed-48-float16", "batch-bfloat16", "batch-m1-bfloat16"):  # the order trees

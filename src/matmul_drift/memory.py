@@ -24,7 +24,8 @@ PROCESS_BYTES = {False: 512 << 20, True: 1 << 30}
 # On CUDA, beyond the arrays: measure.time_call's L2 flush in each process that times, and a
 # CUDA context (cuBLAS's workspace with it) in each process but the one that checks, whose own
 # context asking the GPU's free memory has already made. Reasoned, not measured: a context
-# takes about 0.3-0.5 GiB on Hopper with CUDA's lazy module loading.
+# takes about 0.3-0.5 GiB on Hopper with CUDA's lazy module loading (scripts/gpu_check.sh
+# measures it, with and without cuBLAS, into its torch.txt).
 FLUSH_BYTES = 256 << 20
 CUDA_CONTEXT_BYTES = 512 << 20
 
