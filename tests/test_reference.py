@@ -294,6 +294,91 @@ def test_scan_point_measures_drift_where_the_abs_product_overflows():
     assert math.isclose(point["max_u"], want_u, rel_tol=1e-12), point
 
 
+def _plain(a, b) -> np.ndarray:
+    """|A||B| as fixrun's lean mode took it before: one float64 product."""
+    return (a.abs().double() @ b.abs().double()).numpy()
+
+
+def test_abs_product_pow2_scales_as_the_reference_and_keeps_entries_in_range_bit_for_bit():
+    """fixrun's lean mode (no exact reference) takes |A||B| from one float64 product: inf where
+    it overflows. abs_product_pow2 gives (|A||B|·2^-e, e) there as Reference.absprod_pow2()
+    does, by the same scaling (a 2-D and a 1-D A), and in range the plain product, bit for bit."""
+    a, b = torch.from_numpy(OVER_A), torch.from_numpy(OVER_B)
+    plain = (a.abs() @ b.abs()).numpy()
+    for a_ in (a, a[0]):
+        scaled, absexp = reference.abs_product_pow2(torch.matmul, a_, b)
+        want_scaled, want_exp = reference.exact_product(torch.matmul, a_, b).absprod_pow2()
+        assert want_exp is not None and (scaled == want_scaled).all() and (absexp == want_exp).all(), (scaled, absexp)
+    scaled, absexp = reference.abs_product_pow2(torch.matmul, a, b)
+    assert np.isinf(plain[:, 0]).all() and (absexp[:, 0] != 0).all()
+    assert (scaled[:, 1].view(np.uint64) == plain[:, 1].view(np.uint64)).all() and (absexp[:, 1] == 0).all()
+    scaled, absexp = reference.abs_product_pow2(torch.matmul, a[:, 1:], b[1:])  # in range everywhere
+    assert absexp is None and (scaled.view(np.uint64) == _plain(a[:, 1:], b[1:]).view(np.uint64)).all()
+
+
+def _lean_run(monkeypatch, a: np.ndarray, b: np.ndarray, off, **spec) -> dict:
+    """fixrun.run's lean mode (the suite's) on hand-built float64 operands, with ``off(y, a_arg,
+    b_arg, nth_full)`` changing each product the kernel makes: its result for code None."""
+    from matmul_drift import cases, fixrun, measure
+
+    m, k = a.shape
+    n = b.shape[1]
+    monkeypatch.setattr(fixrun, "operands", lambda s: (cases.adhoc(m, k, n), measure.Operands(
+        torch.from_numpy(a), torch.from_numpy(b), "mm", "contiguous")))
+    product, fulls = measure.Operands.product, []
+
+    def changed(self, a_=None, b_=None):
+        out = product(self, a_, b_)
+        fulls.append(a_ is None and b_ is None)
+        return off(out, a_, b_, fulls.count(True) if fulls[-1] else 0)
+
+    monkeypatch.setattr(measure.Operands, "product", changed)
+    return fixrun.run({"m": m, "k": k, "n": n, "dtype": "float64", "device": "cpu", "codes": [None], "lean": True,
+                       **spec})["None"]
+
+
+def test_fixruns_lean_mode_judges_drift_where_the_abs_product_overflows(monkeypatch):
+    """The suite's lean mode took |A||B| from one float64 product and left the entries where it
+    overflows (inf) out of max_u: in OVER_A @ OVER_B, a slice A[:1] @ B and repeats 2^975 away
+    at (0, 0), where |A||B| = 2^1024 + 1 (16 u, beyond 2·γ_3 = 6 u), read rounding-level drift
+    for the slice (its column 1 alone) and 0 for the repeats. Now both read the 16 u the
+    exact rational sum gives. In range (column 1) max_u is what the plain product gives, bit
+    for bit."""
+    from matmul_drift import numerics
+
+    def far(y, a_, b_, nth_full):  # the slice of one row, and every full product after the first
+        if (a_ is not None and b_ is None and a_.shape[-2] == 1) or nth_full > 1:
+            y = y.clone()
+            y[0, 0] += 2.0**975
+        return y
+
+    got = _lean_run(monkeypatch, OVER_A, OVER_B, far, slice_m=[1], repeat=3)
+    x = (torch.from_numpy(OVER_A) @ torch.from_numpy(OVER_B)).numpy()
+    absprod = sum(abs(Fraction(p) * Fraction(q)) for p, q in zip(OVER_A[0], OVER_B[:, 0]))  # 2^1024 + 1
+    diff = abs(Fraction(float(x[0, 0] + 2.0**975)) - Fraction(float(x[0, 0])))
+    want_u = float(diff / (Fraction(2) ** -53 * absprod))
+    assert absprod > F64_MAX and 15.9 < want_u < 16.1, want_u
+    for kind in ("slice_m", "run_to_run"):
+        assert math.isclose(got["drift"][kind]["max_u"], want_u, rel_tol=1e-12), (kind, got["drift"][kind], want_u)
+    assert got["error_u"] is None  # lean: no exact reference
+
+    def nudge(y, a_, b_, nth_full):  # one ulp at (0, 1), where |A||B| is in range, in the repeats
+        if nth_full > 1:
+            y = y.clone()
+            y[0, 1] = np.nextafter(float(y[0, 1]), math.inf)
+        return y
+
+    got = _lean_run(monkeypatch, OVER_A, OVER_B, nudge, repeat=2)["drift"]["run_to_run"]
+    y = x.copy()
+    y[0, 1] = np.nextafter(x[0, 1], math.inf)
+    before = numerics.drift(x.view(np.uint64), y.view(np.uint64), x, y,
+                            _plain(torch.from_numpy(OVER_A), torch.from_numpy(OVER_B)), "float64", 3)
+    assert got["max_u"] == before["max_u"] > 0, (got, before)
+    absprod = sum(abs(Fraction(p) * Fraction(q)) for p, q in zip(OVER_A[0], OVER_B[:, 1]))
+    want_u = float(abs(Fraction(float(y[0, 1])) - Fraction(float(x[0, 1]))) / (Fraction(2) ** -53 * absprod))
+    assert math.isclose(got["max_u"], want_u, rel_tol=2.0**-40), (got, want_u)
+
+
 def test_cancellation_to_zero_and_exact_integers():
     a = np.array([[1e300, 1.0, -1e300], [3.0, -4.0, 5.0]])
     b = np.array([[1.0], [2.0**-60], [1.0]])

@@ -7,7 +7,8 @@ pipes to serve(), the default computation's timer in a process of its own. SPECS
 list) holds one SPEC per case: the case (a catalog id, or m/k/n), dtype (a precision),
 device, the slices (``slice_n``, ``slice_m``: lists of sizes), the repeat count, the code changes to measure (``codes``:
 None for the computation as it is, "contiguous", "full", "pad:<dim>:<multiple>") and
-``lean``, the suite's mode: no exact reference (error_u None), no kernel trace, and only
+``lean``, the suite's mode: no exact reference (error_u None; max_u against |A||B| of
+reference.abs_product_pow2), no kernel trace, and only
 computations bit-identical in every kind (where ``drifts``, or the baseline's own drifts,
 has one) timed, with fewer samples, besides code None where ``baseline`` is set.
 Printed, one JSON line, a list with {code: result} per SPEC (or {"failed": why} when that
@@ -34,7 +35,7 @@ import traceback
 
 import numpy as np
 
-from . import cases, kernels, measure, numerics
+from . import cases, kernels, measure, numerics, reference
 
 KEYS = ("max_ulp", "max_u", "frac_differ")
 ROUNDS, LEAN_ROUNDS = 5, 3  # default/candidate pairs of timings a time ratio is the median of
@@ -131,9 +132,9 @@ def run(spec: dict, peer=None) -> dict:
             scaled, absexp = absprod = top.ref.absprod_pow2()
             error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, scaled, dtype, k,
                                      precision=precision, absexp=absexp)["error_u"]
-        else:  # drift only: |A||B| from a float64 product scales max_u; no exact reference, no error_u
+        else:  # drift only: |A||B| from a float64 product (times 2^-e where it overflows) scales max_u; no error_u
             bits, values = measure._host(ops.product())
-            absprod = (ops.product(ops.a.abs().double(), ops.b.abs().double()).cpu().numpy(), None)
+            absprod = reference.abs_product_pow2(ops.product, ops.a, ops.b)
             error_u = None
         worst = measure.repeat_drift(ops, bits, values, absprod, dtype, k, spec.get("repeat", 3), precision)
         worst = {key: worst[key] for key in KEYS}

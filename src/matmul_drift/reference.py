@@ -168,6 +168,58 @@ def _ldexp(x, e):
     return x
 
 
+def _pow2_scaled(xf, dim: int) -> tuple:
+    """(xf·2^-e, e): xf (finite, float64) scaled per row (dim=-1) or column (dim=-2) by a
+    power of two to a maximum in [2^(HEADROOM-1), 2^HEADROOM), and e (integers, one per row
+    or column). Exact, but for entries scaled down among float64's subnormals."""
+    e = _pow2_scale(xf, dim) - HEADROOM
+    return _ldexp(xf, -e), e
+
+
+def _out_exponent(ea, eb, one_d: bool):
+    """e_i + e_j in the output's shape from A's row and B's column exponents: (…, M, 1) +
+    (…, 1, N), or for a 1-D A (``one_d``), (1,) + (N,)."""
+    return ea + (eb.squeeze(-2) if one_d else eb)
+
+
+def _overflow_pow2(product, absprod, a_s, b_s, scale) -> tuple | None:
+    """Where ``absprod`` (|A||B| on the device, float64, output units) overflows float64:
+    (|A||B|·2^-e, e) on the device, from ``a_s`` and ``b_s`` (A's rows and B's columns scaled
+    by 2^-e_i and 2^-e_j, as _pow2_scaled does: the product of their absolute values is at most
+    K·2^896, finite) and ``scale`` (e_i + e_j in the output's shape); ``absprod`` itself and
+    e = 0 (int16) elsewhere, so entries in range are unchanged bit for bit. None where
+    ``absprod`` overflows nowhere. Scaling rounded only entries 2^1074 below their row's or
+    column's maximum: 2K·2^-627 at most, in a sum of at least 2^-128."""
+    import torch
+
+    over = torch.isinf(absprod)
+    if not bool(over.any()):
+        return None
+    absexp = torch.where(over, torch.broadcast_to(scale, over.shape), 0).to(torch.int16)
+    return torch.where(over, product(a_s.abs(), b_s.abs()), absprod), absexp
+
+
+def abs_product_pow2(product, a, b) -> tuple[np.ndarray, np.ndarray | None]:
+    """(|A||B|·2^-e, e) on the host, as Reference.absprod_pow2() gives it, without the exact
+    reference (fixrun's lean mode): one float64 product of |A| and |B| (``product`` as
+    exact_product takes it; output units), and only where that overflows float64 one more of
+    |A| and |B| scaled per row and column by powers of two, as the reference scales its
+    operands (their finite parts; e None where nothing overflows). Entries in range are the
+    first product's, bit for bit, with e = 0."""
+    import torch
+
+    a_abs, b_abs = a.abs().double(), b.abs().double()
+    absprod = product(a_abs, b_abs)
+    if all_finite(absprod) or not bool(torch.isinf(absprod).any()):  # NaN alone: non-finite inputs
+        return absprod.cpu().numpy(), None
+    a_s, ea = _pow2_scaled(a_abs.nan_to_num_(0.0, 0.0, 0.0), -1)  # in place: the first product is made
+    del a_abs
+    b_s, eb = _pow2_scaled(b_abs.nan_to_num_(0.0, 0.0, 0.0), -2)
+    del b_abs
+    scaled, absexp = _overflow_pow2(product, absprod, a_s, b_s, _out_exponent(ea, eb, a.dim() == 1))
+    return scaled.cpu().numpy(), absexp.cpu().numpy()
+
+
 # B's float64 bytes per block of columns. Small blocks reuse freed heap memory; blocks of
 # 256 MB were served fresh pages by the kernel each time and took twice as long on the seed.
 CHUNK_BYTES = 8 << 20
@@ -275,8 +327,7 @@ def _sliced(x, dim: int, r: int) -> _Sliced:
     xf = x64 if clean else torch.where(torch.isfinite(x64), x64, 0.0)
     # Rows of A and columns of B scaled to a maximum in [2^(HEADROOM-1), 2^HEADROOM) by powers
     # of two, so neither Ozaki's σ nor a slice product can overflow; undone on the result.
-    e = _pow2_scale(xf, dim) - HEADROOM
-    scaled = _ldexp(xf, -e)
+    scaled, e = _pow2_scaled(xf, dim)
     # scaling down rounds the entries it pushes among the subnormals: rows beyond 2^HEADROOM only
     lost = bool((e > 0).any()) and bool((_ldexp(scaled, e) != xf).any())
     absf = xf.abs()
@@ -306,19 +357,10 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     bound = 2.0**-104 * (len(sa) * len(sb) + 2)  # Sum2 over the slice products
     under = a.step + b.step < -1074
     slack = None
-    # e_i + e_j in the output's shape: (…, M, 1) + (…, 1, N), or for a 1-D A, (1,) + (N,)
-    scale = a.e + (b.e.squeeze(-2) if a.x64.dim() == 1 else b.e)
-    absexp = absprod_scaled = pow2 = None
-    over = torch.isinf(absprod)
-    if bool(over.any()):
-        # |A||B| beyond float64: kept as |A||B|·2^-(e_i + e_j) from the scaled operands (at most
-        # K·2^448, finite), so its entries are judged too. Scaling rounded only entries 2^1074 below
-        # their row's or column's maximum: 2K·2^-627 at most, in a sum of at least 2^-128.
-        absexp = torch.where(over, torch.broadcast_to(scale, over.shape), 0).to(torch.int16)
-        absprod_scaled = torch.where(over, product(a_s.abs(), b_s.abs()), absprod)
-        pow2 = absprod_scaled, absexp  # on the device, for the reach below
-        absexp, absprod_scaled = absexp.cpu().numpy(), absprod_scaled.cpu().numpy()
-    del over
+    scale = _out_exponent(a.e, b.e, a.x64.dim() == 1)
+    # |A||B| beyond float64: kept as |A||B|·2^-(e_i + e_j), so its entries are judged too
+    pow2 = _overflow_pow2(product, absprod, a_s, b_s, scale)  # on the device, for the reach below
+    absprod_scaled, absexp = (None, None) if pow2 is None else (pow2[0].cpu().numpy(), pow2[1].cpu().numpy())
     if not exact or a.lost or b.lost or under:
         rel, err = _left_out(product, a, b, absprod, under, bound)
         bound += rel
