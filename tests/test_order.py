@@ -75,8 +75,9 @@ TREES = {
     "sequential from midway": (seq([*range(K // 2, K), *range(K // 2)]), "sequential (out of index order)"),
     # 0 + 32, 1 + 33, ...: another tree than pairwise in index order, which it read the same as
     "pairwise across halves": (pw([k for i in range(K // 2) for k in (i, i + K // 2)]), "pairwise (out of index order)"),
-    # a tail block added apart from the rest (as 00934f1eb43f of the catalog): no run of neighbours
-    "a block apart": ([seq([*range(56), *range(60, 64)]), seq(list(range(56, 60)))], "2 parts of 4..60; each: varied; parts added"),
+    # a tail block added apart from the rest (as 00934f1eb43f of the catalog): no run of neighbours;
+    # their sizes in index order (it read "2 parts of 4..60; each: varied; parts added")
+    "a block apart": ([seq([*range(56), *range(60, 64)]), seq(list(range(56, 60)))], "2 parts of 60 and 4; each: sequential; parts added"),
     "chunks from the last": (seq([seq(list(range(c, c + 16))) for c in (48, 32, 16, 0)]),
                              "4 chunks of 16; each: sequential; chunks sequential"),
 }
@@ -186,14 +187,19 @@ SHORT_CHUNKS = {
                           "2 chunks of 32 and 1 of 12; each: 8 lanes × 1..4 sequential; lanes then pairwise; chunks sequential"),
     "chunks of 8 lanes, pairwise": (pw([hreduce(lanes(8, min(32, 108 - c), start=c)) for c in range(0, 108, 32)]),
                                     "3 chunks of 32 and 1 of 12; each: 8 lanes × 1..4 sequential; lanes then pairwise; chunks pairwise"),
-    # chunks that read otherwise: varied
+    # chunks that read otherwise: each named (it read "2 chunks of 16 and 1 of 4; each: varied; ...")
     "varied chunks": (seq([pw(list(range(16))), seq(list(range(16, 32))), seq(list(range(32, 36)))]),
-                      "2 chunks of 16 and 1 of 4; each: varied; chunks sequential"),
+                      "3 chunks of 16 [pairwise], 16 [sequential] and 4 [sequential]; chunks sequential"),
     # a last chunk of one product is a remainder (it read "2 chunks of 1..16; each: varied; chunks added")
     "one more product": (seq([*blocks(16, 8, seq), 16]), "2 chunks of 8; each: sequential; chunks sequential; then 1 more product"),
-    # ... on top of whatever the rest reads (it read "2 chunks of 1..36; each: varied; chunks added")
+    # ... on top of whatever the rest reads (it read "2 chunks of 1..36; each: varied; chunks added",
+    # then "2 parts of 4..28; each: varied; ..."); fp32 1x37x64 on a Xeon with torch 2.13.0+cpu.
+    # Each part named, down to depth 4 ("...")
     "tangled blocks, then 5 products": (tangled_blocks_then_five(),
-                                        "2 parts of 4..28; each: varied; parts added; then 5 more products sequential"),
+                                        "2 parts of 28 [2 parts of 26 [2 parts of 25 [2 parts of 20 [2 parts of 2..18; each: ...; "
+                                        "parts added] and 4 [pairwise (out of index order)]; parts added; then 1 more product] and "
+                                        "1 [one product]; parts added] and 2 [sequential]; parts added] and 4 [pairwise (out of index "
+                                        "order)]; parts added; then 5 more products sequential"),
 }
 
 
@@ -215,7 +221,114 @@ def test_chunks_of_two_sizes_are_read_without_recursion():
     assert order.describe(order.canonical(seq(blocks(k, 3000, seq)))) == "3 chunks of 3000 and 1 of 5; each: sequential; chunks sequential"
     rest = [seq(list(range(3000))), pw(list(range(3000, 3004)))]
     assert (order.describe(order.canonical(seq([rest, *range(3004, 3009)])))
-            == "2 chunks of 4..3000; each: varied; chunks added; then 5 more products sequential")
+            == "2 chunks of 3000 [sequential] and 4 [pairwise]; chunks added; then 5 more products sequential")
+
+
+# Two or three parts of two sizes that share no reading: each one's size and reading, in index
+# order, the reading bracketed (it holds ';'); they read "... varied ...", which hid them.
+FEW_PARTS = {
+    # a full chunk of 2 lanes and a short one (bf16, K = 36 on a CPU that blocks K by 32)
+    "a chunk and a short one": (seq([seq(lanes(2, 32)), seq(lanes(2, 4, start=32))]),
+                                "2 chunks of 32 [2 lanes × 16 sequential; lanes then sequential] and 4 "
+                                "[pairwise (out of index order)]; chunks added"),
+    "nested": (seq([hreduce(lanes(2, 32)), seq(lanes(2, 4, start=32)), pw(list(range(36, 44)))]),
+               "2 chunks of 36 [2 chunks of 32 [2 lanes × 16 sequential; lanes then sequential] and 4 [pairwise "
+               "(out of index order)]; chunks added] and 8 [pairwise]; chunks added"),
+    "2 lanes": (hreduce([pw([0, 2, 4, 6]), seq([1, 3, 5])]), "2 lanes of 4 [pairwise] and 3 [sequential]; lanes then sequential"),
+    "3 lanes": (seq([pw([0, 3, 6, 9]), seq([1, 4, 7]), seq([2, 5, 8])]),
+                "3 lanes of 4 [pairwise], 3 [sequential] and 3 [sequential]; lanes then sequential"),
+    "a lane with a product more": (seq([seq([pw([0, 2, 4, 6]), 8]), seq([1, 3, 5, 7])]),
+                                   "2 lanes of 5 [pairwise; then 1 more product] and 4 [sequential]; lanes then sequential"),
+    # two chunks that read alike: their sizes in index order (it read "2 chunks of 4..28; each: varied")
+    "alike": ([seq(list(range(28))), seq(list(range(28, 32)))], "2 chunks of 28 and 4; each: sequential; chunks added"),
+    "alike, lanes": (seq([seq(lanes(2, 32)), seq(lanes(2, 5, start=32))]),
+                     "2 chunks of 32 and 5; each: 2 lanes × 2..16 sequential; lanes then sequential; chunks added"),
+}
+
+
+@pytest.mark.parametrize("name", list(FEW_PARTS))
+def test_a_few_parts_that_read_otherwise_are_each_named(name):
+    revealed_reads(*FEW_PARTS[name])
+
+
+def test_a_few_fused_parts_are_each_named_and_many_stay_varied():
+    three = [seq([0, 1, 2, 3, 4]), seq([5, 6, 7]), pw([8, 9, 10, 11])]
+    assert (order.describe(three)
+            == "3 chunks of 5 [sequential], 3 [sequential] and 4 [pairwise]; chunks fused into one rounding")
+    assert order.describe([*three, [12, 13]]) == "4 chunks of 2..5; each: varied; chunks fused into one rounding"
+    three[2] = seq([8, 9, 10, 11])
+    assert order.describe(three) == "3 chunks of 5, 3 and 4; each: sequential; chunks fused into one rounding"
+
+
+def named_parts(words: str):
+    """The parts a reading names at its start: (N, [(size, its reading or None)]) from "N chunks of
+    A [...], B [...] and C [...]" or "N chunks of A, B and C; each: ..."; None for any other."""
+    head = re.match(r"([0-9]+) (?:chunks|parts|lanes) of ", words)
+    if head is None:
+        return None
+    found, i = [], head.end()
+    while part := re.compile(r"([0-9]+) \[").match(words, i):
+        depth, j = 1, part.end()
+        while depth:
+            depth += {"[": 1, "]": -1}.get(words[j], 0)
+            j += 1
+        found.append((int(part.group(1)), words[part.end():j - 1]))
+        sep = re.compile(r"(?:, | and )(?=[0-9]+ \[)").match(words, j)
+        i = sep.end() if sep else len(words)
+    if not found and (listed := re.compile(r"([0-9]+(?:, [0-9]+)*) and ([0-9]+); each: ").match(words, head.end())):
+        found = [(int(x), None) for x in re.findall("[0-9]+", listed.group(0))]
+    return (int(head.group(1)), found) if found else None
+
+
+def sizes_add_up(words: str, total: int) -> int:
+    """Assert that each part list the words name holds as many parts as they say, of sizes that add
+    up to ``total`` less the products added after them ("; then 5 more products"), and so on down
+    the brackets; returns how many lists it checked."""
+    got = named_parts(words)
+    if got is None:
+        return 0
+    outside = re.sub(r"\[[^][]*\]", "", words)
+    while outside != (outside := re.sub(r"\[[^][]*\]", "", outside)):
+        pass
+    more = sum(int(m.group(1) or 1) for m in re.finditer(r"then (?:([0-9]+) more products|1 more product)", outside))
+    n, parts = got
+    assert len(parts) == n and sum(size for size, _ in parts) == total - more, words
+    return 1 + sum(sizes_add_up(inner, size) for size, inner in parts if inner)
+
+
+def random_tree(rng, ids):
+    """A tree over ``ids`` of sequential and pairwise runs (an odd one out carried up), lanes,
+    blocks and splits, mixed."""
+    def pairs(p):
+        while len(p) > 1:
+            p = [[p[i], p[i + 1]] if i + 1 < len(p) else p[i] for i in range(0, len(p), 2)]
+        return p[0]
+
+    if len(ids) == 1:
+        return ids[0]
+    how = rng.choice(["seq", "pairs", "lanes", "blocks", "split"])
+    if how in ("seq", "pairs"):
+        return (seq if how == "seq" else pairs)(ids)
+    if how == "split":
+        at = rng.randrange(1, len(ids))
+        return [random_tree(rng, ids[:at]), random_tree(rng, ids[at:])]
+    n = rng.choice([2, 3, 4, 8])
+    parts = [ids[i::n] for i in range(n)] if how == "lanes" else [ids[i:i + n] for i in range(0, len(ids), n)]
+    parts = [random_tree(rng, p) if rng.random() < 0.4 else seq(p) for p in parts if p]
+    return rng.choice([seq, pairs])(parts) if len(parts) > 1 else parts[0]
+
+
+def test_the_parts_named_hold_every_product():
+    import random
+    rng = random.Random(7)
+    trees = [t for t, _ in [*FEW_PARTS.values(), *SHORT_CHUNKS.values(), *UNEVEN_LANES.values(), *TREES.values()]]
+    for _ in range(400):
+        k = rng.choice([5, 7, 9, 12, 17, 20, 36, 37, 100])
+        trees.append(random_tree(rng, list(range(k))))
+        if rng.random() < 0.3:  # a scalar loop's remainder on top
+            trees[-1] = seq([trees[-1], *range(k, k + rng.randrange(1, 6))])
+    checked = sum(sizes_add_up(order.describe(order.canonical(t)), len(order.leaves(t))) for t in trees)
+    assert checked >= 100  # the old words named no part: "2 chunks of 4..32; each: varied"
 
 
 def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path, capsys):

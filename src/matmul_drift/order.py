@@ -457,8 +457,11 @@ def describe(node, depth: int = 0) -> str:
     "4 chunks of 1024; each: ...; chunks sequential" ("lanes" where parts interleave by one
     stride, "parts" where they interleave otherwise; "4 lanes × 2..3 sequential" where K is no
     multiple of the lanes, "3 chunks of 32 and 1 of 4; each: ..." where it is no multiple of the
-    block), and a scalar loop's remainder: "...; then 2 more products sequential" (added to the
-    sum), "4 lanes × 2 sequential, then 2 more products into lane 0; ..."."""
+    block; two or three parts of two sizes named one by one in index order, "2 chunks of 28 and 4;
+    each: ..." where they read alike, else "2 chunks of 32 [its reading] and 4 [pairwise]; ...",
+    and more that read otherwise "varied"), and a scalar loop's remainder: "...; then 2 more
+    products sequential" (added to the sum), "4 lanes × 2 sequential, then 2 more products into
+    lane 0; ..."."""
     if node is None:
         return "not revealed"
     if not isinstance(node, list):
@@ -635,34 +638,52 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     sizes = [len(leaves(p)) for p in parts]
     held = sorted(sorted(leaves(p)) for p in parts)
     same = len(set(sizes)) == 1
-    inner = "..." if depth > 3 else describe(parts[0], depth + 1) if same else "varied"
-    size = f"{sizes[0]}" if same else f"{min(sizes)}..{max(sizes)}"
-    if _lanes(parts):
-        if not same and depth <= 3:  # lanes of two sizes: their common reading, where they share one
-            inner = _common([p for p in parts if isinstance(p, list)], depth) or "varied"
-        return f"{len(parts)} lanes × {size} {inner}{into}; lanes then {how}"
-    if not same and _short_last(parts):  # "3 chunks of 32 and 1 of 4", read alike where they can be
-        last = next(p for p in parts if min(leaves(p)) == held[-1][0])
-        inner = "..." if depth > 3 else _common([p for p in parts if p is not last], depth, last) or "varied"
-        return (f"{len(parts) - 1} chunks of {len(held[0])} and 1 of {len(held[-1])}; each: {inner}; "
-                f"chunks {how}")
+    lanes = _lanes(parts)
+    short = not same and not lanes and _short_last(parts)  # "3 chunks of 32 and 1 of 4"
     # chunks: runs of neighbouring products; parts that interleave otherwise are only parts
-    word = "chunks" if all(h[-1] - h[0] == len(h) - 1 for h in held) else "parts"
-    return f"{len(parts)} {word} of {size}; each: {inner}; {word} {how}"
+    word = "lanes" if lanes else "chunks" if all(h[-1] - h[0] == len(h) - 1 for h in held) else "parts"
+    then = f"{word} then {how}" if lanes else f"{word} {how}"
+    ordered = sorted(parts, key=lambda p: min(leaves(p)))  # in index order
+    inner = None
+    if depth > 3:
+        inner = "..."
+    elif same:
+        inner = describe(parts[0], depth + 1)
+    elif lanes or short or len(parts) <= 3:
+        words = [describe(p, depth + 1) for p in ordered]
+        if lanes:  # lanes of two sizes: their common reading, where they share one
+            inner = _merge([w for p, w in zip(ordered, words) if isinstance(p, list)])
+        elif short:
+            inner = _common(words, ordered[-1], depth)
+        elif (inner := _merge(words)) is not None:  # a few parts read alike: their sizes in index order
+            listed = [str(len(leaves(p))) for p in ordered]
+            return f"{len(parts)} {word} of {', '.join(listed[:-1])} and {listed[-1]}; each: {inner}; {then}"
+        if inner is None and len(parts) <= 3:
+            # a few parts that read otherwise: each one's size and reading, in index order,
+            # bracketed (a reading holds ';'): "2 chunks of 32 [...] and 4 [pairwise]; chunks added"
+            each = [f"{len(leaves(p))} [{w}]" for p, w in zip(ordered, words)]
+            return f"{len(parts)} {word} of {', '.join(each[:-1])} and {each[-1]}{into}; {then}"
+    inner = inner or "varied"  # many parts that read otherwise
+    size = f"{sizes[0]}" if same else f"{min(sizes)}..{max(sizes)}"
+    if lanes:
+        return f"{len(parts)} lanes × {size} {inner}{into}; {then}"
+    if short:
+        return f"{len(parts) - 1} chunks of {len(held[0])} and 1 of {len(held[-1])}; each: {inner}; {then}"
+    return f"{len(parts)} {word} of {size}; each: {inner}; {then}"
 
 
 _NUMBERS = re.compile(r"([0-9]+)(?:\.\.([0-9]+))?")
 
 
-def _common(parts: list, depth: int, last=None) -> str | None:
-    """The parts' common reading (at depth + 1), their sizes merged: "sequential", or "2 lanes ×
-    2..16 sequential; ..." for lanes of 16 and of 2; None where they read otherwise. ``last``, a
-    short last chunk, may be read at another of its readings (the finest of 4 products may be
-    "pairwise", where the others are lanes) to agree with the others."""
-    words = [describe(p, depth + 1) for p in parts]
-    if last is None or (common := _merge(words)) is None:
-        return _merge(words)
-    tried = [describe(last, depth + 1)]
+def _common(words: list[str], last, depth: int) -> str | None:
+    """The common reading of chunks and a short last one (``words``: each one's at depth + 1,
+    the last one's last), their sizes merged: "sequential", or "2 lanes × 2..16 sequential; ..."
+    for lanes of 16 and of 2; None where they read otherwise. The short last chunk ``last`` may
+    be read at another of its readings (the finest of 4 products may be "pairwise", where the
+    others are lanes) to agree with the others."""
+    if (common := _merge(words[:-1])) is None:
+        return None
+    tried = words[-1:]
     if isinstance(last, list) and len(last) == 2:
         tried += [_words(ps, how, depth + 1) for ps, how in _options(last)]
     return next((m for w in tried if (m := _merge([common, w])) is not None), None)
