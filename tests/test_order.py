@@ -239,6 +239,10 @@ FEW_PARTS = {
                 "3 lanes of 4 [pairwise], 3 [sequential] and 3 [sequential]; lanes then sequential"),
     "a lane with a product more": (seq([seq([pw([0, 2, 4, 6]), 8]), seq([1, 3, 5, 7])]),
                                    "2 lanes of 5 [pairwise; then 1 more product] and 4 [sequential]; lanes then sequential"),
+    # parts of one size that read otherwise: they read as the first one ("2 chunks of 8; each: sequential")
+    "one size": ([seq(list(range(8))), pw(list(range(8, 16)))], "2 chunks of 8 [sequential] and 8 [pairwise]; chunks added"),
+    "one size, lanes": (seq([seq([0, 2, 4, 6]), pw([1, 3, 5, 7])]),
+                        "2 lanes of 4 [sequential] and 4 [pairwise]; lanes then sequential"),
     # two chunks that read alike: their sizes in index order (it read "2 chunks of 4..28; each: varied")
     "alike": ([seq(list(range(28))), seq(list(range(28, 32)))], "2 chunks of 28 and 4; each: sequential; chunks added"),
     "alike, lanes": (seq([seq(lanes(2, 32)), seq(lanes(2, 5, start=32))]),

@@ -458,8 +458,8 @@ def describe(node, depth: int = 0) -> str:
     stride, "parts" where they interleave otherwise; "4 lanes × 2..3 sequential" where K is no
     multiple of the lanes, "3 chunks of 32 and 1 of 4; each: ..." where it is no multiple of the
     block; two or three parts of two sizes named one by one in index order, "2 chunks of 28 and 4;
-    each: ..." where they read alike, else "2 chunks of 32 [its reading] and 4 [pairwise]; ...",
-    and more that read otherwise "varied"), and a scalar loop's remainder: "...; then 2 more
+    each: ..." where they read alike; two or three that read otherwise, whatever their sizes,
+    "2 chunks of 32 [its reading] and 4 [pairwise]; ...", and more "varied"), and a scalar loop's remainder: "...; then 2 more
     products sequential" (added to the sum), "4 lanes × 2 sequential, then 2 more products into
     lane 0; ..."."""
     if node is None:
@@ -647,8 +647,9 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     inner = None
     if depth > 3:
         inner = "..."
-    elif same:
-        inner = describe(parts[0], depth + 1)
+    elif same:  # one reading for all, where each part has it
+        words = [describe(p, depth + 1) for p in ordered]
+        inner = words[0] if len(set(words)) == 1 else None
     elif lanes or short or len(parts) <= 3:
         words = [describe(p, depth + 1) for p in ordered]
         if lanes:  # lanes of two sizes: their common reading, where they share one
@@ -658,11 +659,11 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
         elif (inner := _merge(words)) is not None:  # a few parts read alike: their sizes in index order
             listed = [str(len(leaves(p))) for p in ordered]
             return f"{len(parts)} {word} of {', '.join(listed[:-1])} and {listed[-1]}; each: {inner}; {then}"
-        if inner is None and len(parts) <= 3:
-            # a few parts that read otherwise: each one's size and reading, in index order,
-            # bracketed (a reading holds ';'): "2 chunks of 32 [...] and 4 [pairwise]; chunks added"
-            each = [f"{len(leaves(p))} [{w}]" for p, w in zip(ordered, words)]
-            return f"{len(parts)} {word} of {', '.join(each[:-1])} and {each[-1]}{into}; {then}"
+    if inner is None and len(parts) <= 3:
+        # a few parts that read otherwise: each one's size and reading, in index order,
+        # bracketed (a reading holds ';'): "2 chunks of 32 [...] and 4 [pairwise]; chunks added"
+        each = [f"{len(leaves(p))} [{w}]" for p, w in zip(ordered, words)]
+        return f"{len(parts)} {word} of {', '.join(each[:-1])} and {each[-1]}{into}; {then}"
     inner = inner or "varied"  # many parts that read otherwise
     size = f"{sizes[0]}" if same else f"{min(sizes)}..{max(sizes)}"
     if lanes:
