@@ -163,13 +163,24 @@ def blocks(k, size, each):
     return [each(list(range(c, min(c + size, k)))) for c in range(0, k, size)]
 
 
-def tangled_blocks_then_five():
-    """Blocks of 8, each block's products added around the running sum (no block a subtree of
-    its own), then products 32..36 added one at a time."""
-    s = [[[0, 2], [1, 3]], [[4, 6], [5, 7]]]
-    for o in (8, 16, 24):
-        s = [[[[s, o + 6], o + 4], [o + 5, o + 7]], [[o, o + 2], [o + 1, o + 3]]]
-    return seq([s, *range(32, 37)])
+def running_blocks(k, size, first, steps, odd=None):
+    """A running sum over blocks of ``size`` neighbouring products: ``first`` (a tree over
+    0..size-1) seeds it, then each later full block is added in ``steps`` (trees over offsets in
+    the block, each offset once), in that order (``odd``: {block start: other steps}); the k mod
+    size last products added one at a time."""
+    def shift(t, b):
+        return [shift(c, b) for c in t] if isinstance(t, list) else t + b
+
+    s = first
+    for b in range(size, k - k % size, size):
+        for step in (odd or {}).get(b, steps):
+            s = [s, shift(step, b)]
+    return seq([s, *range(k - k % size, k)]) if k % size else s
+
+
+XEON_FIRST, XEON_STEPS = [[[0, 2], [1, 3]], [[4, 6], [5, 7]]], [6, 4, [5, 7], [[0, 2], [1, 3]]]
+XEON_37_WORDS = ("4 blocks of 8: the first pairwise (out of index order), then each of the 3 others added to the running "
+                 "sum in 4 steps (offsets in the block): 6, 4, 5+7, (0+2)+(1+3); then 5 more products sequential")
 
 
 # K no multiple of the block: chunks of two sizes, so two shapes. They read "2 chunks of 4..96;
@@ -192,14 +203,6 @@ SHORT_CHUNKS = {
                       "3 chunks of 16 [pairwise], 16 [sequential] and 4 [sequential]; chunks sequential"),
     # a last chunk of one product is a remainder (it read "2 chunks of 1..16; each: varied; chunks added")
     "one more product": (seq([*blocks(16, 8, seq), 16]), "2 chunks of 8; each: sequential; chunks sequential; then 1 more product"),
-    # ... on top of whatever the rest reads (it read "2 chunks of 1..36; each: varied; chunks added",
-    # then "2 parts of 4..28; each: varied; ..."); fp32 1x37x64 on a Xeon with torch 2.13.0+cpu.
-    # Each part named, down to depth 4 ("...")
-    "tangled blocks, then 5 products": (tangled_blocks_then_five(),
-                                        "2 parts of 28 [2 parts of 26 [2 parts of 25 [2 parts of 20 [2 parts of 2..18; each: ...; "
-                                        "parts added] and 4 [pairwise (out of index order)]; parts added; then 1 more product] and "
-                                        "1 [one product]; parts added] and 2 [sequential]; parts added] and 4 [pairwise (out of index "
-                                        "order)]; parts added; then 5 more products sequential"),
 }
 
 
@@ -222,6 +225,74 @@ def test_chunks_of_two_sizes_are_read_without_recursion():
     rest = [seq(list(range(3000))), pw(list(range(3000, 3004)))]
     assert (order.describe(order.canonical(seq([rest, *range(3004, 3009)])))
             == "2 chunks of 3000 [sequential] and 4 [pairwise]; chunks added; then 5 more products sequential")
+
+
+# A running sum over blocks of neighbouring products, the first block seeding it and each later one
+# added in the same steps (a product, or a sum of some of the block's, at the same offsets): they
+# read as towers, "2 parts of 28 [2 parts of 26 [2 parts of 25 [2 parts of 20 [..." down to depth 4.
+RUNNING_BLOCKS = {
+    # fp32 1x37x64 on a Xeon with torch 2.13.0+cpu, as revealed
+    "Xeon, K = 37": (order.from_json("[[[[[[[[[[[[[[[[[[[[0,2],[1,3]],[[4,6],[5,7]]],14],12],[13,15]],[[8,10],[9,11]]],22],20],"
+                                     "[21,23]],[[16,18],[17,19]]],30],28],[29,31]],[[24,26],[25,27]]],32],33],34],35],36]"),
+                     XEON_37_WORDS),
+    "blocks of 6, a fused step": (running_blocks(32, 6, seq(list(range(6))), [5, [0, 1, 2], [3, 4]]),
+                                  "5 blocks of 6: the first sequential, then each of the 4 others added to the running sum in "
+                                  "3 steps (offsets in the block): 5, 0+1+2, 3+4; then 2 more products sequential"),
+    # a step of more than 4 products: its offsets and its reading
+    "blocks of 20, a long step": (running_blocks(80, 20, seq(list(range(20))), [pw(list(range(16))), [16, 18], [17, 19]]),
+                                  "4 blocks of 20: the first sequential, then each of the 3 others added to the running sum in "
+                                  "3 steps (offsets in the block): 0..15 [pairwise], 16+18, 17+19"),
+}
+
+
+@pytest.mark.parametrize("name", list(RUNNING_BLOCKS))
+def test_a_running_sum_over_blocks_reads_as_blocks(name):
+    tree, words = RUNNING_BLOCKS[name]
+    revealed_reads(tree, words)
+    assert blocks_add_up(words, len(order.leaves(tree)))
+
+
+def test_a_running_sum_over_blocks_is_read_without_recursion():
+    # the Xeon's blocks at K = 4096: a chain 2044 deep, past Python's recursion limit
+    tree = order.canonical(running_blocks(4096, 8, XEON_FIRST, XEON_STEPS))
+    assert order.canonical(running_blocks(37, 8, XEON_FIRST, XEON_STEPS)) == RUNNING_BLOCKS["Xeon, K = 37"][0]
+    words = order.describe(tree)
+    assert words == ("512 blocks of 8: the first pairwise (out of index order), then each of the 511 others added to the "
+                     "running sum in 4 steps (offsets in the block): 6, 4, 5+7, (0+2)+(1+3)")
+    assert blocks_add_up(words, 4096)
+    assert (order.describe(order.canonical(running_blocks(4099, 8, XEON_FIRST, XEON_STEPS)))
+            == words + "; then 3 more products sequential")
+
+
+def test_blocks_that_break_the_pattern_keep_their_reading():
+    # one block added in another order (4 before 6), or a single block after the first: no period
+    broken = running_blocks(37, 8, XEON_FIRST, XEON_STEPS, odd={16: [4, 6, [5, 7], [[0, 2], [1, 3]]]})
+    assert order.describe(order.canonical(broken)) == (
+        "2 parts of 28 [2 parts of 26 [2 parts of 25 [2 parts of 20 [2 parts of 2..18; each: ...; parts added] and 4 "
+        "[pairwise (out of index order)]; parts added; then 1 more product] and 1 [one product]; parts added] and 2 "
+        "[sequential]; parts added] and 4 [pairwise (out of index order)]; parts added; then 5 more products sequential")
+    assert order.describe(order.canonical(running_blocks(21, 8, XEON_FIRST, XEON_STEPS))) == (
+        "2 parts of 12 [2 parts of 10 [pairwise (out of index order); then 2 more products sequential (out of index order)] "
+        "and 2 [sequential]; parts added] and 4 [pairwise (out of index order)]; parts added; then 5 more products sequential")
+
+
+def blocks_add_up(words: str, total: int) -> bool:
+    """Assert that a blocks reading's N blocks of B and the products added after them ("; then 5
+    more products") make ``total``, and that its steps' offsets ("6", "5+7", "0..15 [its reading]")
+    are 0..B-1, each once; False where the words name no blocks."""
+    while words != (words := re.sub(r" ?\[[^][]*\]", "", words)):  # the readings bracketed, inner first
+        pass
+    got = re.fullmatch(r"([0-9]+) blocks of ([0-9]+): .* in ([0-9]+) steps? \(offsets in the block\): (.*?)"
+                       r"(?:; then (?:([0-9]+) more products sequential|(1) more product))?", words)
+    if got is None:
+        return False
+    n, b, m = int(got.group(1)), int(got.group(2)), int(got.group(3))
+    assert n * b + int(got.group(5) or got.group(6) or 0) == total, words
+    steps = got.group(4).split(", ")
+    offsets = [o for st in steps for o in (range(int(st.split("..")[0]), int(st.split("..")[1]) + 1) if ".." in st
+                                          else map(int, re.findall("[0-9]+", st)))]
+    assert len(steps) == m and sorted(offsets) == list(range(b)), words
+    return True
 
 
 # Two or three parts of two sizes that share no reading: each one's size and reading, in index
@@ -288,6 +359,8 @@ def sizes_add_up(words: str, total: int) -> int:
     """Assert that each part list the words name holds as many parts as they say, of sizes that add
     up to ``total`` less the products added after them ("; then 5 more products"), and so on down
     the brackets; returns how many lists it checked."""
+    if blocks_add_up(words, total):
+        return 1
     got = named_parts(words)
     if got is None:
         return 0
@@ -325,7 +398,8 @@ def random_tree(rng, ids):
 def test_the_parts_named_hold_every_product():
     import random
     rng = random.Random(7)
-    trees = [t for t, _ in [*FEW_PARTS.values(), *SHORT_CHUNKS.values(), *UNEVEN_LANES.values(), *TREES.values()]]
+    trees = [t for t, _ in [*FEW_PARTS.values(), *SHORT_CHUNKS.values(), *UNEVEN_LANES.values(), *TREES.values(),
+                            *RUNNING_BLOCKS.values()]]
     for _ in range(400):
         k = rng.choice([5, 7, 9, 12, 17, 20, 36, 37, 100])
         trees.append(random_tree(rng, list(range(k))))

@@ -461,12 +461,14 @@ def describe(node, depth: int = 0) -> str:
     each: ..." where they read alike; two or three that read otherwise, whatever their sizes,
     "2 chunks of 32 [its reading] and 4 [pairwise]; ...", and more "varied"), and a scalar loop's remainder: "...; then 2 more
     products sequential" (added to the sum), "4 lanes × 2 sequential, then 2 more products into
-    lane 0; ..."."""
+    lane 0; ...", and a running sum over blocks of neighbours added in the same steps: "4 blocks of
+    8: the first pairwise, then each of the 3 others added to the running sum in 4 steps (offsets
+    in the block): 6, 4, 5+7, (0+2)+(1+3)"."""
     if node is None:
         return "not revealed"
     if not isinstance(node, list):
         return "one product"
-    return _reading(node, depth) or _remainder(node, depth) or _parts(list(node), "added", depth)
+    return _reading(node, depth) or _blocks(node, depth) or _remainder(node, depth) or _parts(list(node), "added", depth)
 
 
 def _reading(node: list, depth: int) -> str | None:
@@ -557,7 +559,7 @@ def _remainder(node: list, depth: int) -> str | None:
         # lanes of one or two products each may read as single products added pairwise
         return f"{_words(*found, depth)}; then {more}"
     # Or into a lane; else, where they are the last products of K in index order, on top of
-    # whatever the rest is (blocks of 8 added in a tangled order): x has no such tail of its own,
+    # whatever the rest is (blocks added to a running sum, _blocks): x has no such tail of its own,
     # so describe(x) comes back here no further.
     if (into := _into_lane(node, depth)) is None and tail and tail[::-1] == list(range(tail[-1], tail[-1] + len(tail))):
         if tail[0] == max(leaves(node)):
@@ -616,6 +618,72 @@ def _running(node) -> str | None:
     size = f"{sizes[0]}" if len(set(sizes)) == 1 else f"{min(sizes)}..{max(sizes)}"
     return (f"sequential in {len(groups)} fused groups of {size}, each added with the running sum in one rounding"
             + _index_order([k for g in reversed(groups) for k in g]))
+
+
+def _blocks(node: list, depth: int) -> str | None:
+    """A running sum over blocks of B neighbouring products in words: the first block summed by
+    any tree (it seeds the sum), then each later one, in index order, added to the running sum in
+    the same steps (a product or a sum of some of the block's, at the same offsets in every block);
+    None for any other tree, for fewer than 2 blocks after the first, and where every step is one
+    product (that is sequential). The chain is walked with a loop: it is K deep."""
+    size = _sizes(node)
+    held = lambda x: size[id(x)] if isinstance(x, list) else 1  # noqa: E731
+    chain, rights, x = [node], [], node  # chain[s]: the running sum before rights[s - 1], ..., rights[0] are added
+    while isinstance(x, list) and len(x) == 2:
+        x, r = x if held(x[0]) >= held(x[1]) else x[::-1]
+        rights.append(r)
+        chain.append(x)
+    total, lo = held(node), min(leaves(node))
+    for s in range(len(chain) - 1, 0, -1):  # the smallest first block first: the finest reading
+        b = held(chain[s])
+        if b < 2 or total % b or total // b < 3 or s % (total // b - 1):
+            continue
+        others = total // b - 1
+        m = s // others  # steps per block
+        added = rights[s - 1::-1]  # in the order added
+        steps = [_sum_text(r, lo + b) for r in added[:m]]
+        if (all(not isinstance(r, list) for r in added[:m]) or sorted(leaves(chain[s])) != list(range(lo, lo + b))
+                or sorted(k for r in added[:m] for k in leaves(r)) != list(range(lo + b, lo + 2 * b))):
+            continue
+        if all(_sum_text(added[t * m + i], lo + (t + 1) * b) == steps[i] for t in range(1, others) for i in range(m)):
+            first = describe(chain[s], depth + 1)
+            said = [_step(r, w, lo + b, depth) for w, r in zip(steps, added)]
+            return (f"{others + 1} blocks of {b}: the first {f'[{first}]' if ';' in first else first}, then each of "
+                    f"the {others} others added to the running sum in {m} step{'s' * (m != 1)} (offsets in the block): "
+                    + ", ".join(said))
+    return None
+
+
+def _sum_text(node, base: int) -> str:
+    """A sum of products in words, each product its index less ``base``: "(0+2)+(1+3)", a fused
+    add "0+1+2" (iterative: a step may be deep)."""
+    out, stack = [], [(node, True)]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            out.append(x)
+            continue
+        x, top = x
+        if isinstance(x, list):
+            stack.append("" if top else ")")
+            for i, c in enumerate(reversed(x)):
+                stack.append((c, False))
+                if i < len(x) - 1:
+                    stack.append("+")
+            stack.append("" if top else "(")
+        else:
+            out.append(str(x - base))
+    return "".join(out)
+
+
+def _step(node, text: str, base: int, depth: int) -> str:
+    """A step of _blocks in words: its sum ``text`` ("(0+2)+(1+3)") where it adds at most 4
+    products or no run of neighbours, else its offsets in the block and its reading ("0..15
+    [pairwise]")."""
+    held = sorted(leaves(node))
+    if len(held) <= 4 or held[-1] - held[0] != len(held) - 1:
+        return text
+    return f"{held[0] - base}..{held[-1] - base} [{describe(node, depth + 1)}]"
 
 
 def _index_order(seen: list[int]) -> str:
