@@ -153,6 +153,22 @@ def _flush_c_stdio() -> None:
 
 
 @contextmanager
+def profiled(*activities):
+    """torch.profiler.profile over ``activities`` (ProfilerActivity values), as a context that
+    yields the profiler. torch 2.11 warns at every profiler's start that it keeps one cycle's
+    events ("set acc_events=True"), once per process, onto stderr: one cycle is all it runs
+    here, so that warning alone is silenced (torch 2.13 no longer gives it)."""
+    import warnings
+
+    from torch.profiler import profile
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+        with profile(activities=list(activities)) as prof:
+            yield prof
+
+
+@contextmanager
 def captured_fds(fds=(1, 2)):
     """Capture what C libraries write to the given file descriptors (1: stdout, 2: stderr).
 
@@ -200,13 +216,13 @@ def cpu_route(fn) -> tuple[object, list[str]]:
     Where neither MKL nor oneDNN reports anything, the route is ``native``.
     """
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     with captured_fds() as box:
         with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON), torch.backends.mkldnn.verbose(
             torch.backends.mkldnn.VERBOSE_ON
         ):
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profiled(ProfilerActivity.CPU) as prof:
                 result = fn()
     _pass_on_stderr(box[2])
     text = box[1]
@@ -369,7 +385,7 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
     A try whose records are not whole (``Sentinels``) runs ``fn`` again: the result and the
     kernels returned come from the same call. ProfilerLost where no try was whole."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     box: list = []
     scratch = torch.empty(1, dtype=torch.uint8, device="cuda")
@@ -378,7 +394,7 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
         box.clear()  # a retry holds one result at a time
         torch.cuda.synchronize()
         with captured_fds((2,)) as err:
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with profiled(ProfilerActivity.CPU, ProfilerActivity.CUDA) as prof:
                 for _ in range(pad[0]):
                     torch.cuda._sleep(SPIN_CYCLES)
                 if call:
