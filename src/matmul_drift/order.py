@@ -497,6 +497,23 @@ def _finest(node: list) -> tuple[list, str] | None:
     return max(options, key=lambda o: len(o[0])) if options else None  # the finest reading
 
 
+def _held(node: list):
+    """How many products a subtree of ``node`` adds (1 for a product), as a function."""
+    size = _sizes(node)
+    return lambda x: size[id(x)] if isinstance(x, list) else 1
+
+
+def _down(node: list, held) -> list[tuple]:
+    """A chain ((a + b) + c) + d read down its running sum, the larger child of each two-child
+    node (``held``: _held's): (the running sum below, the part added to it) at each stop, from
+    the top. A loop: the chain may be K deep."""
+    stops, bottom = [], node
+    while isinstance(bottom, list) and len(bottom) == 2:
+        bottom, r = bottom if held(bottom[0]) >= held(bottom[1]) else bottom[::-1]
+        stops.append((bottom, r))
+    return stops
+
+
 def _options(node: list) -> list[tuple[list, str]]:
     """Every reading of a two-child node _finest chooses from: the alike parts' first, then lanes
     and chunks of two sizes (a tie keeps the first)."""
@@ -506,18 +523,16 @@ def _options(node: list) -> list[tuple[list, str]]:
     # A chain ((a + b) + c) + d read down its running sum, the larger child of each node (the
     # canonical order puts it second where a loop meets a smaller index later, as one run
     # backwards): the deepest stop at which the bottom and every part added are alike.
-    size = _sizes(node)
-    held = lambda x: size[id(x)] if isinstance(x, list) else 1  # noqa: E731
+    held = _held(node)
     # Lanes of a SIMD loop over K no multiple of their number n hold K // n or K // n + 1
     # products, so they are not alike: ``uneven`` keeps the stops where the parts' sizes differ
     # by at most one (a few: the bottom shrinks at every stop), taken where they are lanes.
     # Chunks of a blocked loop over K no multiple of its block: all of one size but a short last
     # one, ``blocked`` (a few stops: the bottom, as large as the most parts added, shrinks).
-    rights, bottom, alike, best, uneven, blocked = [], node, True, None, [], []
+    rights, alike, best, uneven, blocked = [], True, None, [], []
     least = most = None  # the sizes of the parts added to the running sum so far
     count: dict[int, int] = {}  # how many of them hold each size
-    while isinstance(bottom, list) and len(bottom) == 2:
-        bottom, r = bottom if held(bottom[0]) >= held(bottom[1]) else bottom[::-1]
+    for bottom, r in _down(node, held):
         alike = alike and (not rights or sid(r) == sid(rights[-1]))
         rights.append(r)
         least, most = min(least or held(r), held(r)), max(most or 0, held(r))
@@ -626,13 +641,10 @@ def _blocks(node: list, depth: int) -> str | None:
     the same steps (a product or a sum of some of the block's, at the same offsets in every block);
     None for any other tree, for fewer than 2 blocks after the first, and where every step is one
     product (that is sequential). The chain is walked with a loop: it is K deep."""
-    size = _sizes(node)
-    held = lambda x: size[id(x)] if isinstance(x, list) else 1  # noqa: E731
-    chain, rights, x = [node], [], node  # chain[s]: the running sum before rights[s - 1], ..., rights[0] are added
-    while isinstance(x, list) and len(x) == 2:
-        x, r = x if held(x[0]) >= held(x[1]) else x[::-1]
-        rights.append(r)
-        chain.append(x)
+    held = _held(node)
+    stops = _down(node, held)
+    chain = [node, *(x for x, _ in stops)]  # chain[s]: the running sum before rights[s - 1], ..., rights[0] are added
+    rights = [r for _, r in stops]
     total, lo = held(node), min(leaves(node))
     for s in range(len(chain) - 1, 0, -1):  # the smallest first block first: the finest reading
         b = held(chain[s])
@@ -715,12 +727,11 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     inner = None
     if depth > 3:
         inner = "..."
-    elif same:  # one reading for all, where each part has it
+    elif same or lanes or short or len(parts) <= 3:
         words = [describe(p, depth + 1) for p in ordered]
-        inner = words[0] if len(set(words)) == 1 else None
-    elif lanes or short or len(parts) <= 3:
-        words = [describe(p, depth + 1) for p in ordered]
-        if lanes:  # lanes of two sizes: their common reading, where they share one
+        if same:  # one reading for all, where each part has it
+            inner = words[0] if len(set(words)) == 1 else None
+        elif lanes:  # lanes of two sizes: their common reading, where they share one
             inner = _merge([w for p, w in zip(ordered, words) if isinstance(p, list)])
         elif short:
             inner = _common(words, ordered[-1], depth)
