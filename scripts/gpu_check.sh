@@ -116,8 +116,11 @@ install_wheels() {
   [ -f "$WHL/commit.json" ] || { echo "gpu_check: error: no $WHL/commit.json: run scripts/fetch_gpu_wheels.sh here first"; return 1; }
   sha256sum --quiet -c "$WHL/tree.sha256" ||
     { echo "gpu_check: error: this tree is not the commit $WHL/ was fetched for: run scripts/fetch_gpu_wheels.sh again"; return 1; }
-  "$PY" -m pip --isolated install --quiet --no-index --find-links "$WHL" --no-cache-dir --no-compile --target "$WORK/site" asv==0.6.6 &&
-    "$PY" -m pip --isolated install --quiet --no-index --find-links "$WHL" --no-cache-dir --no-compile --target "$WORK/site" --no-deps matmul_drift
+  # One pip call for every wheel: a second call into the same --target found its bin/ taken
+  # by the first ("Target directory .../bin already exists") and left the project's script
+  # out. --no-deps: the wheels are asv's resolution, made by pip download, and the project's
+  # other dependencies are the image's.
+  "$PY" -m pip --isolated install --quiet --no-index --no-deps --no-cache-dir --no-compile --target "$WORK/site" "$WHL"/*.whl
 }
 export PY WHL WORK ROOT
 export -f install_wheels

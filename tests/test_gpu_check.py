@@ -144,6 +144,9 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
     limits = [int(n) for n in re.findall(r"^\s*(?:\S+=\S+ )*step \S+ (\d+) ", (ROOT / "scripts/gpu_check.sh").read_text(), re.M)]
     assert len(limits) == 10 and sum(limits) <= 480, limits
     assert "0 step(s) failed" in summary and "torch" in summary
+    # nothing in the log for the night's reader to puzzle over: pip's note on a --target taken, a traceback
+    log = (out / "log.txt").read_text()
+    assert "already exists" not in log and "Traceback" not in log, log[:3000]
     # torch's build; the CUDA context's memory, measured on CUDA alone, is skipped without a word
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         torch_txt = tar.extractfile("./torch.txt").read().decode()
