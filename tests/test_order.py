@@ -238,6 +238,15 @@ RUNNING_BLOCKS = {
     "blocks of 6, a fused step": (running_blocks(32, 6, seq(list(range(6))), [5, [0, 1, 2], [3, 4]]),
                                   "5 blocks of 6: the first sequential, then each of the 4 others added to the running sum in "
                                   "3 steps (offsets in the block): 5, 0+1+2, 3+4; then 2 more products sequential"),
+    # one block after the first (fp32 1x16..23x64 on the Xeon above): it read as a tower, "2 parts
+    # of 12 [2 parts of 10 [pairwise (out of index order); then 2 more products ...] and 2
+    # [sequential]; parts added] and 4 [pairwise (out of index order)]; parts added; then ..."
+    "Xeon, K = 21": (running_blocks(21, 8, XEON_FIRST, XEON_STEPS),
+                     "2 blocks of 8: the first pairwise (out of index order), then the second added to the running "
+                     "sum in 4 steps (offsets in the block): 6, 4, 5+7, (0+2)+(1+3); then 5 more products sequential"),
+    "two blocks of 6, a fused step": (running_blocks(12, 6, seq(list(range(6))), [5, [0, 1, 2], [3, 4]]),
+                                      "2 blocks of 6: the first sequential, then the second added to the running sum in "
+                                      "3 steps (offsets in the block): 5, 0+1+2, 3+4"),
     # a step of more than 4 products: its offsets and its reading
     "blocks of 20, a long step": (running_blocks(80, 20, seq(list(range(20))), [pw(list(range(16))), [16, 18], [17, 19]]),
                                   "4 blocks of 20: the first sequential, then each of the 3 others added to the running sum in "
@@ -265,15 +274,21 @@ def test_a_running_sum_over_blocks_is_read_without_recursion():
 
 
 def test_blocks_that_break_the_pattern_keep_their_reading():
-    # one block added in another order (4 before 6), or a single block after the first: no period
+    # one block added in another order (4 before 6): no period of 8, but two blocks of 16, the
+    # first two of 8 (bracketed: its reading holds a ':'). It read as a tower, "2 parts of 28 [2
+    # parts of 26 [2 parts of 25 [2 parts of 20 [2 parts of 2..18; each: ...; parts added] and 4 ..."
     broken = running_blocks(37, 8, XEON_FIRST, XEON_STEPS, odd={16: [4, 6, [5, 7], [[0, 2], [1, 3]]]})
-    assert order.describe(order.canonical(broken)) == (
-        "2 parts of 28 [2 parts of 26 [2 parts of 25 [2 parts of 20 [2 parts of 2..18; each: ...; parts added] and 4 "
-        "[pairwise (out of index order)]; parts added; then 1 more product] and 1 [one product]; parts added] and 2 "
-        "[sequential]; parts added] and 4 [pairwise (out of index order)]; parts added; then 5 more products sequential")
-    assert order.describe(order.canonical(running_blocks(21, 8, XEON_FIRST, XEON_STEPS))) == (
-        "2 parts of 12 [2 parts of 10 [pairwise (out of index order); then 2 more products sequential (out of index order)] "
-        "and 2 [sequential]; parts added] and 4 [pairwise (out of index order)]; parts added; then 5 more products sequential")
+    words = order.describe(order.canonical(broken))
+    assert words == (
+        "2 blocks of 16: the first [2 blocks of 8: the first pairwise (out of index order), then the second added to the "
+        "running sum in 4 steps (offsets in the block): 6, 4, 5+7, (0+2)+(1+3)], then the second added to the running sum "
+        "in 8 steps (offsets in the block): 4, 6, 5+7, (0+2)+(1+3), 14, 12, 13+15, (8+10)+(9+11); then 5 more products sequential")
+    assert blocks_add_up(words, 37)
+    # one block after the first added in one step is two chunks added; a sum and its last products
+    # added one at a time keep the remainder's reading
+    assert order.describe([seq(list(range(8))), pw(list(range(8, 16)))]) == "2 chunks of 8 [sequential] and 8 [pairwise]; chunks added"
+    assert (order.describe(order.canonical(seq([pw(list(range(4))), [4, 5], 6, 7])))
+            == "3 chunks of 2; each: sequential; chunks sequential; then 2 more products sequential")
 
 
 def blocks_add_up(words: str, total: int) -> bool:

@@ -463,12 +463,20 @@ def describe(node, depth: int = 0) -> str:
     products sequential" (added to the sum), "4 lanes × 2 sequential, then 2 more products into
     lane 0; ...", and a running sum over blocks of neighbours added in the same steps: "4 blocks of
     8: the first pairwise, then each of the 3 others added to the running sum in 4 steps (offsets
-    in the block): 6, 4, 5+7, (0+2)+(1+3)"."""
+    in the block): 6, 4, 5+7, (0+2)+(1+3)" ("2 blocks of 8: ..., then the second added ..." where
+    one block follows the first)."""
     if node is None:
         return "not revealed"
     if not isinstance(node, list):
         return "one product"
-    return _reading(node, depth) or _blocks(node, depth) or _remainder(node, depth) or _parts(list(node), "added", depth)
+    if (words := _reading(node, depth)) is not None:
+        return words
+    # Two blocks read as blocks only where no remainder reading fits: with one block after the
+    # first, a sum and its last products added one at a time read so too.
+    found = _blocks(node, depth)
+    if found is not None and found[1] > 2:
+        return found[0]
+    return _remainder(node, depth) or (found and found[0]) or _parts(list(node), "added", depth)
 
 
 def _reading(node: list, depth: int) -> str | None:
@@ -635,12 +643,14 @@ def _running(node) -> str | None:
             + _index_order([k for g in reversed(groups) for k in g]))
 
 
-def _blocks(node: list, depth: int) -> str | None:
-    """A running sum over blocks of B neighbouring products in words: the first block summed by
-    any tree (it seeds the sum), then each later one, in index order, added to the running sum in
-    the same steps (a product or a sum of some of the block's, at the same offsets in every block);
-    None for any other tree, for fewer than 2 blocks after the first, and where every step is one
-    product (that is sequential). The chain is walked with a loop: it is K deep."""
+def _blocks(node: list, depth: int) -> tuple[str, int] | None:
+    """A running sum over blocks of B neighbouring products in words, and the number of blocks:
+    the first block summed by any tree (it seeds the sum), then each later one, in index order,
+    added to the running sum in the same steps (a product or a sum of some of the block's, at the
+    same offsets in every block); None for any other tree, for no block after the first, for one
+    added in one step, in more steps than half its products, or where the sum's two parts are
+    chunks (runs of neighbours), and where every step is one product (that is sequential). The
+    chain is walked with a loop: it is K deep."""
     held = _held(node)
     stops = _down(node, held)
     chain = [node, *(x for x, _ in stops)]  # chain[s]: the running sum before rights[s - 1], ..., rights[0] are added
@@ -648,10 +658,14 @@ def _blocks(node: list, depth: int) -> str | None:
     total, lo = held(node), min(leaves(node))
     for s in range(len(chain) - 1, 0, -1):  # the smallest first block first: the finest reading
         b = held(chain[s])
-        if b < 2 or total % b or total // b < 3 or s % (total // b - 1):
+        if b < 2 or total % b or total // b < 2 or s % (total // b - 1):
             continue
         others = total // b - 1
         m = s // others  # steps per block
+        # Two blocks show no period: read so only where the sum's two parts interleave (chunks read
+        # as chunks) and the steps add two products or more on average.
+        if others == 1 and (not 2 <= m <= b // 2 or all(_run(c) for c in node)):
+            continue
         added = rights[s - 1::-1]  # in the order added
         steps = [_sum_text(r, lo + b) for r in added[:m]]
         if (all(not isinstance(r, list) for r in added[:m]) or sorted(leaves(chain[s])) != list(range(lo, lo + b))
@@ -660,10 +674,17 @@ def _blocks(node: list, depth: int) -> str | None:
         if all(_sum_text(added[t * m + i], lo + (t + 1) * b) == steps[i] for t in range(1, others) for i in range(m)):
             first = describe(chain[s], depth + 1)
             said = [_step(r, w, lo + b, depth) for w, r in zip(steps, added)]
-            return (f"{others + 1} blocks of {b}: the first {f'[{first}]' if ';' in first else first}, then each of "
-                    f"the {others} others added to the running sum in {m} step{'s' * (m != 1)} (offsets in the block): "
-                    + ", ".join(said))
+            each = "the second" if others == 1 else f"each of the {others} others"
+            return (f"{others + 1} blocks of {b}: the first {f'[{first}]' if ';' in first or ':' in first else first}, then {each} "
+                    f"added to the running sum in {m} step{'s' * (m != 1)} (offsets in the block): " + ", ".join(said),
+                    others + 1)
     return None
+
+
+def _run(node) -> bool:
+    """Whether a subtree adds a run of neighbouring products."""
+    held = leaves(node) if isinstance(node, list) else [node]
+    return max(held) - min(held) == len(held) - 1
 
 
 def _sum_text(node, base: int) -> str:
