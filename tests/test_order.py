@@ -107,6 +107,17 @@ def hreduce(parts):
     return parts[0]
 
 
+def folded_lanes(k):
+    """fp64 64xKx1 on a Xeon (torch 2.13.0+cpu): 16 lanes (k // 16 * 16 products), lane i + 8 added to
+    lane i, the K mod 16 (at most 8) products left over added to lanes 0, 1, ... one each, then the 8 lanes
+    pairwise."""
+    full = k - k % 16
+    eight = [[seq(list(range(i, full, 16))), seq(list(range(i + 8, full, 16)))] for i in range(8)]
+    for lane, p in enumerate(range(full, k)):
+        eight[lane] = [eight[lane], p]
+    return pw([eight[i] for i in (0, 2, 1, 3, 4, 6, 5, 7)])
+
+
 # K no multiple of the lanes: lanes of two sizes, so two shapes. They read "2 lanes × 18..19
 # varied; lanes then added", "2 parts of 2..8; each: varied; parts added", "2 chunks of 1..36; ..."
 UNEVEN_LANES = {
@@ -133,6 +144,12 @@ UNEVEN_LANES = {
                               "4 lanes × 2 sequential, then 2 more products into lane 0; lanes then sequential"),
     "remainder into lane 0, pairwise": (hreduce(lanes(8, 32, into_first=range(32, 37))),
                                         "8 lanes × 4 sequential, then 5 more products into lane 0; lanes then pairwise"),
+    # ... or one each to the first lanes, on top (fp64 64xKx1 on that Xeon): they read "8 lanes × 4..5
+    # varied; lanes then pairwise", as the lanes with one more product read otherwise
+    "remainder one each into lanes 0..4": (folded_lanes(37), "8 lanes × 4 pairwise (out of index order), then 1 more "
+                                                              "product into each of lanes 0..4; lanes then pairwise"),
+    "remainder into lane 0 on top": (folded_lanes(65), "8 lanes × 8 [2 parts of 4; each: sequential; parts sequential], "
+                                                       "then 1 more product into lane 0; lanes then pairwise"),
 }
 
 

@@ -461,7 +461,7 @@ def describe(node, depth: int = 0) -> str:
     each: ..." where they read alike; two or three that read otherwise, whatever their sizes,
     "2 chunks of 32 [its reading] and 4 [pairwise]; ...", and more "varied"), and a scalar loop's remainder: "...; then 2 more
     products sequential" (added to the sum), "4 lanes × 2 sequential, then 2 more products into
-    lane 0; ...", and a running sum over blocks of neighbours added in the same steps: "4 blocks of
+    lane 0; ...", "8 lanes × 4 pairwise, then 1 more product into each of lanes 0..4; ...", and a running sum over blocks of neighbours added in the same steps: "4 blocks of
     8: the first pairwise, then each of the 3 others added to the running sum in 4 steps (offsets
     in the block): 6, 4, 5+7, (0+2)+(1+3)" ("2 blocks of 8: ..., then the second added ..." where
     one block follows the first)."""
@@ -754,6 +754,8 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
             inner = words[0] if len(set(words)) == 1 else None
         elif lanes:  # lanes of two sizes: their common reading, where they share one
             inner = _merge([w for p, w in zip(ordered, words) if isinstance(p, list)])
+            if inner is None and not into and (found := _last_into_lanes(ordered, words, depth)) is not None:
+                return f"{len(parts)} lanes × {found}; {then}"
         elif short:
             inner = _common(words, ordered[-1], depth)
         elif (inner := _merge(words)) is not None:  # a few parts read alike: their sizes in index order
@@ -771,6 +773,26 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     if short:
         return f"{len(parts) - 1} chunks of {len(held[0])} and 1 of {len(held[-1])}; each: {inner}; {then}"
     return f"{len(parts)} {word} of {size}; each: {inner}; {then}"
+
+
+def _last_into_lanes(ordered: list, words: list[str], depth: int) -> str | None:
+    """Lanes of two sizes (``ordered`` in index order, ``words`` their readings at depth + 1) that
+    read alike but for the first r lanes' last product, added to each of them on top (a remainder
+    of K spread over the lanes after the lanes' loop): "4 pairwise (out of index order), then 1
+    more product into each of lanes 0..4"; None for any other."""
+    most = max(len(leaves(p)) for p in ordered)
+    r = sum(len(leaves(p)) == most for p in ordered)  # the first r lanes: _lanes holds them by stride
+    rest = []
+    for p in ordered[:r]:
+        last = max(leaves(p))
+        if not (isinstance(p, list) and len(p) == 2 and last in p):
+            return None
+        rest.append(p[0] if p[1] == last else p[1])
+    inner = _merge([describe(x, depth + 1) for x in rest] + words[r:])
+    if inner is None:
+        return None
+    lanes = "lane 0" if r == 1 else f"each of lanes 0..{r - 1}"
+    return f"{most - 1} {f'[{inner}]' if ';' in inner else inner}, then 1 more product into {lanes}"
 
 
 _NUMBERS = re.compile(r"([0-9]+)(?:\.\.([0-9]+))?")
