@@ -150,6 +150,10 @@ UNEVEN_LANES = {
                                                               "product into each of lanes 0..4; lanes then pairwise"),
     "remainder into lane 0 on top": (folded_lanes(65), "8 lanes × 8 [2 parts of 4; each: sequential; parts sequential], "
                                                        "then 1 more product into lane 0; lanes then pairwise"),
+    # ... or one into every lane (fp64 64x1000x1 there): a lanes' reading with parts of its own is bracketed
+    # (it ran on: "8 lanes × 125 2 parts of 62; each: ...; then 1 more product; lanes then pairwise")
+    "remainder one into every lane": (folded_lanes(1000), "8 lanes × 125 [2 parts of 62; each: sequential; parts "
+                                                          "sequential; then 1 more product]; lanes then pairwise"),
 }
 
 

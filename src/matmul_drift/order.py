@@ -675,7 +675,7 @@ def _blocks(node: list, depth: int) -> tuple[str, int] | None:
             first = describe(chain[s], depth + 1)
             said = [_step(r, w, lo + b, depth) for w, r in zip(steps, added)]
             each = "the second" if others == 1 else f"each of the {others} others"
-            return (f"{others + 1} blocks of {b}: the first {f'[{first}]' if ';' in first or ':' in first else first}, then {each} "
+            return (f"{others + 1} blocks of {b}: the first {_bracket(first)}, then {each} "
                     f"added to the running sum in {m} step{'s' * (m != 1)} (offsets in the block): " + ", ".join(said),
                     others + 1)
     return None
@@ -769,7 +769,7 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     inner = inner or "varied"  # many parts that read otherwise
     size = f"{sizes[0]}" if same else f"{min(sizes)}..{max(sizes)}"
     if lanes:
-        return f"{len(parts)} lanes × {size} {inner}{into}; {then}"
+        return f"{len(parts)} lanes × {size} {_bracket(inner)}{into}; {then}"
     if short:
         return f"{len(parts) - 1} chunks of {len(held[0])} and 1 of {len(held[-1])}; each: {inner}; {then}"
     return f"{len(parts)} {word} of {size}; each: {inner}; {then}"
@@ -792,7 +792,13 @@ def _last_into_lanes(ordered: list, words: list[str], depth: int) -> str | None:
     if inner is None:
         return None
     lanes = "lane 0" if r == 1 else f"each of lanes 0..{r - 1}"
-    return f"{most - 1} {f'[{inner}]' if ';' in inner else inner}, then 1 more product into {lanes}"
+    return f"{most - 1} {_bracket(inner)}, then 1 more product into {lanes}"
+
+
+def _bracket(words: str) -> str:
+    """A reading set inside another, bracketed where it has parts of its own (';' or ':'), so that
+    "8 lanes × 125 [2 parts of 62; ...]; lanes then pairwise" does not run on into the outer one."""
+    return f"[{words}]" if ";" in words or ":" in words else words
 
 
 _NUMBERS = re.compile(r"([0-9]+)(?:\.\.([0-9]+))?")
