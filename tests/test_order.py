@@ -178,6 +178,66 @@ def test_lanes_of_two_sizes_are_read_without_recursion():
             == "4 lanes × 3000 sequential; lanes then sequential; then 5 more products sequential")
 
 
+def seeded_lanes(k, n, rest=None):
+    """Product 0 first into lane 0 of n lanes over 1..nq (q = (k - 1) // n), added by a horizontal
+    reduction; that sum then first into lane 0 of ``rest`` lanes over the products left (a lane left
+    empty drops out), added so too, or, where ``rest`` is None, those products added one at a time.
+    fp32 64xKx1 on a Xeon with torch 2.13.0+cpu or 2.14.1+cu130 (MKL's matrix-vector kernel): n = 16,
+    rest = 8 (at every K revealed there, 2..20 and 31..4096); under MKL_CBWR=COMPATIBLE n = 4, and n = 2
+    for fp64."""
+    def stage(first, lo, hi, n):
+        parts = [seq([first, *range(lo, hi, n)]) if i == 0 else seq(list(range(lo + i, hi, n))) if lo + i < hi else None
+                 for i in range(n)]
+        while len(parts) > 1:
+            parts = [a if b is None else [a, b] for a, b in zip(parts[:len(parts) // 2], parts[len(parts) // 2:])]
+        return parts[0]
+
+    left = 1 + (k - 1) // n * n  # the first product left over
+    s = stage(0, 1, left, n) if left > 1 else 0
+    if rest is None:
+        return seq([s, *range(left, k)])
+    return stage(s, left, k, rest) if left < k else s
+
+
+# A running sum carried from one run of products into the first product (lane 0) of the next: they read
+# as towers of parts, "2 parts of 4089 [2 parts of 4085 [2 parts of 4083 [2 chunks of 4082 [..." (375
+# characters at K = 4096), as no lanes reading fits lane 0 holding the sum before it.
+RUNS = "product 0, then 2 runs, the sum so far added first to each one's first product: "
+RUN = "product 0, then 1 run, the sum so far added first to its first product: "
+SEEDED_LANES = {
+    "K = 4096": (seeded_lanes(4096, 16, 8), RUNS + "1..4080 [16 lanes × 255 sequential; lanes then pairwise], "
+                                                   "4081..4095 [8 lanes × 1..2 sequential; lanes then pairwise]"),
+    "K = 63": (seeded_lanes(63, 16, 8), RUNS + "1..48 [16 lanes × 3 sequential; lanes then pairwise], "
+                                               "49..62 [8 lanes × 1..2 sequential; lanes then pairwise]"),
+    # 8 lanes of one product or none added pairwise: 4 lanes of two, a pairwise tree, a sequential one
+    "K = 1000": (seeded_lanes(1000, 16, 8), RUNS + "1..992 [16 lanes × 62 sequential; lanes then pairwise], "
+                                                   "993..999 [4 lanes × 1..2 sequential; lanes then pairwise]"),
+    "K = 37": (seeded_lanes(37, 16, 8), RUNS + "1..32 [pairwise (out of index order)], 33..36 [pairwise (out of index order)]"),
+    "K = 100": (seeded_lanes(100, 16, 8), RUNS + "1..96 [16 lanes × 6 sequential; lanes then pairwise], "
+                                                 "97..99 [sequential (out of index order)]"),
+    "K = 65, one run": (seeded_lanes(65, 16, 8), RUN + "1..64 [16 lanes × 4 sequential; lanes then pairwise]"),
+    "K = 10, 8 lanes only": (seeded_lanes(10, 16, 8), RUN + "1..9 [8 lanes × 1..2 sequential; lanes then pairwise]"),
+    "K = 19, a remainder on top": (seeded_lanes(19, 16, 8), RUN + "1..16 [pairwise (out of index order)]; "
+                                                                  "then 2 more products sequential"),
+    "MKL_CBWR=COMPATIBLE, K = 100": (seeded_lanes(100, 4), RUN + "1..96 [4 lanes × 24 sequential; lanes then pairwise]; "
+                                                                 "then 3 more products sequential"),
+}
+
+
+@pytest.mark.parametrize("name", list(SEEDED_LANES))
+def test_a_running_sum_into_lane_0_of_each_run_reads_as_runs(name):
+    revealed_reads(*SEEDED_LANES[name])
+    assert sizes_add_up(SEEDED_LANES[name][1], len(order.leaves(SEEDED_LANES[name][0])))
+
+
+def test_a_first_product_into_a_chain_or_among_no_neighbours_keeps_its_reading():
+    # a run that product 0 goes into read as a chain ("1..4 [sequential (out of index order)]") says less
+    assert order.describe(order.canonical([[0, 1], [[2, 3], 4]])) == "2 chunks of 2 and 3; each: sequential; chunks added"
+    # a run is named by its first and last products: a lane's products are no run ("2..8 [pairwise]")
+    assert (order.describe(order.canonical(seq([[[[0, 2], 6], [4, 8]], seq([1, 3, 5, 7, 9])])))
+            == "2 lanes of 5 [2 parts of 3 and 2; each: sequential; parts added] and 5 [sequential]; lanes then sequential")
+
+
 def blocks(k, size, each):
     """A blocked loop's chunks over products 0..k-1: runs of ``size`` neighbours, the last one
     short where k is no multiple of size, each summed by ``each`` (seq, pw, ...) of its products."""
@@ -391,12 +451,42 @@ def named_parts(words: str):
     return (int(head.group(1)), found) if found else None
 
 
+def named_runs(words: str, total: int):
+    """Assert that a runs reading ("product 0, then 2 runs, ...: 1..48 [...], 49..62 [...]") names as
+    many runs as it says, each from the product after the one before, the last up to ``total`` less
+    the products added after them ("; then 2 more products sequential"); returns [(size, its reading
+    or None)], or None where the words name no runs."""
+    head = re.match(r"product ([0-9]+), then ([0-9]+) runs?, the sum so far added first to (?:its|each one's) "
+                    r"first product: ", words)
+    if head is None:
+        return None
+    runs, i, nxt = [], head.end(), int(head.group(1)) + 1
+    while run := re.compile(r"([0-9]+)(?:\.\.([0-9]+))?").match(words, i):
+        lo, hi, i, inner = int(run.group(1)), int(run.group(2) or run.group(1)), run.end(), None
+        if words.startswith(" [", i):
+            depth, j = 1, i + 2
+            while depth:
+                depth += {"[": 1, "]": -1}.get(words[j], 0)
+                j += 1
+            inner, i = words[i + 2:j - 1], j
+        assert lo == nxt and hi >= lo, words
+        runs.append((hi - lo + 1, inner))
+        nxt = hi + 1
+        i += 2 if words.startswith(", ", i) else 0
+    more = re.fullmatch(r"(?:; then (?:([0-9]+) more products sequential|(1) more product))?", words[i:])
+    assert more is not None and len(runs) == int(head.group(2)), words
+    assert nxt + int(more.group(1) or more.group(2) or 0) == total, words
+    return runs
+
+
 def sizes_add_up(words: str, total: int) -> int:
     """Assert that each part list the words name holds as many parts as they say, of sizes that add
     up to ``total`` less the products added after them ("; then 5 more products"), and so on down
     the brackets; returns how many lists it checked."""
     if blocks_add_up(words, total):
         return 1
+    if (runs := named_runs(words, total)) is not None:
+        return 1 + sum(sizes_add_up(inner, size) for size, inner in runs if inner)
     got = named_parts(words)
     if got is None:
         return 0
@@ -435,7 +525,7 @@ def test_the_parts_named_hold_every_product():
     import random
     rng = random.Random(7)
     trees = [t for t, _ in [*FEW_PARTS.values(), *SHORT_CHUNKS.values(), *UNEVEN_LANES.values(), *TREES.values(),
-                            *RUNNING_BLOCKS.values()]]
+                            *RUNNING_BLOCKS.values(), *SEEDED_LANES.values()]]
     for _ in range(400):
         k = rng.choice([5, 7, 9, 12, 17, 20, 36, 37, 100])
         trees.append(random_tree(rng, list(range(k))))

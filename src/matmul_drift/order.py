@@ -464,11 +464,21 @@ def describe(node, depth: int = 0) -> str:
     lane 0; ...", "8 lanes × 4 pairwise, then 1 more product into each of lanes 0..4; ...", and a running sum over blocks of neighbours added in the same steps: "4 blocks of
     8: the first pairwise, then each of the 3 others added to the running sum in 4 steps (offsets
     in the block): 6, 4, 5+7, (0+2)+(1+3)" ("2 blocks of 8: ..., then the second added ..." where
-    one block follows the first)."""
+    one block follows the first), and a running sum carried from the first product into the first
+    product (lane 0) of each later run of neighbours: "product 0, then 2 runs, the sum so far added
+    first to each one's first product: 1..48 [16 lanes × 3 sequential; lanes then pairwise], 49..62
+    [8 lanes × 1..2 sequential; lanes then pairwise]". A reading set in another is bracketed where
+    it has parts of its own."""
     if node is None:
         return "not revealed"
     if not isinstance(node, list):
         return "one product"
+    return _known(node, depth) or _parts(list(node), "added", depth)
+
+
+def _known(node: list, depth: int) -> str | None:
+    """describe's words for an inner node but its last resort (its parts one by one, or
+    "varied"); None where only that fits."""
     if (words := _reading(node, depth)) is not None:
         return words
     # Two blocks read as blocks only where no remainder reading fits: with one block after the
@@ -476,7 +486,61 @@ def describe(node, depth: int = 0) -> str:
     found = _blocks(node, depth)
     if found is not None and found[1] > 2:
         return found[0]
-    return _remainder(node, depth) or (found and found[0]) or _parts(list(node), "added", depth)
+    return _remainder(node, depth) or (found and found[0]) or _stages(node, depth)
+
+
+def _stages(node: list, depth: int) -> str | None:
+    """A running sum carried through runs of neighbouring products, in words: from the first
+    product, each run summed by a tree of its own, the sum so far added first to the run's first
+    product (into lane 0 of a run read as lanes). MKL's float32 matrix-vector kernel: product 0,
+    then 16 lanes over 1..16q, then 8 lanes over the rest. None for any other tree: where the
+    products are no run of neighbours, where the first product goes into a chain (with the second
+    alone: a sequential start), into chunks added one at a time or into no run, or where a run of
+    two products or more reads only by describe's last resort. A run of one product is added to
+    the sum alone; such runs in a row read as one, "sequential". The path down to the first
+    product is walked with a loop: it may be K deep."""
+    if depth > 3:
+        return None
+    held = _held(node)
+    ends: dict[int, tuple[int, int]] = {}  # id(inner node) -> (its smallest product, its largest)
+    for x in reversed(inner_nodes(node)):
+        ends[id(x)] = (min(ends[id(c)][0] if isinstance(c, list) else c for c in x),
+                       max(ends[id(c)][1] if isinstance(c, list) else c for c in x))
+    end = lambda x: ends[id(x)] if isinstance(x, list) else (x, x)  # noqa: E731
+    lo, hi = end(node)
+    if hi - lo != held(node) - 1:
+        return None  # runs are named by their first and last products: neighbours only
+    # The path down to the first product, and the cuts on it: nodes [sum of products lo..c-1, product c].
+    path, steps, cuts = [node], [], []
+    while isinstance(x := path[-1], list):
+        i = min(range(len(x)), key=lambda i: end(x[i])[0])
+        if len(x) == 2 and not isinstance(c := x[1 - i], list) and end(x[i])[1] == c - 1 == lo + held(x[i]) - 1:
+            cuts.append(len(path) - 1)
+        path.append(x[i])
+        steps.append(i)
+    if not cuts or cuts[-1] != len(path) - 2 or cuts[-2:-1] == [len(path) - 3]:
+        return None  # the first product goes into no run, or into the second alone
+    items, alone = [], []  # alone: runs of one product in a row, not yet said
+    for at, above in zip(cuts[::-1], [*cuts[-2::-1], -1]):  # each cut, the first product's first
+        run = path[at][1 - steps[at]]  # the run's first product
+        for k in range(at - 1, above, -1):  # the run: its tree, the cut replaced by its first product
+            run = [*path[k][:steps[k]], run, *path[k][steps[k] + 1:]]
+        if not isinstance(run, list):
+            alone.append(run)
+            continue
+        if alone:
+            items.append(f"{alone[0]}..{alone[-1]} [sequential]" if len(alone) > 1 else f"{alone[0]}")
+            alone = []
+        if not items and not _spread(run):
+            return None  # the first product goes into a chain, or into chunks added one at a time
+        if (words := _known(run, depth + 1)) is None:
+            return None
+        items.append(f"{end(path[at])[1]}..{end(path[above + 1])[1]} [{words}]")
+    if alone:
+        items.append(f"{alone[0]}..{alone[-1]} [sequential]" if len(alone) > 1 else f"{alone[0]}")
+    each = "its" if len(items) == 1 else "each one's"
+    return (f"product {lo}, then {len(items)} run{'s' * (len(items) != 1)}, the sum so far added first to {each} "
+            "first product: " + ", ".join(items))
 
 
 def _reading(node: list, depth: int) -> str | None:
@@ -625,6 +689,13 @@ def _lanes(parts: list) -> bool:
     held = sorted(sorted(leaves(p)) for p in parts)
     n, start = len(parts), held[0][0]
     return n > 1 and all(h == list(range(start + i, start + i + n * len(h), n)) for i, h in enumerate(held))
+
+
+def _spread(node: list) -> bool:
+    """Whether a subtree's finest reading adds parts pairwise, or lanes (of two products or more,
+    in any order)."""
+    found = _finest(node) if len(node) == 2 else None
+    return found is not None and (found[1] == "pairwise" or _lanes(found[0]) and any(isinstance(p, list) for p in found[0]))
 
 
 def _running(node) -> str | None:
