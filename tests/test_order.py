@@ -431,6 +431,15 @@ def test_a_few_fused_parts_are_each_named_and_many_stay_varied():
     assert order.describe(three) == "3 chunks of 5, 3 and 4; each: sequential; chunks fused into one rounding"
 
 
+def closing(words: str, i: int) -> int:
+    """The index just past the ']' that closes a bracket opened before ``words[i]``."""
+    depth = 1
+    while depth:
+        depth += {"[": 1, "]": -1}.get(words[i], 0)
+        i += 1
+    return i
+
+
 def named_parts(words: str):
     """The parts a reading names at its start: (N, [(size, its reading or None)]) from "N chunks of
     A [...], B [...] and C [...]" or "N chunks of A, B and C; each: ..."; None for any other."""
@@ -439,10 +448,7 @@ def named_parts(words: str):
         return None
     found, i = [], head.end()
     while part := re.compile(r"([0-9]+) \[").match(words, i):
-        depth, j = 1, part.end()
-        while depth:
-            depth += {"[": 1, "]": -1}.get(words[j], 0)
-            j += 1
+        j = closing(words, part.end())
         found.append((int(part.group(1)), words[part.end():j - 1]))
         sep = re.compile(r"(?:, | and )(?=[0-9]+ \[)").match(words, j)
         i = sep.end() if sep else len(words)
@@ -464,10 +470,7 @@ def named_runs(words: str, total: int):
     while run := re.compile(r"([0-9]+)(?:\.\.([0-9]+))?").match(words, i):
         lo, hi, i, inner = int(run.group(1)), int(run.group(2) or run.group(1)), run.end(), None
         if words.startswith(" [", i):
-            depth, j = 1, i + 2
-            while depth:
-                depth += {"[": 1, "]": -1}.get(words[j], 0)
-                j += 1
+            j = closing(words, i + 2)
             inner, i = words[i + 2:j - 1], j
         assert lo == nxt and hi >= lo, words
         runs.append((hi - lo + 1, inner))

@@ -521,6 +521,7 @@ def _stages(node: list, depth: int) -> str | None:
     if not cuts or cuts[-1] != len(path) - 2 or cuts[-2:-1] == [len(path) - 3]:
         return None  # the first product goes into no run, or into the second alone
     items, alone = [], []  # alone: runs of one product in a row, not yet said
+    said = lambda: f"{alone[0]}..{alone[-1]} [sequential]" if len(alone) > 1 else f"{alone[0]}"  # noqa: E731
     for at, above in zip(cuts[::-1], [*cuts[-2::-1], -1]):  # each cut, the first product's first
         run = path[at][1 - steps[at]]  # the run's first product
         for k in range(at - 1, above, -1):  # the run: its tree, the cut replaced by its first product
@@ -529,7 +530,7 @@ def _stages(node: list, depth: int) -> str | None:
             alone.append(run)
             continue
         if alone:
-            items.append(f"{alone[0]}..{alone[-1]} [sequential]" if len(alone) > 1 else f"{alone[0]}")
+            items.append(said())
             alone = []
         if not items and not _spread(run):
             return None  # the first product goes into a chain, or into chunks added one at a time
@@ -537,7 +538,7 @@ def _stages(node: list, depth: int) -> str | None:
             return None
         items.append(f"{end(path[at])[1]}..{end(path[above + 1])[1]} [{words}]")
     if alone:
-        items.append(f"{alone[0]}..{alone[-1]} [sequential]" if len(alone) > 1 else f"{alone[0]}")
+        items.append(said())
     each = "its" if len(items) == 1 else "each one's"
     return (f"product {lo}, then {len(items)} run{'s' * (len(items) != 1)}, the sum so far added first to {each} "
             "first product: " + ", ".join(items))
