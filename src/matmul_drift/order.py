@@ -222,11 +222,7 @@ def fuse(tree, measure_pairs, k: int):
     order_ = inner_nodes(tree)  # parents before children
     parent: dict[int, list | None] = {id(tree): None}
     parent.update((id(c), x) for x in order_ for c in x if isinstance(c, list))
-    size = _sizes(tree)
-    least: dict[int, int] = {}
-    for x in reversed(order_):
-        least[id(x)] = min(least[id(c)] if isinstance(c, list) else c for c in x)
-    first = lambda c: least[id(c)] if isinstance(c, list) else c  # noqa: E731
+    size, first = _fold(tree, lambda c: 1, sum), _fold(tree, int, min)  # products added, the smallest
     links = [x for x in order_ if len(x) == 2]
     everything = list(range(k))  # one list: the probe fills its products once for all pairs
     got = measure_pairs([(first(x[0]), first(x[1])) for x in links], [everything] * len(links)) if links else []
@@ -234,14 +230,14 @@ def fuse(tree, measure_pairs, k: int):
     merged = set()
     for x in links:
         r = reading[id(x)]
-        if r == size[id(x)]:
+        if r == size(x):
             continue
         top = parent[id(x)]
-        while top is not None and id(top) in reading and reading[id(top)] > size[id(top)]:
+        while top is not None and id(top) in reading and reading[id(top)] > size(top):
             top = parent[id(top)]  # the chain goes on above
-        if r < size[id(x)] or top is None or size[id(top)] != r:
+        if r < size(x) or top is None or size(top) != r:
             raise NotRevealed(f"the pair ({first(x[0])}, {first(x[1])}) with every product present counted {r}: "
-                              f"neither its node's {size[id(x)]} products nor a fused node's above it")
+                              f"neither its node's {size(x)} products nor a fused node's above it")
         merged.add(id(x))
     for x in reversed(order_):  # children first: a link's children go up into its parent's place
         if id(x) in merged:
@@ -265,22 +261,23 @@ def inner_nodes(tree) -> list[list]:
     return order
 
 
-def _sizes(tree) -> dict[int, int]:
-    """{id(inner node): how many products it adds}, iterative."""
-    size: dict[int, int] = {}
+def _fold(tree, leaf, combine):
+    """A value of every subtree of ``tree``, as a function of the subtree: ``leaf(product)`` for
+    a product, ``combine([its children's values])`` for an inner node. Computed once, children
+    first, without recursion (trees can be thousands deep); the subtrees must stay as they are."""
+    value: dict[int, object] = {}
     for x in reversed(inner_nodes(tree)):
-        size[id(x)] = sum(size[id(c)] if isinstance(c, list) else 1 for c in x)
-    return size
+        value[id(x)] = combine([value[id(c)] if isinstance(c, list) else leaf(c) for c in x])
+    return lambda x: value[id(x)] if isinstance(x, list) else leaf(x)
 
 
 def canonical(node):
     """Children ordered by their smallest leaf (iterative: trees can be thousands deep)."""
     if not isinstance(node, list):
         return node
-    least: dict[int, int] = {}  # id(subtree) -> its smallest leaf, children first
-    for x in reversed(inner_nodes(node)):
-        x.sort(key=lambda c: least[id(c)] if isinstance(c, list) else c)
-        least[id(x)] = least[id(x[0])] if isinstance(x[0], list) else x[0]
+    least = _fold(node, int, min)  # sorting keeps each subtree's products
+    for x in inner_nodes(node):
+        x.sort(key=least)
     return node
 
 
@@ -429,14 +426,11 @@ def leaves(node) -> list[int]:
 # ---------------------------------------------------------------------------- in words
 
 
-def _shapes(node) -> dict[int, int]:
-    """{id(subtree): a small int naming its shape (the tree with its leaves erased)}, iterative."""
+def _shapes(node):
+    """A small int naming a subtree's shape (the tree with its leaves erased: 0 for a product),
+    as a function of the subtree."""
     names: dict[tuple, int] = {}
-    out: dict[int, int] = {}
-    for x in reversed(inner_nodes(node)):
-        key = tuple(out[id(c)] if isinstance(c, list) else 0 for c in x)
-        out[id(x)] = names.setdefault(key, len(names) + 1)
-    return out
+    return _fold(node, lambda c: 0, lambda v: names.setdefault(tuple(v), len(names) + 1))
 
 
 def _pairwise(node, depth: int) -> list | None:
@@ -502,11 +496,7 @@ def _stages(node: list, depth: int) -> str | None:
     if depth > 3:
         return None
     held = _held(node)
-    ends: dict[int, tuple[int, int]] = {}  # id(inner node) -> (its smallest product, its largest)
-    for x in reversed(inner_nodes(node)):
-        ends[id(x)] = (min(ends[id(c)][0] if isinstance(c, list) else c for c in x),
-                       max(ends[id(c)][1] if isinstance(c, list) else c for c in x))
-    end = lambda x: ends[id(x)] if isinstance(x, list) else (x, x)  # noqa: E731
+    end = _fold(node, lambda c: (c, c), lambda v: (min(e[0] for e in v), max(e[1] for e in v)))  # (smallest, largest)
     lo, hi = end(node)
     if hi - lo != held(node) - 1:
         return None  # runs are named by their first and last products: neighbours only
@@ -572,8 +562,7 @@ def _finest(node: list) -> tuple[list, str] | None:
 
 def _held(node: list):
     """How many products a subtree of ``node`` adds (1 for a product), as a function."""
-    size = _sizes(node)
-    return lambda x: size[id(x)] if isinstance(x, list) else 1
+    return _fold(node, lambda c: 1, sum)
 
 
 def _down(node: list, held) -> list[tuple]:
@@ -590,8 +579,7 @@ def _down(node: list, held) -> list[tuple]:
 def _options(node: list) -> list[tuple[list, str]]:
     """Every reading of a two-child node _finest chooses from: the alike parts' first, then lanes
     and chunks of two sizes (a tie keeps the first)."""
-    shape = _shapes(node)
-    sid = lambda x: shape[id(x)] if isinstance(x, list) else 0  # noqa: E731
+    sid = _shapes(node)
     options = []
     # A chain ((a + b) + c) + d read down its running sum, the larger child of each node (the
     # canonical order puts it second where a loop meets a smaller index later, as one run
