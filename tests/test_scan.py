@@ -380,6 +380,37 @@ def test_points_equal_explain_for_n_and_m(capsys, tmp_path):
         assert pts[s]["kernels"] == r["kernels"]["slice_m"]
 
 
+def test_within_slices_a_wider_operand_as_explain_and_torch_do(capsys, tmp_path):
+    """--within W: every point is A @ B[:, :n] of a B W columns wide (the seed's v[:, :n] of
+    51000), against (A @ B)[:, :n]; the record names W, and resuming under another W is refused."""
+    s = first_drifting_n(1, 4096, 40, "float32")
+    out = tmp_path / "w.json"
+    rc, text, err = scan_cli(capsys, "--vary", "n", "--range", f"{max(s - 2, 1)}:{s + 2}", "--within", 40, "--m", 1,
+                             "--k", 4096, "--dtype", "float32", "--step", 1, "--json", out)
+    assert rc == 0, err
+    rec = json.loads(out.read_text())
+    assert rec["params"]["within"] == 40 and "slices of n=40" in text
+    a_bits, b_bits, _ = measure.operand_bits(cases.adhoc(1, 4096, 40), "float32", "cpu")
+    a, b = measure.to_tensor(a_bits, "float32", "cpu"), measure.to_tensor(b_bits, "float32", "cpu")
+    full = measure.tensor_bits(a @ b)
+    for p in rec["points"]:
+        n = p["size"]
+        differ = np.mean(measure.tensor_bits(a @ b[:, :n]) != full[:, :n])  # torch, independent of measure
+        assert p["frac_differ"] == pytest.approx(differ), n
+        r = explain_json(capsys, "--m", 1, "--k", 4096, "--n", 40, "--slice-n", n, "--dtype", "float32")
+        row = next(x for x in r["slices"]["n"] if x["n"] == n)
+        assert {k: p[k] for k in ("max_ulp", "frac_differ", "max_u")} == {k: row[k] for k in ("max_ulp", "frac_differ", "max_u")}
+        assert p["kernels"] == r["kernels"]["slice_n"]
+    rc, _, err = scan_cli(capsys, "--vary", "n", "--range", f"{max(s - 2, 1)}:{s + 2}", "--within", 41, "--m", 1,
+                          "--k", 4096, "--dtype", "float32", "--step", 1, "--resume", out)
+    assert rc == 2 and "within: recorded 40, here 41" in err and len(err.strip().splitlines()) == 1
+    # --within at the range's top is the default, recorded as such
+    rc, _, err = scan_cli(capsys, *BASE, "--within", 40, "--json", tmp_path / "top.json")
+    assert rc == 0 and json.loads((tmp_path / "top.json").read_text())["params"]["within"] is None
+    rc, _, err = scan_cli(capsys, *BASE, "--resume", tmp_path / "top.json")
+    assert rc == 0 and "0 evaluated here" in err
+
+
 def test_points_equal_explain_for_k(capsys, tmp_path):
     pts = one_scan(capsys, tmp_path, "--vary", "k", "--range", "670:700", "--m", 2, "--n", 3, "--dtype", "float16", "--step", 4)
     a_bits, b_bits, _ = measure.operand_bits(cases.adhoc(2, 700, 3), "float16", "cpu")
@@ -413,6 +444,10 @@ BASE = ["--vary", "n", "--range", "2:40", "--m", "2", "--k", "32", "--dtype", "f
     ([*BASE, "--resume", ""], "argument --resume: needs a file name"),
     ([*BASE, "--plot", ""], "argument --plot: needs a file name"),
     ([*BASE, "--vary", "q"], "invalid choice"),
+    ([*BASE, "--json", "/tmp"], "--json /tmp: a folder; name a file in it"),  # was "continue it with --resume /tmp"
+    ([*BASE, "--within", "39"], "--within 39 is below the range's top, 40"),
+    (["--vary", "k", "--range", "2:40", "--m", "2", "--n", "3", "--dtype", "float32", "--within", "50"], "--vary n or m"),
+    ([*BASE, "--within", "0"], "at least 1"),
 ])
 def test_bad_input_one_line_exit_2(args, needle, capsys):
     rc, out, err = scan_cli(capsys, *args)

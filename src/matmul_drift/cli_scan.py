@@ -38,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="sizes of the varied dimension, both included")
     for d in scan.DIMS:
         parser.add_argument(f"--{d}", type=positive, help=f"{d}, fixed (give the two dimensions not varied)")
+    parser.add_argument("--within", type=positive, metavar="W",
+                        help="n or m: slice every size from an operand W wide (default HI), as a slice of a wider "
+                             "tensor is laid out: the seed's v[:, :n] is --within 51000")
     parser.add_argument("--dtype", required=True, choices=cases.DTYPES)
     parser.add_argument("--device", default="cpu", choices=cases.DEVICES)
     parser.add_argument("--step", type=positive, metavar="S",
@@ -67,6 +70,9 @@ def _check_paths(args) -> str | None:
         raise _Fail(f"--plot {args.plot} is the record's file too; the plot would replace the record: name it apart")
     if args.resume:
         _regular_file(args.resume)
+    for flag, p in (("--json", args.json), ("--plot", args.plot)):  # --resume: "not a regular file"
+        if p and os.path.isdir(p):  # was "exists; continue it with --resume" for a folder
+            raise _Fail(f"{flag} {p}: a folder; name a file in it")
     if args.json and not args.resume and os.path.lexists(args.json):  # a dangling link too: the write would fail
         raise _Fail(f"{args.json} exists; continue it with --resume {args.json}, or choose another name")
     if args.plot:
@@ -108,7 +114,17 @@ def _dims(args) -> dict:
     missing = [f"--{d}" for d in scan.DIMS if d != args.vary and given[d] is None]
     if missing:
         raise _Fail(f"--vary {args.vary} needs {' and '.join(missing)}")
-    return {**given, args.vary: hi}
+    if args.within is not None:
+        if args.vary == "k":
+            raise _Fail("--within goes with --vary n or m (each k is its own contiguous product)")
+        if args.within < hi:
+            raise _Fail(f"--within {args.within} is below the range's top, {hi}: the sizes are slices of it")
+    return {**given, args.vary: _within(args) or hi}
+
+
+def _within(args) -> int | None:
+    """--within, None where it is the range's top (the default, which records name so)."""
+    return None if args.within == args.range[1] else args.within
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,7 +147,8 @@ def _run(args) -> int:
     path = _check_paths(args)
     fixed = {d: getattr(args, d) for d in scan.DIMS}
     out = scan_run.run(args.vary, lo, hi, fixed, args.dtype, args.device, args.step or 0, path,
-                       resume=bool(args.resume), prog=PROG, host_memory_check=not args.no_host_memory_check)
+                       resume=bool(args.resume), prog=PROG, host_memory_check=not args.no_host_memory_check,
+                       within=_within(args))
     print(f"{PROG}: {out.message}", file=sys.stderr, flush=True)
     if out.record is None:
         return out.status
@@ -150,6 +167,8 @@ def render(result: dict) -> str:
     p = result["params"]
     drift = p["vary"] != "k"  # k has no sliced product to compare: kernel-id and error_u only
     fixed = ", ".join(f"{d}={p[d]}" for d in scan.DIMS if d != p["vary"])
+    if p.get("within"):
+        fixed += f", slices of {p['vary']}={p['within']}"
     n_eval, dense = result["evaluations"], result["dense_equivalent"]
     head = (f"scan of {p['vary']} over {p['lo']}..{p['hi']} ({fixed}), {p['dtype']} on {p['device']}: "
             f"{n_eval} evaluations for {dense} sizes ({n_eval / dense:.1%} of a dense sweep), "

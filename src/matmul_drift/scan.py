@@ -38,7 +38,9 @@ class ScanError(ValueError):
 class Params:
     """What a scan is: the varied dimension over ``lo..hi`` (both included, in elements),
     the fixed dimensions (``None`` for the varied one), dtype, device, the coarse grid
-    spacing ``step`` (elements), the input seed and the environment's id (12 hex digits)."""
+    spacing ``step`` (elements), the input seed, the environment's id (12 hex digits) and
+    ``within``: the size (elements) of the varied dimension of the operand each point slices,
+    None for ``hi`` (records from before it have none: they are resumed as they were)."""
 
     vary: str
     lo: int
@@ -51,6 +53,7 @@ class Params:
     step: int
     seed: int
     env_id: str
+    within: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

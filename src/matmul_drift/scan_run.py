@@ -38,17 +38,19 @@ def check_memory(vary: str, dims: dict, dtype: str, device: str, host: bool = Tr
 
 
 def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step: int, path: str | None,
-        resume: bool, prog: str = "matmul-drift scan", host_memory_check: bool = True) -> Outcome:
+        resume: bool, prog: str = "matmul-drift scan", host_memory_check: bool = True,
+        within: int | None = None) -> Outcome:
     """Scan ``vary`` over lo..hi with the ``fixed`` dimensions ({"m": .., "k": .., "n": ..},
     the varied one None). ``step`` 0 is the default grid. With ``path`` the record is
     written there once a second and at the end (``resume``: continued from it). ScanError for
     bad input, and for a range whose top needs more memory than there is (the host's only
-    when ``host_memory_check``)."""
+    when ``host_memory_check``). ``within``: the size of the varied dimension the points slice
+    (the operands' layout, as a slice of a wider tensor has it), None for ``hi``."""
     from tqdm import tqdm
 
     from . import catalog, environment, measure
 
-    dims = {**fixed, vary: hi}
+    dims = {**fixed, vary: within or hi}
     try:
         measure.check_device(device, dtype)
     except measure.Unavailable as exc:
@@ -56,7 +58,7 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
     check_memory(vary, dims, dtype, device, host_memory_check)
     env = environment.describe(device)  # no MKL banner: it is not known before a product
     params = scan.Params(vary, lo, hi, fixed["m"], fixed["k"], fixed["n"], dtype, device, step,
-                         measure.SEED, catalog.hex_id(catalog.object_id(env)))
+                         measure.SEED, catalog.hex_id(catalog.object_id(env)), within)
     rec = scan.load(path) if resume else None
     if resume:  # a file of JSON null too: it is no record, and must not be written over
         scan.check_record(rec, params)  # before drawing inputs, which can take minutes
