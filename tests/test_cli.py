@@ -678,6 +678,40 @@ def test_a_stdout_that_cannot_encode_a_character_prints_it_escaped(tmp_path):
     assert b"2\\xd764 @ 64\\xd78" in p.stdout and b"\\u03b3_K bound (u)" in p.stdout, p.stdout[:300]
 
 
+def test_escape_sequences_in_a_saved_report_or_a_catalog_entry_never_reach_the_terminal(tmp_path):
+    # were printed raw: a hostile file could recolour, retitle or rewrite what the terminal shows
+    from matmul_drift import catalog
+
+    evil = "evil\x1b]0;pwned\x07\x1b[31mRED\u202e"
+    rc, out, _ = _main("explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32", "--json")
+    r = json.loads(out)
+    r["kernels"]["full"] = [evil]
+    (tmp_path / "r.json").write_text(json.dumps(r))
+    rc, rendered, err = _main("explain", "--render", str(tmp_path / "r.json"))
+    assert rc == 0 and "evil\\u001b]0;pwned\\u0007\\u001b[31mRED\\u202e" in rendered, rendered
+    ident = catalog.store(tmp_path / "cat", "kernels", {"device": "cpu\x1b[2J", "full\x1b[1A": [evil]})
+    rc, shown, err = _main("catalog", "--root", str(tmp_path / "cat"), catalog.hex_id(ident))
+    assert rc == 0 and "full\\u001b[1A (cpu\\u001b[2J):" in shown and "evil\\u001b]0;pwned" in shown, shown
+    assert not any(c in rendered + shown for c in "\x1b\x07\u202e")
+
+
+def test_a_file_name_that_is_not_utf8_is_reported_as_text_json_readers_take(tmp_path):
+    # was a lone surrogate ("\\udcff") in --json's "case": strict JSON readers refuse it
+    a = tmp_path / os.fsdecode(b"a\xff.npy")
+    np.save(a, np.ones((2, 8), np.float32))
+    np.save(tmp_path / "b.npy", np.ones((8, 3), np.float32))
+    rc, out, err = _main("explain", "--a", str(a), "--b", str(tmp_path / "b.npy"), "--dtype", "float32", "--json")
+    assert rc == 0, err
+    case = json.loads(out)["case"]
+    assert case == "files:a\\xff.npy@b.npy" and case.encode("utf-8"), case
+
+
+def test_a_catalog_root_that_is_no_folder_is_named_as_such(tmp_path):
+    # was "no catalog entry under it has the id", as if the folder were there and lacked it
+    rc, out, err = _main("catalog", "--root", str(tmp_path / "nope"), "1")
+    assert (rc, out, err) == (2, "", f"matmul-drift: error: --root {tmp_path / 'nope'}: no such folder\n")
+
+
 def test_render_prints_a_saved_report_and_takes_no_other_option(tmp_path):
     rc, out, _ = _main("explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32", "--json")
     assert rc == 0
@@ -781,6 +815,20 @@ def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(args, op
 
     monkeypatch.setattr(mainjob, "run", lambda o: pytest.fail(f"the main job ran on {o.repo}"))
     assert _main(*args) == (2, "", f"matmul-drift: error: argument {option}: needs a folder, got an empty name\n")
+
+
+@pytest.mark.parametrize("sub", ["run", "nightly"])
+@pytest.mark.parametrize("regex,why", [("[", "not a regular expression: '[' (unterminated character set"),
+                                       ("", "needs a regular expression, got an empty one")])
+def test_a_bench_regex_asv_would_refuse_or_read_as_everything_stops_before_anything_runs(sub, regex, why, monkeypatch):
+    # was passed to asv, which failed after building its environments ("["), or ran every benchmark ("")
+    from matmul_drift import mainjob, nightly
+
+    monkeypatch.setattr(mainjob, "run", lambda o: pytest.fail("the main job ran"))
+    monkeypatch.setattr(nightly, "run_night", lambda *a: pytest.fail("the night ran"))
+    extra = ["--python", sys.executable, "--machine", "x"] if sub == "nightly" else []
+    rc, out, err = _main(sub, *extra, "--bench", regex)
+    assert rc == 2 and out == "" and err.startswith(f"matmul-drift: error: argument --bench: {why}") and err.count("\n") == 1, err
 
 
 def test_bench_memory_reads_each_childs_own_peak_not_its_own():

@@ -819,6 +819,19 @@ def test_plan_merge_copies_new_skips_same_flags_conflicts(tmp_path):
     assert conflicts == ["results/asv/a/x.json differs from the recorded file"] and len(copies) == 1
 
 
+def test_a_source_without_a_tree_is_named_and_the_others_still_merge(tmp_path, capsys):
+    # an empty artifact (a machine that uploaded nothing) must not stop the others' merge, and
+    # must not pass unsaid: it merged 0 files with no word
+    tree = _tree_with(tmp_path / "tree", {"results/asv/a/x.json": b"1"})
+    src = _tree_with(tmp_path / "src", {"results/asv/b/y.json": b"2"})
+    (tmp_path / "empty").mkdir()
+    copies, _, _ = nightly.plan_merge(tree, [tmp_path / "empty", src])
+    assert [str(d.relative_to(tree)) for _, d in copies] == ["results/asv/b/y.json"]
+    err = capsys.readouterr().err
+    assert f"warning: --merge {tmp_path / 'empty'} holds none of results/, summaries/, nights/" in err, err
+    assert str(src) not in err
+
+
 @pytest.mark.parametrize("newer_first", [True, False])
 def test_a_merge_keeps_the_newest_benchmark_descriptions_whatever_the_order(tmp_path, newer_first):
     # asv publish draws a result only where its benchmark version is benchmarks.json's. box-b's
@@ -895,8 +908,12 @@ def test_cli_errors_are_one_line_exit_2(world, tmp_path):
         ((), world.b, "give --python PY and --machine NAME"),
         (("--python", PY, "--machine", "a/b"), world.b, "machine name"),
         (("--python", PY, "--machine", "x", "--date", "2026-02-30"), world.b, "not a date"),
+        (("--python", PY, "--machine", "x", "--date", ""), world.b, "--date '' is not a date"),  # was read as today
+        (("--merge", "--date", "0001-01-01"), world.b, "the night 0001-01-01 lies before"),  # was '1-01-01'
         (("--merge", "--python", PY), world.b, "--merge takes no"),
         (("--merge", str(tmp_path / "absent")), world.b, "not a directory"),
+        # a results folder itself merged 0 files and committed a summary: its parent was meant
+        (("--merge", str(tmp_path / "art" / "results")), world.b, "a results/ folder itself; give the folder that holds it, --merge "),
         (("--python", "no-such-python", "--machine", "x"), world.b, "no such executable"),
         (("--python", PY, "--machine", "x"), tmp_path, "not inside a git checkout"),
         (("--python", PY, "--machine", "x", "--tree", str(tmp_path / "t")), world.b, "already checked out"),
@@ -911,6 +928,7 @@ def test_cli_errors_are_one_line_exit_2(world, tmp_path):
     ]
     # a selection the suite would refuse stops the night before it starts
     cases.append((("--python", PY, "--machine", "x"), world.b, "$MATMUL_DRIFT_PRECISIONS names unknown precisions: fp8"))
+    (tmp_path / "art" / "results" / "asv").mkdir(parents=True)
     for args, cwd, needle in cases:
         env = {**world.env, "MATMUL_DRIFT_PRECISIONS": "fp8"} if "fp8" in needle else world.env
         p = subprocess.run([PY, "-m", "matmul_drift.cli_nightly", *args], cwd=cwd, env=env,
@@ -1409,6 +1427,27 @@ def test_a_merge_run_again_leaves_its_summary_files_as_they_are(tmp_path):
     again = nightly.run_merge(o, [src])
     assert again.commit is None and (again.summary_md, again.summary_json) == files
     assert [(p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns) for p in files] == before
+
+
+def test_a_second_merge_of_a_night_says_it_replaces_the_summary_whose_first_stays_in_history(tmp_path, capsys):
+    # A later machine's night merged on the same date rewrote summaries/DATE-all.* without a word
+    o = _merge_target(tmp_path)
+    import asv_fixtures as F
+
+    src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
+    F.write_tree(src / "results", machine="m", n_commits=1)
+    first = nightly.run_merge(o, [src])
+    old = first.summary_md.read_bytes()
+    capsys.readouterr()
+    late = _tree_with(tmp_path / "late", {"nights/2026-01-05-m2.json": json.dumps({**GOOD_NIGHT, "machine": "m2"}).encode()})
+    F.write_tree(late / "results", machine="m2", n_commits=1)
+    again = nightly.run_merge(o, [late])
+    err = capsys.readouterr().err
+    for suffix in ("md", "json"):
+        assert (f"replacing summaries/2026-01-05-all.{suffix}: 2026-01-05-all was summarised before "
+                "(that summary stays in the branch's history)") in err, err
+    assert again.commit and again.summary_md.read_bytes() != old
+    assert git(o.tree, "show", f"{first.commit}:summaries/2026-01-05-all.md").encode() + b"\n" == old
 
 
 @pytest.mark.parametrize("entry", [["-m", "matmul_drift.cli", "nightly"], ["-m", "matmul_drift.cli_nightly"]])  # the latter: nightly.sh

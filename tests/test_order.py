@@ -951,6 +951,8 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     (["--m", "4", "--k", "8", "--n", "4", "--json", "{tmp}/o.json/"], "o.json/: it ends in a slash, as a folder's name does"),
     (["--m", "4", "--k", "8", "--n", "4", "--json", "/proc/o.json"], "/proc/o.json: its folder is not writable ("),
     (["--m", "4", "--k", "8", "--n", "4", "--json", ""], "--json: needs a file name, got an empty one"),  # was ". exists"
+
+    (["--case", ""], "unknown case ''"),  # was a TypeError's traceback: an empty id read as no --case
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path):
     from matmul_drift import cli

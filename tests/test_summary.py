@@ -473,6 +473,31 @@ def test_attribution_names_what_changed_in_the_environment(capsys, tmp_path):
     assert rc == 0
 
 
+def test_an_environment_nested_as_deep_as_json_reads_is_attributed_in_one_short_line(capsys, tmp_path):
+    # was a RecursionError's traceback: a hostile env entry whose value nests 600 lists deep
+    i = _idx(dtype="float32")
+    deep_list, deep_dict = 1, {"v": 1}
+    for _ in range(600):
+        deep_list, deep_dict = [deep_list], {"a": deep_dict}
+
+    def change(data, cat):
+        entry = F.env_entry("2.13.0")
+        entry["env_vars"] = {"MKL_CBWR": deep_list}
+        entry["libs"] = deep_dict
+        eid = catalog.store(cat, "env", entry)
+        for k in range(len(data["results"][F.ENV][0])):
+            if not math.isnan(F.get_value(data, F.ENV, k)):
+                F.set_value(data, F.ENV, k, eid)
+        F.set_value(data, F.ERROR_U, i, 10.0)
+
+    tree = _tree_with(tmp_path, change)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    (f,) = doc["flags"]
+    assert f"env_vars.MKL_CBWR: none -> {'[' * summary.LEAF_CHARS}…" in f["attribution"]
+    assert "libs." + ".".join(["a"] * 600) + ".v: none -> 1" in f["attribution"]
+    assert all(len(line.split(": ", 1)[1]) <= 2 * summary.LEAF_CHARS + 10 for line in f["attribution"])
+
+
 def test_envs_axis_compares_torch_versions_at_one_commit(capsys, tmp_path):
     i = _idx(dtype="float32")
     tree = F.write_tree(tmp_path / "results", n_commits=2,
@@ -656,6 +681,11 @@ def test_results_of_another_format_version_are_named(capsys, tree):
      "unknown machine 'nope'"),
     (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--fail-on", "bogus"],
      "unknown kind 'bogus'"),
+    (lambda p: F.write_tree(p / "results", n_commits=1), [""], "RESULTS_DIR '' is empty"),  # was read as the current folder
+    (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--fail-on", "all,none"],
+     "--fail-on: none stands alone; give it by itself"),  # was "unknown kind 'all'"
+    (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--fail-on", "kernel,all"],
+     "--fail-on: all stands alone; give it by itself"),
     (lambda p: F.write_tree(p / "results", n_commits=2), ["{root}/results", "--base", "0000000"],
      "--base and --head go together"),
     (lambda p: F.write_tree(p / "results", n_commits=2),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -181,7 +182,7 @@ def _file_case(args):
             raise UsageError(f"{path}: torch cannot convert {t.dtype} to {args.dtype}") from None
     shape = cases.Shape(m, b.shape[0], b.shape[1])
     case = cases.Case(
-        f"files:{args.a.name}@{args.b.name}", "mv" if a.dim() == 1 else "mm", shape, shape, layout="strided",
+        f"files:{_text_name(args.a)}@{_text_name(args.b)}", "mv" if a.dim() == 1 else "mm", shape, shape, layout="strided",
         forms=("as-is", "2d") if a.dim() == 1 else ("as-is",),
     )
     keep = args.layout == "as-stored"
@@ -220,7 +221,7 @@ def _render_orders(o: dict) -> str:
 
 def _render_saved(path: Path) -> int:
     """The text of an explain report saved with --json (and its fixes, if tried)."""
-    from . import bounded, explain, fixfind
+    from . import bounded, explain, fixfind, render
 
     try:
         r = json.loads(bounded.read_bytes(path), parse_constant=bounded.no_constant)
@@ -231,8 +232,14 @@ def _render_saved(path: Path) -> int:
         raise UsageError(f"--render {path}: cannot read it: {exc}") from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, ArithmeticError) as exc:
         raise UsageError(f"--render {path}: not an explain report saved with --json ({type(exc).__name__}: {exc})") from None
-    print(text)
+    print(render.visible(text, newlines=True))  # a saved file's escape sequences must not reach the terminal
     return 1 if defect else 0
+
+
+def _text_name(path: Path) -> str:
+    """A file's name as text: bytes that are not UTF-8 as \\xNN (Python keeps them as lone
+    surrogates, which no JSON reader takes as text)."""
+    return os.fsencode(path.name).decode("utf-8", "backslashreplace")
 
 
 def run_explain(args) -> int:
@@ -435,8 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
 def run_catalog(args) -> int:
     """Print every catalog entry the id can name; 2 when none does or one is unreadable."""
     from . import catalog
+    from .render import visible
 
     root = args.root or catalog.default_root()
+    if args.root is not None and not args.root.is_dir():  # was "no catalog entry under it has the id"
+        raise UsageError(f"--root {args.root}: no such folder")
     try:
         found = catalog.find(root, args.id)
     except ValueError as exc:
@@ -456,8 +466,9 @@ def run_catalog(args) -> int:
         if kind == "kernels" and isinstance(entry, dict):
             for product, names in entry.items():
                 if product != "device":
-                    print(f"  {product} ({entry.get('device', '?')}):")
-                    print("".join(f"    {n}\n" for n in (names if isinstance(names, list) else [names])), end="")
+                    # a hostile entry's escape sequences must not reach the terminal
+                    print(f"  {visible(product)} ({visible(entry.get('device', '?'))}):")
+                    print("".join(f"    {visible(n)}\n" for n in (names if isinstance(names, list) else [names])), end="")
         elif kind == "orders":  # a tree K deep: json.dumps would recurse
             from . import order
 

@@ -4,6 +4,7 @@ line, what would otherwise pass unchecked, and the one-line text of an OSError."
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 
@@ -31,6 +32,18 @@ def folder(text: str) -> Path:
     if not text:
         raise argparse.ArgumentTypeError("needs a folder, got an empty name")
     return Path(text)
+
+
+def bench_regex(text: str) -> str:
+    """asv's --bench: a Python regular expression, checked before asv starts (it would fail
+    after building its environments); "" is refused: it matches every benchmark."""
+    if not text:
+        raise argparse.ArgumentTypeError("needs a regular expression, got an empty one (it would match every benchmark)")
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {text!r} ({exc})") from None
+    return text
 
 
 def os_error(exc: OSError) -> str:

@@ -18,7 +18,7 @@ import sys
 
 from . import nightly, resultsbranch, suite
 from .cli import say_error
-from .cli_args import folder, os_error
+from .cli_args import bench_regex, folder, os_error
 
 PROG = "matmul-drift nightly"
 
@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--python", metavar="PY", help="the Python holding the torch build under test "
                      "(with asv and matmul-drift installed); asv runs in it as an existing environment")
     run.add_argument("--machine", metavar="NAME", help="asv machine name: results go to results/asv/NAME/")
-    run.add_argument("--bench", metavar="REGEX", action="append", default=[],
+    run.add_argument("--bench", metavar="REGEX", action="append", default=[], type=bench_regex,
                      help="only benchmarks matching REGEX (asv run --bench; repeatable)")
     run.add_argument("--quick", action="store_true", help="asv run --quick")
     run.add_argument("--launch-method", choices=("spawn", "forkserver"), help="asv's launch method")
@@ -82,9 +82,12 @@ def options(args: argparse.Namespace) -> nightly.Options:
     for src in args.merge or []:
         if not src.is_dir():
             raise nightly.UsageError(f"--merge {src}: not a directory")
+        if src.name in nightly.IMPORTED and not nightly.holds_a_tree(src):  # merged 0 files, and said nothing
+            raise nightly.UsageError(f"--merge {src}: a {src.name}/ folder itself; give the folder that holds it, "
+                                     f"--merge {src.parent}")
     return nightly.Options(
         machine=None if merging else nightly.check_machine(args.machine),
-        date=nightly.check_date(args.date, tonight=True) if args.date else nightly.today(),
+        date=nightly.check_date(args.date, tonight=True) if args.date is not None else nightly.today(),
         tree=(args.tree or repo / "nightly").absolute(), repo=repo, python=python, branch=args.branch,
         remote=args.remote, push=args.push, force=args.force, bench=args.bench, quick=args.quick,
         launch_method=args.launch_method, publish=args.publish,

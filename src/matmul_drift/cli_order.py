@@ -56,7 +56,7 @@ def _target(args):
     if problem:
         raise UsageError(f"--json {args.json}: {problem}")
     try:
-        case = cases.get(args.case) if args.case else cases.adhoc(args.m, args.k, args.n)
+        case = cases.get(args.case) if args.case is not None else cases.adhoc(args.m, args.k, args.n)
         _check_slices(args, case, case.shape(args.device), args.form)
         t = order_probe.target(case, args.dtype, args.device, args.slice_n, args.slice_m, args.row, args.col, args.form)
     except (ValueError, measure.Unavailable) as exc:

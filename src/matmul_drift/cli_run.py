@@ -16,7 +16,7 @@ import sys
 
 from . import mainjob, resultsbranch, suite
 from .cli import say_error
-from .cli_args import folder, os_error
+from .cli_args import bench_regex, folder, os_error
 
 PROG = "matmul-drift run"
 
@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "asv.conf.json's matrix; the environment variable TORCH_VERSION does the same)")
     parser.add_argument("--force", action="store_true",
                         help="measure builds already recorded at this commit again (the old files are kept beside)")
-    parser.add_argument("--bench", metavar="REGEX", action="append", default=[],
+    parser.add_argument("--bench", metavar="REGEX", action="append", default=[], type=bench_regex,
                         help="only benchmarks matching REGEX (asv run --bench; repeatable)")
     parser.add_argument("--quick", action="store_true", help="asv run --quick: one sample each")
     parser.add_argument("--launch-method", choices=("spawn", "forkserver"), help="asv's launch method")

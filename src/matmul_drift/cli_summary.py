@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     problem = _output_problem(args.output) if args.output is not None else None
     if args.catalog is not None and not (args.catalog and Path(args.catalog).is_dir()):  # else a warning per id
         problem = f"--catalog {args.catalog or repr('')} is not a directory"
+    if not args.results_dir:  # Path("") is "."; an empty $VAR summarised whatever folder this ran in
+        problem = "RESULTS_DIR '' is empty: name the results folder (default: results)"
     if problem:
         return _error(problem)
     try:

@@ -46,7 +46,7 @@ SUMMARIES = "summaries"
 RESULTS = "results"  # asv's results in results/asv, the catalog in results/catalog
 MACHINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ALL = "all"  # the name of a merge's summary; no machine may take it
-_IMPORTED = ("results", "summaries", "nights")  # what a merge copies from a source tree
+IMPORTED = ("results", "summaries", "nights")  # what a merge copies from a source tree
 
 
 class UsageError(Exception):
@@ -115,7 +115,7 @@ def check_date(text: str, tonight: bool = False) -> str:
     """The night ``text`` names, on asv's axis; with ``tonight`` (the CLI's --date) no later than
     tomorrow (UTC; tomorrow for a clock ahead of it). UsageError otherwise."""
     try:
-        night = datetime.strptime(text, "%Y-%m-%d").strftime("%Y-%m-%d")
+        night = datetime.strptime(text, "%Y-%m-%d").date().isoformat()  # strftime writes year 1 as "1"
         axis.commit(night)
     except ValueError:
         raise UsageError(f"--date {text!r} is not a date like 2026-01-31") from None
@@ -421,9 +421,14 @@ def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[d
                     *_failed_md(nights)]) + "\n"
     doc = json.loads(render.render_json(result, fail_on))
     doc["nights"] = nights
-    md_path = atomic.write_changed(tree / SUMMARIES / f"{name}.md", md)  # a merge run again: the same bytes
-    json_path = atomic.write_changed(tree / SUMMARIES / f"{name}.json",
-                                     json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    texts = {tree / SUMMARIES / f"{name}.md": md,
+             tree / SUMMARIES / f"{name}.json": json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"}
+    for path, text in texts.items():  # a merge run again with nothing new: the same bytes, left as they are
+        if path.is_file() and path.read_bytes() != text.encode("utf-8"):
+            _log(f"replacing {path.relative_to(tree)}: {name} was summarised before (that summary stays in the "
+                 "branch's history)")
+        atomic.write_changed(path, text)
+    md_path, json_path = texts
     step = os.environ.get("GITHUB_STEP_SUMMARY")
     if os.environ.get("GITHUB_ACTIONS") == "true" and step:
         with open(step, "a", encoding="utf-8") as fh:
@@ -720,12 +725,17 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
 # ---------------------------------------------------------------------------- merging machines
 
 
+def holds_a_tree(src: Path) -> bool:
+    """Whether ``src`` has any of the folders a merge takes (IMPORTED)."""
+    return any((src / top).is_dir() for top in IMPORTED)
+
+
 def _source_files(src: Path) -> list[Path]:
     """The files a merge takes from ``src``: regular files only. A symlink (whose target
     could be anything on the machine) or a FIFO or device is a UsageError, before anything
     is copied."""
     out = []
-    for top in _IMPORTED:
+    for top in IMPORTED:
         if (src / top).is_symlink():  # os.walk follows a link it is given, though none below
             raise UsageError(f"--merge {src}: {top} is a symlink; a merge copies regular files only, nothing merged")
         for dirpath, dirnames, filenames in os.walk(src / top):  # does not descend into symlinked folders
@@ -790,6 +800,8 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
     copies, benches, conflicts, seen = [], [], [], {}
     for src in sources:
         newest, found = None, []
+        if not holds_a_tree(src):  # a machine's empty artifact must not stop the others' merge
+            _log(f"warning: --merge {src} holds none of {', '.join(t + '/' for t in IMPORTED)}: nothing to take from it")
         for f in _source_files(src):
             rel = f.relative_to(src)
             try:

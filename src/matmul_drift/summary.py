@@ -171,6 +171,9 @@ def parse_fail_on(text: str | None) -> frozenset[str]:
         return frozenset()
     if words == ["all"]:
         return frozenset(KINDS)
+    alone = [w for w in ("none", "all") if w in words]
+    if alone:  # was "unknown kind 'all'" beside another word
+        raise UsageError(f"--fail-on: {alone[0]} stands alone; give it by itself, or a comma list of {', '.join(KINDS)}")
     unknown = [w for w in words if w not in KINDS]
     if unknown or not words:
         raise UsageError(
@@ -794,26 +797,55 @@ def _judged(unit: str | None) -> bool:
 
 def flatten(obj, prefix: str = "") -> dict[str, object]:
     """Nested dicts as {dotted.key: leaf}. None and {} add no key, so "cuda: null" against
-    "cuda: {runtime: 13.0}" reads "cuda.runtime: none -> 13.0"."""
+    "cuda: {runtime: 13.0}" reads "cuda.runtime: none -> 13.0". A loop, not recursion: a
+    catalog entry may nest as deep as json reads."""
     out: dict[str, object] = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            key = f"{prefix}.{k}" if prefix else str(k)
+    stack = [(prefix, obj)] if isinstance(obj, dict) else []
+    while stack:
+        base, d = stack.pop()
+        for k, v in reversed(d.items()):
+            key = f"{base}.{k}" if base else str(k)
             if isinstance(v, dict):
-                out.update(flatten(v, key))
+                stack.append((key, v))
             elif v is not None:
                 out[key] = v
     return out
 
 
+LEAF_CHARS = 200  # a value is shown up to this many characters, then "…"
+
+
 def _leaf(v) -> str:
-    if v is None:
-        return "none"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return "[" + ", ".join(_leaf(x) for x in v) + "]"
-    return str(v)
+    """A value as text, lists and dicts written out, cut at LEAF_CHARS; a loop, not
+    recursion, for values nested as deep as json reads."""
+    parts, size, stack = [], 0, [v]
+    while stack and size <= LEAF_CHARS:
+        x = stack.pop()
+        if isinstance(x, _Text):
+            text = x.text
+        elif isinstance(x, (list, dict)):
+            items = list(x.items()) if isinstance(x, dict) else list(enumerate(x))
+            stack.append(_Text("}" if isinstance(x, dict) else "]"))
+            for i, (k, y) in enumerate(reversed(items)):
+                stack.append(y)
+                if isinstance(x, dict):
+                    stack.append(_Text(f"{k}: "))
+                if i < len(items) - 1:
+                    stack.append(_Text(", "))
+            text = "{" if isinstance(x, dict) else "["
+        else:
+            text = "none" if x is None else ("true" if x else "false") if isinstance(x, bool) else str(x)
+        parts.append(text)
+        size += len(text)
+    out = "".join(parts)
+    return out if not stack and size <= LEAF_CHARS else out[:LEAF_CHARS] + "…"
+
+
+class _Text:
+    """Punctuation on _leaf's stack, apart from the values (a str value is a value)."""
+
+    def __init__(self, text: str):
+        self.text = text
 
 
 def diff_entries(before, after) -> list[str]:
