@@ -104,9 +104,9 @@ def test_both_builds_side_by_side_in_asvs_own_environments(project):
     # the machine is this hardware; its description says so
     info = json.loads((project.path / "results/asv" / project.name / "machine.json").read_text())
     assert info["machine"] == project.name and info["isa"] == machine.asv_entry(machine.fingerprint())["isa"]
-    # the site's torch column shows each build
+    # the site's torch column shows each build (beside other machines' builds: the H200's 2.11.0+cu130)
     index = json.loads((project.path / "html/index.json").read_text())
-    assert sorted(index["params"]["torch"]) == list(BUILDS)
+    assert set(BUILDS) <= set(index["params"]["torch"]), index["params"]["torch"]
     assert project.name in index["params"]["machine"]
 
 
