@@ -526,6 +526,18 @@ def test_each_setting_is_in_force_in_its_process_as_its_kernels_show(report):
         pytest.skip(f"MKL here runs every mode as AUTO ({here}): no setting shows in its lines")
     for mode, cnr in here.items():
         assert mkl[f"MKL_CBWR={mode}"] and all(f"CNR:{cnr}" in k.split() for k in mkl[f"MKL_CBWR={mode}"]), (here, mkl)
+        # a mode MKL does not take here is said so, not left to read as "no effect"
+        note = rows[f"MKL_CBWR={mode}"].get("note")
+        assert note == (None if cnr == mode else f"MKL ran CNR:{cnr}, not {mode}: this CPU does not take that mode"), note
+        assert (f"MKL_CBWR={mode} (MKL ran CNR:{cnr}" in fixfind.render(report)) == (cnr != mode)
+
+
+def test_not_in_force_reads_the_cnr_mode_mkl_ran():
+    lines = {"full": ["MKL SGEMM(N,N) CNR:AUTO NThr:2"], "slice_m": ["MKL SGEMM(N,N) CNR:AUTO NThr:2"]}
+    assert fixfind.not_in_force({"MKL_CBWR": "AVX2"}, lines) == "MKL ran CNR:AUTO, not AVX2: this CPU does not take that mode"
+    assert fixfind.not_in_force({"MKL_CBWR": "AUTO"}, lines) is None
+    assert fixfind.not_in_force({"MKL_CBWR": "AVX2"}, {"full": ["oneDNN matmul brg:avx2"]}) is None  # no MKL line: unknown
+    assert fixfind.not_in_force({}, lines) is None and fixfind.not_in_force({"MKL_CBWR": "AVX2"}, None) is None
 
 
 def _cnr_of_a_process_given(mode: str) -> str:

@@ -242,11 +242,26 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
                 row.update(verdict=verdict(report["baseline"], got), drift=got["drift"], error_u=got.get("error_u"),
                            nonfinite=got.get("nonfinite"), kernels=got.get("kernels"), seconds=got.get("seconds"),
                            time_ratio=got.get("time_ratio"), spread=got.get("spread"))
+                note = not_in_force(c.env, got.get("kernels"))
+                if note:
+                    row["note"] = note
             report["candidates"].append(row)
         removes = [r for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
         if removes:
             report["cheapest"] = min(removes, key=lambda r: r["time_ratio"])["name"]
     return reports
+
+
+def not_in_force(env: dict, kernels: dict | None) -> str | None:
+    """Why a measured MKL_CBWR setting was not what MKL ran, from its verbose lines (which
+    name the CNR mode used), or None: on an AMD EPYC MKL runs an ISA's mode (AVX2) as AUTO,
+    so "no effect" there says nothing of the mode itself."""
+    want = env.get("MKL_CBWR")
+    ran = {w[4:] for ks in (kernels or {}).values() for k in ks if k.startswith("MKL ")
+           for w in k.split() if w.startswith("CNR:")}
+    if not want or not ran or ran == {want}:
+        return None
+    return f"MKL ran CNR:{', '.join(sorted(ran))}, not {want}: this CPU does not take that mode"
 
 
 def render(report: dict) -> str:
@@ -286,6 +301,9 @@ def render(report: dict) -> str:
         last += f"; not tried or failed: {', '.join(unmeasured)}"
     if untimed:
         last += f"; removes every drift, its time not measured: {', '.join(untimed)}"
+    ignored = [f"{r['name']} ({r['note']})" for r in report["candidates"] if r.get("note")]
+    if ignored:
+        last += f"; not in force here: {'; '.join(ignored)}"
     if "timer_failed" in report:
         last += f"; the default's timer process {report['timer_failed']}, so the settings' times are missing"
     return f"{head}\n\n{table}\n\n{last}\n"
