@@ -449,19 +449,23 @@ def test_a_change_across_a_run_without_the_value_is_flagged(capsys, tmp_path):
         assert rc == 1 and doc["failing"] == 6
 
 
-def test_attribution_names_what_changed_in_the_environment(capsys, tmp_path):
+def _env_changed(**fields):
+    """A _tree_with change: every measured combination's env entry given ``fields``, and
+    float32's error_u raised so that a flag carries the attribution."""
     i = _idx(dtype="float32")
 
     def change(data, cat):
-        entry = F.env_entry("2.13.0")
-        entry["env_vars"] = {"MKL_CBWR": "COMPATIBLE"}
-        eid = catalog.store(cat, "env", entry)
+        eid = catalog.store(cat, "env", {**F.env_entry("2.13.0"), **fields})
         for k in range(len(data["results"][F.ENV][0])):
             if not math.isnan(F.get_value(data, F.ENV, k)):
                 F.set_value(data, F.ENV, k, eid)
         F.set_value(data, F.ERROR_U, i, 10.0)
 
-    tree = _tree_with(tmp_path, change)
+    return change
+
+
+def test_attribution_names_what_changed_in_the_environment(capsys, tmp_path):
+    tree = _tree_with(tmp_path, _env_changed(env_vars={"MKL_CBWR": "COMPATIBLE"}))
     rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
     (f,) = doc["flags"]
     assert f["attribution"] == ["env_vars.MKL_CBWR: none -> COMPATIBLE"]
@@ -475,22 +479,10 @@ def test_attribution_names_what_changed_in_the_environment(capsys, tmp_path):
 
 def test_an_environment_nested_as_deep_as_json_reads_is_attributed_in_one_short_line(capsys, tmp_path):
     # was a RecursionError's traceback: a hostile env entry whose value nests 600 lists deep
-    i = _idx(dtype="float32")
     deep_list, deep_dict = 1, {"v": 1}
     for _ in range(600):
         deep_list, deep_dict = [deep_list], {"a": deep_dict}
-
-    def change(data, cat):
-        entry = F.env_entry("2.13.0")
-        entry["env_vars"] = {"MKL_CBWR": deep_list}
-        entry["libs"] = deep_dict
-        eid = catalog.store(cat, "env", entry)
-        for k in range(len(data["results"][F.ENV][0])):
-            if not math.isnan(F.get_value(data, F.ENV, k)):
-                F.set_value(data, F.ENV, k, eid)
-        F.set_value(data, F.ERROR_U, i, 10.0)
-
-    tree = _tree_with(tmp_path, change)
+    tree = _tree_with(tmp_path, _env_changed(env_vars={"MKL_CBWR": deep_list}, libs=deep_dict))
     rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
     (f,) = doc["flags"]
     assert f"env_vars.MKL_CBWR: none -> {'[' * summary.LEAF_CHARS}…" in f["attribution"]
@@ -681,7 +673,7 @@ def test_results_of_another_format_version_are_named(capsys, tree):
      "unknown machine 'nope'"),
     (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--fail-on", "bogus"],
      "unknown kind 'bogus'"),
-    (lambda p: F.write_tree(p / "results", n_commits=1), [""], "RESULTS_DIR '' is empty"),  # was read as the current folder
+    (lambda p: F.write_tree(p / "results", n_commits=1), [""], "argument RESULTS_DIR: needs a folder, got an empty name"),  # was read as the current folder
     (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--fail-on", "all,none"],
      "--fail-on: none stands alone; give it by itself"),  # was "unknown kind 'all'"
     (lambda p: F.write_tree(p / "results", n_commits=1), ["{root}/results", "--fail-on", "kernel,all"],

@@ -117,14 +117,6 @@ def write_text(path: Path | str, text: str) -> Path:
     return write_bytes(path, text.encode("utf-8"))
 
 
-def write_changed(path: Path | str, text: str) -> Path:
-    """write_text, unless ``path`` holds ``text`` already: then its file is left as it is."""
-    path = Path(path)
-    if path.is_file() and path.read_bytes() == text.encode("utf-8"):
-        return path
-    return write_text(path, text)
-
-
 def copy(src: Path | str, dst: Path | str) -> Path:
     """Copy the bytes of ``src`` over ``dst`` atomically."""
     return write_bytes(dst, Path(src).read_bytes())

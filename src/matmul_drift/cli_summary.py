@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from . import atomic, history, render, summary
-from .cli import say_error
+from .cli import Parser, UsageError, say_error
+from .cli_args import folder
 
 PROG = "matmul-drift summary"
 
@@ -22,7 +23,7 @@ PROG = "matmul-drift summary"
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the summary's arguments to ``parser`` (a subcommand parser of matmul-drift)."""
     parser.description = __doc__.splitlines()[0]
-    parser.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR",
+    parser.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR", type=folder,
                         help="results/ (asv results in results/asv, catalog in results/catalog), "
                              "or asv's results dir itself (catalog then at ../catalog); default: results")
     parser.add_argument("--machine", metavar="NAME", help="only this asv machine")
@@ -99,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
     problem = _output_problem(args.output) if args.output is not None else None
     if args.catalog is not None and not (args.catalog and Path(args.catalog).is_dir()):  # else a warning per id
         problem = f"--catalog {args.catalog or repr('')} is not a directory"
-    if not args.results_dir:  # Path("") is "."; an empty $VAR summarised whatever folder this ran in
-        problem = "RESULTS_DIR '' is empty: name the results folder (default: results)"
     if problem:
         return _error(problem)
     try:
@@ -133,11 +132,13 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run; argparse's usage errors return 2 instead of exiting."""
-    parser = argparse.ArgumentParser(prog=PROG)
+    parser = Parser(prog=PROG)  # usage errors in one line, as `matmul-drift summary` gives them
     configure(parser)
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse has printed its message (or --help)
+    except UsageError as exc:
+        return _error(str(exc))
+    except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 2
     return run(args)
 

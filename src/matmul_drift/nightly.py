@@ -423,11 +423,14 @@ def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[d
     doc["nights"] = nights
     texts = {tree / SUMMARIES / f"{name}.md": md,
              tree / SUMMARIES / f"{name}.json": json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"}
-    for path, text in texts.items():  # a merge run again with nothing new: the same bytes, left as they are
-        if path.is_file() and path.read_bytes() != text.encode("utf-8"):
+    for path, text in texts.items():
+        old = path.read_bytes() if path.is_file() else None
+        if old == text.encode("utf-8"):  # a merge run again with nothing new: left as it is
+            continue
+        if old is not None:
             _log(f"replacing {path.relative_to(tree)}: {name} was summarised before (that summary stays in the "
                  "branch's history)")
-        atomic.write_changed(path, text)
+        atomic.write_text(path, text)
     md_path, json_path = texts
     step = os.environ.get("GITHUB_STEP_SUMMARY")
     if os.environ.get("GITHUB_ACTIONS") == "true" and step:
