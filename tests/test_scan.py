@@ -404,6 +404,9 @@ def test_within_slices_a_wider_operand_as_explain_and_torch_do(capsys, tmp_path)
     rc, _, err = scan_cli(capsys, "--vary", "n", "--range", f"{max(s - 2, 1)}:{s + 2}", "--within", 41, "--m", 1,
                           "--k", 4096, "--dtype", "float32", "--step", 1, "--resume", out)
     assert rc == 2 and "within: recorded 40, here 41" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = scan_cli(capsys, "--vary", "n", "--range", f"{max(s - 2, 1)}:{s + 2}", "--m", 1,
+                          "--k", 4096, "--dtype", "float32", "--step", 1, "--resume", out)
+    assert rc == 2 and "within: recorded 40, here the range's top (no --within)" in err, err  # was "here None"
     # --within at the range's top is the default, recorded as such
     rc, _, err = scan_cli(capsys, *BASE, "--within", 40, "--json", tmp_path / "top.json")
     assert rc == 0 and json.loads((tmp_path / "top.json").read_text())["params"]["within"] is None

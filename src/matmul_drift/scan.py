@@ -392,8 +392,10 @@ def check_record(rec, params: Params) -> None:
 
 
 def _param_words(key: str, value) -> str:
-    # step 0 is the default grid, which --step cannot name (it takes 1 or more)
-    return "the default grid (no --step)" if key == "step" and value == 0 else repr(value)
+    # step 0 is the default grid, which --step cannot name (it takes 1 or more); within None is HI
+    if key == "step" and value == 0:
+        return "the default grid (no --step)"
+    return "the range's top (no --within)" if key == "within" and value is None else repr(value)
 
 
 def boundary_count(rec: dict) -> str:
