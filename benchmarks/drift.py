@@ -1,14 +1,13 @@
-"""Accuracy, drift and kernel identity of torch.matmul, one asv series per metric.
-
-setup_cache measures every case once per environment (src/matmul_drift/suite.py);
-each track_ reads one number back. This module does not import torch, so a spawned
-track_ process starts in a fraction of a second.
-"""
+"""Accuracy, drift and kernel identity of torch.matmul, one asv series per metric: setup_cache
+measures every case once per environment (jobs/suite.py), each track_ reads one number back.
+No torch here, so a spawned track_ process starts in a fraction of a second."""
 
 import os
 from pathlib import Path
 
-from matmul_drift import cases, suite
+from matmul_drift.core import series
+from matmul_drift.jobs import suite
+from matmul_drift.measure import cases
 
 # The catalog sits beside asv's results_dir (results/asv): the package may be installed
 # anywhere (an asv virtualenv), so the path is taken from this file, not from the package.
@@ -20,6 +19,7 @@ class Drift:
     param_names = ["case", "dtype", "device"]
     timeout = 1800  # setup_cache measures the whole catalog
 
+    # asv keys the cache by this line (setup_cache_key "drift:23" in benchmarks.json): moving it rewrites that file
     def setup_cache(self):
         return suite.measure_all(root=CATALOG)
 
@@ -71,5 +71,5 @@ class Drift:
         return suite.added(self.values, "order_id")  # NaN also where $MATMUL_DRIFT_ORDERS=0
 
 
-for _name, _unit in suite.UNITS.items():
+for _name, _unit in series.UNITS.items():
     getattr(Drift, f"track_{_name}").unit = _unit

@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from matmul_drift import blocks, inputs, numerics
+from matmul_drift.core import blocks, numerics
+from matmul_drift.measure import inputs
 
 WAYS = ("whole", "blocks", "threads")
 

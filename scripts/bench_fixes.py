@@ -30,7 +30,8 @@ def wall(args: list[str]) -> float:
 def under_load(repeats: int) -> None:
     import numpy as np
 
-    from matmul_drift import fixrun, measure
+    from matmul_drift.measure import measure
+    from matmul_drift.probes import fixrun
 
     burner = subprocess.Popen([sys.executable, "-c", "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"])
     try:

@@ -24,7 +24,7 @@ import tempfile
 
 import numpy as np
 
-from matmul_drift import memory
+from matmul_drift.measure import memory
 
 SHAPES = [(64, 4096, 46000), (46000, 4096, 64), (4096, 256, 4096), (2048, 2048, 4096)]
 DTYPES = ["float16", "float32", "float64"]
@@ -56,7 +56,8 @@ def show(label: str, peak: int, need: int) -> float:
 
 
 def _order_target(args: list[str]):
-    from matmul_drift import cli, cli_order
+    from matmul_drift.cli import main as cli
+    from matmul_drift.cli import order as cli_order
 
     return cli_order._target(cli.build_parser().parse_args(["order", *args]))
 

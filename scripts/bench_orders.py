@@ -1,5 +1,5 @@
 """The order probe's cost on this CPU: entry (0, 0) of every full product of the CPU suite,
-revealed and replayed as the suite does (order_probe.order_of, each computation once), in one run. Prints per
+revealed and replayed as the suite does (order.order_of, each computation once), in one run. Prints per
 combination the matmul calls against the issue's target 2K/N + 64 (N the probes a call holds)
 and the stated bound rounds x ceil(2(K-1)c/N) (c the chunks of k the output is read in), the
 seconds (target: under 60 s each), and the total.
@@ -13,7 +13,8 @@ import argparse
 import sys
 import time
 
-from matmul_drift import cases, order, order_probe
+from matmul_drift.measure import cases
+from matmul_drift.probes import order
 
 
 def main() -> int:
@@ -25,13 +26,13 @@ def main() -> int:
     print(f"{'case':<20} {'dtype':<9} {'K':>6} {'N':>6} {'calls':>5} {'2K/N+64':>7} {'bound':>6} {'s':>6}  order")
     for c in a.cases.split(","):
         for dtype in a.dtypes.split(","):
-            t = order_probe.target(cases.get(c), dtype, "cpu")
+            t = order.target(cases.get(c), dtype, "cpu")
             t0 = time.perf_counter()
-            got = order_probe.order_of(t, memo=memo)
+            got = order.order_of(t, memo=memo)
             s = time.perf_counter() - t0
             total, worst = total + s, max(worst, s)
             target = 2 * t.k // t.width + 64
-            bound = order_probe.expected_calls(t)
+            bound = order.expected_calls(t)
             words = got["summary"] if got["tree"] is not None else f"{got['summary']}: {got['reason']}"
             words = f"as {got['same_as']}: {words}" if "same_as" in got else words
             print(f"{c:<20} {dtype:<9} {t.k:>6} {t.width:>6} {got['calls']:>5} {target:>7} {bound:>6} {s:>6.1f}  "

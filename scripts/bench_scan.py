@@ -25,7 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from matmul_drift import cases, cli_scan, measure, scan
+from matmul_drift.cli.main import main as cli_main
+from matmul_drift.measure import cases, measure
+from matmul_drift.probes import scan
 
 SEEDS = range(1, 6)  # other draws for the sizes where scan and dense disagree
 
@@ -55,7 +57,7 @@ def run(args: list[str], folder: Path, name: str) -> tuple[dict, float]:
     path = folder / name
     t0 = time.monotonic()
     with contextlib.redirect_stdout(io.StringIO()):  # the tables: only the figures are printed here
-        rc = cli_scan.main([*args, "--json", str(path)])
+        rc = cli_main(["scan", *args, "--json", str(path)])
     if rc != 0:
         raise SystemExit(f"scan {' '.join(args)} failed ({rc})")
     return json.loads(path.read_text()), time.monotonic() - t0

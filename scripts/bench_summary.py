@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 
 import asv_fixtures as F  # noqa: E402
-from matmul_drift import catalog, cli_summary  # noqa: E402
+
+from matmul_drift.cli.main import main as cli_main
+from matmul_drift.store import catalog  # noqa: E402
 
 CASES = tuple(f"case{k:02d}" for k in range(25))  # 25 cases x 6 dtypes x 2 devices = 300
 TORCH = ("2.12.0", "2.13.0", "2.14.1")
@@ -52,7 +54,7 @@ def time_summary(results: Path, repeat: int) -> tuple[list[float], int]:
     times, rc = [], None
     for _ in range(repeat):
         t0 = time.perf_counter()
-        rc = cli_summary.main([str(results), "--output", os.devnull])
+        rc = cli_main(["summary", str(results), "--output", os.devnull])
         times.append(time.perf_counter() - t0)
     return times, rc
 

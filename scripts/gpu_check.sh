@@ -182,7 +182,7 @@ if measure and torch.cuda.is_available():
         print(f"{what}: not measured ({type(exc).__name__}: {exc})")' "$DEVICE" | tee "$PACK/torch.txt"
 
 # asv records results against a commit: the one fetch_gpu_wheels.sh recorded in commit.json,
-# which asv reads through the plugin matmul_drift.asv_commit (no history travels, and git
+# which asv reads through the plugin matmul_drift.jobs.asv_commit (no history travels, and git
 # may be missing there), with a config that points at this tree's benchmarks.
 write_config() {
   "$PY" - "$ROOT" "$WORK" "$(cd "$WHL" && pwd)/commit.json" <<'PYEOF'
@@ -190,7 +190,7 @@ import json, sys
 from asv import util
 root, work, recorded = sys.argv[1:]
 conf = util.load_json(f"{root}/asv.conf.json", js_comments=True)
-conf.update(repo=recorded, dvcs="recorded-commit", plugins=[".matmul_drift.asv_commit"], benchmark_dir=f"{root}/benchmarks",
+conf.update(repo=recorded, dvcs="recorded-commit", plugins=[".matmul_drift.jobs.asv_commit"], benchmark_dir=f"{root}/benchmarks",
             results_dir=f"{work}/pack/results/asv", html_dir=f"{work}/html", env_dir=f"{work}/env",
             environment_type="existing", branches=["gpu-check"])
 conf.pop("matrix", None)
@@ -227,13 +227,13 @@ STEP_OUT=$PACK/seed-float16.txt step explain-txt 8 "$PY" -m matmul_drift.cli exp
 # combination running when it is spent and those 520 processes, with some 50 s to spare:
 # the GPU machine may run under gVisor, where every system call costs more.
 BENCH=
-[ -n "$NOT_STARTED" ] || BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift import suite; print(suite.selection_regex(sys.argv[1]))' \
+[ -n "$NOT_STARTED" ] || BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift.jobs import suite; print(suite.selection_regex(sys.argv[1]))' \
   'drift\.Drift\.track_\w+') ||
   { BENCH='drift\.Drift'; echo "gpu_check: warning: no selection of the suite's combinations; asv starts all 108 of each"; }
 MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_BUDGET=80 step suite 160 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench "$BENCH" --launch-method forkserver --show-stderr
 # asvrun.reap_orphans, as the nightly's: the image need not have pkill
-[ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" -c 'import sys; from pathlib import Path; from matmul_drift import asvrun
+[ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" -c 'import sys; from pathlib import Path; from matmul_drift.jobs import asvrun
 for line in asvrun.reap_orphans(Path(sys.argv[1])): print("gpu_check:", line)' "$ROOT"
 # The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16. Each
 # process has its timeout and none starts after the budget (those rows say "not tried"), so
@@ -287,10 +287,10 @@ pack
   # the orders, one line each: the tree in words, its replay and how its fused adds round
   [ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" - "$PACK" <<'PYEOF'
 import pathlib, sys
-from matmul_drift import order
+from matmul_drift.core import trees
 for p in sorted(pathlib.Path(sys.argv[1]).glob("order-*.json")):
     try:
-        o = order.read_report(p.read_text())  # json.loads stops at about 1000 levels; a tree may be K deep
+        o = trees.read_report(p.read_text())  # json.loads stops at about 1000 levels; a tree may be K deep
         v = o.get("verified") or {}
         ways = " or ".join(v.get("fused_add") or []) or "-"
         print(f"order {p.stem[6:]}: {o['summary']}; replay {v.get('matched')}/{v.get('draws')}, fused adds {ways}; "

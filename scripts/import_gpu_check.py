@@ -1,4 +1,4 @@
-"""Import what scripts/gpu_check.sh brought back into results/ (matmul_drift.gpucheck):
+"""Import what scripts/gpu_check.sh brought back into results/ (matmul_drift.jobs.gpucheck):
 
     python scripts/import_gpu_check.py OUT/gpu-check.tar.gz [--results results] [--force]
 
@@ -13,8 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from matmul_drift import cli, gpucheck
-from matmul_drift.cli_args import folder
+from matmul_drift.cli import main as cli
+from matmul_drift.cli.args import Parser, folder
+from matmul_drift.core.errors import UsageError
+from matmul_drift.jobs import gpucheck
 
 PROG = "import_gpu_check"
 
@@ -24,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = cli.Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # errors: one line
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # errors: one line
     parser.add_argument("archive", type=Path, help="gpu-check.tar.gz as the GPU machine's OUT brought it back")
     parser.add_argument("--results", type=folder, default=Path(__file__).resolve().parents[1] / "results",
                         help="the results folder to import into (default: this checkout's results/)")
@@ -32,7 +34,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         args = parser.parse_args(argv)
         done = gpucheck.import_archive(args.archive, args.results, args.force)
-    except (cli.UsageError, gpucheck.ImportRefused) as exc:
+    except (UsageError, gpucheck.ImportRefused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     for w in done.warnings:  # before the paths: a stdout whose reader left must not cost them

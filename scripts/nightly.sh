@@ -7,4 +7,4 @@
 # (a --repo given after it wins).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-exec "${PYTHON:-python3}" -m matmul_drift.cli_nightly --repo "$here" "$@"
+exec "${PYTHON:-python3}" -m matmul_drift.cli nightly --repo "$here" "$@"

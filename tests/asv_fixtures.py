@@ -3,7 +3,7 @@
 The layout and file contents follow asv 0.6.6 (``asv.results.Results.save``: results format
 version 2, compact JSON with NaN for skipped and null for failed, rows trimmed of trailing
 nulls; ``benchmarks.json`` version 2; ``machine.json`` version 1), and the catalog entries
-are written with ``matmul_drift.catalog.store``.
+are written with ``matmul_drift.store.catalog.store``.
 
 Values are constant across commits and environments (identical kernels give identical bits),
 except for timing, which jitters well inside its noise, so an unadjusted tree flags nothing.
@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from matmul_drift import catalog, order
+from matmul_drift.core import ids
+from matmul_drift.probes import order
+from matmul_drift.store import catalog
 
 RESULT_COLUMNS = [
     "result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
@@ -219,7 +221,7 @@ def write_tree(
         base[SLICE_M].append(nan if skipped else 0.0)
         base[RUN_TO_RUN].append(nan if skipped else 0.0)
         base[KERNEL].append(nan if skipped else kernel_ids[kkey])
-        base[INPUT].append(nan if skipped else catalog.text_id(f"inputs {c['case']} {dtype}"))
+        base[INPUT].append(nan if skipped else ids.text_id(f"inputs {c['case']} {dtype}"))
         drifts = ["slice_n"] if i % 3 == 0 else []
         base[FIX_ID].append(nan if skipped else catalog.store(cat, "fixes", fix_entry(device, drifts)))
         base[ORDER_ID].append(nan if skipped else order.store(cat, order_tree("sequential"), 8))

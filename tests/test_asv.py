@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from checkout import committed_copy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +58,7 @@ def _skinny_drifts() -> bool:
     """Whether any A[:m] @ B (m = 1..7) differs from (A @ B)[:m] for skinny in fp32 here."""
     import torch
 
-    from matmul_drift import cases, measure
+    from matmul_drift.measure import cases, measure
 
     a_bits, b_bits, _ = measure.operand_bits(cases.get("skinny"), "float32", "cpu")
     a, b = measure.to_tensor(a_bits, "float32", "cpu"), measure.to_tensor(b_bits, "float32", "cpu")
@@ -103,14 +102,16 @@ def test_quick_run(project, method, bench):
         kid = int(got[("drift.Drift.track_kernel_id", "square", "float32", "cpu")])
         assert (dst / "results" / "catalog" / "kernels" / f"{kid:012x}.json").exists()
     if "track_order_id" in bench:  # each tree, read back from the catalog, replays this CPU's kernel bit for bit
-        from matmul_drift import cases, catalog, order_probe
+        from matmul_drift.measure import cases
+        from matmul_drift.probes import order
+        from matmul_drift.store import catalog
 
         for case, dtype in (("skinny", "float32"), ("square", "bfloat16")):
             oid = got[("drift.Drift.track_order_id", case, dtype, "cpu")]
             entry = catalog.load(dst / "results" / "catalog", "orders", oid)
-            t = order_probe.target(cases.get(case), dtype, "cpu")
+            t = order.target(cases.get(case), dtype, "cpu")
             assert entry["k"] == t.k and entry["tree"] is not None
-            assert order_probe.replay(t, entry["tree"], width=64)["matched"] == 100
+            assert order.replay(t, entry["tree"], width=64)["matched"] == 100
         assert math.isnan(got[("drift.Drift.track_order_id", "square", "float32", "cuda")])
 
 
@@ -122,7 +123,8 @@ def test_the_selection_regex_picks_exactly_the_selected_combinations_in_asvs_own
 
     from asv.benchmarks import Benchmarks
 
-    from matmul_drift import cases, suite
+    from matmul_drift.jobs import suite
+    from matmul_drift.measure import cases
 
     monkeypatch.setenv(suite.SUBSET_VAR, "seed,batch-invariance-2")
     monkeypatch.setenv(suite.PRECISIONS_VAR, "float16,float32-tf32")
@@ -161,7 +163,7 @@ def test_a_run_of_an_environment_with_a_long_name_is_found_recorded(tmp_path):
     # asv names a results file <commit8>-env-<md5 of the name> once the environment's name has
     # 128 characters or more (a matrix with a few more packages or env vars); the main job asks
     # whether a build is recorded by that file's name, so it must name it as asv does.
-    from matmul_drift import asvrun
+    from matmul_drift.jobs import asvrun
 
     dst = tmp_path / "toy"
     head = _toy_project(dst)
@@ -186,7 +188,7 @@ def test_a_run_of_an_older_commit_does_not_hide_the_newer_results_from_the_site(
     # leave the newer code's description there, or every newer point of that benchmark vanishes.
     from checkout import git
 
-    from matmul_drift import asvrun
+    from matmul_drift.jobs import asvrun
 
     dst = tmp_path / "toy"
     first = _toy_project(dst)
@@ -226,7 +228,7 @@ for mod, name in ((torch._C, "_cuda_getDeviceCount"), (torch._C, "_cuda_init"), 
         setattr(mod, name, poisoned)
 sys.path.insert(0, sys.argv[1])
 import benchmarks.drift as d, benchmarks.timing as t
-from matmul_drift import suite
+from matmul_drift.jobs import suite
 print(len(d.Drift.params[0]) * len(d.Drift.params[1]) * len(d.Drift.params[2]), len(t.Time.params[2]),
       bool(suite.selection_regex("drift")))
 """

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from matmul_drift import cases, explain
+from matmul_drift.core import ids
+from matmul_drift.measure import cases
+from matmul_drift.probes import explain
 
 
 def run(*args, timeout=300):
@@ -119,7 +121,7 @@ def _main(*args):
     import contextlib
     import io
 
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -146,7 +148,7 @@ def test_tensors_without_dense_values_are_refused_in_one_line(tmp_path, make, ne
 
 def test_legacy_pt_files_larger_than_memory_are_refused_before_reading(tmp_path, monkeypatch):
     """torch's legacy format cannot be mapped: it is read whole, so its size is weighed first."""
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     torch.save(torch.ones(16, 16), tmp_path / "a.pt", _use_new_zipfile_serialization=False)  # about 1.4 KB
     np.save(tmp_path / "b.npy", np.ones((16, 4), dtype=np.float32))
@@ -185,7 +187,7 @@ def test_npy_files_in_the_other_byte_order_are_measured_as_their_values(tmp_path
 def test_a_swapped_npy_larger_than_memory_is_refused_before_reading(tmp_path, monkeypatch):
     """Swapping the bytes reads the file whole (it cannot be mapped as torch wants), so its
     size is weighed first, as for torch's legacy format."""
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     np.save(tmp_path / "a.npy", np.ones((16, 16), dtype=">f4"))
     np.save(tmp_path / "b.npy", np.ones((16, 4), dtype=np.float32))
@@ -271,7 +273,7 @@ def test_files_that_are_not_regular_are_refused_before_opening(tmp_path):
 @pytest.mark.parametrize("flag,needle", [("--orders", "--orders takes --case ID or --m M --k K --n N"),
                                           ("--try-fixes", "--try-fixes takes --case ID or --m M --k K --n N")])
 def test_files_with_orders_or_fixes_are_refused_before_measuring(tmp_path, monkeypatch, flag, needle):
-    from matmul_drift import measure
+    from matmul_drift.measure import measure
 
     def measured(*args, **kwargs):
         raise AssertionError("measured before refusing")
@@ -293,7 +295,7 @@ def test_tensors_that_require_grad_are_measured_by_value(tmp_path, make):
 
 
 def test_a_product_larger_than_memory_is_refused_before_drawing():
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     have = memory.available("cpu")[0]
     if have is None:
@@ -311,7 +313,7 @@ def test_a_product_larger_than_memory_is_refused_before_drawing():
 def test_input_files_larger_than_memory_are_refused_before_reading(tmp_path):
     """A .npy whose values would need 4x this machine's memory (a sparse file: its header is
     real, its body holes) is mapped, not read, so the memory check comes first."""
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     have = memory.available("cpu")[0]
     if have is None:
@@ -334,7 +336,7 @@ def test_a_view_kept_as_stored_is_weighed_with_the_storage_it_spans(tmp_path, mo
     offset + (M-1)·stride_0 + ... elements of the new dtype, not M·K: the last row of a 2^22 x 4
     float32 W saved alone (torch.save writes W's whole storage) needs 2^24 float64 elements,
     128 MiB, for one row of 4. The memory check once weighed the 1x4 shape alone."""
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     w = torch.ones(1 << 22, 4)
     torch.save(w[-1:], tmp_path / "a.pt")  # offset 2^24 - 4: the whole storage travels with it
@@ -354,7 +356,8 @@ def test_a_view_kept_as_stored_is_weighed_with_the_storage_it_spans(tmp_path, mo
 
 
 def test_no_host_memory_check_starts_where_memavailable_reads_too_little(capsys, monkeypatch):
-    from matmul_drift import cli, memory
+    from matmul_drift.cli import main as cli
+    from matmul_drift.measure import memory
 
     monkeypatch.setattr(memory, "available", lambda device: (1 << 20, None))  # 1 MiB, as a VM that grows
     small = ["explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32"]
@@ -376,7 +379,8 @@ def _fail_with(exc_factory):
     lambda: torch.empty(1 << 50, dtype=torch.uint8),  # torch's CPU allocator raises RuntimeError
 ])
 def test_running_out_of_memory_part_way_is_one_line_exit_1(capsys, monkeypatch, allocate):
-    from matmul_drift import cli, measure
+    from matmul_drift.cli import main as cli
+    from matmul_drift.measure import measure
 
     monkeypatch.setattr(measure, "measure", _fail_with(allocate))
     assert cli.main(["explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32"]) == 1
@@ -386,7 +390,8 @@ def test_running_out_of_memory_part_way_is_one_line_exit_1(capsys, monkeypatch, 
 
 
 def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch):
-    from matmul_drift import cli, measure
+    from matmul_drift.cli import main as cli
+    from matmul_drift.measure import measure
 
     def broken():
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
@@ -524,8 +529,8 @@ def test_a_slice_that_ran_fewer_kernels_is_not_called_another_order():
 
 
 def test_the_report_lists_each_slices_kernels_where_they_differ(monkeypatch, tmp_path):
-    from matmul_drift import kernels, measure
-    from matmul_drift.cases import Case, Shape
+    from matmul_drift.measure import kernels, measure
+    from matmul_drift.measure.cases import Case, Shape
 
     # hand-built routes (which kernel this CPU picks is not the point): n = 1 on Y, the rest on full's F
     routes = {16: "F", 1: "Y", 2: "F", 8: "F"}
@@ -584,7 +589,7 @@ def test_files_keep_their_layout_and_route(tmp_path, layout):
 
 
 def test_run_durations_round_before_splitting_minutes():
-    from matmul_drift import cli_run
+    from matmul_drift.cli import run as cli_run
 
     assert [cli_run._minutes(s) for s in (179.6, 59.4, 0.2, 3601)] == ["3m 00s", "0m 59s", "0m 00s", "60m 01s"]
 
@@ -598,7 +603,7 @@ def test_catalog_ids_too_large_for_any_id_are_refused_at_once(tmp_path, spelling
 
 
 def test_catalog_spellings_of_real_ids_still_find_them(tmp_path):
-    from matmul_drift import catalog
+    from matmul_drift.store import catalog
 
     ident = catalog.store(tmp_path, "env", {"torch": "2.13.0"})
     for spelling in (f"{ident:012x}", f"{ident}.0", f"{ident:.3g}"):
@@ -624,7 +629,7 @@ def test_a_catalog_entry_nested_too_deeply_is_unreadable_not_a_traceback(tmp_pat
 
 
 def test_ctrl_c_while_the_parser_is_built_is_one_line_exit_130(monkeypatch):
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     def interrupted():  # Ctrl-C while build_parser imports the subcommands' modules (~0.3 s)
         raise KeyboardInterrupt
@@ -638,15 +643,15 @@ def test_ctrl_c_while_the_parser_is_built_is_one_line_exit_130(monkeypatch):
 
 
 def test_importing_the_cli_imports_nothing_of_the_project_before_main():
-    code = "import sys, matmul_drift.cli; print(sorted(m for m in sys.modules if m.startswith('matmul_drift')))"
+    code = "import sys, matmul_drift.cli.main; print(sorted(m for m in sys.modules if m.startswith('matmul_drift')))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.stdout.strip() == "['matmul_drift', 'matmul_drift.cli']", p.stdout + p.stderr  # Ctrl-C there: a traceback
+    assert p.stdout.strip() == "['matmul_drift', 'matmul_drift.cli', 'matmul_drift.cli.main']", p.stdout + p.stderr  # Ctrl-C there: a traceback
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 @pytest.mark.parametrize("buffered", [True, False])
 def test_a_stdout_that_fails_is_one_line_and_a_reader_that_left_is_silent(tmp_path, buffered):
-    from matmul_drift import catalog
+    from matmul_drift.store import catalog
 
     ident = catalog.store(tmp_path, "env", {"torch": "2.13.0"})
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered: it fails at the last flush
@@ -680,7 +685,7 @@ def test_a_stdout_that_cannot_encode_a_character_prints_it_escaped(tmp_path):
 
 def test_escape_sequences_in_a_saved_report_or_a_catalog_entry_never_reach_the_terminal(tmp_path):
     # were printed raw: a hostile file could recolour, retitle or rewrite what the terminal shows
-    from matmul_drift import catalog
+    from matmul_drift.store import catalog
 
     evil = "evil\x1b]0;pwned\x07\x1b[31mRED\u202e"
     rc, out, _ = _main("explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32", "--json")
@@ -690,7 +695,7 @@ def test_escape_sequences_in_a_saved_report_or_a_catalog_entry_never_reach_the_t
     rc, rendered, err = _main("explain", "--render", str(tmp_path / "r.json"))
     assert rc == 0 and "evil\\u001b]0;pwned\\u0007\\u001b[31mRED\\u202e" in rendered, rendered
     ident = catalog.store(tmp_path / "cat", "kernels", {"device": "cpu\x1b[2J", "full\x1b[1A": [evil]})
-    rc, shown, err = _main("catalog", "--root", str(tmp_path / "cat"), catalog.hex_id(ident))
+    rc, shown, err = _main("catalog", "--root", str(tmp_path / "cat"), ids.hex_id(ident))
     assert rc == 0 and "full\\u001b[1A (cpu\\u001b[2J):" in shown and "evil\\u001b]0;pwned" in shown, shown
     assert not any(c in rendered + shown for c in "\x1b\x07\u202e")
 
@@ -752,7 +757,7 @@ def test_a_saved_fixes_report_whose_cheapest_names_no_candidate_is_one_line(tmp_
 @pytest.mark.parametrize("seconds", ["1000001", "2200000", "10000000000"])
 def test_a_fix_timeout_beyond_subprocess_s_range_is_refused_before_measuring(monkeypatch, seconds):
     """subprocess waits in C-int milliseconds: 2200000 s was an OverflowError after the measurement."""
-    from matmul_drift import measure
+    from matmul_drift.measure import measure
 
     monkeypatch.setattr(measure, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
     rc, out, err = _main("explain", "--m", "4", "--k", "16", "--n", "9", "--dtype", "float32", "--try-fixes",
@@ -764,7 +769,7 @@ def test_a_fix_timeout_beyond_subprocess_s_range_is_refused_before_measuring(mon
                                           (("--m", "1", "--k", "2", "--n", "2"), None)])
 def test_orders_that_cannot_be_probed_are_refused_before_measuring(monkeypatch, shape, needle):
     """K = 1 has no order: one line, exit 2, before a measurement the probe would then lose."""
-    from matmul_drift import measure
+    from matmul_drift.measure import measure
 
     if needle:
         monkeypatch.setattr(measure, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
@@ -792,11 +797,11 @@ def test_an_unreadable_candidate_of_a_rounded_id_does_not_hide_the_others(tmp_pa
     shown (the listing stopped at the broken one with its error)."""
     import itertools
 
-    from matmul_drift import catalog
+    from matmul_drift.store import catalog
 
     seen = {}
     for i in itertools.count():  # two objects whose ids asv's graphs show alike
-        rounded = f"{float(catalog.object_id({'x': i})):.3g}"
+        rounded = f"{float(ids.object_id({'x': i})):.3g}"
         if rounded in seen:
             break
         seen[rounded] = i
@@ -811,7 +816,7 @@ def test_an_unreadable_candidate_of_a_rounded_id_does_not_hide_the_others(tmp_pa
 def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(args, option, monkeypatch):
     # Path("") is ".": `run --repo "$CHECKOUT"` with the variable empty ran the main job on
     # whatever checkout it was started in (nightly's --merge/--tree/--repo: test_nightly)
-    from matmul_drift import mainjob
+    from matmul_drift.jobs import mainjob
 
     monkeypatch.setattr(mainjob, "run", lambda o: pytest.fail(f"the main job ran on {o.repo}"))
     assert _main(*args) == (2, "", f"matmul-drift: error: argument {option}: needs a folder, got an empty name\n")
@@ -822,7 +827,7 @@ def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(args, op
                                        ("", "needs a regular expression, got an empty one")])
 def test_a_bench_regex_asv_would_refuse_or_read_as_everything_stops_before_anything_runs(sub, regex, why, monkeypatch):
     # was passed to asv, which failed after building its environments ("["), or ran every benchmark ("")
-    from matmul_drift import mainjob, nightly
+    from matmul_drift.jobs import mainjob, nightly
 
     monkeypatch.setattr(mainjob, "run", lambda o: pytest.fail("the main job ran"))
     monkeypatch.setattr(nightly, "run_night", lambda *a: pytest.fail("the night ran"))
@@ -851,7 +856,7 @@ def test_the_memory_check_of_try_fixes_counts_the_candidates_process_too(monkeyp
     candidate: 2x8x8 peaked at 305 MiB in explain and 303 MiB in its candidate's process, 608
     together, where the check counted one process (512 MiB). With that much less one byte
     available, explain alone starts and --try-fixes is refused."""
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     args = ("explain", "--m", "2", "--k", "8", "--n", "8", "--dtype", "float32")
     rc, peak, err = memory.peak_bytes([*args, "--try-fixes"])
@@ -878,7 +883,7 @@ def test_peak_bytes_counts_a_process_that_runs_beside_and_writes_no_peak(tmp_pat
     killed at the end, so it never wrote its own peak: peak_bytes missed it (and so
     bench_memory's --try-fixes row). Here `matmul-drift --help` starts a process holding
     512 MiB (from a sitecustomize) that writes no peak either: before, the peak read ~100 MiB."""
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     (tmp_path / "sitecustomize.py").write_text(HOLDER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
@@ -890,22 +895,18 @@ def test_peak_bytes_counts_a_process_that_runs_beside_and_writes_no_peak(tmp_pat
 def test_try_fixes_on_cuda_gives_the_cached_gpu_memory_back_before_the_candidates(monkeypatch):
     """The measurement's tensors are gone by then, but torch's caching allocator keeps their
     blocks, which a candidate's process, measuring the same product, would find taken."""
-    import argparse
-
     import torch
 
-    from matmul_drift import cli, fixfind
+    from matmul_drift.probes import explain, fixfind
 
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     monkeypatch.setattr(fixfind, "try_fixes_many", lambda *a, **kw: calls.append("try") or [{"candidates": []}])
-    args = argparse.Namespace(case="seed", m=None, k=None, n=None, dtype="float16", device="cuda", fix_timeout=None,
-                              fix_budget=None)
-    cli._try_fixes(args, cases.get("seed"), (True, False, False), (45999,), None, 3)
+    req = explain.Request(dtype="float16", device="cuda", case="seed")
+    explain._try_fixes(req, cases.get("seed"), (45999,), None, None)
     assert calls == ["empty_cache", "try"]
     calls.clear()
-    cli._try_fixes(argparse.Namespace(**{**vars(args), "device": "cpu"}), cases.get("seed"), (True, False, False),
-                   (45999,), None, 3)
+    explain._try_fixes(explain.Request(dtype="float16", device="cpu", case="seed"), cases.get("seed"), (45999,), None, None)
     assert calls == ["try"]
 
 
@@ -914,7 +915,7 @@ def test_try_fixes_on_cuda_counts_the_contexts_and_flushes_of_its_other_processe
     at once: two CUDA contexts beyond explain's own, and three 256 MiB L2 flushes. A GPU with
     1.5 GiB free holds one tiny measurement, not the three (the check counted neither flush nor
     context: under 1 MiB for 64x64x64 fp16)."""
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     monkeypatch.setattr(memory, "available", lambda device: (None, 1536 << 20))
     memory.check(memory.bytes_needed(64, 64, 64, "float16", "cuda"), "the product", "cuda")
@@ -930,7 +931,7 @@ def test_memory_estimate_covers_operands_with_nan_and_inf(tmp_path, m, k, n, dty
     through its IEEE indicator products. Those once held a dozen float64 indicators of A and
     of B at once: peaks of 952, 982 and 1290 MiB here against estimates of 746, 746 and 1042.
     2×8×8 is torch alone: 794 MiB under 2.14.1+cu130 without a GPU, once estimated at 512."""
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
@@ -965,7 +966,7 @@ def test_the_worst_slice_n_names_the_form_of_a_1d_a_it_was_measured_with():
     # said "n=8 (A 2-D)" while slice_n could not say which product its numbers were of
     import dataclasses
 
-    from matmul_drift import cases, measure
+    from matmul_drift.measure import cases, measure
 
     m = measure.measure(cases.adhoc(1, 8, 9), "float32", "cpu", slice_n=(8,), slice_m=(), repeat=1, timing=False)
     rows = [{"n": 8, "form": form, "cols": 8, **_row(max_ulp=ulp, max_u=ulp / 2, frac_differ=0.1 * ulp)}

@@ -1,5 +1,6 @@
-"""The README and docs/ stay true to the tree: every module is in the README's layout, every
-test the docs cite as proof exists, and every script says what it does when asked (--help)."""
+"""The README and docs/ stay true to the tree: every layer is in the README's layout and every
+module in docs/design.md, every test the docs cite as proof exists, and every script says what
+it does when asked (--help)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,19 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def test_every_module_is_in_the_readmes_layout():
-    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
-    modules = {p.stem for p in (ROOT / "src" / "matmul_drift").glob("*.py")} - {"__init__"}
-    assert modules, "no modules found"
-    missing = sorted(m for m in modules if f"`{m}`" not in layout)
-    assert not missing, f"modules the README's layout does not name: {missing}"
+def test_every_layer_is_in_the_readmes_layout_and_every_module_in_the_design():
+    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    package = ROOT / "src" / "matmul_drift"
+    layers = sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
+    assert len(layers) >= 7, layers
+    assert not [x for x in layers if f"`{x}/`" not in layout], f"layers the README's layout does not name: {layers}"
+    modules = {f"{p.parent.name}/{p.name}" for x in layers for p in (package / x).glob("*.py")
+               if not p.name.startswith("__")}
+    design = (ROOT / "docs" / "design.md").read_text().split("### Modules", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(m for m in modules if f"`{m}`" not in design)
+    assert not missing, f"modules docs/design.md's module table does not name: {missing}"
+    stale = sorted(set(re.findall(r"`([a-z]+/[a-z_]+\.py)`", design)) - modules)
+    assert not stale, f"modules docs/design.md names that do not exist: {stale}"
 
 
 def test_every_test_the_docs_cite_exists():
@@ -39,3 +47,17 @@ def test_every_script_answers_help_without_running(script):
     first = " ".join(ast.get_docstring(ast.parse(path.read_text())).split()[:5])
     p = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0 and first in " ".join(p.stdout.split()), (p.returncode, p.stdout[-500:], p.stderr[-500:])
+
+
+LAST_LONG_SUBJECT = "b5054777e0c7dac4521c4f9cacf2aceed3c86077"  # the history before it keeps its long subjects
+
+
+def test_commit_subjects_from_the_layers_on_are_short_and_name_their_area():
+    """`git log --oneline` stays readable: each subject after LAST_LONG_SUBJECT is at most 72
+    characters, "area: what changed"; evidence and figures go in the body."""
+    if subprocess.run(["git", "cat-file", "-e", f"{LAST_LONG_SUBJECT}^{{commit}}"], cwd=ROOT).returncode:
+        pytest.skip("a shallow clone: the history before this test is not here")
+    subjects = subprocess.run(["git", "log", "--format=%s", f"{LAST_LONG_SUBJECT}..HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.splitlines()
+    bad = [s for s in subjects if len(s) > 72 or not re.match(r"^[\w./, -]+: \S", s)]
+    assert not bad, bad

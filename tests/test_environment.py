@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from matmul_drift import environment
+from matmul_drift.measure import environment
 
 SYSTEM = "/usr/local/cuda-13.3/targets/x86_64-linux/lib/libcublas.so.13.3.0.5"  # first on LD_LIBRARY_PATH
 WHEEL = "/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcublas.so.13"  # the wheel torch depends on
@@ -61,7 +61,7 @@ def test_the_recorded_cublas_version_is_the_one_torch_loaded(monkeypatch, mapped
 
 _ENV_AFTER = """
 import sys
-from matmul_drift import cases, measure
+from matmul_drift.measure import cases, measure
 for p in sys.argv[1:]:
     m = measure.measure(cases.adhoc(4, 8, 4), p, "cpu", timing=False, repeat=1)
 print(m.env_id, m.environment["cpu"]["mkl_code_path"] is not None)
@@ -91,7 +91,7 @@ def test_a_backend_precision_set_by_the_newer_api_is_recorded_not_raised():
     # torch refuses get_float32_matmul_precision() once code set a backend's fp32_precision;
     # a fresh process, as the setting lasts for the process.
     code = ("import torch; torch.backends.mkldnn.matmul.fp32_precision = 'bf16'\n"
-            "from matmul_drift import environment\n"
+            "from matmul_drift.measure import environment\n"
             "print(environment.flags()['float32_matmul_precision'])\n"
             "print(environment.describe('cpu')['flags']['float32_matmul_precision'])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

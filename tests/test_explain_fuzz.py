@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
 
-from matmul_drift import cli
+from matmul_drift.cli import main as cli
 
 U = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 F64_MAX = Fraction(float(np.finfo(np.float64).max))

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from matmul_drift import fixes
+from matmul_drift.probes import fixes
 
 ALL = set(fixes.DRIFTS)
 
@@ -147,7 +147,7 @@ def test_the_step_down_starts_from_a_cap_already_in_force(cap, isa):
 def test_the_cap_in_force_reads_both_of_onednns_names(monkeypatch, env, isa):
     # Under DNNL_MAX_CPU_ISA=AVX2 alone the old code started from the CPU's AVX512_CORE_AMX and offered
     # ONEDNN_MAX_CPU_ISA=AVX512_CORE_FP16, which overrides the DNNL cap: a step up, offered as a step down.
-    from matmul_drift import machine
+    from matmul_drift.store import machine
 
     monkeypatch.setattr(machine, "fingerprint", lambda: {"isa": sorted(AMX)})
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
@@ -158,7 +158,9 @@ def test_the_cap_in_force_reads_both_of_onednns_names(monkeypatch, env, isa):
 
 
 def test_explain_takes_the_step_down_from_its_own_onednn_cap(monkeypatch, capsys):
-    from matmul_drift import cli, fixfind, machine
+    from matmul_drift.cli import main as cli
+    from matmul_drift.probes import fixfind
+    from matmul_drift.store import machine
 
     seen = []
     monkeypatch.setattr(machine, "fingerprint", lambda: {"isa": sorted(AMX)})

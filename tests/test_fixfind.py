@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from matmul_drift import fixes, fixfind, measure
+from matmul_drift.measure import measure
+from matmul_drift.probes import fixes, fixfind
 
 M, K, N = 64, 512, 256
 
@@ -22,7 +23,7 @@ M, K, N = 64, 512, 256
 # that code change is bit-identical to the full product's rows (columns).
 PLAIN = r"""
 import json, sys, numpy as np, torch
-from matmul_drift import inputs
+from matmul_drift.measure import inputs
 seed, m, k, n, probes = json.loads(sys.argv[1])
 bits = lambda name, shape: torch.from_numpy(inputs.round_bits(inputs.draw(seed, f"adhoc-{m}x{k}x{n}:{name}", shape, "uniform"), "float32").view(np.int32)).view(torch.float32)
 A, B = bits("A", (m, k)), bits("B", (k, n))
@@ -101,7 +102,7 @@ def test_each_cpu_verdict_matches_plain_torch_under_the_same_setting(report, dri
 
 FULL_ROUTE = r"""
 import json, sys, numpy as np, torch
-from matmul_drift import inputs, kernels
+from matmul_drift.measure import inputs, kernels
 seed, m, k, n = json.loads(sys.argv[1])
 bits = lambda name, shape: torch.from_numpy(inputs.round_bits(inputs.draw(seed, f"adhoc-{m}x{k}x{n}:{name}", shape, "uniform"), "float32").view(np.int32)).view(torch.float32)
 A, B = bits("A", (m, k)), bits("B", (k, n))
@@ -246,7 +247,7 @@ def test_the_closing_line_names_a_removing_candidate_whose_time_was_not_measured
 def test_a_ratio_of_zero_has_no_spread_and_still_renders(monkeypatch):
     """Calls below the clock's resolution time at 0 s: a median ratio of 0 has no relative
     spread (0/0), which the JSON keeps as null and the table leaves out, not a crash."""
-    from matmul_drift import fixrun
+    from matmul_drift.probes import fixrun
 
     monkeypatch.setattr(fixrun, "_round", lambda todo, device: {"median": 0.0, "calls_per_run": 1, "threads": 1,
                                                                  "method": "a clock too coarse"})
@@ -285,7 +286,7 @@ def test_no_timer_process_starts_once_no_setting_may(monkeypatch, how):
 
 
 def test_a_failed_default_computation_keeps_the_measurement_and_exits_1(monkeypatch, capsys):
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     monkeypatch.setattr(fixfind, "_child", lambda specs, c, timeout, stopped=(): [{"failed": "timed out after 7 s"}] * len(specs))
     rc = cli.main(["explain", "--m", "2", "--k", "16", "--n", "8", "--dtype", "float32", "--try-fixes", "--json"])
@@ -366,7 +367,7 @@ def test_sigterm_while_trying_fixes_prints_what_was_measured_and_exits_143(drift
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_the_default_computation_keeps_the_measurement_and_restores_handlers(monkeypatch, capsys, signum):
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     real, before = fixfind._child, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -388,7 +389,7 @@ def test_a_signal_during_the_default_computation_keeps_the_measurement_and_resto
 def test_try_fixes_on_files_is_one_line_exit_2(tmp_path, capsys):
     import numpy as np
 
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     np.save(tmp_path / "a.npy", np.ones((4, 8), dtype=np.float32))
     np.save(tmp_path / "b.npy", np.ones((8, 4), dtype=np.float32))
@@ -402,7 +403,7 @@ def test_try_fixes_on_files_is_one_line_exit_2(tmp_path, capsys):
 # the full product's rows, for the computation as it is, under the process's setting?
 PLAIN_CASE = r"""
 import json, sys, torch
-from matmul_drift import cases, measure
+from matmul_drift.measure import cases, measure
 case_id, dtype = json.loads(sys.argv[1])
 c = cases.get(case_id)
 a_bits, b_bits, _ = measure.operand_bits(c, dtype, "cpu", with_checksum=False)
@@ -414,7 +415,8 @@ print(json.dumps(all(torch.equal(mul(A[..., :m, :]), full[..., :m, :]) for m in 
 
 
 def test_the_suite_records_the_cheapest_full_fix_and_its_verdicts(tmp_path):
-    from matmul_drift import catalog, suite
+    from matmul_drift.jobs import suite
+    from matmul_drift.store import catalog
 
     out = suite.measure_all(case_ids=["bmm", "linear"], precisions=["float64", "float32"], devices=["cpu"],
                             root=tmp_path, log=open(os.devnull, "w"))
@@ -481,7 +483,7 @@ def test_only_the_drifting_slices_are_timed(monkeypatch):
     slice_n not, the baseline times A[:1] @ B alone (not A @ B[:, :7] too), and "full product,
     then slice" one full product. Before, the baseline summed both, and the full product read
     0.66x of it for 64x512x256 fp32, where it costs 13.6x A[:1] @ B (pad m to 4: 1.9x)."""
-    from matmul_drift import fixrun
+    from matmul_drift.probes import fixrun
 
     shapes: list[tuple] = []
     real = measure.Operands.product
@@ -576,7 +578,8 @@ def test_slices_on_different_routes_keep_each_calls_route(monkeypatch):
     Before, the names of every slice of a kind were merged into one list, which read as one
     route calling both kernels. Hand-built routes (one name per output shape), since which
     slice takes which kernel is the machine's."""
-    from matmul_drift import fixrun, kernels
+    from matmul_drift.measure import kernels
+    from matmul_drift.probes import fixrun
 
     def traced(fn, device):
         y = fn()
@@ -620,7 +623,7 @@ def test_each_time_ratio_is_timed_beside_the_default_computation(monkeypatch, dr
     cost over the default's exactly: a setting's 1 (the settings run in this process here,
     asking fixrun.default_round for the default's rounds as a setting's process asks
     fixrun.serve), a code change's its products' over the default's."""
-    from matmul_drift import fixrun
+    from matmul_drift.probes import fixrun
 
     dim, size = drifting_slice
     load = [1000.0]  # the first timing only
@@ -667,7 +670,7 @@ def test_the_default_timer_answers_each_request_by_its_tag():
     by a process killed before it read it, and a request line cut short, are passed over."""
     import threading
 
-    from matmul_drift import fixrun
+    from matmul_drift.probes import fixrun
 
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()

@@ -24,10 +24,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from checkout import ROOT, committed_copy
 
-from matmul_drift import asvrun, catalog, gpucheck, history, order
+from matmul_drift.core import trees
+from matmul_drift.jobs import asvrun, gpucheck
+from matmul_drift.read import history
+from matmul_drift.store import catalog
 
 LIMITS = {"files": 8, "file_bytes": 16 << 20, "total_bytes": 64 << 20}  # what comes back from $OUT
 OURS = 4  # the issue's own bound on the files the check leaves
@@ -115,7 +117,6 @@ def test_the_fetched_commit_is_dated_as_asvs_git_dates_it(tmp_path):
     # or cherry-picked commit has a later committer time, and GPU results dated by that stand
     # apart from the same commit's other results. A stub Python stands in for pip: no download.
     from asv.plugins.git import Git
-
     from checkout import git
 
     proj = tmp_path / "proj"
@@ -296,7 +297,7 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
     assert doc["dtype"] == "float16" and "drifts" in doc["fixes"]  # --try-fixes ran on the seed's stand-in
     for name in ("seed-47-float16", "seed-48-float16", "batch-bfloat16", "batch-m1-bfloat16"):  # the order trees
         o = json.loads((results / "gpu-check" / machine / runs[0].commit[:8] / f"order-{name}.json").read_text())
-        assert o["verified"]["matched"] == 100 and sorted(order.leaves(o["tree"])) == list(range(o["k"]))
+        assert o["verified"]["matched"] == 100 and sorted(trees.leaves(o["tree"])) == list(range(o["k"]))
         assert catalog.load(results / "catalog", "orders", int(o["order_id"], 16))["k"] == o["k"]
     # Imported twice: the same files, nothing refused, nothing written again.
     again = gpucheck.import_archive(out / "gpu-check.tar.gz", results)
@@ -498,22 +499,22 @@ def test_an_output_a_failed_step_left_empty_or_cut_short_is_not_imported(tmp_pat
 def test_an_order_report_deeper_than_json_loads_reads_is_imported(tmp_path):
     # `order --json` writes a tree K deep (a sequential loop); json.loads stops near 1000 levels,
     # so such a report was taken for a step that did not finish and left out. nightly --merge
-    # and gpu_check.sh's summary read it with order.read_report; so does the import now.
+    # and gpu_check.sh's summary read it with trees.read_report; so does the import now.
     k = 1500
     deep = 0
     for i in range(1, k):
         deep = [deep, i]
     meta = {"case": "seed", "k": k, "order_id": "0" * 12, "summary": "sequential", "verified": None, "notes": []}
-    whole = order.report_text(meta, deep).encode()
-    nan = order.report_text({**meta, "verified": 0.5}, deep).replace('"verified": 0.5', '"verified": NaN').encode()
+    whole = trees.report_text(meta, deep).encode()
+    nan = trees.report_text({**meta, "verified": 0.5}, deep).replace('"verified": 0.5', '"verified": NaN').encode()
     tar = _tar({"./MACHINE": b"gpu-a\n", "./COMMIT": b"0123456789abcdef" * 2 + b"01234567\n",
                 "./order-seed.json": whole, "./order-cut.json": whole[:-40], "./order-nan.json": nan})
     archive = tmp_path / "check.tar.gz"
     archive.write_bytes(__import__("gzip").compress(tar))
     done = gpucheck.import_archive(archive, tmp_path / "results")
     assert [Path(p).name for p in done.written] == ["order-seed.json"], (done.written, done.warnings)
-    back = order.read_report(Path(done.written[0]).read_text())
-    assert back["k"] == k and order.to_json(back["tree"]) == order.to_json(deep)
+    back = trees.read_report(Path(done.written[0]).read_text())
+    assert back["k"] == k and trees.to_json(back["tree"]) == trees.to_json(deep)
     for name in ("order-cut.json", "order-nan.json"):  # still no JSON: left out with a word
         assert any(name in w and "its step did not finish" in w for w in done.warnings), (name, done.warnings)
 
@@ -585,9 +586,8 @@ def _synthetic_archive(tmp_path: Path, commit_index: int, salt: str) -> Path:
 
 
 def test_a_check_of_an_older_commit_keeps_the_newer_benchmark_descriptions(tmp_path):
-    from asv.results import Results
-
     import asv_fixtures as F
+    from asv.results import Results
 
     results = tmp_path / "results"
     tree = F.write_tree(results, n_commits=3)  # commits of days 0, 1 and 2, the current code
@@ -650,7 +650,7 @@ def test_the_recorded_commit_answers_for_its_commit_alone(tmp_path):
     from asv import util
     from asv.repo import NoSuchNameError
 
-    from matmul_drift.asv_commit import RecordedCommit
+    from matmul_drift.jobs.asv_commit import RecordedCommit
 
     path = tmp_path / "commit.json"
     for bad in ("", "[]", '{"commit": "abc", "date": 1, "branch": "b"}', '{"commit": "%s", "date": 1.5, "branch": "b"}' % ("a" * 40)):
@@ -671,7 +671,7 @@ def test_a_tree_that_is_not_the_fetched_commit_is_refused(rehearsal, tmp_path):
     base, proj, _, _, _ = rehearsal
     # here: fetching over uncommitted changes is refused, and the wheels fetched before stay
     before = sorted(p.name for p in (proj / ".whl").iterdir())
-    (proj / "src/matmul_drift/cli.py").write_text((proj / "src/matmul_drift/cli.py").read_text() + "\n# edited\n")
+    (proj / "src/matmul_drift/cli/main.py").write_text((proj / "src/matmul_drift/cli/main.py").read_text() + "\n# edited\n")
     p = subprocess.run(["bash", "scripts/fetch_gpu_wheels.sh"], cwd=proj, capture_output=True, text=True,
                        env={**os.environ, "PYTHON": sys.executable, "WHL_DIR": str(proj / ".whl")}, timeout=120)
     assert p.returncode == 1 and "uncommitted changes" in p.stderr
@@ -685,7 +685,7 @@ def test_a_tree_that_is_not_the_fetched_commit_is_refused(rehearsal, tmp_path):
     assert run.returncode == 1 and "this tree is not the commit" in run.stdout
     assert re.search(r"^install\s+rc\s+1 ", (tmp_path / "out/summary.txt").read_text(), re.M)
     assert not (tmp_path / "site").exists()
-    subprocess.run(["git", "checkout", "--", "src/matmul_drift/cli.py"], cwd=proj, check=True)
+    subprocess.run(["git", "checkout", "--", "src/matmul_drift/cli/main.py"], cwd=proj, check=True)
 
 
 def test_a_failed_install_starts_no_later_step_and_still_writes_its_summary(tmp_path):

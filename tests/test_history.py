@@ -6,13 +6,13 @@ import json
 import math
 import shutil
 
+import asv_fixtures as F
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import asv_fixtures as F
-from matmul_drift import history, summary
+from matmul_drift.read import history, summary
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_a_one_sample_timing_as_asv_writes_it_is_read_without_a_warning(tmp_path
     # that data was lost, on asv's own output, though every time was read.
     from asv_runner.statistics import compute_stats
 
-    from matmul_drift import cli_summary
+    from matmul_drift.cli.main import main as cli_main
 
     tree = F.write_tree(tmp_path / "results", n_commits=2, torch_versions=("2.13.0",))
     data = F.load_results(tree.file(1, 0))
@@ -101,7 +101,7 @@ def test_a_one_sample_timing_as_asv_writes_it_is_read_without_a_warning(tmp_path
     assert h.warnings == [] and s.stats["ci_99_a"][i] == -math.inf and s.stats["ci_99_b"][i] == math.inf
     assert s.values[i] == before[i] * 1.5
     # one sample: the ratio alone decides; 1.5x is flagged, the unchanged times are not
-    assert cli_summary.main([str(tree.root), "--format", "json"]) == 0
+    assert cli_main(["summary", str(tree.root), "--format", "json"]) == 0
     out, err = capsys.readouterr()
     flags = json.loads(out)["flags"]
     assert err == "" and [(f["kind"], f["params"]["dtype"], f["params"]["case"], f["detail"]) for f in flags] == [

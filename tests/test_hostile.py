@@ -13,12 +13,14 @@ import json
 import os
 import signal
 
+import asv_fixtures as F
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import asv_fixtures as F
-from matmul_drift import bounded, cli_summary, history
+from matmul_drift.cli.main import main as cli_main
+from matmul_drift.read import history
+from matmul_drift.store import bounded
 
 PROG = "matmul-drift summary"
 
@@ -40,7 +42,7 @@ def deadline(seconds: int):
 def summary_of(root) -> tuple[int, str, list[str]]:
     out, err = io.StringIO(), io.StringIO()
     with deadline(60), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli_summary.main([str(root)])
+        rc = cli_main(["summary", str(root)])
     lines = err.getvalue().splitlines()
     assert "Traceback" not in err.getvalue()
     assert all(ln.startswith(f"{PROG}: ") for ln in lines), lines  # one line per warning or error

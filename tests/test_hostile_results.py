@@ -11,11 +11,13 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pytest
-
 import asv_fixtures as F
+import pytest
 from checkout import git
-from matmul_drift import cli_nightly, cli_summary, history, resultsbranch
+
+from matmul_drift.cli.main import main as cli_main
+from matmul_drift.jobs import resultsbranch
+from matmul_drift.read import history
 
 LAST_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant datetime holds
 
@@ -43,7 +45,7 @@ def test_a_date_datetime_cannot_hold_is_a_skipped_file(capsys, tmp_path, date):
         rf"skipping {re.escape(str(bad))}: (no commit date|commit date .+ is not whole ms from 1970 to 9999)",
         warned[0]), h.warnings
     assert all(r.path != bad for runs in h.runs.values() for r in runs)
-    assert cli_summary.main([str(tree.root), "--format", "github"]) == 0
+    assert cli_main(["summary", str(tree.root), "--format", "github"]) == 0
     assert f"warning: skipping {bad}" in capsys.readouterr().err
 
 
@@ -68,7 +70,7 @@ def test_a_machine_folder_named_in_other_bytes_is_skipped_and_named_safely(capsy
     assert f"skipping results in {tree.asv_dir}/bad\\xff: the folder's name is not UTF-8" in h.warnings
     assert _writable(h.warnings) and list(h.runs) == [tree.machine]
     out = tmp_path / "out.md"
-    assert cli_summary.main([str(tree.root), "--format", "github", "--output", str(out)]) == 0
+    assert cli_main(["summary", str(tree.root), "--format", "github", "--output", str(out)]) == 0
     assert "bad&#92;xff" in out.read_text(encoding="utf-8") and "Traceback" not in capsys.readouterr().err
 
 
@@ -89,7 +91,7 @@ def test_a_lone_surrogate_in_a_results_file_is_escaped_in_the_report(capsys, tmp
                         adjust=lambda ci, ei, data: ci and F.set_value(data, F.ERROR_U, 1, 50.0))
     tree.machine_dir.rename(tree.asv_dir / "m")  # a folder name that is UTF-8
     out = tmp_path / "out"
-    assert cli_summary.main([str(tree.root), "--format", fmt, "--output", str(out)]) == 1
+    assert cli_main(["summary", str(tree.root), "--format", fmt, "--output", str(out)]) == 1
     text = out.read_text(encoding="utf-8")
     assert re.search(r"m(\\|&#92;)udcff", text) and "Traceback" not in capsys.readouterr().err
     if fmt == "json":  # the same data reads back
@@ -112,7 +114,7 @@ def test_warnings_on_stderr_are_one_line_each_and_control_free(capsys, tmp_path)
 
     tree = F.write_tree(tmp_path / "results", n_commits=2, adjust=adjust)
     (tree.machine_dir / "bad\nname\x1b[31m.json").write_text("{")
-    assert cli_summary.main([str(tree.root)]) == 0
+    assert cli_main(["summary", str(tree.root)]) == 0
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 3 and all(ln.startswith("matmul-drift summary: warning: ") for ln in lines), lines
     assert not re.search("[\x00-\x1f\x7f-\x9f\u202a-\u202e]", "".join(lines)), lines
@@ -149,7 +151,7 @@ def test_a_tree_that_is_a_file_is_a_usage_error(capsys, repo):
     afile.write_text("x")
     with pytest.raises(resultsbranch.GitError, match=re.escape(f"--tree {afile} is a file, not a folder")):
         resultsbranch.ensure_tree(repo, afile, "results")
-    assert cli_nightly.main(["--merge", "--repo", str(repo), "--tree", str(afile)]) == 2
+    assert cli_main(["nightly", "--merge", "--repo", str(repo), "--tree", str(afile)]) == 2
     err = capsys.readouterr().err
     assert err.splitlines() == [f"matmul-drift nightly: error: --tree {afile} is a file, not a folder"], err
 
@@ -157,7 +159,7 @@ def test_a_tree_that_is_a_file_is_a_usage_error(capsys, repo):
 @pytest.mark.parametrize("text,why", [('{"torch": {"version": "\\ud800"}}', "unreadable"),
                                       ('{"device": "cpu", "full": ["evil"]}', "does not match its id")])
 def test_a_catalog_entry_that_is_not_its_id_is_missing_not_a_traceback(tmp_path, text, why):
-    from matmul_drift import catalog
+    from matmul_drift.store import catalog
 
     ident = catalog.store(tmp_path, "env", {"torch": {"version": "2.13.0"}})
     catalog.entry_path(tmp_path, "env", ident).write_text(text)
@@ -167,9 +169,9 @@ def test_a_catalog_entry_that_is_not_its_id_is_missing_not_a_traceback(tmp_path,
 
 def test_the_nightly_and_main_job_log_lines_are_one_line_whatever_a_name_holds(capsys):
     # their warnings name results files and environments, which may hold a newline or ESC
-    from matmul_drift import mainjob, nightly
+    from matmul_drift.jobs import mainjob, nightly
 
-    for say in (nightly._log, mainjob.log):
+    for say in (nightly.log, mainjob.log):
         say("warning: existing-py\n matmul-drift nightly: no changes\x1b[2J\u202e")
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "\x1b" not in err and "\u202e" not in err, err

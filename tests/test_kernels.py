@@ -9,11 +9,10 @@ import subprocess
 import sys
 import types
 
+import kernel_names
 import pytest
 
-from matmul_drift import kernels
-
-import kernel_names
+from matmul_drift.measure import kernels
 
 SPIN = "spin_kernel"  # torch.cuda._sleep's kernel, as normalise_cuda gives "void spin_kernel(long)"
 ADD = "at::native::vectorized_elementwise_kernel<4,at::native::CUDAFunctorOnSelf_add<unsigned char>>"  # a byte add
@@ -225,7 +224,7 @@ def test_kineto_notes_are_dropped_from_captured_stderr_and_the_rest_passes_on(ca
 
 def test_a_cpu_route_prints_nothing_on_stderr_in_a_fresh_process():
     # a process's first profiler session is where Kineto speaks, whichever torch build runs
-    code = "import torch; from matmul_drift import kernels; a = torch.ones(2, 2); print(kernels.cpu_route(lambda: a @ a)[1])"
+    code = "import torch; from matmul_drift.measure import kernels; a = torch.ones(2, 2); print(kernels.cpu_route(lambda: a @ a)[1])"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "aten::mm" in p.stdout and p.stderr == "", p.stderr
 

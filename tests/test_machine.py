@@ -14,7 +14,8 @@ import time
 import pytest
 from asv.machine import MachineCollection
 
-from matmul_drift import machine, nightly
+from matmul_drift.jobs import nightly
+from matmul_drift.store import machine
 
 INTEL = {"vendor_id": "GenuineIntel", "model name": "Intel(R) Xeon(R) Processor",
          "flags": "fpu sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_bf16 avx512_fp16 amx_tile amx_bf16 "
@@ -108,7 +109,8 @@ def test_register_with_a_bad_machine_file_is_one_line_and_leaves_it(tmp_path, ma
 
 
 def test_register_that_cannot_write_is_one_line_and_leaves_the_file(tmp_path, monkeypatch, capsys):
-    from matmul_drift import atomic, cli
+    from matmul_drift.cli import main as cli
+    from matmul_drift.store import atomic
 
     path = tmp_path / ".asv-machine.json"
     path.write_text('{"version": 1}')

@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
 from checkout import ROOT, committed_copy, git
 
-from matmul_drift import catalog, cli, history, machine, mainjob
+from matmul_drift.cli import main as cli
+from matmul_drift.core import ids
+from matmul_drift.jobs import mainjob
+from matmul_drift.read import history
+from matmul_drift.store import catalog, machine
 
 PY = sys.executable
 BENCH = r"Drift\."
@@ -180,7 +183,7 @@ def test_catalog_names_a_kernel_id_as_asv_shows_it(project, capsys):
     for spelling in (f"{value:.1f}", f"{value:.3g}", f"{int(value):012x}", repr(value)):
         assert cli.main(["catalog", spelling, "--root", str(root)]) == 0
         out = capsys.readouterr().out
-        assert catalog.hex_id(value) in out and all(n in out for n in names)
+        assert ids.hex_id(value) in out and all(n in out for n in names)
     assert cli.main(["catalog", "not-an-id", "--root", str(root)]) == 2
     assert "is not an id" in capsys.readouterr().err
 
@@ -268,7 +271,7 @@ def test_an_unusable_asv_machine_file_is_one_line(tmp_path, monkeypatch, capsys)
 
 @pytest.mark.parametrize("force", [False, True])
 def test_a_result_recorded_meanwhile_by_another_run_is_never_written_over(tmp_path, force):
-    from matmul_drift import asvrun
+    from matmul_drift.jobs import asvrun
 
     staging, results = tmp_path / "staging", tmp_path / "results"
     (staging / "m").mkdir(parents=True)
@@ -298,7 +301,7 @@ def test_a_results_file_asv_left_cut_short_is_a_failed_build_and_not_recorded(tm
     """asv killed (or out of disk space) as it wrote its results file: the file was recorded
     cut short, as the build's result at this commit, and every later run refused the build as
     already recorded (the summary skipped the file). Now the build failed, nothing is recorded."""
-    from matmul_drift import asvrun
+    from matmul_drift.jobs import asvrun
 
     proj = _bare_project(tmp_path, '{"matrix": {"req": {"torch": ["2.13.0"]}}, "environment_type": "virtualenv"}')
     o = mainjob.Options(repo=proj, publish=False)

@@ -19,14 +19,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 import asv_fixtures as F
+import pytest
 from checkout import ROOT, committed_copy, git
 
-from matmul_drift import axis, catalog, history, nightly, resultsbranch, site, summary
-from matmul_drift import machine as hardware
-from matmul_drift.lock import Locked, TreeLock
+from matmul_drift.core import trees
+from matmul_drift.jobs import axis, merge, nightly, resultsbranch, site
+from matmul_drift.read import history, latest, summary
+from matmul_drift.store import catalog
+from matmul_drift.store import machine as hardware
+from matmul_drift.store.lock import Locked, TreeLock
 
 PY = sys.executable
 BENCH = r"Drift\."
@@ -513,19 +515,19 @@ def test_a_night_left_copied_with_no_files_runs_again(tmp_path):
 def test_backups_in_one_second_keep_every_old_file(tmp_path, monkeypatch):
     from datetime import datetime
 
-    from matmul_drift import asvrun
+    from matmul_drift.store import atomic
 
     class Frozen(datetime):
         @classmethod
         def now(cls, tz=None):
             return datetime(2026, 1, 5, 12, 0, 0, tzinfo=tz)
 
-    monkeypatch.setattr(asvrun, "datetime", Frozen)
+    monkeypatch.setattr(atomic, "datetime", Frozen)
     f = tmp_path / "note.md"
     kept = []
     for version in (b"A", b"B", b"C"):
         f.write_bytes(version)
-        kept.append(asvrun.backup(f))
+        kept.append(atomic.backup(f))
     assert not f.exists() and [k.read_bytes() for k in kept] == [b"A", b"B", b"C"]
     assert [k.name for k in kept] == ["note.md.replaced-20260105T120000Z", "note.md.replaced-20260105T120000Z-2",
                                       "note.md.replaced-20260105T120000Z-3"]
@@ -533,7 +535,7 @@ def test_backups_in_one_second_keep_every_old_file(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("old", [b"", b'{"a": ', b"[]"])
 def test_an_unreadable_benchmarks_json_is_kept_beside_and_rewritten(tmp_path, old):
-    from matmul_drift import asvrun
+    from matmul_drift.jobs import asvrun
 
     path = tmp_path / "benchmarks.json"
     path.write_bytes(old)
@@ -564,7 +566,7 @@ def test_repair_removes_stale_locks_and_aborts_a_rebase(tmp_path):
 def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
     path = tmp_path / "lock"
     holder = subprocess.Popen(
-        [PY, "-c", "import sys, time; from matmul_drift.lock import TreeLock; TreeLock(sys.argv[1]).acquire(); "
+        [PY, "-c", "import sys, time; from matmul_drift.store.lock import TreeLock; TreeLock(sys.argv[1]).acquire(); "
                    "print('held', flush=True); time.sleep(600)", str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -636,9 +638,9 @@ def _three_nights(root: Path, middle) -> F.Tree:
 def test_a_change_across_a_night_without_the_value_is_flagged(tmp_path, middle):
     tree = _three_nights(tmp_path / "results", middle)
     hist = history.read_history(tree.root)
-    pairs, nights = nightly.latest_nights(hist)
+    pairs, nights = latest.nights(hist)
     assert pairs == {tree.machine: (tree.commits[1], tree.commits[2])}
-    result = nightly.compare(hist, pairs)
+    result = latest.compare(hist, pairs)
     kernel = [f for f in result.flags if f.kind == "kernel"]
     # Judged against the first night, named by its own commit and environment.
     assert [(f.before.commit, f.before.env, f.after.commit, f.after.env) for f in kernel] == [
@@ -653,7 +655,7 @@ def test_a_change_across_a_night_without_the_value_is_flagged(tmp_path, middle):
     assert tree.commits[0][:8] in plain and "1 failing (kernel)" in plain
     # The night line says "against" the second night; it must also say that this flag was judged
     # against the first, or "kernel changed" reads as a change since the second night.
-    dates = {r.commit: nightly._ms_date(r.date) for r in hist.runs[tree.machine]}
+    dates = {r.commit: latest.night_date(r.date) for r in hist.runs[tree.machine]}
     (line,) = [ln for ln in (tmp_path / "summaries/2025-01-03-synthetic.md").read_text().splitlines() if ln.startswith("- ")]
     assert line.endswith(f"; 1 flag against {dates[tree.commits[0]]} ({tree.commits[0][:8]}) instead, "
                          f"where {dates[tree.commits[1]]} had no value"), line
@@ -670,7 +672,7 @@ def test_a_code_change_before_a_night_without_the_benchmark_stops_the_walk_back(
     F.set_version(first, F.KERNEL, "old code")
     F.write_results(tree.machine_dir, first)
     hist = history.read_history(tree.root)
-    result = nightly.compare(hist, nightly.latest_nights(hist)[0])
+    result = latest.compare(hist, latest.nights(hist)[0])
     assert [(f.kind, f.benchmark, f.before.commit) for f in result.flags] == [("code", F.KERNEL, tree.commits[0])]
     assert result.failing(summary.DEFAULT_FAIL_ON) == []
 
@@ -701,9 +703,9 @@ def test_a_machine_seen_on_two_hardwares_keeps_the_flags_of_its_latest_night(tmp
     # summary then labels each hardware "vm [cpu, ...]", and compare kept only flags labelled
     # "vm", so the kernel change of night 2 against night 1 (one hardware) was dropped: 0 flags.
     tree, hist = _vm_nights(tmp_path, 3, other_cpu={0}, kernel={2: "new"})
-    pairs, _ = nightly.latest_nights(hist)
+    pairs, _ = latest.nights(hist)
     assert pairs == {"vm": (tree.commits[1], tree.commits[2])}
-    result = nightly.compare(hist, pairs)
+    result = latest.compare(hist, pairs)
     kernel = [(f.before.commit, f.after.commit, f.params) for f in result.flags if f.kind == "kernel"]
     assert kernel == [(tree.commits[1], tree.commits[2], tree.combos[_KERNEL_COMBO])]
     # the same flags as `summary --base --head` over this machine's results alone
@@ -726,10 +728,10 @@ def test_a_machine_on_two_hardwares_says_which_flags_were_judged_against_an_earl
     # Its flags are labelled "vm [cpu, ...]": the night line matched "vm" alone, so a flag judged
     # against night 1 (night 2 had no value) lost its "instead" note
     tree, hist = _vm_nights(tmp_path, 4, other_cpu={0}, kernel={2: None, 3: "new"})  # night 2 failed
-    pairs, (night,) = nightly.latest_nights(hist)
-    result = nightly.compare(hist, pairs)
+    pairs, (night,) = latest.nights(hist)
+    result = latest.compare(hist, pairs)
     assert [f.before.commit for f in result.flags if f.kind == "kernel"] == [tree.commits[1]]
-    (b,) = nightly.bridged(night, result)
+    (b,) = latest.bridged(night, result)
     assert (b["commit"], b["flags"]) == (tree.commits[1], 1)
 
 
@@ -741,10 +743,10 @@ def test_a_night_is_compared_with_the_previous_night_on_its_own_hardware(tmp_pat
     # against night 0 now. Where night 2 is itself on the other CPU, after nights 0 and 1 on
     # the first, it has nothing to compare with on its hardware, and the line says so.
     tree, hist = _vm_nights(tmp_path, 3, other_cpu={2 if last_on_other else 1}, kernel={2: "new"})
-    pairs, (night,) = nightly.latest_nights(hist)
-    dates = [nightly._ms_date(d) for d in tree.dates]
-    line = nightly.night_line({**night, "bridged": []})
-    result = nightly.compare(hist, pairs)
+    pairs, (night,) = latest.nights(hist)
+    dates = [latest.night_date(d) for d in tree.dates]
+    line = latest.night_line({**night, "bridged": []})
+    result = latest.compare(hist, pairs)
     if last_on_other:
         assert pairs == {"vm": (None, tree.commits[2])} and result.pairs == 0 and result.flags == []
         assert line == (f"vm: {dates[2]} ({tree.commits[2][:8]}, torch 2.13.0+cpu), the first night on this hardware: "
@@ -765,9 +767,9 @@ def test_a_merge_counts_and_warns_about_each_machines_own_nights_only(tmp_path):
     F.write_tree(root, machine="box-a", n_commits=2, torch_versions=("2.13.0",))
     later = F.write_tree(root, machine="box-b", n_commits=3, torch_versions=("2.13.0",))
     hist = history.read_history(root)
-    pairs, _ = nightly.latest_nights(hist)
+    pairs, _ = latest.nights(hist)
     assert pairs == {"box-a": (later.commits[0], later.commits[1]), "box-b": (later.commits[1], later.commits[2])}
-    result = nightly.compare(hist, pairs)
+    result = latest.compare(hist, pairs)
     assert result.pairs == 2 and result.warnings == [] and result.flags == []
 
 
@@ -775,7 +777,7 @@ def test_a_merged_night_whose_environment_parts_are_not_objects_is_still_listed(
     # check_night_file takes any object as environment: its torch and cuda may be strings there
     tree = _tree_with(tmp_path, {"nights/2026-01-01-gpu-a.json": json.dumps(
         {"date": "2026-01-01", "machine": "gpu-a", "environment": {"torch": "2.14.1", "cuda": 5}}).encode()})
-    nightly.check_night_file(Path("nights/2026-01-01-gpu-a.json"), (tree / "nights/2026-01-01-gpu-a.json").read_bytes())
+    merge.check_night_file(Path("nights/2026-01-01-gpu-a.json"), (tree / "nights/2026-01-01-gpu-a.json").read_bytes())
     (night,) = nightly._recorded_nights(tree)
     assert night["title"] == "night 2026-01-01 gpu-a: torch None (git unknown), CUDA none, machine gpu-a"
 
@@ -809,13 +811,13 @@ def test_plan_merge_copies_new_skips_same_flags_conflicts(tmp_path):
         "results/asv/b/y.json": b"2", "results/catalog/kernels/k.json": b'"k"',  # new
         "results/asv/benchmarks.json": b"{}", "summaries/d-b.md": b"s", "notes.txt": b"ignored",
     })
-    copies, benches, conflicts = nightly.plan_merge(tree, [src])
+    copies, benches, conflicts = merge.plan_merge(tree, [src])
     rels = [str(d.relative_to(tree)) for _, d in copies]
     assert rels == ["results/catalog/kernels/k.json", "results/asv/a/machine.json", "results/asv/b/y.json",
                     "summaries/d-b.md"]  # catalog first, results before summaries
     assert [(d, b.name) for d, b in benches] == [(None, "benchmarks.json")] and conflicts == []
     clash = _tree_with(tmp_path / "clash", {"results/asv/a/x.json": b'"other"'})
-    copies, _, conflicts = nightly.plan_merge(tree, [clash])
+    copies, _, conflicts = merge.plan_merge(tree, [clash])
     assert conflicts == ["results/asv/a/x.json differs from the recorded file"] and len(copies) == 1
 
 
@@ -825,7 +827,7 @@ def test_a_source_without_a_tree_is_named_and_the_others_still_merge(tmp_path, c
     tree = _tree_with(tmp_path / "tree", {"results/asv/a/x.json": b"1"})
     src = _tree_with(tmp_path / "src", {"results/asv/b/y.json": b"2"})
     (tmp_path / "empty").mkdir()
-    copies, _, _ = nightly.plan_merge(tree, [tmp_path / "empty", src])
+    copies, _, _ = merge.plan_merge(tree, [tmp_path / "empty", src])
     assert [str(d.relative_to(tree)) for _, d in copies] == ["results/asv/b/y.json"]
     err = capsys.readouterr().err
     assert f"warning: --merge {tmp_path / 'empty'} holds none of results/, summaries/, nights/" in err, err
@@ -853,7 +855,7 @@ def test_a_merge_keeps_the_newest_benchmark_descriptions_whatever_the_order(tmp_
     F.write_tree(tmp_path / "b/results", machine="box-b", n_commits=2, torch_versions=("2.13.0",))
     o = _merge_target(tmp_path)
     sources = [tmp_path / "a", tmp_path / "b"]
-    nightly.run_merge(o, sources if newer_first else sources[::-1])
+    merge.run_merge(o, sources if newer_first else sources[::-1])
     merged = json.loads((o.tree / "results/asv/benchmarks.json").read_text())
     newest = Results.load(str(o.tree / "results/asv/box-a" / new.file(1, 0).name))
     assert merged[F.ERROR_U]["version"] == version and F.ERROR_U in newest.get_result_keys(merged)
@@ -862,27 +864,26 @@ def test_a_merge_keeps_the_newest_benchmark_descriptions_whatever_the_order(tmp_
 def test_a_merge_reads_order_trees_deeper_than_json_loads_goes(tmp_path):
     """A sequential tree is K deep: the project's own results hold such catalog entries, and a
     GPU check's order-*.json reports; json.loads stops at about 1000 levels."""
-    from matmul_drift import order
 
     deep = 0
     for i in range(1, 1500):
         deep = [deep, i]
-    entry = order.entry_text(deep, 1500).encode()
-    report = order.report_text({"k": 1500, "summary": "sequential"}, deep).encode()
+    entry = trees.entry_text(deep, 1500).encode()
+    report = trees.report_text({"k": 1500, "summary": "sequential"}, deep).encode()
     with pytest.raises(RecursionError):
         json.loads(entry)
     tree = _tree_with(tmp_path / "tree", {})
     src = _tree_with(tmp_path / "src", {"results/catalog/orders/0123456789ab.json": entry,
                                         "results/gpu-check/h200/0123abcd/order-seed-float16.json": report})
-    copies, _, conflicts = nightly.plan_merge(tree, [src])
+    copies, _, conflicts = merge.plan_merge(tree, [src])
     assert sorted(str(d.relative_to(tree)) for _, d in copies) == [
         "results/catalog/orders/0123456789ab.json", "results/gpu-check/h200/0123abcd/order-seed-float16.json"]
-    back = order.read_report(report.decode())
-    assert order.to_json(back.pop("tree")) == order.to_json(deep) and back == {"k": 1500, "summary": "sequential"}
-    assert order.to_json(order.read_report(report.decode().replace("\n", "\r\n"))["tree"]) == order.to_json(deep)
+    back = trees.read_report(report.decode())
+    assert trees.to_json(back.pop("tree")) == trees.to_json(deep) and back == {"k": 1500, "summary": "sequential"}
+    assert trees.to_json(trees.read_report(report.decode().replace("\n", "\r\n"))["tree"]) == trees.to_json(deep)
     cut = _tree_with(tmp_path / "cut", {"results/catalog/orders/0123456789ab.json": entry[:-9]})
     with pytest.raises(nightly.UsageError, match="orders/0123456789ab.json is not valid JSON"):
-        nightly.plan_merge(tree, [cut])
+        merge.plan_merge(tree, [cut])
 
 
 def test_import_night_never_replaces_without_force(tmp_path):
@@ -931,7 +932,7 @@ def test_cli_errors_are_one_line_exit_2(world, tmp_path):
     (tmp_path / "art" / "results" / "asv").mkdir(parents=True)
     for args, cwd, needle in cases:
         env = {**world.env, "MATMUL_DRIFT_PRECISIONS": "fp8"} if "fp8" in needle else world.env
-        p = subprocess.run([PY, "-m", "matmul_drift.cli_nightly", *args], cwd=cwd, env=env,
+        p = subprocess.run([PY, "-m", "matmul_drift.cli", "nightly", *args], cwd=cwd, env=env,
                            capture_output=True, text=True, timeout=120)
         lines = p.stderr.strip().splitlines()  # progress lines may come before the one error line
         assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr)
@@ -1180,7 +1181,7 @@ def _killed_checking_out(tmp_path, path: str, call: str) -> None:
     env = {**os.environ, "GIT_CONFIG_COUNT": str(len(config))}
     for i, (k, v) in enumerate(config.items()):
         env.update({f"GIT_CONFIG_KEY_{i}": k, f"GIT_CONFIG_VALUE_{i}": v})
-    p = subprocess.run([PY, "-c", f"from pathlib import Path\nfrom matmul_drift import resultsbranch\n{call}"],
+    p = subprocess.run([PY, "-c", f"from pathlib import Path\nfrom matmul_drift.jobs import resultsbranch\n{call}"],
                        env=env, capture_output=True, text=True, timeout=60, start_new_session=True)
     assert p.returncode == -signal.SIGKILL, p.stderr
 
@@ -1292,7 +1293,8 @@ def test_a_results_file_asv_left_cut_short_never_reaches_the_tree(tmp_path, monk
     from datetime import datetime, timezone
 
     import asv_fixtures as F
-    from matmul_drift import asvrun
+
+    from matmul_drift.jobs import asvrun
 
     o = _merge_target(tmp_path)
     night = nightly.Options(machine="m", date=o.date, tree=o.tree, repo=o.repo, python=PY, publish=False)
@@ -1346,7 +1348,7 @@ def test_a_malformed_night_file_stops_the_merge_before_anything_is_copied(tmp_pa
                                         "results/asv/m/abcd1234-env.json": b"{}",
                                         "nights/2026-01-05-m.json": night})
     with pytest.raises(nightly.UsageError, match=why) as exc:
-        nightly.run_merge(o, [src])
+        merge.run_merge(o, [src])
     assert "\n" not in str(exc.value) and "nothing merged" in str(exc.value)
     assert not (o.tree / "results").exists() and not (o.tree / "nights").exists()
 
@@ -1360,7 +1362,7 @@ def test_a_merge_clears_what_a_killed_git_left_first(tmp_path):
 
     src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
     F.write_tree(src / "results", machine="m", n_commits=1)
-    report = nightly.run_merge(o, [src])
+    report = merge.run_merge(o, [src])
     assert report.commit and not lock.exists()
 
 
@@ -1380,7 +1382,7 @@ def test_a_merge_copies_no_symlink_and_no_fifo(tmp_path, how):
         _tree_with(tmp_path / "elsewhere", {"secret.md": b"not for the results branch"})
         (src / "summaries").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(nightly.UsageError, match="not a regular file" if how == "fifo" else "symlink"):
-        nightly.run_merge(o, [src])
+        merge.run_merge(o, [src])
     assert not (o.tree / "results").exists() and not (o.tree / "summaries").exists()
 
 
@@ -1388,7 +1390,7 @@ def test_a_merge_copies_a_night_description_kept_beside_by_force(tmp_path):
     tree = _tree_with(tmp_path / "tree", {})
     src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode(),
                                         "nights/2026-01-05-m.json.replaced-20260105T000000Z": b'{"old": 1}'})
-    copies, _, conflicts = nightly.plan_merge(tree, [src])
+    copies, _, conflicts = merge.plan_merge(tree, [src])
     assert sorted(d.name for _, d in copies) == ["2026-01-05-m.json", "2026-01-05-m.json.replaced-20260105T000000Z"]
     assert conflicts == []
 
@@ -1402,11 +1404,11 @@ def test_a_merge_after_one_killed_mid_copy_names_all_it_commits(tmp_path):
 
     src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
     F.write_tree(src / "results", machine="m", n_commits=1)
-    files = [f.relative_to(src) for f in nightly._source_files(src) if f.name != "benchmarks.json"]
+    files = [f.relative_to(src) for f in merge._source_files(src) if f.name != "benchmarks.json"]
     for rel in files[: len(files) - 1]:  # all but the last copied, then killed
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, tree / rel)
-    report = nightly.run_merge(o, [src])
+    report = merge.run_merge(o, [src])
     message = git(tree, "log", "-1", "--format=%B")
     assert report.commit and f"merged {len(files)} files" in message, message
     assert message.startswith("night 2026-01-05: m merged"), message
@@ -1421,10 +1423,10 @@ def test_a_merge_run_again_leaves_its_summary_files_as_they_are(tmp_path):
 
     src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
     F.write_tree(src / "results", machine="m", n_commits=1)
-    first = nightly.run_merge(o, [src])
+    first = merge.run_merge(o, [src])
     files = (first.summary_md, first.summary_json)
     before = [(p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns) for p in files]
-    again = nightly.run_merge(o, [src])
+    again = merge.run_merge(o, [src])
     assert again.commit is None and (again.summary_md, again.summary_json) == files
     assert [(p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns) for p in files] == before
 
@@ -1436,12 +1438,12 @@ def test_a_second_merge_of_a_night_says_it_replaces_the_summary_whose_first_stay
 
     src = _tree_with(tmp_path / "src", {"nights/2026-01-05-m.json": json.dumps(GOOD_NIGHT).encode()})
     F.write_tree(src / "results", machine="m", n_commits=1)
-    first = nightly.run_merge(o, [src])
+    first = merge.run_merge(o, [src])
     old = first.summary_md.read_bytes()
     capsys.readouterr()
     late = _tree_with(tmp_path / "late", {"nights/2026-01-05-m2.json": json.dumps({**GOOD_NIGHT, "machine": "m2"}).encode()})
     F.write_tree(late / "results", machine="m2", n_commits=1)
-    again = nightly.run_merge(o, [late])
+    again = merge.run_merge(o, [late])
     err = capsys.readouterr().err
     for suffix in ("md", "json"):
         assert (f"replacing summaries/2026-01-05-all.{suffix}: 2026-01-05-all was summarised before "
@@ -1450,7 +1452,7 @@ def test_a_second_merge_of_a_night_says_it_replaces_the_summary_whose_first_stay
     assert git(o.tree, "show", f"{first.commit}:summaries/2026-01-05-all.md").encode() + b"\n" == old
 
 
-@pytest.mark.parametrize("entry", [["-m", "matmul_drift.cli", "nightly"], ["-m", "matmul_drift.cli_nightly"]])  # the latter: nightly.sh
+@pytest.mark.parametrize("entry", [[PY, "-m", "matmul_drift.cli", "nightly"], ["bash", str(Path(__file__).resolve().parents[1] / "scripts" / "nightly.sh")]])
 def test_a_merge_whose_stdout_reader_left_is_still_committed(tmp_path, entry):
     # `nightly.sh --merge ... | head`, or a log collector that died: the summary on stdout is a
     # courtesy; the merge (or night) it reports must be recorded all the same.
@@ -1462,9 +1464,9 @@ def test_a_merge_whose_stdout_reader_left_is_still_committed(tmp_path, entry):
     r, w = os.pipe()
     os.close(r)  # the reader has left before a line is written
     try:
-        p = subprocess.run([PY, *entry, "--merge", str(src), "--repo", str(o.repo), "--no-publish",
+        p = subprocess.run([*entry, "--merge", str(src), "--repo", str(o.repo), "--no-publish",
                             "--date", "2026-01-05"], cwd=o.repo, stdout=w, stderr=subprocess.PIPE, text=True,
-                           timeout=120)
+                           timeout=120, env={**os.environ, "PYTHON": PY})
     finally:
         os.close(w)
     assert "Traceback" not in p.stderr and ": error: " not in p.stderr, p.stderr[-2000:]

@@ -3,10 +3,10 @@
 import math
 
 import numpy as np
-import torch
 import pytest
+import torch
 
-from matmul_drift import blocks, numerics
+from matmul_drift.core import blocks, numerics
 
 
 def bits32(values):
@@ -280,7 +280,7 @@ def test_the_ulp_at_the_largest_drift_is_the_finer_one_at_a_power_of_two():
 def test_a_correctly_rounded_tiny_sum_of_underflowed_terms_is_no_zero_miss():
     from fractions import Fraction
 
-    from matmul_drift import reference
+    from matmul_drift.measure import reference
 
     # Each product 2^-1076 underflows float64 (|A||B| reads 0), yet the three sum to
     # 0.75·2^-1074, which rounds to 2^-1074: a kernel returning that is right, not a defect.

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from matmul_drift import order
+from matmul_drift.core import ids, trees
+from matmul_drift.core.words import describe
+from matmul_drift.probes import order
 
 
 def simulated(tree):
@@ -23,7 +25,7 @@ def simulated(tree):
         node, par = stack.pop()
         key = ("n", id(node)) if isinstance(node, list) else ("l", node)
         parent[key] = par
-        size[key] = len(order.leaves(node)) if isinstance(node, list) else 1
+        size[key] = len(trees.leaves(node)) if isinstance(node, list) else 1
         if isinstance(node, list):
             stack.extend((c, key) for c in node)
 
@@ -86,11 +88,11 @@ TREES = {
 @pytest.mark.parametrize("name", list(TREES))
 def test_hand_built_trees_are_revealed_exactly(name):
     tree, words = TREES[name]
-    got = order.reveal(simulated(tree), K)
-    assert got.tree == order.canonical(tree)
+    got = order.tree_from_pairs(simulated(tree), K)
+    assert got.tree == trees.canonical(tree)
     assert got.rounds <= 2 * K.bit_length()
     if words:
-        assert order.describe(got.tree) == words
+        assert describe(got.tree) == words
 
 
 def lanes(n, k, into_first=(), start=0):
@@ -159,9 +161,9 @@ UNEVEN_LANES = {
 
 def revealed_reads(tree, words):
     """The probe, simulated over ``tree``, finds it, and describe reads it as ``words``."""
-    got = order.reveal(simulated(tree), len(order.leaves(tree)))
-    assert got.tree == order.canonical(tree)
-    assert order.describe(got.tree) == words
+    got = order.tree_from_pairs(simulated(tree), len(trees.leaves(tree)))
+    assert got.tree == trees.canonical(tree)
+    assert describe(got.tree) == words
 
 
 @pytest.mark.parametrize("name", list(UNEVEN_LANES))
@@ -171,10 +173,10 @@ def test_lanes_of_two_sizes_read_as_lanes(name):
 
 def test_lanes_of_two_sizes_are_read_without_recursion():
     k = 4 * 3000 + 5  # lanes 3000 deep, past Python's recursion limit; 5 left over
-    assert order.describe(order.canonical(hreduce(lanes(8, k)))) == "8 lanes × 1500..1501 sequential; lanes then pairwise"
-    assert (order.describe(order.canonical(seq(lanes(4, k - 5, into_first=range(k - 5, k)))))
+    assert describe(trees.canonical(hreduce(lanes(8, k)))) == "8 lanes × 1500..1501 sequential; lanes then pairwise"
+    assert (describe(trees.canonical(seq(lanes(4, k - 5, into_first=range(k - 5, k)))))
             == "4 lanes × 3000 sequential, then 5 more products into lane 0; lanes then sequential")
-    assert (order.describe(order.canonical(seq([seq(lanes(4, k - 5)), *range(k - 5, k)])))
+    assert (describe(trees.canonical(seq([seq(lanes(4, k - 5)), *range(k - 5, k)])))
             == "4 lanes × 3000 sequential; lanes then sequential; then 5 more products sequential")
 
 
@@ -227,14 +229,14 @@ SEEDED_LANES = {
 @pytest.mark.parametrize("name", list(SEEDED_LANES))
 def test_a_running_sum_into_lane_0_of_each_run_reads_as_runs(name):
     revealed_reads(*SEEDED_LANES[name])
-    assert sizes_add_up(SEEDED_LANES[name][1], len(order.leaves(SEEDED_LANES[name][0])))
+    assert sizes_add_up(SEEDED_LANES[name][1], len(trees.leaves(SEEDED_LANES[name][0])))
 
 
 def test_a_first_product_into_a_chain_or_among_no_neighbours_keeps_its_reading():
     # a run that product 0 goes into read as a chain ("1..4 [sequential (out of index order)]") says less
-    assert order.describe(order.canonical([[0, 1], [[2, 3], 4]])) == "2 chunks of 2 and 3; each: sequential; chunks added"
+    assert describe(trees.canonical([[0, 1], [[2, 3], 4]])) == "2 chunks of 2 and 3; each: sequential; chunks added"
     # a run is named by its first and last products: a lane's products are no run ("2..8 [pairwise]")
-    assert (order.describe(order.canonical(seq([[[[0, 2], 6], [4, 8]], seq([1, 3, 5, 7, 9])])))
+    assert (describe(trees.canonical(seq([[[[0, 2], 6], [4, 8]], seq([1, 3, 5, 7, 9])])))
             == "2 lanes of 5 [2 parts of 3 and 2; each: sequential; parts added] and 5 [sequential]; lanes then sequential")
 
 
@@ -295,16 +297,16 @@ def test_chunks_of_two_sizes_read_as_chunks(name):
 def test_chunks_of_two_sizes_in_one_fused_add():
     # one fused add of chunks (it read "3 chunks of 4..8; each: varied; chunks fused into one
     # rounding"), and a fused group with one product after it ("2 chunks of 1..4; ...")
-    assert (order.describe(order.canonical(blocks(20, 8, seq)))
+    assert (describe(trees.canonical(blocks(20, 8, seq)))
             == "2 chunks of 8 and 1 of 4; each: sequential; chunks fused into one rounding")
-    assert order.describe([[0, 1, 2, 3], 4]) == "fused group of 4; then 1 more product"
+    assert describe([[0, 1, 2, 3], 4]) == "fused group of 4; then 1 more product"
 
 
 def test_chunks_of_two_sizes_are_read_without_recursion():
     k = 3 * 3000 + 5  # chunks 3000 deep, past Python's recursion limit; a last one of 5
-    assert order.describe(order.canonical(seq(blocks(k, 3000, seq)))) == "3 chunks of 3000 and 1 of 5; each: sequential; chunks sequential"
+    assert describe(trees.canonical(seq(blocks(k, 3000, seq)))) == "3 chunks of 3000 and 1 of 5; each: sequential; chunks sequential"
     rest = [seq(list(range(3000))), pw(list(range(3000, 3004)))]
-    assert (order.describe(order.canonical(seq([rest, *range(3004, 3009)])))
+    assert (describe(trees.canonical(seq([rest, *range(3004, 3009)])))
             == "2 chunks of 3000 [sequential] and 4 [pairwise]; chunks added; then 5 more products sequential")
 
 
@@ -313,7 +315,7 @@ def test_chunks_of_two_sizes_are_read_without_recursion():
 # read as towers, "2 parts of 28 [2 parts of 26 [2 parts of 25 [2 parts of 20 [..." down to depth 4.
 RUNNING_BLOCKS = {
     # fp32 1x37x64 on a Xeon with torch 2.13.0+cpu, as revealed
-    "Xeon, K = 37": (order.from_json("[[[[[[[[[[[[[[[[[[[[0,2],[1,3]],[[4,6],[5,7]]],14],12],[13,15]],[[8,10],[9,11]]],22],20],"
+    "Xeon, K = 37": (trees.from_json("[[[[[[[[[[[[[[[[[[[[0,2],[1,3]],[[4,6],[5,7]]],14],12],[13,15]],[[8,10],[9,11]]],22],20],"
                                      "[21,23]],[[16,18],[17,19]]],30],28],[29,31]],[[24,26],[25,27]]],32],33],34],35],36]"),
                      XEON_37_WORDS),
     "blocks of 6, a fused step": (running_blocks(32, 6, seq(list(range(6))), [5, [0, 1, 2], [3, 4]]),
@@ -339,18 +341,18 @@ RUNNING_BLOCKS = {
 def test_a_running_sum_over_blocks_reads_as_blocks(name):
     tree, words = RUNNING_BLOCKS[name]
     revealed_reads(tree, words)
-    assert blocks_add_up(words, len(order.leaves(tree)))
+    assert blocks_add_up(words, len(trees.leaves(tree)))
 
 
 def test_a_running_sum_over_blocks_is_read_without_recursion():
     # the Xeon's blocks at K = 4096: a chain 2044 deep, past Python's recursion limit
-    tree = order.canonical(running_blocks(4096, 8, XEON_FIRST, XEON_STEPS))
-    assert order.canonical(running_blocks(37, 8, XEON_FIRST, XEON_STEPS)) == RUNNING_BLOCKS["Xeon, K = 37"][0]
-    words = order.describe(tree)
+    tree = trees.canonical(running_blocks(4096, 8, XEON_FIRST, XEON_STEPS))
+    assert trees.canonical(running_blocks(37, 8, XEON_FIRST, XEON_STEPS)) == RUNNING_BLOCKS["Xeon, K = 37"][0]
+    words = describe(tree)
     assert words == ("512 blocks of 8: the first pairwise (out of index order), then each of the 511 others added to the "
                      "running sum in 4 steps (offsets in the block): 6, 4, 5+7, (0+2)+(1+3)")
     assert blocks_add_up(words, 4096)
-    assert (order.describe(order.canonical(running_blocks(4099, 8, XEON_FIRST, XEON_STEPS)))
+    assert (describe(trees.canonical(running_blocks(4099, 8, XEON_FIRST, XEON_STEPS)))
             == words + "; then 3 more products sequential")
 
 
@@ -359,7 +361,7 @@ def test_blocks_that_break_the_pattern_keep_their_reading():
     # first two of 8 (bracketed: its reading holds a ':'). It read as a tower, "2 parts of 28 [2
     # parts of 26 [2 parts of 25 [2 parts of 20 [2 parts of 2..18; each: ...; parts added] and 4 ..."
     broken = running_blocks(37, 8, XEON_FIRST, XEON_STEPS, odd={16: [4, 6, [5, 7], [[0, 2], [1, 3]]]})
-    words = order.describe(order.canonical(broken))
+    words = describe(trees.canonical(broken))
     assert words == (
         "2 blocks of 16: the first [2 blocks of 8: the first pairwise (out of index order), then the second added to the "
         "running sum in 4 steps (offsets in the block): 6, 4, 5+7, (0+2)+(1+3)], then the second added to the running sum "
@@ -367,8 +369,8 @@ def test_blocks_that_break_the_pattern_keep_their_reading():
     assert blocks_add_up(words, 37)
     # one block after the first added in one step is two chunks added; a sum and its last products
     # added one at a time keep the remainder's reading
-    assert order.describe([seq(list(range(8))), pw(list(range(8, 16)))]) == "2 chunks of 8 [sequential] and 8 [pairwise]; chunks added"
-    assert (order.describe(order.canonical(seq([pw(list(range(4))), [4, 5], 6, 7])))
+    assert describe([seq(list(range(8))), pw(list(range(8, 16)))]) == "2 chunks of 8 [sequential] and 8 [pairwise]; chunks added"
+    assert (describe(trees.canonical(seq([pw(list(range(4))), [4, 5], 6, 7])))
             == "3 chunks of 2; each: sequential; chunks sequential; then 2 more products sequential")
 
 
@@ -424,11 +426,11 @@ def test_a_few_parts_that_read_otherwise_are_each_named(name):
 
 def test_a_few_fused_parts_are_each_named_and_many_stay_varied():
     three = [seq([0, 1, 2, 3, 4]), seq([5, 6, 7]), pw([8, 9, 10, 11])]
-    assert (order.describe(three)
+    assert (describe(three)
             == "3 chunks of 5 [sequential], 3 [sequential] and 4 [pairwise]; chunks fused into one rounding")
-    assert order.describe([*three, [12, 13]]) == "4 chunks of 2..5; each: varied; chunks fused into one rounding"
+    assert describe([*three, [12, 13]]) == "4 chunks of 2..5; each: varied; chunks fused into one rounding"
     three[2] = seq([8, 9, 10, 11])
-    assert order.describe(three) == "3 chunks of 5, 3 and 4; each: sequential; chunks fused into one rounding"
+    assert describe(three) == "3 chunks of 5, 3 and 4; each: sequential; chunks fused into one rounding"
 
 
 def closing(words: str, i: int) -> int:
@@ -527,29 +529,30 @@ def random_tree(rng, ids):
 def test_the_parts_named_hold_every_product():
     import random
     rng = random.Random(7)
-    trees = [t for t, _ in [*FEW_PARTS.values(), *SHORT_CHUNKS.values(), *UNEVEN_LANES.values(), *TREES.values(),
+    sample = [t for t, _ in [*FEW_PARTS.values(), *SHORT_CHUNKS.values(), *UNEVEN_LANES.values(), *TREES.values(),
                             *RUNNING_BLOCKS.values(), *SEEDED_LANES.values()]]
     for _ in range(400):
         k = rng.choice([5, 7, 9, 12, 17, 20, 36, 37, 100])
-        trees.append(random_tree(rng, list(range(k))))
+        sample.append(random_tree(rng, list(range(k))))
         if rng.random() < 0.3:  # a scalar loop's remainder on top
-            trees[-1] = seq([trees[-1], *range(k, k + rng.randrange(1, 6))])
-    checked = sum(sizes_add_up(order.describe(order.canonical(t)), len(order.leaves(t))) for t in trees)
+            sample[-1] = seq([sample[-1], *range(k, k + rng.randrange(1, 6))])
+    checked = sum(sizes_add_up(describe(trees.canonical(t)), len(trees.leaves(t))) for t in sample)
     assert checked >= 100  # the old words named no part: "2 chunks of 4..32; each: varied"
 
 
 def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path, capsys):
-    from matmul_drift import catalog, cli
+    from matmul_drift.cli import main as cli
+    from matmul_drift.store import catalog
 
     k = 1500  # deeper than Python's recursion limit (and json.loads')
-    got = order.reveal(simulated(seq(list(range(k)))), k)
-    assert got.rounds == 1 and order.describe(got.tree) == "sequential"
-    text = order.to_json(got.tree)
+    got = order.tree_from_pairs(simulated(seq(list(range(k)))), k)
+    assert got.rounds == 1 and describe(got.tree) == "sequential"
+    text = trees.to_json(got.tree)
     assert text == "[" * (k - 1) + "0," + "],".join(str(i) for i in range(1, k)) + "]"
     oid = order.store(tmp_path, got.tree, k)
     back = catalog.load(tmp_path, "orders", oid)  # read back as the summary does
-    assert back["k"] == k and order.to_json(back["tree"]) == text
-    assert cli.main(["catalog", catalog.hex_id(oid), "--root", str(tmp_path)]) == 0
+    assert back["k"] == k and trees.to_json(back["tree"]) == text
+    assert cli.main(["catalog", ids.hex_id(oid), "--root", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[1:] == [f"  K = {k}: sequential", f"  {text}"]
 
 
@@ -558,19 +561,19 @@ def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path, capsy
 def test_text_that_is_not_a_tree_is_refused(text):
     # JSON's numbers alone: str.isdigit takes Arabic-Indic digits, int() leading zeros
     with pytest.raises(ValueError):
-        order.from_json(text)
+        trees.from_json(text)
 
 
 @pytest.mark.parametrize("tree, k", [("[[0],1]", 2), ("[[0,0],1]", 3), ("[[0,1],3]", 3), ("[[0,1],2]", 4)])
 def test_a_file_whose_tree_is_no_order_over_k_is_refused(tree, k):
     # a node adding one term, a product added twice or never: no sum torch could have made
-    good = order.report_text({"k": 3, "summary": "x"}, [[0, 1], 2])
-    assert order.read_report(good)["tree"] == [[0, 1], 2]
-    assert order.parse_entry('{"k":3,"tree":[[0,1],2]}')["k"] == 3
+    good = trees.report_text({"k": 3, "summary": "x"}, [[0, 1], 2])
+    assert trees.read_report(good)["tree"] == [[0, 1], 2]
+    assert trees.parse_entry('{"k":3,"tree":[[0,1],2]}')["k"] == 3
     with pytest.raises(ValueError, match="not an order tree"):
-        order.read_report(order.report_text({"k": k, "summary": "x"}, [[0, 1], 2]).replace("[[0,1],2]", tree))
+        trees.read_report(trees.report_text({"k": k, "summary": "x"}, [[0, 1], 2]).replace("[[0,1],2]", tree))
     with pytest.raises(ValueError, match="not an order tree"):
-        order.parse_entry(f'{{"k":{k},"tree":{tree}}}')
+        trees.parse_entry(f'{{"k":{k},"tree":{tree}}}')
 
 
 def test_counts_that_fit_no_tree_are_not_revealed():
@@ -578,26 +581,26 @@ def test_counts_that_fit_no_tree_are_not_revealed():
         return [(i * 7 + j * 3) % 5 + 2 for i, j in pairs]
 
     with pytest.raises(order.NotRevealed, match="fit no tree"):
-        order.reveal(noisy, 16)
+        order.tree_from_pairs(noisy, 16)
 
 
 def test_order_id_is_the_canonical_trees_content_id(tmp_path):
     a, b = [[0, 1], 2], [2, [1, 0]]  # one tree, the children of both nodes swapped in b
-    assert order.order_id(b, 3) == order.order_id(a, 3) == order.store(tmp_path, b, 3)
+    assert trees.order_id(b, 3) == trees.order_id(a, 3) == order.store(tmp_path, b, 3)
     assert b == [2, [1, 0]]  # the caller's tree is left as it is
-    assert order.order_id(a, 3) != order.order_id([0, [1, 2]], 3)
-    assert order.entry_text(b, 3) == json.dumps({"k": 3, "tree": a}, separators=(",", ":"), sort_keys=True)
+    assert trees.order_id(a, 3) != trees.order_id([0, [1, 2]], 3)
+    assert trees.entry_text(b, 3) == json.dumps({"k": 3, "tree": a}, separators=(",", ":"), sort_keys=True)
     deep, backwards = 0, 0  # a sequential loop 3000 deep, written children first and children last
     for i in range(1, 3000):
         deep, backwards = [deep, i], [i, backwards]
-    assert order.order_id(backwards, 3000) == order.order_id(deep, 3000)
+    assert trees.order_id(backwards, 3000) == trees.order_id(deep, 3000)
 
 
 def test_every_committed_catalog_tree_keeps_its_id():
     found = sorted((Path(__file__).resolve().parents[1] / "results/catalog/orders").glob("*.json"))
     for path in found:
-        entry = order.parse_entry(path.read_text())
-        assert f"{order.order_id(entry['tree'], entry['k']):012x}" == path.stem
+        entry = trees.parse_entry(path.read_text())
+        assert f"{trees.order_id(entry['tree'], entry['k']):012x}" == path.stem
 
 
 # ---------------------------------------------------------------------------- on this CPU's kernels
@@ -617,7 +620,7 @@ def truncating(tree):
         node, par = stack.pop()
         parent[id(node) if isinstance(node, list) else ("l", node)] = par
         if isinstance(node, list):
-            below[id(node)] = set(order.leaves(node))
+            below[id(node)] = set(trees.leaves(node))
             stack.extend((c, node) for c in node)
 
     def meet(i, j):
@@ -669,15 +672,15 @@ TENSOR_CORE_TREES = {
 @pytest.mark.parametrize("name", list(TENSOR_CORE_TREES))
 def test_a_tensor_cores_fused_adds_are_found_by_one_more_pair_each(name):
     tree, words = TENSOR_CORE_TREES[name]
-    k = len(order.leaves(tree))
+    k = len(trees.leaves(tree))
     probe = truncating(tree)
-    chains = order.reveal(probe, k).tree
-    assert order.fused_nodes(chains) == 0  # with the rest left 0, a fused add reads as a chain
+    chains = order.tree_from_pairs(probe, k).tree
+    assert trees.fused_nodes(chains) == 0  # with the rest left 0, a fused add reads as a chain
     got, pairs, merged = order.fuse(chains, probe, k)
-    assert got == order.canonical(tree) and merged > 0
-    assert pairs == k - 1 and order.fused_nodes(chains) == 0  # one pair per two-child node; the input kept
+    assert got == trees.canonical(tree) and merged > 0
+    assert pairs == k - 1 and trees.fused_nodes(chains) == 0  # one pair per two-child node; the input kept
     if words:
-        assert order.describe(got) == words
+        assert describe(got) == words
 
 
 def _random_tree(leaves: list[int], rng):
@@ -699,15 +702,15 @@ def test_random_trees_of_rounded_and_fused_adds_are_revealed_exactly():
             rng.shuffle(leaves)
         tree = _random_tree(leaves, rng)
         probe = truncating(tree)
-        got, _, _ = order.fuse(order.reveal(probe, len(leaves)).tree, probe, len(leaves))
-        assert got == order.canonical(order.from_json(order.to_json(tree))), (seed, order.to_json(tree))
+        got, _, _ = order.fuse(order.tree_from_pairs(probe, len(leaves)).tree, probe, len(leaves))
+        assert got == trees.canonical(trees.from_json(trees.to_json(tree))), (seed, trees.to_json(tree))
 
 
 @pytest.mark.parametrize("name", list(TREES))
 def test_rounded_additions_and_exact_fused_adds_are_not_merged(name):
     tree, _ = TREES[name]
-    got, _, merged = order.fuse(order.canonical(tree), simulated(tree), K)
-    assert merged == 0 and got == order.canonical(tree)
+    got, _, merged = order.fuse(trees.canonical(tree), simulated(tree), K)
+    assert merged == 0 and got == trees.canonical(tree)
 
 
 def test_a_reading_that_fits_no_fused_node_is_not_revealed():
@@ -791,18 +794,19 @@ def test_fused_adds_of_inf_nan_zero_and_overflow_are_ieee(way):
 
 @pytest.mark.parametrize("way", order.FUSED)
 def test_the_replay_names_the_fused_add_the_kernel_used(way):
-    from matmul_drift import inputs, order_probe
+    from matmul_drift.measure import inputs
+    from matmul_drift.probes import order
 
-    tree = order.canonical(running(16, 64))
-    binary = order.canonical(seq(list(range(64))))
+    tree = trees.canonical(running(16, 64))
+    binary = trees.canonical(seq(list(range(64))))
     for dtype in ("float16", "float32"):  # the replay's draws for each
-        products = order_probe._products(np.random.default_rng(3), 64, 100, dtype)
+        products = order._products(np.random.default_rng(3), 64, 100, dtype)
         sums = np.array([float(_tree_sum(tree, col, way)) for col in products.T], dtype=np.float32)
         kernel = [(int(b), float(v)) for b, v in zip(inputs.round_bits(sums, dtype), sums)]
-        got = order_probe.match(tree, products, kernel, dtype)
+        got = order.match(tree, products, kernel, dtype)
         # the draws tell the ways apart, through an fp16 output too (before: every way matched)
         assert got["fused_add"] == [way] and got["matched"] == 100 and got["first_mismatch"] is None, dtype
-        chain = order_probe.match(binary, products, kernel, dtype)  # nor is it a chain of rounded additions
+        chain = order.match(binary, products, kernel, dtype)  # nor is it a chain of rounded additions
         assert chain["fused_add"] is None and chain["matched"] < 100 and chain["first_mismatch"] is not None
 
 
@@ -814,9 +818,10 @@ def test_a_tensor_core_kernel_is_revealed_through_the_probe_and_replayed(dtype, 
     cut to 25 bits, the halves added."""
     import torch
 
-    from matmul_drift import cases, inputs, order_probe
+    from matmul_drift.measure import cases, inputs
+    from matmul_drift.probes import order
 
-    t = order_probe.target(cases.get("square"), dtype, "cpu")
+    t = order.target(cases.get("square"), dtype, "cpu")
     truth = [running(16, t.k // 2), running(16, t.k // 2, t.k // 2)]
 
     def tensor_core(self):
@@ -826,32 +831,33 @@ def test_a_tensor_core_kernel_is_revealed_through_the_probe_and_replayed(dtype, 
             bits = inputs.round_bits(sums, dtype)
         return torch.from_numpy(bits.astype(np.int16)).view(getattr(torch, dtype))
 
-    monkeypatch.setattr(order_probe.Prober, "product", tensor_core)
-    got = order_probe.reveal(t, verify=True)
-    assert got.tree == order.canonical(truth)
+    monkeypatch.setattr(order.Prober, "product", tensor_core)
+    got = order.reveal(t, verify=True)
+    assert got.tree == trees.canonical(truth)
     assert "truncated-25" in got.verified["fused_add"] and got.verified["matched"] == 100
     assert any("fused adds" in n for n in got.notes), got.notes
-    assert order.describe(got.tree).startswith("2 chunks of 256; each: sequential in 16 fused groups of 16")
+    assert describe(got.tree).startswith("2 chunks of 256; each: sequential in 16 fused groups of 16")
 
 
 def _routes() -> dict[tuple, tuple]:
     """{route: (case, dtype, slice_n, slice_m)}: one computation per distinct CPU route of the
     catalog (full products and their slices), the cheapest to probe, from the routes traced here."""
-    from matmul_drift import cases, kernels, order_probe
+    from matmul_drift.measure import cases, kernels
+    from matmul_drift.probes import order
 
     found: dict[tuple, tuple] = {}
     for case in cases.CASES:
-        if case.id == "long-k":  # K = 262144 over 16 columns: beyond the probe's call budget (README)
+        if case.id == "long-k":  # K = 262144 over 16 columns: beyond the probe's call budget (docs/design.md)
             continue
         for dtype in ("float64", "float32", "float16", "bfloat16"):
             prober = None
             for sn, sm in [(None, None), *((n, None) for n in case.slice_n), *((None, m) for m in case.slice_m)]:
-                t = order_probe.target(case, dtype, "cpu", sn, sm)
+                t = order.target(case, dtype, "cpu", sn, sm)
                 if prober is None:
-                    prober = order_probe.Prober(t)
+                    prober = order.Prober(t)
                 prober.t = t
                 _, names = kernels.traced(prober.product, "cpu")
-                size = (order_probe.calls_per_round(t), t.k * t.rows * t.cols)
+                size = (order.calls_per_round(t), t.k * t.rows * t.cols)
                 key = (dtype, *kernels.unique(names))
                 if key not in found or size < found[key][0]:
                     found[key] = (size, case.id, dtype, sn, sm)
@@ -871,19 +877,20 @@ def routes():
 def test_every_cpu_route_of_the_catalog_is_revealed_and_replays_bit_for_bit():
     """Each route is revealed and replays 100 of 100 draws, or says "not revealed" (within 1500
     calls; a route whose columns differ may need the entry's own column alone): never a wrong tree."""
-    from matmul_drift import cases, order_probe
+    from matmul_drift.measure import cases
+    from matmul_drift.probes import order
 
     seen, revealed, refused = routes(), set(), []
     assert len({k[0] for k in seen}) == 4  # every dtype has a route
     for key, (case, dtype, sn, sm) in seen.items():
-        t = order_probe.target(cases.get(case), dtype, "cpu", sn, sm)
+        t = order.target(cases.get(case), dtype, "cpu", sn, sm)
         try:
-            r = order_probe.reveal(t, max_calls=1500)
+            r = order.reveal(t, max_calls=1500)
         except order.NotRevealed as exc:
             refused.append((key, str(exc)))
             continue
-        assert sorted(order.leaves(r.tree)) == list(range(t.k)), key
-        v = order_probe.replay(t, r.tree, draws=100, width=r.width)
+        assert sorted(trees.leaves(r.tree)) == list(range(t.k)), key
+        v = order.replay(t, r.tree, draws=100, width=r.width)
         assert v["matched"] == v["draws"] == 100, (key, case, sn, sm, v)
         revealed.add(dtype)
     assert revealed == {"float64", "float32", "float16", "bfloat16"}, refused
@@ -896,20 +903,21 @@ def test_a_wrong_tree_fails_the_replay(dtype):
     tree with its first and last products traded. Before, any tree replayed an fp16 or bf16
     kernel 100 of 100 (its draws' sums were exact in fp32 and the output hid the rest), and
     the traded tree an fp32 or fp64 one."""
-    from matmul_drift import cases, order_probe
+    from matmul_drift.measure import cases
+    from matmul_drift.probes import order
 
     k = 512
-    t = order_probe.target(cases.adhoc(4, k, 64), dtype, "cpu")
-    r = order_probe.reveal(t)
-    assert order_probe.replay(t, r.tree, draws=100, width=r.width)["matched"] == 100
-    other = pw(list(range(k))) if order.describe(r.tree) != "pairwise" else seq(list(range(k)))
-    traded = order.from_json(order.to_json(r.tree))
-    for x in order.inner_nodes(traded):
+    t = order.target(cases.adhoc(4, k, 64), dtype, "cpu")
+    r = order.reveal(t)
+    assert order.replay(t, r.tree, draws=100, width=r.width)["matched"] == 100
+    other = pw(list(range(k))) if describe(r.tree) != "pairwise" else seq(list(range(k)))
+    traded = trees.from_json(trees.to_json(r.tree))
+    for x in trees.inner_nodes(traded):
         x[:] = [k - 1 if c == 0 else 0 if c == k - 1 else c for c in x]
     for wrong in (other, traded):
-        assert order.to_json(order.canonical(wrong)) != order.to_json(r.tree)
-        v = order_probe.replay(t, order.canonical(wrong), draws=100, width=r.width)
-        assert v["matched"] < 100 and v["first_mismatch"] is not None, (order.describe(r.tree), v)
+        assert trees.to_json(trees.canonical(wrong)) != trees.to_json(r.tree)
+        v = order.replay(t, trees.canonical(wrong), draws=100, width=r.width)
+        assert v["matched"] < 100 and v["first_mismatch"] is not None, (describe(r.tree), v)
 
 
 def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
@@ -918,7 +926,8 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     the slices found by a dense measurement here)."""
     import torch
 
-    from matmul_drift import cases, order_probe
+    from matmul_drift.measure import cases
+    from matmul_drift.probes import order
 
     case = cases.adhoc(128, 512, 256)
     a = torch.randn(128, 512)
@@ -933,8 +942,8 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     for m in (None, *(x for x in (drifting, identical) if x)):
         # A case whose slice_m is m: the probe reads row 0 of A[:m] @ B
         c = cases.Case(case.id, "mm", case.cpu, case.cuda, slice_m=(m,) if m else ())
-        t = order_probe.target(c, "float32", "cpu", None, m)
-        ids[m] = order.order_id(order_probe.reveal(t).tree, t.k)
+        t = order.target(c, "float32", "cpu", None, m)
+        ids[m] = trees.order_id(order.reveal(t).tree, t.k)
     assert (drifting is None or ids[drifting] != ids[None]) and (identical is None or ids[identical] == ids[None]), ids
 
 
@@ -955,7 +964,7 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     (["--case", ""], "unknown case ''"),  # was a TypeError's traceback: an empty id read as no --case
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path):
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
 
@@ -974,13 +983,15 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path):
 def test_a_probe_larger_than_memory_is_refused_before_allocating(capsys, monkeypatch, tmp_path):
     import time
 
-    from matmul_drift import cases, cli, memory, order_probe
+    from matmul_drift.cli import main as cli
+    from matmul_drift.measure import cases, memory
+    from matmul_drift.probes import order
 
     have = memory.available("cpu")[0]
     if have is None:
         pytest.skip("no MemAvailable in /proc/meminfo")
     n = 1 << 16
-    while order_probe.target(cases.adhoc(n, 16, n), "float32", "cpu").bytes_needed()[0] < 4 * have:
+    while order.target(cases.adhoc(n, 16, n), "float32", "cpu").bytes_needed()[0] < 4 * have:
         n *= 2  # this machine's memory, not a constant
     t0 = time.monotonic()
     rc = cli.main(["order", "--m", str(n), "--k", "16", "--n", str(n), "--dtype", "float32"])
@@ -997,7 +1008,7 @@ def test_a_probe_larger_than_memory_is_refused_before_allocating(capsys, monkeyp
 
 
 def test_a_catalog_that_cannot_take_the_tree_is_one_line_before_probing(tmp_path, capsys, monkeypatch):
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "file"))
@@ -1010,7 +1021,7 @@ def test_a_catalog_that_cannot_take_the_tree_is_one_line_before_probing(tmp_path
 
 
 def test_a_dangling_link_as_json_is_refused_before_probing(tmp_path, capsys):
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     (tmp_path / "o.json").symlink_to(tmp_path / "nowhere" / "o.json")
     rc = cli.main(["order", "--m", "4", "--k", "8", "--n", "4", "--dtype", "float32", "--json", str(tmp_path / "o.json")])
@@ -1020,15 +1031,16 @@ def test_a_dangling_link_as_json_is_refused_before_probing(tmp_path, capsys):
 
 
 def test_a_json_file_made_while_probing_is_not_replaced(tmp_path, capsys, monkeypatch):
-    from matmul_drift import cli, order_probe
+    from matmul_drift.cli import main as cli
+    from matmul_drift.probes import order
 
-    target, revealed = tmp_path / "o.json", order_probe.reveal
+    target, revealed = tmp_path / "o.json", order.reveal
 
     def intrude(*args, **kwargs):  # someone else writes the file once the probe has started
         target.write_text("someone else's")
         return revealed(*args, **kwargs)
 
-    monkeypatch.setattr(order_probe, "reveal", intrude)
+    monkeypatch.setattr(order, "reveal", intrude)
     monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
     rc = cli.main(["order", "--m", "4", "--k", "8", "--n", "4", "--dtype", "float32", "--json", str(target)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -1039,7 +1051,7 @@ def test_a_json_file_made_while_probing_is_not_replaced(tmp_path, capsys, monkey
 
 
 def test_the_command_writes_the_tree_and_its_id(tmp_path, capsys, monkeypatch):
-    from matmul_drift import catalog, cli
+    from matmul_drift.cli import main as cli
 
     monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
     rc = cli.main(["order", "--m", "4", "--k", "300", "--n", "32", "--dtype", "float32", "--verify",
@@ -1047,15 +1059,15 @@ def test_the_command_writes_the_tree_and_its_id(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     doc = json.loads((tmp_path / "o.json").read_text())
     assert rc == 0 and "replay: 100 of 100" in out and f"order-id {doc['order_id']}" in out
-    assert sorted(order.leaves(doc["tree"])) == list(range(300)) and doc["verified"]["matched"] == 100
-    assert catalog.hex_id(order.order_id(doc["tree"], 300)) == doc["order_id"]
+    assert sorted(trees.leaves(doc["tree"])) == list(range(300)) and doc["verified"]["matched"] == 100
+    assert ids.hex_id(trees.order_id(doc["tree"], 300)) == doc["order_id"]
     assert (tmp_path / "cat" / "orders" / f"{doc['order_id']}.json").read_text().startswith('{"k":300,"tree":')
 
 
 
 def test_the_tree_is_written_before_a_line_is_printed(tmp_path, monkeypatch):
     # `order ... --json F | head -1`: a reader gone before the lines are printed cost the file
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path / "cat"))
     printed = []
@@ -1070,7 +1082,7 @@ def test_the_tree_is_written_before_a_line_is_printed(tmp_path, monkeypatch):
     assert printed == [True] and json.loads((tmp_path / "o.json").read_text())["k"] == 16
 
 def test_explain_orders_give_each_slice_its_order_and_a_verdict(capsys):
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     rc = cli.main(["explain", "--m", "64", "--k", "512", "--n", "256", "--dtype", "float32", "--orders", "--json"])
     doc = json.loads(capsys.readouterr().out)
@@ -1092,21 +1104,24 @@ def test_the_suite_records_each_full_products_order_and_says_what_it_could_not(t
     where the readings fit no tree."""
     import io
 
-    from matmul_drift import catalog, cases, order_probe, suite
+    from matmul_drift.jobs import suite
+    from matmul_drift.measure import cases
+    from matmul_drift.probes import order
+    from matmul_drift.store import catalog
 
     out = {"square|float32|cpu": {}, "long-k|float32|cpu": {}, "square|float32-tf32|cpu": {"skip": "CUDA only"}}
     log = io.StringIO()
     suite.add_orders(out, tmp_path, log)
-    t = order_probe.target(cases.get("square"), "float32", "cpu")
+    t = order.target(cases.get("square"), "float32", "cpu")
     entry = catalog.load(tmp_path, "orders", out["square|float32|cpu"]["order_id"])
-    assert entry == {"k": t.k, "tree": order_probe.reveal(t).tree}
+    assert entry == {"k": t.k, "tree": order.reveal(t).tree}
     assert math.isnan(out["long-k|float32|cpu"]["order_id"]) and "not probed" in log.getvalue()
     assert out["square|float32-tf32|cpu"] == {"skip": "CUDA only"}
 
     def fits_no_tree(*a, **kw):
         raise order.NotRevealed("the counts over products 0..511 fit no tree")
 
-    monkeypatch.setattr(order_probe, "reveal", fits_no_tree)
+    monkeypatch.setattr(order, "reveal", fits_no_tree)
     suite.add_orders(out, tmp_path, log)
     assert catalog.load(tmp_path, "orders", out["square|float32|cpu"]["order_id"]) == {"k": t.k, "tree": None}
     assert "square float32 cpu: not revealed: the counts over products 0..511 fit no tree" in log.getvalue()
@@ -1132,15 +1147,16 @@ def test_a_probe_or_a_fix_finder_that_breaks_is_recorded_failed_not_skipped(tmp_
     track raises) with its reason, while a probe that does not run stays NaN."""
     import io
 
-    from matmul_drift import fixfind, order_probe, suite
+    from matmul_drift.jobs import suite
+    from matmul_drift.probes import fixfind, order
 
     def broken(*a, **kw):
         raise ValueError("a bug in the probe")
 
-    monkeypatch.setattr(order_probe, "order_of", broken)
+    monkeypatch.setattr(order, "order_of", broken)
     out = {"square|float32|cpu": {"slice_n_ulp": 1.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0},
            "long-k|float32|cpu": {"slice_n_ulp": 0.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0}}
-    monkeypatch.setattr(order_probe, "target", lambda case, *a: (_ for _ in ()).throw(order.ProbeError("K too long"))
+    monkeypatch.setattr(order, "target", lambda case, *a: (_ for _ in ()).throw(order.ProbeError("K too long"))
                         if case.id == "long-k" else None)
     monkeypatch.setattr(fixfind, "try_fixes_many", lambda specs, *a, **kw: [{"failed": "timed out after 60 s"}] * len(specs))
     log = io.StringIO()
@@ -1166,20 +1182,23 @@ def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reve
     dtype) changes the key; a view slice as wide as B does not."""
     import io
 
-    from matmul_drift import catalog, cases, order_probe, suite
+    from matmul_drift.jobs import suite
+    from matmul_drift.measure import cases
+    from matmul_drift.probes import order
+    from matmul_drift.store import catalog
 
     out = {"slice-n-view|float32|cpu": {}, "slice-n-copy|float32|cpu": {}}
     log = io.StringIO()
     suite.add_orders(out, tmp_path, log)
     lines = log.getvalue().splitlines()
     assert "(the same computation as slice-n-view A @ B)" in lines[1] and "calls)" in lines[0], lines
-    copy = order_probe.target(cases.get("slice-n-copy"), "float32", "cpu")
+    copy = order.target(cases.get("slice-n-copy"), "float32", "cpu")
     entry = catalog.load(tmp_path, "orders", out["slice-n-copy|float32|cpu"]["order_id"])
-    assert entry == {"k": copy.k, "tree": order_probe.reveal(copy).tree}
+    assert entry == {"k": copy.k, "tree": order.reveal(copy).tree}
     assert out["slice-n-copy|float32|cpu"] == out["slice-n-view|float32|cpu"]
 
     def key(case, precision="float32", **kw):
-        return order_probe.target(case, precision, "cpu", **kw).computation()
+        return order.target(case, precision, "cpu", **kw).computation()
 
     view = cases.Case("v", "mm", cases.Shape(4, 64, 32), cases.Shape(4, 64, 32), layout="strided", slice_n=(32, 31))
     lin = cases.Case("w", "linear", cases.Shape(4, 64, 32), cases.Shape(4, 64, 32), layout="copy", slice_n=(32,))
@@ -1189,7 +1208,7 @@ def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reve
     assert key(lin) != key(lin, slice_n=32)  # W.t()[:, :32].contiguous() is a copy: another layout
     mv = cases.Case("s", "mv", cases.Shape(1, 64, 32), cases.Shape(1, 64, 32), slice_n=(31,), forms=("as-is", "2d"))
     assert key(mv, slice_n=31) != key(mv, slice_n=31, form="2d")
-    got = order_probe.slice_orders(view, "float32", "cpu", [("n", 32, False, "as-is"), ("n", 31, False, "as-is")])
+    got = order.slice_orders(view, "float32", "cpu", [("n", 32, False, "as-is"), ("n", 31, False, "as-is")])
     assert got["slices"][0]["calls"] == 0 and got["slices"][0]["same_as"] == "v A @ B", got
     assert got["slices"][0]["order_id"] == got["full"]["order_id"] and "same_as" not in got["slices"][1]
 
@@ -1197,16 +1216,18 @@ def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reve
 def test_a_probe_that_fits_no_tree_counts_the_calls_it_made(monkeypatch, capsys):
     """Each probe width makes one real call, then its readings fit no tree: the answer is "not
     revealed", with the calls spent (not 0), in order_of and in the command's line."""
-    from matmul_drift import cases, cli, order_probe
+    from matmul_drift.cli import main as cli
+    from matmul_drift.measure import cases
+    from matmul_drift.probes import order
 
     def one_call_then_no_tree(counts, k):
         counts([(0, 1)], None)
         raise order.NotRevealed("the counts fit no tree")
 
-    monkeypatch.setattr(order, "reveal", one_call_then_no_tree)
-    t = order_probe.target(cases.adhoc(4, 64, 32), "float32", "cpu")
-    got = order_probe.order_of(t)
-    assert order_probe.widths(t) == [32, 16, 1]  # all 32 columns, the first 16, column 0 alone
+    monkeypatch.setattr(order, "tree_from_pairs", one_call_then_no_tree)
+    t = order.target(cases.adhoc(4, 64, 32), "float32", "cpu")
+    got = order.order_of(t)
+    assert order.widths(t) == [32, 16, 1]  # all 32 columns, the first 16, column 0 alone
     assert got["tree"] is None and got["calls"] == 3, got
     rc = cli.main(["order", "--m", "4", "--k", "64", "--n", "32", "--dtype", "float32"])
     assert rc == 1 and "order not revealed after 3 matmul calls: the counts fit no tree" in capsys.readouterr().out
@@ -1220,7 +1241,8 @@ def test_a_kernel_whose_column_blocks_differ_is_read_in_its_first_tile(monkeypat
     import numpy as np
     import torch
 
-    from matmul_drift import cases, catalog, order_probe
+    from matmul_drift.measure import cases
+    from matmul_drift.probes import order
 
     k = 256
     first, rest = seq(list(range(k))), pw(list(range(k)))
@@ -1230,38 +1252,39 @@ def test_a_kernel_whose_column_blocks_differ_is_read_in_its_first_tile(monkeypat
         y = np.concatenate([order.evaluate(first, p[:, :64], np.float32), order.evaluate(rest, p[:, 64:], np.float32)])
         return torch.from_numpy(y)
 
-    monkeypatch.setattr(order_probe.Prober, "product", product)
-    t = order_probe.target(cases.adhoc(4, k, 512), "float32", "cpu")
-    assert order_probe.widths(t) == [512, 64, 16, 1]
-    unverified = order_probe.reveal(t)
-    assert unverified.width == 512 and order_probe.replay(t, unverified.tree, width=512)["matched"] < 100
+    monkeypatch.setattr(order.Prober, "product", product)
+    t = order.target(cases.adhoc(4, k, 512), "float32", "cpu")
+    assert order.widths(t) == [512, 64, 16, 1]
+    unverified = order.reveal(t)
+    assert unverified.width == 512 and order.replay(t, unverified.tree, width=512)["matched"] < 100
     seen = []
-    r = order_probe.reveal(t, verify=True, progress=lambda calls, expected: seen.append((calls, expected)))
+    r = order.reveal(t, verify=True, progress=lambda calls, expected: seen.append((calls, expected)))
     assert r.width == 64 and r.verified["matched"] == r.verified["draws"] == 100, (r.width, r.verified)
     # progress counts on over the widths (before, the count restarted at 1 for the second one)
     assert [c for c, _ in seen] == list(range(1, r.calls + 1)), seen
-    wide = [c for c, e in seen if e == order_probe.expected_calls(t, 512)]  # the calls at width 512
-    assert wide and {e for _, e in seen[len(wide):]} == {wide[-1] + order_probe.expected_calls(t, 64)}, seen
-    assert order.to_json(r.tree) == order.to_json(order.canonical(first)), order.describe(r.tree)
-    got = order_probe.order_of(t)
-    assert got["order_id"] == catalog.hex_id(order.order_id(first, k)) and got["calls"] == r.calls
+    wide = [c for c, e in seen if e == order.expected_calls(t, 512)]  # the calls at width 512
+    assert wide and {e for _, e in seen[len(wide):]} == {wide[-1] + order.expected_calls(t, 64)}, seen
+    assert trees.to_json(r.tree) == trees.to_json(trees.canonical(first)), describe(r.tree)
+    got = order.order_of(t)
+    assert got["order_id"] == ids.hex_id(trees.order_id(first, k)) and got["calls"] == r.calls
 
 
 def test_the_2d_form_of_a_1d_a_is_probed_as_its_own_computation():
     """The seed's `2d` form (A.unsqueeze(0) @ B[:, :n]) runs another op than A @ B[:, :n]: each
     form's tree replays its own computation bit for bit, and explain's orders name the form."""
-    from matmul_drift import cases, order_probe
+    from matmul_drift.measure import cases
+    from matmul_drift.probes import order
 
     case = cases.Case("mv-test", "mv", cases.Shape(1, 512, 300), cases.Shape(1, 512, 300), layout="strided",
                       slice_n=(299,), forms=("as-is", "2d"))
     for form in case.forms:
-        t = order_probe.target(case, "float32", "cpu", 299, form=form)
-        r = order_probe.reveal(t)
-        assert order_probe.replay(t, r.tree, width=r.width)["matched"] == 100, form
-    got = order_probe.slice_orders(case, "float32", "cpu", [("n", 299, False, "as-is"), ("n", 299, False, "2d")])
+        t = order.target(case, "float32", "cpu", 299, form=form)
+        r = order.reveal(t)
+        assert order.replay(t, r.tree, width=r.width)["matched"] == 100, form
+    got = order.slice_orders(case, "float32", "cpu", [("n", 299, False, "as-is"), ("n", 299, False, "2d")])
     assert [s["form"] for s in got["slices"]] == ["as-is", "2d"] and all(s["order_id"] for s in got["slices"])
     with pytest.raises(order.ProbeError, match="form '2d'"):
-        order_probe.target(cases.get("square"), "float32", "cpu", form="2d")
+        order.target(cases.get("square"), "float32", "cpu", form="2d")
 
 
 def test_bad_input_through_python_m_is_one_line_too():
@@ -1279,7 +1302,8 @@ def test_a_corrupt_catalog_entry_is_kept_aside_and_the_tree_stored_again(tmp_pat
     """An orders entry cut short (a copy killed halfway, a bad merge) stayed as it was: `order`
     printed its order-id as stored, and `catalog ID` (and the summary) said "unreadable" for good.
     The file is now kept beside it and the tree written again; an entry that reads is not touched."""
-    from matmul_drift import catalog, cli
+    from matmul_drift.cli import main as cli
+    from matmul_drift.store import catalog
 
     monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path))
     args = ["order", "--m", "1", "--k", "8", "--n", "1", "--dtype", "float32"]
@@ -1297,7 +1321,7 @@ def test_a_corrupt_catalog_entry_is_kept_aside_and_the_tree_stored_again(tmp_pat
 
 
 def test_the_counts_line_reads_as_english(tmp_path, capsys, monkeypatch):
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     monkeypatch.setenv("MATMUL_DRIFT_CATALOG", str(tmp_path))
     assert cli.main(["order", "--m", "1", "--k", "2", "--n", "1", "--dtype", "float32"]) == 0

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from matmul_drift import numerics, reference
+from matmul_drift.core import numerics
+from matmul_drift.measure import reference
 
 F64_MAX = Fraction(float(np.finfo(np.float64).max))
 F64_OVER = F64_MAX + Fraction(2) ** 970  # the largest finite value plus half its ulp: rounds to inf
@@ -23,7 +24,7 @@ def _explain_json(tmp_path, capsys, monkeypatch, a: np.ndarray, b: np.ndarray, *
     (exit status, report)."""
     import json
 
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
@@ -177,7 +178,7 @@ def test_float64_entries_whose_abs_product_overflows_are_judged_against_gamma_k(
 def test_explain_judges_float64_entries_whose_abs_product_overflows(tmp_path, capsys, monkeypatch):
     """explain once said "bit-identical ... error_u 0 u over 2 of 4 entries" of OVER_A @ OVER_B and
     nothing of a kernel off by 2^975 at (0, 0), where |A||B| = 2^1024 + 1 overflows float64."""
-    from matmul_drift import measure
+    from matmul_drift.measure import measure
 
     rc, doc = _explain_json(tmp_path, capsys, monkeypatch, OVER_A, OVER_B)
     assert rc == 0 and doc["verdict"]["kind"] != "defect", doc["verdict"]
@@ -248,7 +249,7 @@ def test_explain_flags_slice_and_repeat_drift_where_the_abs_product_overflows(tm
     """explain's slices and repeats once left the entries of OVER_A @ OVER_B whose |A||B| >= 2^1024
     out of max_u: a slice m = 1 and repeats 2^975 away at (0, 0) (16 u of |A||B|, beyond 2·γ_3 = 6 u)
     read "0 u over 1 entry", no defect. Correct ones cover every entry and stay within the bound."""
-    from matmul_drift import measure
+    from matmul_drift.measure import measure
 
     slices = ("--slice-m", "1", "--slice-n", "1")
     rc, doc = _explain_json(tmp_path, capsys, monkeypatch, OVER_A, OVER_B, *slices)
@@ -283,12 +284,12 @@ def test_explain_flags_slice_and_repeat_drift_where_the_abs_product_overflows(tm
 def test_scan_point_measures_drift_where_the_abs_product_overflows():
     """scan's max_u left out the entries of OVER_A @ OVER_B whose |A||B| >= 2^1024: against a full
     product 2^975 off at (0, 0), the point m = 1 read rounding-level drift, not 16 u."""
-    from matmul_drift import measure
+    from matmul_drift.measure import measure
 
     ops = measure.Operands(torch.from_numpy(OVER_A), torch.from_numpy(OVER_B), "matmul", "as-stored")
     c = ops.product()
     c[0, 0] += 2.0**975  # the slice's own (0, 0) is at most 1 here: 2^975 away, as rounded
-    top = measure.Top(*measure._host(c), measure.reference(ops))
+    top = measure.Top(*measure.on_host(c), measure.reference(ops))
     point = measure.scan_point(ops, "m", 1, top, dtype="float64", device="cpu")
     want_u = float(Fraction(2) ** 975 / (Fraction(2) ** -53 * (Fraction(2) ** 1024 + 1)))
     assert math.isclose(point["max_u"], want_u, rel_tol=1e-12), point
@@ -319,7 +320,8 @@ def test_abs_product_pow2_scales_as_the_reference_and_keeps_entries_in_range_bit
 def _lean_run(monkeypatch, a: np.ndarray, b: np.ndarray, off, **spec) -> dict:
     """fixrun.run's lean mode (the suite's) on hand-built float64 operands, with ``off(y, a_arg,
     b_arg, nth_full)`` changing each product the kernel makes: its result for code None."""
-    from matmul_drift import cases, fixrun, measure
+    from matmul_drift.measure import cases, measure
+    from matmul_drift.probes import fixrun
 
     m, k = a.shape
     n = b.shape[1]
@@ -344,7 +346,7 @@ def test_fixruns_lean_mode_judges_drift_where_the_abs_product_overflows(monkeypa
     for the slice (its column 1 alone) and 0 for the repeats. Now both read the 16 u the
     exact rational sum gives. In range (column 1) max_u is what the plain product gives, bit
     for bit."""
-    from matmul_drift import numerics
+    from matmul_drift.core import numerics
 
     def far(y, a_, b_, nth_full):  # the slice of one row, and every full product after the first
         if (a_ is not None and b_ is None and a_.shape[-2] == 1) or nth_full > 1:

@@ -15,14 +15,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matmul_drift import cases, catalog, cli, cli_scan, interrupt, kernels, measure, numerics, scan
+from matmul_drift.cli import main as cli
+from matmul_drift.cli.main import main as cli_main
+from matmul_drift.core import ids, numerics
+from matmul_drift.measure import cases, kernels, measure
+from matmul_drift.probes import interrupt, scan
 
 ENTRY = [sys.executable, "-m", "matmul_drift.cli", "scan"]
 
 
 def scan_cli(capsys, *args):
     """Run the scan in this process: (exit status, stdout, stderr)."""
-    rc = cli_scan.main([str(a) for a in args])
+    rc = cli_main(["scan", *(str(a) for a in args)])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -115,11 +119,11 @@ def test_a_run_narrower_than_the_grid_is_missed_and_the_output_says_how_wide():
     points = scan.class_search(1, 12000, _kernel_run(4900, 5400))
     assert scan.class_boundaries(points) == []
     params = scan.Params("n", 1, 12000, 1, 64, None, "float32", "cpu", 0, 0, "0" * 12)
-    text = cli_scan.render(scan.record(params, points, input_checksum="x", environment={}, sessions=[], complete=True))
+    text = scan.render(scan.record(params, points, input_checksum="x", environment={}, sessions=[], complete=True))
     assert f"grid points up to {gap} sizes apart" in text and f"a run of fewer than {gap} sizes" in text
     # a --step that evaluates every member of every class is a dense sweep, and says so
     assert scan.grid_gap(1, 100, 2) == _widest_class_gap(1, 100, 2) == 0
-    dense = cli_scan.render(scan.record(scan.Params(**{**params.to_dict(), "hi": 100, "step": 2}),
+    dense = scan.render(scan.record(scan.Params(**{**params.to_dict(), "hi": 100, "step": 2}),
                                         scan.class_search(1, 100, _kernel_run(50, 50), step=2),
                                         input_checksum="x", environment={}, sessions=[], complete=True))
     assert "a dense sweep):" in dense and "Not seen" not in dense
@@ -498,7 +502,7 @@ def drawn(monkeypatch, rec, tmp_path):
     """scan_plot.plot's figure, kept for reading instead of closed."""
     import matplotlib.pyplot as plt
 
-    from matmul_drift import scan_plot
+    from matmul_drift.probes import scan_plot
 
     figs = []
     monkeypatch.setattr(plt, "close", figs.append)
@@ -628,7 +632,7 @@ def test_memory_estimate_refuses_before_drawing(capsys):
 
 
 def test_no_host_memory_check_starts_where_memavailable_reads_too_little(capsys, monkeypatch):
-    from matmul_drift import memory
+    from matmul_drift.measure import memory
 
     monkeypatch.setattr(memory, "available", lambda device: (1 << 20, None))  # 1 MiB, as a VM that grows
     small = ["--vary", "n", "--range", "1:8", "--m", "2", "--k", "512", "--dtype", "float32", "--step", "1"]
@@ -680,7 +684,7 @@ def test_cuda_points_equal_explain(capsys, tmp_path):
         r = explain_json(capsys, "--m", 1, "--k", 4096, "--n", 4100, "--slice-n", s, "--dtype", "float16", "--device", "cuda")
         # explain lists a slice's kernels once each; a point keeps the launch order as it ran
         assert pts[s]["max_ulp"] == r["slice_n"]["max_ulp"] and kernels.unique(pts[s]["kernels"]) == r["kernels"]["slice_n"]
-    assert catalog.hex_id(catalog.object_id({"device": "cuda", "full": pts[4100]["kernels"]})) == pts[4100]["kernel_id"]
+    assert ids.hex_id(ids.object_id({"device": "cuda", "full": pts[4100]["kernels"]})) == pts[4100]["kernel_id"]
 
 
 def test_resume_refuses_a_tampered_record(capsys, tmp_path):
@@ -776,7 +780,7 @@ def test_a_boundary_of_drift_in_inf_entries_alone_shows_that_drift():
     params = scan.Params("n", 2, 60, 4, 300000, None, "float16", "cpu", 1, 0, "0" * 12)
     rec = scan.record(params, points, input_checksum="x", environment={}, sessions=[], complete=True)
     assert rec["boundaries"] and all(b["drift_changed"] for b in rec["boundaries"])
-    rows = [line for line in cli_scan.render(rec).splitlines() if " → " in line]
+    rows = [line for line in scan.render(rec).splitlines() if " → " in line]
     assert len(rows) == len(rec["boundaries"])
     for row in rows:  # each side says what it is: none differ before, a quarter of the entries after
         assert row.rstrip().endswith("0 ulp, 0 u, 25% of entries between finite and NaN/inf"), row
@@ -801,7 +805,7 @@ def test_write_new_creates_once_and_keeps_what_it_could_not_place(links, tmp_pat
     (some network file systems refuse them) it falls back to a check and a rename."""
     import errno
 
-    from matmul_drift import atomic
+    from matmul_drift.store import atomic
 
     if not links:
         def refuse(src, dst):
@@ -923,7 +927,7 @@ def test_bench_scan_times_its_first_range_without_the_processs_start_up(monkeypa
         Path(args[args.index("--json") + 1]).write_text(json.dumps(rec))
         return 0
 
-    monkeypatch.setattr(bench.cli_scan, "main", fake_scan)
+    monkeypatch.setattr(bench, "cli_main", fake_scan)
     monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(bench, "RANGES", bench.RANGES[:1])
     assert bench.main() == 0

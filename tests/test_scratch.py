@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from checkout import ROOT
 
-from matmul_drift import asvrun, atomic, mainjob, nightly, site
+from matmul_drift.jobs import asvrun, mainjob, nightly, site
+from matmul_drift.store import atomic
 
 PY = sys.executable
 
@@ -85,7 +85,7 @@ def test_a_failing_asv_publish_of_the_nightly_leaves_the_old_site_whole(tmp_path
 _BUILD_AND_DIE = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from matmul_drift import site
+    from matmul_drift.jobs import site
 
     def build(folder, lock):
         folder.mkdir()
@@ -148,7 +148,8 @@ def test_replace_folder_swaps_the_new_in_and_keeps_the_old_at_its_name(tmp_path,
 _CLAIM = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from matmul_drift import asvrun, scratch
+    from matmul_drift.jobs import asvrun
+    from matmul_drift.store import scratch
 
     folder = Path(sys.argv[1])
     lock = scratch.claim(folder)
@@ -177,7 +178,7 @@ def _live_run(folder: Path) -> subprocess.Popen:
 
 
 def test_sweep_removes_the_staging_of_a_run_that_is_gone_and_nothing_a_live_one_owns(tmp_path):
-    from matmul_drift import scratch
+    from matmul_drift.store import scratch
 
     staging = tmp_path / "staging"
     dead = _killed_run(staging / "a")
@@ -197,7 +198,7 @@ def test_sweep_removes_the_staging_of_a_run_that_is_gone_and_nothing_a_live_one_
 def test_the_asv_a_killed_run_left_running_keeps_its_staging(tmp_path):
     """A run killed with SIGKILL leaves its asv running, still writing into the staging
     folder; the lock it was handed keeps that folder from the next run's sweep until it exits."""
-    from matmul_drift import scratch
+    from matmul_drift.store import scratch
 
     fake = tmp_path / "fake"
     (fake / "asv").mkdir(parents=True)
@@ -226,7 +227,7 @@ def test_the_asv_a_killed_run_left_running_keeps_its_staging(tmp_path):
 def test_the_main_job_removes_the_staging_of_a_killed_run_with_one_line(tmp_path, monkeypatch, capsys):
     from test_mainjob import _bare_project
 
-    from matmul_drift import cli
+    from matmul_drift.cli import main as cli
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     proj = _bare_project(tmp_path, '{"matrix": {"req": {"torch": ["2.13.0"]}}, "environment_type": "virtualenv"}')

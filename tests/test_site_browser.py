@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -15,9 +15,10 @@ import sys
 import threading
 
 import pytest
-
-from matmul_drift import axis, history, site
 from test_nightly import build_world
+
+from matmul_drift.jobs import axis, site
+from matmul_drift.read import history
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -188,8 +189,8 @@ def test_main_job_site_draws_both_builds_offline_and_names_kernels(offline_brows
     assert f"{project.name}: square float32 cpu" in kernels
     # each order-id in words: square in float32 as the suite's probe reveals it in the main job's
     # environment (which leaves out this process's MKL_* settings: MKL_CBWR moves the route)
-    reveal = ("import json; from matmul_drift import cases, order_probe; "
-              "got = order_probe.order_of(order_probe.target(cases.get('square'), 'float32', 'cpu')); "
+    reveal = ("import json; from matmul_drift.measure import cases; from matmul_drift.probes import order; "
+              "got = order.order_of(order.target(cases.get('square'), 'float32', 'cpu')); "
               "print(json.dumps([got['order_id'], got['summary']]))")
     p = subprocess.run([sys.executable, "-c", reveal], env=project.env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -14,19 +14,23 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 import asv_fixtures as F
 import checkout
 import kernel_names
-from matmul_drift import catalog, cli_summary, history, order, render, summary
+import pytest
+
+from matmul_drift.cli.main import main as cli_main
+from matmul_drift.core import ids, trees
+from matmul_drift.probes import order
+from matmul_drift.read import history, latest, render, summary
+from matmul_drift.store import catalog
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_RESULTS = REPO / "results"
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = cli_summary.main([str(a) for a in argv])
+    rc = cli_main(["summary", *(str(a) for a in argv)])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -117,7 +121,7 @@ def _mutate_latest(capsys, results_root: Path) -> None:
     assert len(doc["flags"]) == 3 and rc == 1
     kflag = next(f for f in doc["flags"] if f["kind"] == "kernel")
     assert "mutated_sgemm_kernel<float>" in kflag["detail"]
-    assert kflag["after"]["kernels"] == new_entry and kflag["before"]["id"] == catalog.hex_id(old_id)
+    assert kflag["after"]["kernels"] == new_entry and kflag["before"]["id"] == ids.hex_id(old_id)
     assert all(f["before"]["commit"] == src.commit and f["after"]["commit"] == new_commit
                for f in doc["flags"])
 
@@ -197,7 +201,7 @@ def test_kernel_change_shows_old_and_new_names(capsys, tmp_path):
     (f,) = doc["flags"]
     assert rc == 1 and f["kind"] == "kernel" and f["params"] == tree.combos[i]
     old_name = F.default_kernel_names()[1]  # float32 is the second (dtype, device) pair
-    seq = catalog.hex_id(order.order_id(F.order_tree("sequential"), 8))
+    seq = ids.hex_id(trees.order_id(F.order_tree("sequential"), 8))
     assert f["detail"] == (f"full: aten::matmul, aten::mm, {old_name} -> "
                            "aten::matmul, aten::mm, MKL SGEMM(N,N) CNR:COMPATIBLE NThr:2; "
                            f"renamed, same order: sequential (order-id {seq})")
@@ -445,7 +449,7 @@ def test_a_change_across_a_run_without_the_value_is_flagged(capsys, tmp_path):
                                for env in tree.env_names}, doc["flags"]
         assert all((f["before"]["commit"], f["after"]["commit"]) == (tree.commits[0], tree.commits[2])
                    for f in judged.values())
-        assert judged["kernel", F.KERNEL, tree.env_names[0]]["after"]["id"] == catalog.hex_id(new_kernel)
+        assert judged["kernel", F.KERNEL, tree.env_names[0]]["after"]["id"] == ids.hex_id(new_kernel)
         assert rc == 1 and doc["failing"] == 6
 
 
@@ -534,7 +538,7 @@ def test_base_head_judges_what_base_lacks_against_the_latest_run_before_it(capsy
         kernel = [f for f in doc["flags"] if f["kind"] == "kernel"]
         assert [(f["before"]["commit"], f["after"]["commit"], f["after"]["env"]) for f in kernel] == [
             (tree.commits[0], tree.commits[3], env) for env in tree.env_names], doc["flags"]
-        assert all(f["after"]["id"] == catalog.hex_id(new_kernel) for f in kernel)
+        assert all(f["after"]["id"] == ids.hex_id(new_kernel) for f in kernel)
         assert rc == 1 and doc["failing"] == 2 and doc["pairs"] == 2
     # Head before base: nothing earlier is judged (there is no run between to step over).
     rc, doc, _ = run_json(capsys, tree.root, "--base", tree.commits[3][:8], "--head", tree.commits[1][:8])
@@ -617,7 +621,7 @@ def test_commits_are_paired_in_git_order_where_the_repository_is_at_hand(capsys,
 def test_git_order_reads_the_named_repository_under_a_hooks_git_variables(tmp_path, monkeypatch):
     # Inside a git hook GIT_DIR, GIT_WORK_TREE and GIT_INDEX_FILE are set: git then ignored the
     # repository it ran in and read the hook's (before: the other repository's commit came back).
-    from matmul_drift import gitorder
+    from matmul_drift.read import commits as gitorder
 
     heads = {}
     for name in ("project", "hooked"):
@@ -805,7 +809,7 @@ def test_github_markdown_keeps_every_kernel_name_intact(capsys, tmp_path):
 def test_drift_page_keeps_every_kernel_name_intact_and_injects_nothing(tmp_path):
     from html.parser import HTMLParser
 
-    from matmul_drift import mainjob, site
+    from matmul_drift.jobs import site
 
     names = _fixture_kernel_names() + ['cutlass::gemm<float, 128>&amp;</script><script>alert("x")</script>',
                                        "<img src=x onerror='alert(1)'> \" ' &lt;"]
@@ -824,7 +828,7 @@ def test_drift_page_keeps_every_kernel_name_intact_and_injects_nothing(tmp_path)
     tree = F.write_tree(tmp_path / "results", n_commits=2, cases=cases, torch_versions=("2.13.0",),
                         machine="m\u00e4chine-\u540d", kernel_names=names, adjust=adjust)
     h = history.read_history(tree.root)
-    result, runs = mainjob.latest_runs(h)
+    result, runs = latest.runs(h)
     page = site.page(h, result, runs)
 
     class Cells(HTMLParser):  # the tags the page holds, the text of each <code>, of each kernels row
@@ -924,8 +928,9 @@ def test_summary_runs_where_torch_cannot_be_imported(tmp_path):
             pass
         else:
             raise SystemExit("the block did not work")
-        from matmul_drift import cli_summary, history, summary, render
-        rc = cli_summary.main([{str(tree.root)!r}, "--format", "json"])
+        from matmul_drift.cli.main import main as cli_main
+        from matmul_drift.read import history, summary, render
+        rc = cli_main(["summary", {str(tree.root)!r}, "--format", "json"])
         assert not [m for m in sys.modules if m == "torch" or m.startswith("torch.")]
         print("EXIT", rc)
     """)
@@ -1062,11 +1067,10 @@ def test_one_machine_name_on_two_hardwares_is_never_judged_as_one_history(tmp_pa
 def test_the_sites_run_line_names_the_commit_compared_on_the_same_hardware(tmp_path, other):
     # The drift page's run line said "against" the machine's previous commit even where that
     # ran on other hardware, which the summary never compares.
-    from matmul_drift import mainjob
 
     root = tmp_path / "results"
     tree = F.write_tree(root, machine="vm", n_commits=3, adjust=lambda ci, ei, d: ci == other and _other_cpu(d))
-    result, (run,) = mainjob.latest_runs(history.read_history(root))
+    result, (run,) = latest.runs(history.read_history(root))
     compared = {p.before.commit for p in summary.make_pairs(history.read_history(root), summary.Options(at=tree.commits[2]))
                 if p.across == "commits"}
     if other == 1:  # commit 2 is judged against commit 0, on its hardware
@@ -1205,5 +1209,5 @@ def test_a_change_across_a_torch_build_without_the_value_is_flagged(capsys, tmp_
     assert set(judged) == {("kernel", F.KERNEL), ("order", F.ORDER_ID)}, doc["flags"]
     assert all((f["across"], f["before"]["torch"], f["after"]["torch"]) == ("envs", "2.12.0+cpu", "2.14.1+cpu")
                for f in judged.values())
-    assert judged["kernel", F.KERNEL]["after"]["id"] == catalog.hex_id(new_kernel)
+    assert judged["kernel", F.KERNEL]["after"]["id"] == ids.hex_id(new_kernel)
     assert rc == 1 and doc["failing"] == 2

@@ -1,0 +1,504 @@
+"""One case in, one Measurement out.
+
+Error against the exact product (reference.py) computed on the case's device, slice drift
+(``slice_n``, ``slice_m``), run-to-run drift, the kernels that ran, the environment
+and the time. Inputs come from inputs.py, so the same case gives the same bits
+everywhere; their checksum travels with the result.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from matmul_drift.core import ids, numerics
+from matmul_drift.measure import environment, inputs, kernels, memory
+from matmul_drift.measure.cases import Case, storage_dtype
+from matmul_drift.measure.reference import Reference, all_finite, exact_product
+
+SEED = 20261130  # the generator's seed: changing it changes every checksum
+
+
+class Unavailable(Exception):
+    """The case cannot run here (no GPU, no TF32 support): a skip, not a failure."""
+
+
+@dataclass
+class Measurement:
+    """Everything measured for one case, precision and device.
+
+    error_u and every ``max_u`` are in units of u of the output dtype (error_u None when
+    no entry is finite on both sides); ``max_ulp`` in output-dtype ulps; ``error`` says
+    which entries error_u covers, ``nonfinite`` counts NaN/inf by cause (numerics.nonfinite,
+    plus ``a`` and ``b`` for the inputs), ``reference`` names the exact reference's method;
+    ``seconds`` is time_call's dict (seconds per product, with its spread).
+    """
+
+    case: str
+    precision: str
+    device: str
+    m: int
+    k: int
+    n: int
+    batch: int | None
+    error_u: float | None
+    gamma_k_u: float | None
+    error: dict = field(default_factory=dict)
+    nonfinite: dict = field(default_factory=dict)
+    reference: dict = field(default_factory=dict)
+    slice_n: list[dict] = field(default_factory=list)
+    slice_m: list[dict] = field(default_factory=list)
+    run_to_run: dict = field(default_factory=dict)
+    kernels: dict = field(default_factory=dict)
+    kernel_id: int = 0
+    environment: dict = field(default_factory=dict)
+    env_id: int = 0
+    input_checksum: str = ""
+    seconds: dict | None = None
+    layout: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- operands -------------------------------------------------------------------------
+
+_INT_VIEW = {"float64": "int64", "float32": "int32", "float16": "int16", "bfloat16": "int16"}
+
+
+def operand_shapes(case: Case, device: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of A and of B *as stored*: for ``linear`` B is stored as W (N, K)."""
+    s = case.shape(device)
+    if case.op == "mv":
+        return (s.k,), (s.k, s.n)
+    if case.op == "bmm":
+        return (s.batch, s.m, s.k), (s.batch, s.k, s.n)
+    if case.op == "linear":
+        return (s.m, s.k), (s.n, s.k)
+    return (s.m, s.k), (s.k, s.n)
+
+
+@functools.lru_cache(maxsize=2)
+def _draw(seed: int, name: str, shape: tuple[int, ...], dist: str) -> np.ndarray:
+    # A suite measures each case in four dtypes: draw once, round four times.
+    values = inputs.draw(seed, name, shape, dist)
+    values.flags.writeable = False
+    return values
+
+
+def operand_bits(case: Case, dtype: str, device: str, seed: int = SEED,
+                 with_checksum: bool = True) -> tuple[np.ndarray, np.ndarray, str]:
+    """Bits of A and B (as stored) rounded to ``dtype``, and their checksum ("" without)."""
+    a_shape, b_shape = operand_shapes(case, device)
+    a = inputs.round_bits(_draw(seed, f"{case.id}:A", a_shape, case.dist), dtype)
+    b = inputs.round_bits(_draw(seed, f"{case.id}:B", b_shape, case.dist), dtype)
+    return a, b, inputs.checksum(a, b) if with_checksum else ""
+
+
+def to_tensor(bits: np.ndarray, dtype: str, device: str):
+    """A torch tensor of ``dtype`` on ``device`` holding exactly ``bits``."""
+    import torch
+
+    signed = bits.view(getattr(np, _INT_VIEW[dtype]))
+    return torch.from_numpy(signed).to(device).view(getattr(torch, dtype))
+
+
+def tensor_bits(t) -> np.ndarray:
+    """The raw bits of a tensor as an unsigned numpy array (on the host)."""
+    import torch
+
+    name = str(t.dtype).replace("torch.", "")
+    signed = t.detach().contiguous().view(getattr(torch, _INT_VIEW[name])).cpu().numpy()
+    return signed.view(getattr(np, "u" + _INT_VIEW[name]))
+
+
+# --- flags and devices ----------------------------------------------------------------
+
+
+def check_device(device: str, precision: str = "float32") -> None:
+    """Raise Unavailable where ``device``/``precision`` cannot run in this process."""
+    import torch
+
+    if device == "cpu":
+        if precision in ("float32-tf32", "float32-high"):
+            raise Unavailable(f"{precision} is a CUDA matmul mode; it does not apply on the CPU")
+        return
+    if device != "cuda":
+        raise ValueError(f"unknown device {device!r}; expected cpu or cuda")
+    if not torch.cuda.is_available():
+        raise Unavailable("cuda requested but no CUDA GPU is available")
+    if precision in ("float32-tf32", "float32-high") and torch.cuda.get_device_capability()[0] < 8:
+        raise Unavailable(f"{precision} needs sm_80 or newer")
+
+
+@contextmanager
+def precision_flags(precision: str):
+    """Set the matmul flags of a precision for the duration, then restore them."""
+    import torch
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    try:
+        if precision == "float32-tf32":
+            torch.backends.cuda.matmul.allow_tf32 = True
+        elif precision == "float32-high":
+            torch.set_float32_matmul_precision("high")
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
+
+
+# --- the products ---------------------------------------------------------------------
+
+
+@dataclass
+class Operands:
+    """A and B as tensors (B as the op sees it) plus the stored W for ``linear``."""
+
+    a: object
+    b: object
+    op: str
+    layout: str
+
+    def product(self, a=None, b=None):
+        """The case's product of ``a`` and ``b`` (defaults: the full operands)."""
+        import torch
+
+        a = self.a if a is None else a
+        b = self.b if b is None else b
+        if self.op == "linear":
+            return torch.nn.functional.linear(a, b.t())  # b is W.t(); linear takes W
+        return torch.matmul(a, b)
+
+    def b_cols(self, n: int):
+        """B's first n columns: a strided view, or a contiguous copy for layout 'copy'."""
+        view = self.b[..., :n]
+        return view.contiguous() if self.layout == "copy" else view
+
+
+def restride(t, dtype, device: str, keep: bool = True):
+    """``t`` converted to ``dtype`` on ``device`` with its shape, strides and storage offset
+    kept (the layout decides the kernel: a transposed view runs SGEMM(T,…)), or contiguous
+    when ``keep`` is false or the strides overlap (stride 0 cannot be written). Always a copy."""
+    import torch
+
+    extent, src = restride_elements(t, keep), t
+    if t.dtype == torch.float64 and dtype in (torch.float16, torch.bfloat16):  # rounded once, not through float32
+        name = str(dtype).removeprefix("torch.")
+        src = to_tensor(inputs.round_bits(t.cpu().numpy(), name), name, "cpu")  # t's shape, contiguous
+    if extent is not None:
+        out = torch.zeros(extent, dtype=dtype, device=device).as_strided(t.shape, t.stride(), t.storage_offset())
+        try:
+            out.copy_(src)
+            return out
+        except RuntimeError:  # strides that overlap some other way
+            pass
+    return src.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)  # never the file's mapping
+
+
+def restride_elements(t, keep: bool = True) -> int | None:
+    """Elements ``restride`` allocates to keep ``t``'s layout: its storage offset plus the span
+    of its strides (a view of a large storage spans most of it); None where it copies ``t``
+    contiguous instead (numel elements)."""
+    if keep and t.numel() and all(st > 0 or sz == 1 for sz, st in zip(t.shape, t.stride())):
+        return t.storage_offset() + 1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride()))
+    return None
+
+
+def describe_layout(t) -> dict:
+    """Shape, strides (elements), storage offset and order (C, F or strided) of a tensor."""
+    order = "C" if t.is_contiguous() else "F" if t.dim() == 2 and t.t().is_contiguous() else "strided"
+    return {"shape": list(t.shape), "strides": list(t.stride()), "offset": int(t.storage_offset()), "order": order}
+
+
+def make_operands(a_bits, b_bits, dtype: str, device: str, case: Case) -> Operands:
+    a = to_tensor(a_bits, dtype, device)
+    b = to_tensor(b_bits, dtype, device)
+    if case.op == "linear":
+        b = b.t()  # stored as W (N, K); the product sees W.t() (K, N)
+    return Operands(a, b, case.op, case.layout)
+
+
+def reference(ops: Operands) -> Reference:
+    """The exact product of the operands (reference.py), on their device; host arrays."""
+    return exact_product(ops.product, ops.a, ops.b)
+
+
+def on_host(t) -> tuple[np.ndarray, np.ndarray]:
+    """A tensor's raw bits and its values in float64 (output units), on the host."""
+    return tensor_bits(t), t.double().cpu().numpy()
+
+
+def compare(x_bits, x, y_tensor, absprod: tuple, dtype, cut, k, precision=None) -> dict:
+    """numerics.drift of ``y_tensor`` against ``x`` over ``cut``; ``absprod``: (|A||B|·2^-e, e)
+    as Reference.absprod_pow2() gives it (e None where |A||B| overflows nowhere)."""
+    y_bits, y = on_host(y_tensor)
+    scaled, e = absprod
+    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], scaled[cut], dtype, k, precision,
+                          None if e is None else e[cut])
+
+
+@dataclass
+class Top:
+    """The product at the top of a scan's range, on the host.
+
+    ``bits`` raw output bits, ``values`` the same in float64 (output units), ``ref`` the
+    exact reference (its ``absprod`` is |A||B|, float64, output units).
+    """
+
+    bits: np.ndarray
+    values: np.ndarray
+    ref: Reference
+
+
+def top_product(ops: Operands, y=None) -> Top:
+    """The full product of ``ops`` (``y`` if already made) and its exact reference, on the host."""
+    bits, values = on_host(ops.product() if y is None else y)
+    return Top(bits, values, reference(ops))
+
+
+def _count_nonfinite(t) -> int:
+    import torch
+
+    return 0 if all_finite(t) else int((~torch.isfinite(t)).sum())
+
+
+def traced_call(call, device: str, routes: list | None):
+    """``call()``; its kernels are appended to ``routes`` when given (same call, not a second)."""
+    if routes is None:
+        return call()
+    y, names = kernels.traced(call, device)
+    routes += names
+    return y
+
+
+def measure_operands(
+    ops: Operands,
+    *,
+    case: Case,
+    precision: str,
+    device: str,
+    checksum: str,
+    slice_n: tuple[int, ...] = (),
+    slice_m: tuple[int, ...] = (),
+    repeat: int = 3,
+    with_kernels: bool = True,
+    timing: bool = True,
+) -> Measurement:
+    """Measure one product and its slices; ``ops`` already on ``device`` in the storage dtype."""
+    dtype = storage_dtype(precision)
+    u = numerics.unit_roundoff(dtype)
+    k = int(ops.a.shape[-1])
+    with precision_flags(precision):
+        full: list[str] | None = [] if with_kernels else None
+        top = top_product(ops, traced_call(ops.product, device, full))
+        kern = {"full": full} if with_kernels else {}
+        c_bits, c_val, ref = top.bits, top.values, top.ref
+        slack = ref.slack_or_relative()  # how far hi + lo may be from the exact value, per entry
+        scaled, absexp = absprod = ref.absprod_pow2()  # |A||B| = scaled·2^absexp: finite where it overflows
+        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, scaled, dtype, k, precision, slack, absexp)
+        # an exact reference's hi is the exact value rounded: it alone says where inf is the rounding
+        near = () if ref.exact else (slack, ref.lo)
+        nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),
+                     **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype, *near)}
+        routes_n: list[tuple[str, list[str]]] = []  # (slice, its kernels) per traced call
+        routes_m: list[tuple[str, list[str]]] = []
+
+        def traced(call, label: str, routes: list):
+            """call() through traced_call, its kernels recorded in ``routes`` under ``label``."""
+            names: list[str] | None = [] if with_kernels else None
+            y = traced_call(call, device, names)
+            if names is not None:
+                routes.append((label, names))
+            return y
+
+        slices_n = []
+        for form in case.forms:
+            a_form = ops.a.unsqueeze(0) if form == "2d" else ops.a
+            for n in slice_n:
+                b_n = ops.b_cols(n)
+                call = lambda a_form=a_form, b_n=b_n: ops.product(a_form, b_n)  # noqa: E731
+                y = traced(call, f"n={n}" + (f" {form}" if len(case.forms) > 1 else ""), routes_n)
+                if form == "2d":
+                    y = y.squeeze(0)
+                cols = min(n, case.compare_cols or n)
+                d = compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, cols)), k, precision)
+                slices_n.append({"n": n, "form": form, "cols": cols, **d})
+        slices_m = []
+        for m in slice_m:
+            a_m = ops.a[..., :m, :]
+            y = traced(lambda a_m=a_m: ops.product(a_m), f"m={m}", routes_m)
+            d = compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)), k, precision)
+            slices_m.append({"m": m, **d})
+        if routes_n:
+            kern.update(kernels.merged("slice_n", routes_n))
+        if routes_m:
+            kern.update(kernels.merged("slice_m", routes_m))
+
+        run_to_run = {"repeat": repeat, **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat, precision)}
+        seconds = time_call(ops.product, device) if timing else None
+        env = environment.describe(device, kernels.mkl_code_path() if device == "cpu" else None)
+
+    s = case.shape(device)
+    return Measurement(
+        case=case.id, precision=precision, device=device, m=s.m, k=k, n=s.n, batch=s.batch,
+        error_u=err.pop("error_u"), gamma_k_u=numerics.bound_u(k, dtype, precision), error=err, nonfinite=nonfinite,
+        reference=ref.describe(u), slice_n=slices_n, slice_m=slices_m,
+        run_to_run=run_to_run, kernels=kern, kernel_id=ids.object_id(kernel_entry(device, kern)),
+        environment=env, env_id=ids.object_id(env), input_checksum=checksum, seconds=seconds,
+        layout={"a": describe_layout(ops.a), "b": describe_layout(ops.b)},
+    )
+
+
+def repeat_drift(ops: Operands, c_bits, c_val, absprod: tuple, dtype: str, k: int, repeat: int,
+                 precision: str | None = None) -> dict:
+    """The worst drift (by share of entries, then ulps) of ``repeat`` − 1 more full products
+    against the first (``c_bits``/``c_val``; ``absprod`` as ``compare`` takes it);
+    numerics.drift's keys, all 0 when none differ."""
+    worst = {"max_ulp": 0, "max_u": 0.0, "max_u_entries": 0, "frac_differ": 0.0, "nonfinite_differ": 0,
+             "sign_changes": 0, "beyond_bound": 0}
+    for _ in range(max(repeat - 1, 0)):
+        d = compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,), k, precision)
+        if (d["frac_differ"], d["max_ulp"]) >= (worst["frac_differ"], worst["max_ulp"]):
+            worst = {key: d[key] for key in worst}
+    return worst
+
+
+def kernel_entry(device: str, kern: dict) -> dict:
+    """The catalog text behind a kernel-id: the device and its ordered kernel lists."""
+    return {"device": device, **kern}
+
+
+def measure(case: Case, precision: str, device: str, *, slice_n=None, slice_m=None, repeat=None,
+            with_kernels: bool = True, timing: bool = True, seed: int = SEED) -> Measurement:
+    """Measure a catalog case. ``slice_n``/``slice_m`` override the case's own slices."""
+    check_device(device, precision)
+    dtype = storage_dtype(precision)
+    a_bits, b_bits, checksum = operand_bits(case, dtype, device, seed)
+    ops = make_operands(a_bits, b_bits, dtype, device, case)
+    del a_bits, b_bits
+    return measure_operands(
+        ops, case=case, precision=precision, device=device, checksum=checksum,
+        slice_n=case.slice_n if slice_n is None else slice_n,
+        slice_m=case.slice_m if slice_m is None else slice_m,
+        repeat=case.repeat if repeat is None else repeat,
+        with_kernels=with_kernels, timing=timing,
+    )
+
+
+# --- time -----------------------------------------------------------------------------
+
+
+NOISY = 0.1  # IQR / median above which a time is marked noisy
+BLOCK_SECONDS, MIN_RUNS, MIN_SECONDS = 0.02, 5, 0.2  # CPU: blocks of calls long against the timer's overhead
+
+
+def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_BYTES, min_runs: int = MIN_RUNS,
+              min_seconds: float = MIN_SECONDS, block_seconds: float = BLOCK_SECONDS) -> dict:
+    """Seconds per call of ``fn``, with its spread.
+
+    Returns ``median`` and ``iqr`` (seconds per call), ``runs`` (samples behind them),
+    ``calls_per_run``, ``threads`` (torch's CPU thread count), ``noisy`` (IQR/median above
+    0.1) and ``method``. On the CPU, at the process's own thread count, in blocks of calls
+    of about ``block_seconds`` (20 ms; as blocked_autorange, but never fewer
+    than ``min_runs`` blocks (5), so the IQR means something, and ``min_seconds`` (0.2 s) in
+    all; blocked_autorange may take one). On CUDA as
+    triton.testing.do_bench does: warm-up, an L2 flush (a 256 MiB write) before every
+    call, and CUDA events around the call alone.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    if device != "cuda":
+        # perf_counter around blocks of calls: CPU ops return when done. (torch.utils.benchmark's
+        # Timer.timeit adds two warm-up calls to every block: three times the cost of a slow call.)
+        def block(number: int) -> float:
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            return (time.perf_counter() - t0) / number
+
+        once = block(1)  # warm-up, and the cost of one call
+        per_run = max(1, min(10_000, int(block_seconds / max(once, 1e-9))))
+        samples: list[float] = []
+        while len(samples) < min_runs or sum(samples) * per_run < min_seconds:
+            samples.append(block(per_run))
+        method = (f"time.perf_counter around blocks of calls of about {block_seconds * 1e3:g} ms, at least {min_runs} blocks and "
+                  f"{min_seconds} s, at the process's thread count")
+    else:
+        cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            cache.zero_()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+        per_run, method = 1, "CUDA events, L2 flushed before each call"
+    return spread(samples, per_run, threads, method)
+
+
+def spread(samples: list[float], per_run: int, threads: int, method: str) -> dict:
+    """The dict of time_call from per-call samples (seconds)."""
+    q = np.quantile(np.asarray(samples, dtype=np.float64), [0.25, 0.5, 0.75])
+    median, iqr = float(q[1]), float(q[2] - q[0])
+    return {"median": median, "iqr": iqr, "runs": len(samples), "calls_per_run": per_run, "threads": threads,
+            "noisy": bool(median > 0 and iqr / median > NOISY), "method": method}
+
+
+# --- one point of a scan --------------------------------------------------------------
+# `scan` varies one dimension and measures each size the way measure_operands measures a
+# slice (same operands, same comparison, same route capture), so its numbers equal
+# explain's for the same shape, dtype and device.
+
+
+def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: str, device: str) -> dict:
+    """One scan point: the product at ``size`` of the varied dimension, plain data.
+
+    n: ``A @ B[:, :size]`` (B's columns as ``Operands.b_cols`` takes them) against the
+    first ``size`` columns of ``top``; m: ``A[:size] @ B`` against its first ``size``
+    rows; k: ``A[:, :size] @ B[:size]`` (A's prefix copied contiguous, so the point is an
+    ordinary GEMM of that shape) against its own exact reference, with no drift.
+    Returns ``size``, ``kernels`` (the normalised route), ``kernel_id`` (12 hex digits of
+    the id of ``{"device", "full": kernels}``), ``error_u`` (u of ``dtype``), and
+    ``max_ulp`` (output ulps), ``frac_differ`` (a fraction) and ``max_u`` (u), which are
+    None for k.
+    """
+    if vary == "n":
+        b_n = ops.b_cols(size)
+        call = lambda: ops.product(ops.a, b_n)  # noqa: E731
+        cut = (Ellipsis, slice(0, size))
+    elif vary == "m":
+        a_m = ops.a[..., :size, :]
+        call = lambda: ops.product(a_m)  # noqa: E731
+        cut = (Ellipsis, slice(0, size), slice(None))
+    elif vary == "k":
+        sub = Operands(ops.a[..., :size].contiguous(), ops.b[..., :size, :], ops.op, ops.layout)
+        call = sub.product
+        cut = None
+    else:
+        raise ValueError(f"unknown dimension {vary!r}; expected n, m or k")
+    out, names = kernels.traced(call, device)
+    y_bits, y = on_host(out)
+    ref = reference(sub) if cut is None else top.ref[cut]
+    scaled, absexp = ref.absprod_pow2()
+    drift = dict.fromkeys(("max_ulp", "frac_differ", "max_u"))
+    if cut is not None:
+        d = numerics.drift(top.bits[cut], y_bits, top.values[cut], y, scaled, dtype, absexp=absexp)
+        drift = {key: d[key] for key in drift}
+    return {
+        "size": size,
+        "kernel_id": ids.hex_id(ids.object_id(kernel_entry(device, {"full": names}))),
+        "kernels": names,
+        "error_u": numerics.error(y, ref.hi, ref.lo, ref.finite, scaled, dtype, absexp=absexp)["error_u"],
+        **drift,
+    }

@@ -1,0 +1,792 @@
+"""In which order a matmul adds the K products of one output entry, revealed from outside.
+
+The probe is FPRev's (Xie et al., USENIX ATC 2025): every product is ``base`` (or 0), except
++M at index i and -M at index j, with M so large that M plus any partial sum of the others
+rounds back to M in the accumulator. The pair then cancels where the two first meet, and the
+output counts the products outside the two children of that node that hold i and j. One
+probe per column of B, so one call of the exact shape runs N probes; A is all ones, so every
+row is the same probe and the entry's own row is read. Where the output cannot count every
+product exactly (fp16 holds 11 significant bits, bf16 8), the products are spread over
+chunks, one probe each, and the counts added.
+
+From the counts ``v(i, j) = |child holding i| + |child holding j|`` (leaves), the tree is
+built top-down in rounds: each unresolved set of leaves gets the pairs of a pivot (its first
+and its last leaf) with every other leaf; the pivot's path to the top of the set groups the
+others by their count; each group is resolved in the next round. A reading that fits no tree
+is "order not revealed", never a guessed tree; ``replay`` checks a tree bit for bit against
+the kernel on random inputs whose products are exact.
+
+The probe runs one case's exact computation (shape, dtype, layout, device, slice) with A all
+ones and the probes in B's columns (``Target``, ``Prober``); trees are written in the format of
+core/trees.py.
+
+Tensor cores add a group of products and the running sum in one fused add that cuts every
+term to a fixed width below the largest (Fasi et al., PeerJ CS 2021). M then takes the whole
+fused node with it, not only the two children holding i and j (FPRev's reading), and with the
+products outside a set left 0 such a node reads as a chain of two-child nodes: ``fuse`` tells
+them apart with one more pair per two-child node, every product present.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from matmul_drift.core import ids, trees, words
+from matmul_drift.core.errors import UsageError
+from matmul_drift.measure import cases, inputs, measure
+from matmul_drift.store import catalog
+
+# dtype -> (significant bits of the accumulator, of the output, base product, M)
+# fp16/bf16/fp32 accumulate in fp32; fp16's base is its smallest subnormal, so that
+# M / base = 2^39 leaves room for any chunk of at most 2^11 base products.
+PROBE = {
+    "float64": (53, 53, 1.0, 2.0**90),
+    "float32": (24, 24, 1.0, 2.0**60),
+    "float16": (24, 11, 2.0**-24, 2.0**15),
+    "bfloat16": (24, 8, 1.0, 2.0**40),
+}
+MAX_K = {"float64": 2**30, "float32": 2**24, "float16": 2**24, "bfloat16": 2**24}
+
+# How a fused node rounds, tried in this order by the replay: "exact" (summed exactly, rounded
+# to nearest once), or "truncated-P": every term cut toward zero to P bits below the largest
+# term's leading bit, the cut terms summed exactly, the sum cut toward zero to the accumulator
+# (tensor cores: P = 24 on V100, Fasi et al. 2021; 25 reported for H100; 26 and 27 leave room).
+FUSED = ("exact", "truncated-24", "truncated-25", "truncated-26", "truncated-27")
+
+
+class NotRevealed(Exception):
+    """The probe's readings fit no tree (the order depends on the values, the kernel is not a
+    tree, or a product was flushed); the message says what was seen, ``calls`` the matmul calls
+    spent finding it out."""
+
+    calls = 0
+
+
+class ProbeError(ValueError):
+    """The probe cannot run for this K and dtype (bad input: one line, exit 2)."""
+
+
+def check(k: int, dtype: str) -> None:
+    if dtype not in PROBE:
+        raise ProbeError(f"no probe for {dtype}; expected one of {', '.join(PROBE)}")
+    if k < 2:
+        raise ProbeError(f"K = {k}: a sum of one product has no order to reveal")
+    if k > MAX_K[dtype]:
+        raise ProbeError(f"K = {k} is beyond the probe's exact range for {dtype} (at most {MAX_K[dtype]}: "
+                         "the accumulator could not count the products)")
+
+
+def chunk_size(dtype: str) -> int:
+    """The most base products one probe may hold, so that the output counts them exactly."""
+    acc, out, base, m = PROBE[dtype]
+    absorb = int(m / base) >> (acc + 1)  # partial sums below half an ulp of M vanish into it
+    return max(1, min(2**out, absorb))
+
+
+def chunks(k: int, size: int) -> list[tuple[int, int]]:
+    """The ranges [lo, hi) of k, each holding at most ``size`` base products, one probe each."""
+    return [(lo, min(lo + size, k)) for lo in range(0, k, size)]
+
+
+# ---------------------------------------------------------------------------- the tree
+
+
+@dataclass
+class _Hole:
+    """A set of leaves to resolve in a later round: ``count`` sibling subtrees of ``size``."""
+
+    leaves: list[int]
+    count: int
+    size: int
+
+
+@dataclass
+class Reveal:
+    """A revealed order: ``tree`` (the JSON form), ``calls`` (matmul calls), ``probes``
+    (pairs measured), ``rounds``, ``seconds`` (wall time of the probing), ``width`` (the
+    output columns, or rows, the probes used: they share the tree), ``verified`` (the replay
+    of the tree against the kernel, where one was asked for)."""
+
+    tree: object
+    k: int
+    calls: int = 0
+    probes: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+    width: int = 1
+    notes: list[str] = field(default_factory=list)
+    verified: dict | None = None
+
+
+def _path(pivot: int, values: dict[int, int], total: int):
+    """The node over a set of ``total`` leaves, seen from ``pivot``: (node, largest group),
+    or None when the counts fit no tree. Children are leaves, nodes or _Holes."""
+    groups: dict[int, list[int]] = {}
+    for j, v in values.items():
+        groups.setdefault(v, []).append(j)
+    top: object = pivot
+    size, base = 1, None
+    for v in sorted(groups):
+        g = sorted(groups[v])
+        s = v - size  # the size of each of g's subtrees if they meet the pivot's side above `top`
+        if s > 0 and len(g) % s == 0:  # a new node above `top`: g is one subtree, or several of size s
+            top, base = [top, _Hole(g, len(g) // s, s)], size
+        elif base is not None and (t := v - base) > 0 and len(g) % t == 0 and isinstance(top, list):
+            top.append(_Hole(g, len(g) // t, t))  # more children of the node `top` (summed exactly)
+        else:
+            return None
+        size += len(g)
+    if size != total:
+        return None
+    return top, max((len(g) for g in groups.values()), default=0)
+
+
+def _holes(holder: list):
+    """(parent list, index, hole) for every _Hole in the tree held at holder[0]."""
+    stack = [(holder, 0)]
+    while stack:
+        parent, i = stack.pop()
+        x = parent[i]
+        if isinstance(x, _Hole):
+            yield parent, i, x
+        elif isinstance(x, list):
+            stack.extend((x, j) for j in range(len(x)))
+
+
+def tree_from_pairs(measure_pairs, k: int, max_rounds: int | None = None, progress=None) -> Reveal:
+    """The tree over leaves 0..k-1 from ``measure_pairs(pairs, within) -> counts`` (v(i, j) per
+    pair; ``within[n]``, the leaves of the set pair n lies in, holds every product v counts, so a
+    probe may leave the others 0: after the first round far fewer chunks of fp16/bf16 remain).
+
+    NotRevealed when the counts fit no tree or the rounds run out (each round measures at
+    most 2(k - 1) pairs; a tree of height t needs at most t rounds, usually log2 k)."""
+    max_rounds = max_rounds or 2 * k.bit_length() + 64
+    holder: list = [_Hole(list(range(k)), 1, k)]  # the tree, its holes replaced in place as they resolve
+    out = Reveal(tree=None, k=k)
+    while True:
+        found = list(_holes(holder))
+        for parent, i, h in sorted(found, key=lambda t: (id(t[0]), -t[1])):
+            if h.size == 1:  # single products: the leaves themselves (siblings when more than one)
+                parent[i:i + 1] = h.leaves
+        holes = [(parent, i, h) for parent, i, h in _holes(holder) if h.size > 1]
+        if not holes:
+            break
+        out.rounds += 1
+        if out.rounds > max_rounds:
+            raise NotRevealed(f"not resolved after {max_rounds} rounds of probes")
+        pairs, within = [], []
+        for _, _, h in holes:
+            for p in dict.fromkeys((h.leaves[0], h.leaves[-1])):
+                pairs += [(p, j) for j in h.leaves if j != p]
+            within += [h.leaves] * (len(pairs) - len(within))
+        got = dict(zip(pairs, measure_pairs(pairs, within)))
+        out.probes += len(pairs)
+        # Replace from the back of each parent, so that splices do not move the holes before them.
+        for parent, i, h in sorted(holes, key=lambda t: (id(t[0]), -t[1])):
+            best = None
+            for p in dict.fromkeys((h.leaves[0], h.leaves[-1])):
+                seen = _path(p, {j: got[(p, j)] for j in h.leaves if j != p}, len(h.leaves))
+                if seen is not None and (best is None or seen[1] < best[1]):
+                    best = seen
+            if best is None:
+                raise NotRevealed(f"the counts over products {h.leaves[0]}..{h.leaves[-1]} ({len(h.leaves)} of "
+                                  "them) fit no tree")
+            node = best[0]
+            if h.count == 1:
+                parent[i] = node
+            elif (isinstance(node, list) and parent is not holder
+                  and sum(c.count if isinstance(c, _Hole) else 1 for c in node) == h.count):
+                parent[i:i + 1] = node  # the set was h.count sibling subtrees: the node's children
+            else:
+                raise NotRevealed(f"expected {h.count} subtrees of {h.size} over products "
+                                  f"{h.leaves[0]}..{h.leaves[-1]}; found another shape")
+        if progress:
+            progress(out.rounds, out.probes)
+    out.tree = trees.canonical(holder[0])
+    return out
+
+
+def fuse(tree, measure_pairs, k: int):
+    """The tree with every chain of two-child nodes that is one fused add of a tensor core
+    merged into that node: (tree, pairs measured, links merged); the tree given is left as it
+    is. One pair per two-child node, a leaf of each child, with all k products present: it
+    counts the node's own leaves where the node is a rounded addition, and the whole fused
+    node's where it is a link of such a chain (M cut every term of it away). NotRevealed when
+    a reading fits neither."""
+    tree = trees.from_json(trees.to_json(tree))  # a copy, made without recursion
+    if not isinstance(tree, list):
+        return tree, 0, 0
+    order_ = trees.inner_nodes(tree)  # parents before children
+    parent: dict[int, list | None] = {id(tree): None}
+    parent.update((id(c), x) for x in order_ for c in x if isinstance(c, list))
+    size, first = trees.fold(tree, lambda c: 1, sum), trees.fold(tree, int, min)  # products added, the smallest
+    links = [x for x in order_ if len(x) == 2]
+    everything = list(range(k))  # one list: the probe fills its products once for all pairs
+    got = measure_pairs([(first(x[0]), first(x[1])) for x in links], [everything] * len(links)) if links else []
+    reading = {id(x): r for x, r in zip(links, got)}
+    merged = set()
+    for x in links:
+        r = reading[id(x)]
+        if r == size(x):
+            continue
+        top = parent[id(x)]
+        while top is not None and id(top) in reading and reading[id(top)] > size(top):
+            top = parent[id(top)]  # the chain goes on above
+        if r < size(x) or top is None or size(top) != r:
+            raise NotRevealed(f"the pair ({first(x[0])}, {first(x[1])}) with every product present counted {r}: "
+                              f"neither its node's {size(x)} products nor a fused node's above it")
+        merged.add(id(x))
+    for x in reversed(order_):  # children first: a link's children go up into its parent's place
+        if id(x) in merged:
+            up = parent[id(x)]
+            at = next(i for i, c in enumerate(up) if c is x)
+            up[at:at + 1] = x
+            for c in x:
+                if isinstance(c, list):
+                    parent[id(c)] = up
+    return trees.canonical(tree), len(links), len(merged)
+
+
+def store(root, tree, k: int) -> int:
+    """Keep the tree in the catalog (kind "orders") and return its order-id."""
+    return catalog.store_text(root, "orders", trees.entry_text(tree, k))
+
+
+# ---------------------------------------------------------------------------- replay
+
+
+def truncated_sum(terms: np.ndarray, bits: int) -> np.ndarray:
+    """A tensor core's fused add of ``terms`` (shape (n, draws), float64, each exact in float32):
+    per draw every term cut toward zero to ``bits`` bits below the largest one's leading bit,
+    the cut terms summed exactly, the sum cut toward zero to float32. Returns float32 (draws,)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN go through as IEEE says
+        _, e = np.frexp(np.max(np.abs(terms), axis=0))  # the largest term < 2^e
+        scale = (bits - e)[None, :]
+        cut = np.ldexp(np.trunc(np.ldexp(terms, scale)), -scale)
+        s = cut.sum(axis=0)  # exact: multiples of 2^(e - bits), n of them each below 2^e
+        out = s.astype(np.float32)
+        over = np.abs(out.astype(np.float64)) > np.abs(s)  # rounded away from zero: one step back
+    out[over] = np.nextafter(out[over], np.float32(0))
+    return out
+
+
+def exact_sum(terms: np.ndarray, acc: np.dtype) -> np.ndarray:
+    """The exact sum of ``terms`` (shape (n, draws), float64) per draw, rounded once to ``acc``;
+    a draw holding inf or NaN sums as IEEE says (inf, or NaN for inf - inf), where fsum raises."""
+    finite = np.isfinite(terms).all(axis=0)
+    with np.errstate(invalid="ignore"):
+        out = terms.sum(axis=0)
+    out[finite] = [math.fsum(col) for col in terms[:, finite].T]
+    with np.errstate(over="ignore"):
+        return out.astype(acc)
+
+
+def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact") -> np.ndarray:
+    """The tree's sum of ``values`` (products, shape (k, draws), exact in ``acc``), each two-child
+    node one rounded addition in ``acc``, each larger node one fused add as ``fused`` (one of
+    ``FUSED``; "truncated-P" only with a float32 accumulator) says."""
+    acc = np.dtype(acc)
+    bits = None if fused == "exact" else int(fused.rpartition("-")[2])
+    if bits is not None and acc != np.float32:
+        raise ValueError(f"{fused} is a float32 accumulator's fused add, not {acc}'s")
+    memo: dict[int, np.ndarray] = {}
+    stack = [(tree, False)]
+    while stack:
+        node, done = stack.pop()
+        if not isinstance(node, list):
+            continue
+        if not done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in node if isinstance(c, list))
+            continue
+        kids = [values[c].astype(acc) if not isinstance(c, list) else memo.pop(id(c)) for c in node]
+        if len(kids) == 2:
+            memo[id(node)] = (kids[0] + kids[1]).astype(acc)
+        else:
+            terms = np.stack(kids).astype(np.float64)
+            memo[id(node)] = truncated_sum(terms, bits) if bits is not None else exact_sum(terms, acc)
+    return memo[id(tree)] if isinstance(tree, list) else values[tree].astype(acc)
+
+
+# ---------------------------------------------------------------------------- on a real kernel
+
+
+@dataclass
+class Target:
+    """The computation whose order is revealed: the entry (``row``, ``col``) of its output's
+    first matrix (``rows`` x ``cols``); ``k`` products. The probes sit in B's columns, or in
+    A's rows where the output has more rows than columns: ``width`` probes per call."""
+
+    case: cases.Case
+    dtype: str
+    device: str
+    slice_n: int | None
+    slice_m: int | None
+    row: int
+    col: int
+    k: int
+    rows: int
+    cols: int
+    precision: str = ""  # the dtype plus its matmul flags (cases.PRECISIONS); "" for the dtype alone
+    form: str = "as-is"  # A as the case holds it, or "2d": a 1-D A as A.unsqueeze(0) (cases.Case.forms)
+
+    @property
+    def by_rows(self) -> bool:
+        return self.rows > self.cols
+
+    @property
+    def width(self) -> int:
+        return max(self.rows, self.cols)
+
+    @property
+    def label(self) -> str:
+        """The case and its slice as the product reads: ``seed A[:1] @ B``."""
+        a = "A.unsqueeze(0)" if self.form == "2d" else f"A[:{self.slice_m}]" if self.slice_m else "A"
+        return f"{self.case.id} {a} @ " + (f"B[:, :{self.slice_n}]" if self.slice_n else "B")
+
+    def bytes_needed(self) -> tuple[int, int]:
+        """(host, device) bytes the probe needs (memory.probe_bytes): one Prober at a time."""
+        from matmul_drift.measure import memory
+
+        a_shape, b_shape = measure.operand_shapes(self.case, self.device)
+        s = self.case.shape(self.device)
+        batch = s.batch or 1
+        copy = batch * self.k * self.slice_n if self.slice_n and self.case.layout == "copy" else 0
+        out = batch * self.rows * self.cols
+        return memory.probe_bytes(int(np.prod(a_shape)), int(np.prod(b_shape)) + copy, out, self.k,
+                                  widths(self)[0], self.dtype, self.device)
+
+    def computation(self) -> tuple:
+        """What the probe's readings depend on: the op, the operands' stored shapes, the slice,
+        the precision, the device, A's form and the entry; not the case's name or its inputs (the
+        probe writes its own). A view slice as large as the operand is the operand itself."""
+        s = self.case.shape(self.device)
+        view = self.case.layout != "copy"  # a copy of a whole transposed W is not W
+        n = None if self.slice_n == s.n and view else self.slice_n
+        m = None if self.slice_m == s.m else self.slice_m
+        return (self.case.op, measure.operand_shapes(self.case, self.device), self.case.layout if n else "",
+                n, m, self.precision or self.dtype, self.device, self.form, self.row, self.col)
+
+
+def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=None, row=0, col=0,
+           form: str = "as-is") -> Target:
+    """The case's computation (its full product, or one slice of it) in ``precision`` (a dtype,
+    or one with its matmul flags: ``float32-tf32``), A in ``form``; ValueError for bad input,
+    measure.Unavailable where the device or precision cannot run here."""
+    measure.check_device(device, precision)
+    if form not in case.forms:
+        raise ProbeError(f"form {form!r} is not one of the case's ({', '.join(case.forms)})")
+    dtype = cases.storage_dtype(precision)
+    s = case.shape(device)
+    rows = 1 if case.op == "mv" else slice_m or s.m
+    cols = slice_n or s.n
+    if not 0 <= row < rows or not 0 <= col < cols:
+        raise ProbeError(f"entry ({row}, {col}) is outside the {rows} x {cols} output")
+    if case.compare_cols and col >= case.compare_cols:
+        raise ProbeError(f"entry ({row}, {col}): {case.id}'s slices are compared in their first "
+                               f"{case.compare_cols} columns; choose a column below {case.compare_cols}")
+    check(s.k, dtype)
+    return Target(case, dtype, device, slice_n, slice_m, row, col, s.k, rows, cols, precision, form)
+
+
+class Prober:
+    """Operands of the target's storage shapes on its device, filled per call: A all ones
+    and the probes in B's columns, or (``by_rows``) B all ones and the probes in A's rows."""
+
+    def __init__(self, t: Target, width: int | None = None):
+        import torch
+
+        self.t = t
+        self.width = width or t.width  # probes a call: the first `width` columns (rows)
+        a_shape, b_shape = measure.operand_shapes(t.case, t.device)
+        dt = getattr(torch, t.dtype)
+        a = (torch.zeros if t.by_rows else torch.ones)(a_shape, dtype=dt, device=t.device)
+        b = (torch.ones if t.by_rows else torch.zeros)(b_shape, dtype=dt, device=t.device)
+        if t.case.op == "linear":
+            b = b.t()  # stored as W (N, K); the product sees W.t() (K, N)
+        self.ops = measure.Operands(a, b, t.case.op, t.case.layout)
+        self.b0 = b[0] if t.case.op == "bmm" else b  # the (K, N) matrix the read entry uses
+        self.a0 = a[0] if t.case.op == "bmm" else a  # its (M, K) matrix (K,) for mv
+        self.calls = 0
+        _, _, self.base, self.big = PROBE[t.dtype]
+        self.chunk = chunk_size(t.dtype)
+        self._buf: np.ndarray | None = None
+        self._loaded = 0  # columns (rows) of the operand the last call filled
+
+    def _buffer(self, cols: int) -> np.ndarray:
+        """The probes of one call, (K, cols) in float32, zeroed. Kept between calls and only as wide
+        as a call needs: first-touching a K x 51000 buffer alone took 1.8 s here."""
+        if self._buf is None or self._buf.shape[1] < cols:
+            self._buf = np.zeros((self.t.k, cols), dtype=np.float32)
+        out = self._buf[:, :cols]
+        out.fill(0)
+        return out
+
+    def product(self):
+        t, ops = self.t, self.ops
+        a = ops.a.unsqueeze(0) if t.form == "2d" else ops.a  # a view: the probes' A
+        with measure.precision_flags(t.precision or t.dtype):
+            if t.slice_n:
+                y = ops.product(a, ops.b_cols(t.slice_n))
+            elif t.slice_m:
+                y = ops.product(a[..., : t.slice_m, :])
+            else:
+                y = ops.product(a)
+        if t.form == "2d":
+            y = y.squeeze(0)
+        if t.case.op == "bmm":
+            y = y[0]
+        return y if y.dim() == 1 else y[:, t.col] if t.by_rows else y[t.row]
+
+    def _load(self, values: np.ndarray) -> None:
+        import torch
+
+        v = torch.from_numpy(values)
+        if self.t.by_rows:
+            self.a0[: values.shape[1]].copy_(v.t())
+        else:
+            self.b0[:, : values.shape[1]].copy_(v)
+
+    def counts(self, pairs: list[tuple[int, int]], within=None, progress=None) -> list[int]:
+        """v(i, j) for each pair: the products absorbed with it (those in the two children of the
+        node where i and j meet, i and j included). ``within[n]`` (default: all of k) lists the
+        leaves pair n can count (reveal); base products go there only, in pieces the output
+        counts exactly (one piece unless the output is fp16 or bf16), one probe each, and the
+        counts are added."""
+        sets: dict[int, tuple[list, list[int]]] = {}  # id(leaf list) -> (its pieces, pair numbers)
+        within = within or [range(self.t.k)] * len(pairs)
+        for n in range(len(pairs)):
+            leaves = within[n]
+            hit = sets.get(id(leaves))
+            if hit is None:
+                arr = np.sort(np.asarray(leaves, dtype=np.int64))
+                hit = sets[id(leaves)] = ([arr[lo:hi] for lo, hi in chunks(len(arr), self.chunk)], [])
+            hit[1].append(n)
+        # piece-major: neighbouring probes share a piece, so each call fills a few blocks
+        probes = [(n, piece) for pieces, ns in sets.values() for piece in pieces for n in ns]
+        total = [2] * len(pairs)
+        for start in range(0, len(probes), self.width):
+            batch = probes[start:start + self.width]
+            used = len(batch)
+            n_ = np.array([n for n, _ in batch])
+            i_ = np.array([pairs[n][0] for n in n_])
+            j_ = np.array([pairs[n][1] for n in n_])
+            held = np.empty(used, dtype=np.int64)
+            buf = self._buffer(max(used, self._loaded))  # columns loaded before are cleared too
+            c0 = 0
+            while c0 < used:  # runs of columns that share a piece
+                piece, c1 = batch[c0][1], c0 + 1
+                while c1 < used and batch[c1][1] is piece:
+                    c1 += 1
+                lo, hi = int(piece[0]), int(piece[-1]) + 1
+                if hi - lo == len(piece):
+                    buf[lo:hi, c0:c1] = self.base
+                else:
+                    buf[np.ix_(piece, np.arange(c0, c1))] = self.base
+                held[c0:c1] = len(piece) - _member(piece, i_[c0:c1]) - _member(piece, j_[c0:c1])
+                c0 = c1
+            cols = np.arange(used)
+            buf[i_, cols] = self.big
+            buf[j_, cols] = -self.big
+            self._load(buf)
+            self._loaded = used
+            y = self.product()
+            self.calls += 1
+            got = y[:used].double().cpu().numpy() / self.base
+            ok = np.isfinite(got) & (got == np.round(got)) & (got >= 0) & (got <= held)
+            if not ok.all():
+                c = int(np.argmin(ok))
+                raise NotRevealed(f"probe ({i_[c]}, {j_[c]}) read {got[c]!r} products: not a count (the "
+                                        "kernel flushed or reordered by value, or M was not absorbed)")
+            for n, h, x in zip(n_, held, got):
+                total[n] += int(h) - int(x)
+            if progress:
+                progress(self.calls)
+        return total
+
+
+def _member(sorted_leaves: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """1 where x is one of the sorted leaves, else 0."""
+    pos = np.minimum(np.searchsorted(sorted_leaves, x), len(sorted_leaves) - 1)
+    return (sorted_leaves[pos] == x).astype(np.int64)
+
+
+def calls_per_round(t: Target, width: int | None = None) -> int:
+    """Matmul calls of one round at most: 2(K - 1) pairs, times the chunks of k, over the
+    probes one call holds (a tree of height h takes at most h rounds, usually log2 K)."""
+    return -(-2 * (t.k - 1) * len(chunks(t.k, chunk_size(t.dtype))) // (width or widths(t)[0]))
+
+
+ROUNDS = 3  # rounds a CPU tree took here: 1 to 3 for every route of the catalog (docs/design.md, "Summation orders")
+
+
+def expected_calls(t: Target, width: int | None = None) -> int:
+    return calls_per_round(t, width) * ROUNDS
+
+
+def fuse_calls(t: Target, tree, width: int) -> int:
+    """Matmul calls fuse makes: a pair per two-child node, every chunk of k, ``width`` a call."""
+    binary = trees.arities(tree).count(2)
+    return -(-binary * len(chunks(t.k, chunk_size(t.dtype))) // width)
+
+
+def widths(t: Target) -> list[int]:
+    """The probe widths to try, widest first. A kernel may add the columns (rows) of a tail
+    tile, or of another thread's block, in another order than the first ones, so the tries keep
+    to the prefix of whole tiles of 64, then of 16, then to the first tile of 64 and of 16, and
+    last to the entry's own column (row) alone: exact for the entry, at the most calls. (On
+    the AVX2 route, `MKL_CBWR=AVX2`, DGEMM's 512 columns of batch-invariance-2 fit no tree,
+    its first 64 do.)"""
+    pos = t.row if t.by_rows else t.col
+    tried = {t.width // 64 * 64, t.width // 16 * 16, 64, 16}
+    out = sorted((w for w in tried if pos < w <= t.width), reverse=True) or [t.width]
+    return out + [1] if pos == 0 and out[-1] > 1 else out
+
+
+MAX_CALLS = 4000  # a probe expected to need more is refused (matmul-drift order --max-calls)
+
+
+def over_budget(t: Target, max_calls: int = MAX_CALLS) -> str | None:
+    """Why the probe of ``t`` is not started (its first width would need more than
+    ``max_calls`` matmul calls), or None when it fits; later widths are checked as they come."""
+    w = widths(t)[0]
+    if expected_calls(t, w) <= max_calls:
+        return None
+    return (f"revealing K = {t.k} over {w} probes a call needs about {expected_calls(t, w)} matmul calls "
+            f"({calls_per_round(t, w)} a round), more than {max_calls}")
+
+
+def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = False) -> Reveal:
+    """The tree of ``t``'s entry, ``progress(calls, expected)`` after each matmul call (both
+    counted over every width tried: the calls so far, and so far plus what this width is
+    expected to take); NotRevealed when the readings fit none at every width
+    (``widths``) or the next width would need more than ``max_calls``. With ``verify``, a
+    tree must also replay bit for bit on 100 draws in the columns (rows) its probes used, or
+    the next width is tried: probes spread over columns the kernel adds in different orders
+    may yet fit some tree, and the replay is what tells. Before the replay, ``verify`` also
+    reads one more pair per two-child node with every product present (fuse): a tensor
+    core's fused add reads as a chain of them until then, and an fp16 or bf16 output's rounding
+    can hide the difference from the replay."""
+    t0 = time.perf_counter()
+    calls, why, axis = 0, None, "rows" if t.by_rows else "columns"
+    for w in widths(t):
+        if calls + expected_calls(t, w) > max_calls:
+            beyond = f"the next width ({w}) needs about {expected_calls(t, w)} calls, beyond {max_calls}"
+            why = f"{why}; {beyond}" if why else beyond
+            break
+        p = Prober(t, w)
+        where = f"probes in {w} {axis}"
+        tick = progress and (lambda n, before=calls, w=w: progress(before + n, before + expected_calls(t, w)))
+        measured = lambda pairs, within, p=p: p.counts(pairs, within, tick)  # noqa: E731
+        try:
+            out = tree_from_pairs(measured, t.k)
+            # a tensor core's fused add reads as a chain of two-child nodes: one more pair each
+            if verify and calls + p.calls + fuse_calls(t, out.tree, w) > max_calls:
+                out.notes.append("fused adds not looked for: beyond the call budget")
+            elif verify:
+                out.tree, pairs, merged = fuse(out.tree, measured, t.k)
+                out.probes += pairs
+                if merged:
+                    out.notes.append(f"{trees.fused_nodes(out.tree)} fused adds, {merged} links of their chains merged")
+        except NotRevealed as exc:
+            calls += p.calls
+            why = f"{exc} ({where})"
+            del p
+            continue
+        # on the probe's own operands (each width has its own); its calls are not probe calls
+        out.verified = replay(t, out.tree, width=w, prober=p) if verify else None
+        calls += p.calls
+        del p  # one set of operands at a time (Target.bytes_needed)
+        if verify and out.verified["matched"] != out.verified["draws"]:
+            why = (f"the replay matched {out.verified['matched']} of {out.verified['draws']} draws "
+                   f"(first mismatch {out.verified['first_mismatch']}; {where})")
+            continue
+        out.calls, out.seconds, out.width = calls, time.perf_counter() - t0, w
+        out.notes.append(f"probes in the first {w} {axis}")
+        return out
+    exc = NotRevealed(why or "no probe width fits the call budget")
+    exc.calls = calls
+    raise exc
+
+
+def _products(rng: np.random.Generator, k: int, draws: int, dtype: str) -> np.ndarray:
+    """(k, draws) products, exact in the accumulator, that tell summation orders apart even
+    through an fp16 or bf16 output: in each draw +L and -L at two random places (FPRev's pair,
+    L = 2^13 for an fp32 accumulator, 2^26 for fp64), the others 4-bit values of 1/4 to 16 units
+    in L's last place (2^-10, 2^-26), random signs. A product that meets a partial sum holding
+    L is rounded to that place, one that does not is kept; once the pair cancels the sum is
+    small, so the output's own rounding keeps what the order did. (Values spread over many
+    exponents, the draws before, let the largest decide: every tree matched an fp16 kernel.)"""
+    acc = PROBE[dtype][0]
+    big = 2.0**13 if acc == 24 else 2.0**26
+    unit = big * 2.0 ** (1 - acc)
+    out = rng.choice([-unit, unit], (k, draws))  # in place below: a few k x draws arrays at most (memory.probe_bytes)
+    out *= 1 + rng.integers(0, 8, (k, draws)) / 8
+    out *= np.exp2(rng.integers(-2, 4, (k, draws)))
+    for d in range(draws):
+        i, j = rng.choice(k, 2, replace=False)
+        out[i, d], out[j, d] = big, -big
+    return out
+
+
+def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, prober: Prober | None = None) -> dict:
+    """The tree evaluated in numpy (evaluate, in the accumulator's precision, rounded once
+    to the output dtype) against the kernel's own output, on ``draws`` random inputs whose
+    products are exact: each call draws the entry's row of A and the first ``width`` columns of
+    B (rows of A and the entry's column of B, by rows), the ones the probes shared, the entry's
+    own among them. Writes its draws into ``prober``'s operands (a new Prober's without).
+    A tree with fused nodes is tried with each way of FUSED to round them (``match``).
+    Returns draws, matched, the first mismatch and fused_add (the ways that matched every
+    draw; None for a tree of two-child nodes only)."""
+    import torch
+
+    p = prober or Prober(t)
+    rng = np.random.default_rng(seed)
+    dt = getattr(torch, t.dtype)
+    products, kernel = np.empty((t.k, draws)), []
+    d = 0
+    while d < draws:
+        w = min(width, draws - d)
+        # the shared operand ±2^-2..2^2, the other the products over it: exact, and normal in fp16
+        shared = rng.choice([-1.0, 1.0], t.k) * np.exp2(rng.integers(-2, 3, t.k))
+        each = _products(rng, t.k, w, t.dtype)
+        each /= shared[:, None]
+        each = torch.from_numpy(each).to(dt)
+        if t.by_rows:  # rows of A (each a draw) against the entry's column of B
+            p.a0[:w].copy_(each.t())
+            p.b0[:, t.col].copy_(torch.from_numpy(shared).to(dt))
+            lhs, rhs = p.a0[:w].double(), p.b0[:, t.col].double()[None, :]
+        else:  # the entry's row of A against columns of B
+            a_row = p.a0[t.row] if p.a0.dim() == 2 else p.a0
+            a_row.copy_(torch.from_numpy(shared).to(dt))
+            p.b0[:, :w].copy_(each)
+            lhs, rhs = a_row.double()[None, :], p.b0[:, :w].double().t()
+        got = p.product()[:w]
+        bits = measure.tensor_bits(got)
+        kernel += [(int(b), float(v)) for b, v in zip(bits, got.double().cpu().numpy())]
+        products[:, d:d + w] = (lhs * rhs).cpu().numpy().T  # exact: 4 bits times a power of two
+        d += w
+    return match(tree, products, kernel, t.dtype)
+
+
+def match(tree, products: np.ndarray, kernel: list[tuple[int, float]], dtype: str) -> dict:
+    """The tree's sums of ``products`` ((k, draws), exact in the accumulator) against the
+    kernel's outputs (bits, value) in ``dtype``: draws, matched and the first mismatch (under
+    the first way that matches most draws), and fused_add: for a tree with fused nodes, every
+    way of FUSED (fp32 accumulators; fp64 rounds exactly) that matches every draw, often
+    more than one where the output's rounding hides the accumulator's; None for a tree of
+    two-child nodes."""
+    acc = np.float64 if dtype == "float64" else np.float32
+    fused = trees.fused_nodes(tree) > 0
+    best, ways = None, []
+    for way in FUSED if fused and acc is np.float32 else FUSED[:1]:
+        want = evaluate(tree, products, acc, way)  # every draw at once
+        want_bits = want.view(np.uint64) if acc is np.float64 else inputs.round_bits(want, dtype)
+        matched, first = 0, None
+        for i, ((bits, value), w) in enumerate(zip(kernel, want_bits)):
+            if int(w) == bits:
+                matched += 1
+            elif first is None:
+                first = {"draw": i, "kernel": value, "tree": float(want[i])}
+        if best is None or matched > best["matched"]:
+            best = {"draws": len(kernel), "matched": matched, "first_mismatch": first}
+        if matched == len(kernel):
+            ways.append(way)
+    return {**best, "fused_add": ways if fused else None}
+
+
+def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True, memo: dict | None = None) -> dict:
+    """What the probe says of ``t``'s entry: ``probed`` (False where it would need more than
+    ``max_calls`` calls), ``tree`` (None unless revealed and, with ``verify``, replayed bit for
+    bit on 100 draws), ``order_id`` (12 hex, None unless revealed), ``summary``, ``calls`` (matmul
+    calls) and ``reason`` (why not revealed). With ``memo``, a computation already probed there
+    (Target.computation) is not probed again: its answer comes back with ``calls`` 0 and ``same_as``,
+    the label of the target first probed."""
+    key = (t.computation(), max_calls, verify)
+    if memo is not None and key in memo:
+        return {**memo[key], "calls": 0}
+    got = _order_of(t, max_calls, verify)
+    if memo is not None:
+        memo[key] = {**got, "same_as": t.label}
+    return got
+
+
+def _order_of(t: Target, max_calls: int, verify: bool) -> dict:
+
+    out = {"probed": True, "tree": None, "order_id": None, "summary": "not revealed", "calls": 0, "reason": None}
+    refused = over_budget(t, max_calls)
+    if refused:
+        return {**out, "probed": False, "summary": "not probed", "reason": refused}
+    try:
+        r = reveal(t, max_calls=max_calls, verify=verify)
+    except NotRevealed as exc:
+        return {**out, "calls": exc.calls, "reason": str(exc)}
+    return {**out, "calls": r.calls, "tree": r.tree, "order_id": ids.hex_id(trees.order_id(r.tree, t.k)),
+            "summary": words.describe(r.tree)}
+
+
+def _explained(got: dict) -> dict:
+    """explain's view: order_id (None unless revealed), then summary, calls and same_as (where
+    the computation was probed before, as another target), or the reason."""
+    if got["order_id"] is None:
+        return {"order_id": None, "reason": got["reason"]}
+    return {k: got[k] for k in ("order_id", "summary", "calls", "same_as") if k in got}
+
+
+def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[str, int, bool, str]],
+                 max_calls: int = MAX_CALLS) -> dict:
+    """explain's orders: entry (0, 0) of the full product and of each slice ((kind "n" or "m",
+    size, whether its bits drift, A's form), each with its order-id, and a verdict per slice."""
+    memo: dict = {}  # a view slice as wide as B is the full product
+    full = _explained(order_of(target(case, dtype, device), max_calls, memo=memo))
+    out = {"full": full, "slices": []}
+    for kind, size, drifts, form in slices:
+        t = target(case, dtype, device, size if kind == "n" else None, size if kind == "m" else None, form=form)
+        got = _explained(order_of(t, max_calls, memo=memo))
+        if got["order_id"] is None or full["order_id"] is None:
+            verdict = "order not revealed: " + (got.get("reason") or full.get("reason"))
+        elif got["order_id"] == full["order_id"]:
+            verdict = ("same order: identical bits expected" if not drifts else
+                       "same order, yet the bits differ: the drift is not in the order of entry (0, 0)")
+        else:
+            verdict = (f"order differs: {full['summary']} (full) vs {got['summary']} (slice)" if drifts else
+                       "order differs, yet these inputs give identical bits")
+        out["slices"].append({"slice": kind, "size": size, "form": form, "drifts": drifts, **got, "verdict": verdict})
+    return out
+
+
+def checked_target(case_id: str | None, mkn: tuple, slice_n: int | None, slice_m: int | None, form: str, dtype: str,
+                   device: str, row: int, col: int, host_check: bool, max_calls: int) -> Target:
+    """The Target of `matmul-drift order`: case ``case_id``, else the ad-hoc (m, k, n) of ``mkn``.
+    UsageError (one line) when the probe cannot run: a slice or entry the case lacks, a device or
+    dtype it cannot take, too little memory, more than ``max_calls`` calls expected, or a catalog
+    that cannot take the tree."""
+    from matmul_drift.measure import memory
+    from matmul_drift.store import atomic
+
+    try:
+        case = cases.get(case_id) if case_id is not None else cases.adhoc(*mkn)
+        cases.check_slices(case, case.shape(device), slice_n, slice_m, form)
+        t = target(case, dtype, device, slice_n, slice_m, row, col, form)
+    except (ValueError, measure.Unavailable) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    try:
+        memory.check(t.bytes_needed(), f"the probe of {t.label} in {t.dtype},", t.device, host_check)
+    except memory.TooLarge as exc:
+        raise UsageError(str(exc)) from None
+    refused = over_budget(t, max_calls)
+    if refused:
+        raise UsageError(f"{refused} (--max-calls)")
+    orders = catalog.default_root() / "orders"  # checked before minutes of probing, not after
+    try:
+        orders.mkdir(parents=True, exist_ok=True)
+        problem = atomic.folder_problem(orders / "tree.json")
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    if problem:
+        raise UsageError(f"the catalog cannot take the tree: {orders}: {problem} (MATMUL_DRIFT_CATALOG names another)")
+    return t

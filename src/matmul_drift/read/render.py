@@ -1,0 +1,243 @@
+"""Flags out as text: plain tables, GitHub Markdown, or JSON. Never imports torch.
+
+JSON schema (``--format json``), one document::
+
+    {
+      "version": 1,                 # of this schema
+      "fail_on": ["accuracy", ...], # kinds that make the exit status 1
+      "failing": 2,                 # number of flags whose kind is in fail_on
+      "pairs": 14,                  # number of (before, after) run pairs compared
+      "machines": ["name", ...],
+      "flags": [                    # one record per flag, grouped by machine and kind
+        {
+          "kind": "kernel",         # kernel | order | invariance | accuracy | nonfinite |
+                                    # input | fix | timing | ulp-growth | failure | code
+          "failing": true,          # kind is in fail_on
+          "machine": "name",
+          "across": "commits",      # commits: same env, neighbouring commits;
+                                    # envs: same commit, neighbouring torch versions;
+                                    # machines: same commit and env, two hardwares
+          "benchmark": "drift.Drift.track_kernel_id",
+          "unit": "kernel-id",      # asv unit of the benchmark (seconds, u, ulp, kernel-id, ...)
+          "params": {"case": "square", "dtype": "float32", "device": "cpu"},
+                                    # {} for kind "code" (the whole benchmark)
+          "before": {
+            "commit": "<full hash>",
+            "date": 1767225600000,  # commit date, ms since the epoch
+            "env": "<asv env name>",
+            "torch": "2.13.0+cpu",  # or null when unknown
+            "value": 0.81,          # in the unit; ids as integers; null unless status is ok
+            "status": "ok",         # ok | skipped (asv NaN) | failed (asv null) | n/a (code)
+            "id": "0123456789ab",   # id units only: the 12-hex catalog id
+            "kernels": {...}        # kernel flags only: the kernels catalog entry, or null
+          },
+          "after": {... as before ...},
+          "detail": "full: a, b -> a, c",   # what changed, one line per item
+          "attribution": ["torch.version: 2.13.0+cpu -> 2.14.1+cu130"]
+                                    # environment keys that differ between the two sides
+        }
+      ],
+      "different_hardware": ["..."] # neighbouring runs of one machine name on two hardwares:
+                                    # one line each, never judged
+      "warnings": ["..."]           # what was not read or not compared (a corrupt file skipped,
+                                    # params that differ, a value skipped now), each once
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from tabulate import tabulate
+
+from matmul_drift.read.summary import DEFAULT_FAIL_ON, ID_UNITS, KINDS, Flag, Side, Summary, format_value
+
+FORMATS = ("plain", "github", "json")
+JSON_SCHEMA_VERSION = 1
+HEADERS = ["benchmark", "params", "before", "after", "change", "attribution"]
+
+
+def render(summary: Summary, fmt: str = "plain", fail_on=DEFAULT_FAIL_ON) -> str:
+    if fmt == "plain":
+        return render_plain(summary, fail_on)
+    if fmt == "github":
+        return render_github(summary, fail_on)
+    if fmt == "json":
+        return render_json(summary, fail_on)
+    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+# ---------------------------------------------------------------------------- shared
+
+
+def groups(summary: Summary) -> list[tuple[str, str, list[Flag]]]:
+    """(machine, kind, flags), machines in name order, kinds in KINDS order."""
+    out: dict[tuple[str, str], list[Flag]] = {}
+    for f in summary.flags:
+        out.setdefault((f.machine, f.kind), []).append(f)
+    order = {k: i for i, k in enumerate(KINDS)}
+    return [(m, k, fl) for (m, k), fl in sorted(out.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))]
+
+
+def headline(summary: Summary, fail_on) -> str:
+    failing = summary.failing(fail_on)
+    machines = len(summary.machines)
+    where = f"{summary.pairs} comparisons on {machines} machine{'s' if machines != 1 else ''}"
+    if not summary.flags:
+        return f"no changes flagged in {where}"
+    kinds = sorted({f.kind for f in failing}, key=KINDS.index)
+    fails = f"{len(failing)} failing ({', '.join(kinds)})" if failing else "none failing"
+    return f"{len(summary.flags)} flag{'s' if len(summary.flags) != 1 else ''}, {fails}, in {where}"
+
+
+def _short_bench(name: str) -> str:
+    # "drift.Drift.track_error_u" -> "Drift.track_error_u": the module repeats the class.
+    parts = name.split(".")
+    return ".".join(parts[-2:]) if len(parts) > 2 else name
+
+
+def _side_text(side: Side, unit: str) -> str:
+    where = side.commit[:8] + (f" torch {side.torch}" if side.torch else f" {side.env}")
+    if side.status == "n/a":
+        return where
+    value = format_value(side.value, unit) if side.status == "ok" else side.status
+    return f"{where}: {value}"
+
+
+# Control characters (C0 but newline, C1), the bidirectional controls that reorder what a
+# reader sees ("Trojan Source"), and lone surrogates (a JSON "\udcff"), which no UTF-8 output
+# can hold, in names that come from results trees: shown as \uXXXX.
+_INVISIBLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def visible(text, newlines: bool = False) -> str:
+    """``text`` with every control and bidi character written as \\uXXXX (newlines too,
+    unless ``newlines``), so a name shows as what it is in any output."""
+    out = _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", str(text))
+    return out if newlines else out.replace("\n", "\\u000a")
+
+
+def row(f: Flag) -> list[str]:
+    params = " ".join(visible(v) for v in f.params.values()) if f.params else "(all)"
+    return [visible(_short_bench(f.benchmark)), params, visible(_side_text(f.before, f.unit), newlines=True),
+            visible(_side_text(f.after, f.unit), newlines=True), visible(f.detail, newlines=True),
+            "\n".join(visible(a) for a in f.attribution)]
+
+
+# ---------------------------------------------------------------------------- plain
+
+
+def render_plain(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
+    """Tables grouped by machine and kind, for a terminal."""
+    out = [f"matmul-drift summary: {headline(summary, fail_on)}"]
+    for machine, kind, flags in groups(summary):
+        status = "failing" if kind in fail_on else "informational"
+        out.append("")
+        out.append(f"== {visible(machine)}: {kind} ({len(flags)}, {status}) ==")
+        out.append(tabulate([row(f) for f in flags], headers=HEADERS, tablefmt="simple", disable_numparse=True))
+    if summary.different_hardware:
+        out += ["", f"== different hardware ({len(summary.different_hardware)}, not compared) =="]
+        out += [visible(d) for d in summary.different_hardware]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------- github
+
+
+# Everything that Markdown, GFM tables, HTML or GitHub (mentions, math) could read as markup
+# becomes a numeric character reference: table cells split on a literal "|" before entities
+# are decoded, so "&#124;" survives as text. Newlines become <br>, the one tag we emit.
+_MD_ESCAPES = {c: f"&#{ord(c)};" for c in "|*_`\\[]~#$@!<>"}
+_MD_ESCAPES["&"] = "&amp;"
+_MD_TABLE = str.maketrans(_MD_ESCAPES)
+
+
+_LINKISH = re.compile(r"://|www\.|\.[a-z]{2,}/", re.IGNORECASE)
+
+
+def md_escape(text: str) -> str:
+    """Text safe in a GitHub Markdown table cell or heading; renders as the text itself.
+    Text GitHub would turn into a link (a URL, www.) becomes inert code: no autolink."""
+    text = visible(str(text).replace("\r\n", "\n").replace("\r", "\n"), newlines=True)
+    if _LINKISH.search(text):
+        return "<br>".join(_md_code(line) for line in text.split("\n"))
+    return text.translate(_MD_TABLE).replace("\n", "<br>")
+
+
+def _md_code(line: str) -> str:
+    # A code span: fenced by more backticks than any run inside; "|" still ends a table cell
+    # in GFM unless escaped, even in code.
+    fence = "`" * (max((len(r) for r in re.findall("`+", line)), default=0) + 1)
+    return f"{fence} {line.replace('|', chr(92) + '|')} {fence}"
+
+
+def render_github(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
+    """Markdown for a job summary or an issue body (GitHub-flavoured tables)."""
+    out = ["### matmul-drift summary", "", md_escape(headline(summary, fail_on)) + "."]
+    for machine, kind, flags in groups(summary):
+        status = "failing" if kind in fail_on else "informational"
+        out += ["", f"#### {md_escape(machine)}: {md_escape(kind)} ({len(flags)}, {status})", ""]
+        out.append("| " + " | ".join(HEADERS) + " |")
+        out.append("|" + "---|" * len(HEADERS))
+        for f in flags:
+            out.append("| " + " | ".join(md_escape(c) for c in row(f)) + " |")
+    if summary.different_hardware:
+        out += ["", f"#### different hardware ({len(summary.different_hardware)}, not compared)", ""]
+        out += [f"- {md_escape(n)}" for n in summary.different_hardware]
+    if summary.warnings:
+        out += ["", "<details><summary>warnings</summary>", ""]
+        out += [f"- {md_escape(w)}" for w in summary.warnings]
+        out += ["", "</details>"]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------- json
+
+
+def _side_record(side: Side, unit: str, kind: str) -> dict:
+    value = side.value
+    if value is not None and math.isfinite(value) and unit in ID_UNITS:
+        value = int(value)  # 48-bit ids: exact as JSON integers
+    elif value is not None and not math.isfinite(value):
+        value = None  # JSON has no NaN; status says why there is no value
+    rec = {"commit": side.commit, "date": side.date, "env": side.env, "torch": side.torch,
+           "value": value, "status": side.status}
+    if unit in ID_UNITS:
+        rec["id"] = side.id
+    if kind == "kernel":
+        rec["kernels"] = side.kernels
+    return rec
+
+
+def flag_record(f: Flag, fail_on=DEFAULT_FAIL_ON) -> dict:
+    """One flag as a JSON-ready dict (schema in the module docstring)."""
+    return {
+        "kind": f.kind,
+        "failing": f.kind in fail_on,
+        "machine": f.machine,
+        "across": f.across,
+        "benchmark": f.benchmark,
+        "unit": f.unit,
+        "params": dict(f.params),
+        "before": _side_record(f.before, f.unit, f.kind),
+        "after": _side_record(f.after, f.unit, f.kind),
+        "detail": f.detail,
+        "attribution": list(f.attribution),
+    }
+
+
+def render_json(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
+    doc = {
+        "version": JSON_SCHEMA_VERSION,
+        "fail_on": sorted(fail_on, key=KINDS.index),
+        "failing": len(summary.failing(fail_on)),
+        "pairs": summary.pairs,
+        "machines": list(summary.machines),
+        "flags": [flag_record(f, fail_on) for _, _, flags in groups(summary) for f in flags],
+        "different_hardware": list(summary.different_hardware),
+        "warnings": list(dict.fromkeys(summary.warnings)),  # a JSON reader learns what was left out too
+    }
+    text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    return visible(text, newlines=True)  # as JSON escapes: the same data reads back
