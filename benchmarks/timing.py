@@ -6,8 +6,8 @@ once per environment, before any fork. Importing torch does not initialise CUDA.
 
 import torch  # noqa: F401
 
+from matmul_drift.core import cases
 from matmul_drift.jobs import suite
-from matmul_drift.measure import cases
 
 
 class Time:

@@ -62,8 +62,8 @@ def main(argv: list[str]) -> int:
     except ImportError:
         print("most expensive parameters: not measured (no torch in this Python: pip install torch==2.13.0)")
         return 0
+    from matmul_drift.core import cases
     from matmul_drift.jobs import suite
-    from matmul_drift.measure import cases
 
     log = io.StringIO()
     suite.measure_all(devices=("cpu",), precisions=cases.DTYPES, root=ROOT / ".asv" / "bench-catalog", log=log)

@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from matmul_drift.measure import cases
+from matmul_drift.core import cases
 from matmul_drift.probes import order
 
 

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from matmul_drift.cli.main import main as cli_main
-from matmul_drift.measure import cases, measure
+from matmul_drift.core import cases
+from matmul_drift.measure import measure
 from matmul_drift.probes import scan
 
 SEEDS = range(1, 6)  # other draws for the sizes where scan and dense disagree

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from matmul_drift.core import ids
+from matmul_drift.core import ids, series
 from matmul_drift.probes import order
 from matmul_drift.store import catalog
 
@@ -135,6 +135,7 @@ def env_entry(torch_version: str, device: str = "cpu", cuda_build: bool = False)
         "threads": 2,
         "flags": {"allow_tf32": False, "float32_matmul_precision": "highest"},
         "env_vars": {},
+        "method": dict(series.METHOD),  # as environment.describe records it
     }
 
 
@@ -332,3 +333,13 @@ def derive(data: dict, commit: str, date: int) -> dict:
     new["commit_hash"] = commit
     new["date"] = date
     return new
+
+
+def set_env(data: dict, catalog_dir: Path, torch_version: str, **changes) -> int:
+    """Record results ``data`` under an env entry changed by ``changes`` (threads=1,
+    env_vars={...}): every combination that has an env-id gets the new one. Returns it."""
+    env_id = catalog.store(catalog_dir, "env", {**env_entry(torch_version), **changes})
+    row = data["results"][ENV]
+    row[COL["result"]] = [v if v is None or (isinstance(v, float) and math.isnan(v)) else env_id
+                          for v in row[COL["result"]]]
+    return env_id

@@ -58,7 +58,8 @@ def _skinny_drifts() -> bool:
     """Whether any A[:m] @ B (m = 1..7) differs from (A @ B)[:m] for skinny in fp32 here."""
     import torch
 
-    from matmul_drift.measure import cases, measure
+    from matmul_drift.core import cases
+    from matmul_drift.measure import measure
 
     a_bits, b_bits, _ = measure.operand_bits(cases.get("skinny"), "float32", "cpu")
     a, b = measure.to_tensor(a_bits, "float32", "cpu"), measure.to_tensor(b_bits, "float32", "cpu")
@@ -102,7 +103,7 @@ def test_quick_run(project, method, bench):
         kid = int(got[("drift.Drift.track_kernel_id", "square", "float32", "cpu")])
         assert (dst / "results" / "catalog" / "kernels" / f"{kid:012x}.json").exists()
     if "track_order_id" in bench:  # each tree, read back from the catalog, replays this CPU's kernel bit for bit
-        from matmul_drift.measure import cases
+        from matmul_drift.core import cases
         from matmul_drift.probes import order
         from matmul_drift.store import catalog
 
@@ -123,8 +124,8 @@ def test_the_selection_regex_picks_exactly_the_selected_combinations_in_asvs_own
 
     from asv.benchmarks import Benchmarks
 
+    from matmul_drift.core import cases
     from matmul_drift.jobs import suite
-    from matmul_drift.measure import cases
 
     monkeypatch.setenv(suite.SUBSET_VAR, "seed,batch-invariance-2")
     monkeypatch.setenv(suite.PRECISIONS_VAR, "float16,float32-tf32")

@@ -4,16 +4,17 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from matmul_drift.core import ids
-from matmul_drift.measure import cases
+from matmul_drift.core import cases, ids
 from matmul_drift.probes import explain
 
 
@@ -529,8 +530,8 @@ def test_a_slice_that_ran_fewer_kernels_is_not_called_another_order():
 
 
 def test_the_report_lists_each_slices_kernels_where_they_differ(monkeypatch, tmp_path):
+    from matmul_drift.core.cases import Case, Shape
     from matmul_drift.measure import kernels, measure
-    from matmul_drift.measure.cases import Case, Shape
 
     # hand-built routes (which kernel this CPU picks is not the point): n = 1 on Y, the rest on full's F
     routes = {16: "F", 1: "Y", 2: "F", 8: "F"}
@@ -966,7 +967,8 @@ def test_the_worst_slice_n_names_the_form_of_a_1d_a_it_was_measured_with():
     # said "n=8 (A 2-D)" while slice_n could not say which product its numbers were of
     import dataclasses
 
-    from matmul_drift.measure import cases, measure
+    from matmul_drift.core import cases
+    from matmul_drift.measure import measure
 
     m = measure.measure(cases.adhoc(1, 8, 9), "float32", "cpu", slice_n=(8,), slice_m=(), repeat=1, timing=False)
     rows = [{"n": 8, "form": form, "cols": 8, **_row(max_ulp=ulp, max_u=ulp / 2, frac_differ=0.1 * ulp)}
@@ -978,3 +980,23 @@ def test_the_worst_slice_n_names_the_form_of_a_1d_a_it_was_measured_with():
     r = explain.report(dataclasses.replace(m, slice_n=rows))
     assert r["slice_n"]["form"] == "as-is" and "slice_n n=8 moves 50% of entries" in r["verdict"]["text"]
     assert "form" not in (explain.report(dataclasses.replace(m, slice_n=[], slice_m=[{"m": 1, **_row()}]))["slice_m"])
+
+
+def test_the_catalog_is_found_in_the_checkout_where_the_command_runs_not_beside_the_package(tmp_path):
+    """A plain `pip install .` puts the package in site-packages: its catalog is the checkout's
+    where the command runs (results/catalog), and a command elsewhere says where it looked."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "src" / "matmul_drift", site / "matmul_drift",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "MATMUL_DRIFT_CATALOG"}
+    env["PYTHONPATH"] = str(site)
+    repo = Path(__file__).resolve().parents[1]
+    run = lambda cwd: subprocess.run([sys.executable, "-m", "matmul_drift.cli", "catalog", "1.71e+14"],  # noqa: E731
+                                     cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    p = run(repo / "docs")  # in the checkout, below its root
+    assert p.returncode == 0 and p.stdout.startswith("kernels 9b9327e25992"), p.stdout + p.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    p = run(elsewhere)
+    assert (p.returncode, p.stdout) == (2, "")
+    assert p.stderr == f"matmul-drift: error: no catalog entry under {elsewhere}/results/catalog has the id 1.71e+14\n"

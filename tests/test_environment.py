@@ -61,7 +61,8 @@ def test_the_recorded_cublas_version_is_the_one_torch_loaded(monkeypatch, mapped
 
 _ENV_AFTER = """
 import sys
-from matmul_drift.measure import cases, measure
+from matmul_drift.core import cases
+from matmul_drift.measure import measure
 for p in sys.argv[1:]:
     m = measure.measure(cases.adhoc(4, 8, 4), p, "cpu", timing=False, repeat=1)
 print(m.env_id, m.environment["cpu"]["mkl_code_path"] is not None)

@@ -94,18 +94,21 @@ def test_a_one_sample_timing_as_asv_writes_it_is_read_without_a_warning(tmp_path
         for col in ("ci_99_a", "ci_99_b", "q_25", "q_75", "repeat"):
             row[F.COL["stats_" + col]] = list(row[F.COL["stats_" + col]])
             row[F.COL["stats_" + col]][k] = stats[col]
+    F.set_env(data, tree.catalog_dir, "2.13.0", threads=1)  # a setting changed: the suspect is worth asking about
     F.write_results(tree.machine_dir, data)
     assert "-Infinity" in tree.file(1, 0).read_text()
     h = history.read_history(tree.root)
     s = h.runs[tree.machine][1].series[F.TIME]
     assert h.warnings == [] and s.stats["ci_99_a"][i] == -math.inf and s.stats["ci_99_b"][i] == math.inf
     assert s.values[i] == before[i] * 1.5
-    # one sample: the ratio alone decides; 1.5x is flagged, the unchanged times are not
-    assert cli_main(["summary", str(tree.root), "--format", "json"]) == 0
+    # one sample: the ratio alone makes a suspect; 1.5x is one, the unchanged times are not
+    # (--timing suspects lists it: the next run or a re-measurement would decide)
+    assert cli_main(["summary", str(tree.root), "--format", "json", "--timing", "suspects"]) == 0
     out, err = capsys.readouterr()
     flags = json.loads(out)["flags"]
     assert err == "" and [(f["kind"], f["params"]["dtype"], f["params"]["case"], f["detail"]) for f in flags] == [
-        ("timing", "float32", "square", f"{before[i] * 1e3:.3g} ms -> {before[i] * 1.5e3:.3g} ms (1.5x; one sample)")]
+        ("timing", "float32", "square", f"{before[i] * 1e3:.3g} ms -> {before[i] * 1.5e3:.3g} ms (1.5x slower); "
+                                        "one sample")]
 
 
 def test_observations_are_keyed_by_machine_env_commit_benchmark_params(tree):

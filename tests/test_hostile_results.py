@@ -71,7 +71,7 @@ def test_a_machine_folder_named_in_other_bytes_is_skipped_and_named_safely(capsy
     assert _writable(h.warnings) and list(h.runs) == [tree.machine]
     out = tmp_path / "out.md"
     assert cli_main(["summary", str(tree.root), "--format", "github", "--output", str(out)]) == 0
-    assert "bad&#92;xff" in out.read_text(encoding="utf-8") and "Traceback" not in capsys.readouterr().err
+    assert "bad\\\\xff" in out.read_text(encoding="utf-8") and "Traceback" not in capsys.readouterr().err
 
 
 def test_a_results_file_named_in_other_bytes_is_skipped_and_named_safely(tmp_path):
@@ -93,7 +93,7 @@ def test_a_lone_surrogate_in_a_results_file_is_escaped_in_the_report(capsys, tmp
     out = tmp_path / "out"
     assert cli_main(["summary", str(tree.root), "--format", fmt, "--output", str(out)]) == 1
     text = out.read_text(encoding="utf-8")
-    assert re.search(r"m(\\|&#92;)udcff", text) and "Traceback" not in capsys.readouterr().err
+    assert re.search(r"m(\\)?\\udcff", text) and "Traceback" not in capsys.readouterr().err
     if fmt == "json":  # the same data reads back
         assert json.loads(text)["machines"] == ["m\udcff"]
 

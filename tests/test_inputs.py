@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from matmul_drift.core import blocks
-from matmul_drift.measure import cases, inputs, measure
+from matmul_drift.core import blocks, cases
+from matmul_drift.measure import inputs, measure
 
 # Frozen from the first run. If one of these changes, every recorded input_id changes
 # with it and the summary will refuse to compare old and new results.

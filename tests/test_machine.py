@@ -162,3 +162,28 @@ def test_gpus_prefer_nvidia_smi_and_fall_back_when_it_fails_or_is_missing(tmp_pa
     assert machine.gpus(proc_root=str(tmp_path / "absent")) == ["NVIDIA H100 80GB HBM3"]
     (tmp_path / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho 'Failed to initialize NVML'; exit 9\n")
     assert machine.gpus(proc_root=root) == ["NVIDIA H100 80GB HBM3"]
+
+
+def test_the_entry_keeps_facts_that_do_not_move_from_boot_to_boot(monkeypatch):
+    """asv makes every machine field a graph parameter: the kernel build ("Linux 6.18.44-fc-v1045",
+    "...-v1272") and the bytes a VM reports (25275990016, 25276194816) split the graphs by boot."""
+    from asv.machine import Machine
+
+    for os_name, ram in (("Linux 6.18.44-fc-v1045", "25275990016"), ("Linux 6.18.44-fc-v1272", "25276194816")):
+        monkeypatch.setattr(Machine, "get_defaults", staticmethod(lambda o=os_name, r=ram: {"os": o, "ram": r}))
+        e = machine.asv_entry(fp())
+        assert (e["os"], e["ram"]) == (platform.system(), "24 GiB"), e
+    assert machine.ram_gib("junk") == "junk"
+
+
+def test_a_run_on_the_same_hardware_leaves_machine_json_as_recorded(tmp_path):
+    from matmul_drift.jobs import asvrun
+
+    recorded = {"arch": "x86_64", "cpu": "AMD EPYC", "gpu": "none", "isa": "avx2", "machine": "m", "num_cpu": "2",
+                "os": "Linux 6.18.44-fc-v1045", "ram": "25275990016", "version": 1}
+    (tmp_path / "old.json").write_text(json.dumps(recorded))
+    (tmp_path / "same.json").write_text(json.dumps({**recorded, "os": "Linux", "ram": "24 GiB"}))
+    (tmp_path / "other.json").write_text(json.dumps({**recorded, "num_cpu": "4"}))
+    assert not asvrun._new_hardware(tmp_path / "same.json", tmp_path / "old.json")
+    assert asvrun._new_hardware(tmp_path / "other.json", tmp_path / "old.json")
+    assert asvrun._new_hardware(tmp_path / "same.json", tmp_path / "missing.json")

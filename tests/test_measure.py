@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from matmul_drift.core import numerics
+from matmul_drift.core import cases, numerics
+from matmul_drift.core.cases import Case, Shape
 from matmul_drift.jobs import suite
-from matmul_drift.measure import cases, kernels, measure
-from matmul_drift.measure.cases import Case, Shape
+from matmul_drift.measure import kernels, measure
 from matmul_drift.store import catalog
 
 CPU_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -292,7 +292,8 @@ def test_the_recorded_flags_name_every_matmul_mode_and_stay_put_across_precision
     was measured first. (fp32_precision, torch 2.9's spelling, reads "none" until a precision
     is first set, then "ieee".)"""
     code = """
-from matmul_drift.measure import cases, environment, measure
+from matmul_drift.core import cases
+from matmul_drift.measure import environment, measure
 first = environment.flags()
 for key in ("allow_fp16_accumulation", "allow_fp16_reduced_precision_reduction_split_k",
             "allow_bf16_reduced_precision_reduction_split_k", "allow_bf16_reduced_precision_reduction"):

@@ -818,7 +818,8 @@ def test_a_tensor_core_kernel_is_revealed_through_the_probe_and_replayed(dtype, 
     cut to 25 bits, the halves added."""
     import torch
 
-    from matmul_drift.measure import cases, inputs
+    from matmul_drift.core import cases
+    from matmul_drift.measure import inputs
     from matmul_drift.probes import order
 
     t = order.target(cases.get("square"), dtype, "cpu")
@@ -842,7 +843,8 @@ def test_a_tensor_core_kernel_is_revealed_through_the_probe_and_replayed(dtype, 
 def _routes() -> dict[tuple, tuple]:
     """{route: (case, dtype, slice_n, slice_m)}: one computation per distinct CPU route of the
     catalog (full products and their slices), the cheapest to probe, from the routes traced here."""
-    from matmul_drift.measure import cases, kernels
+    from matmul_drift.core import cases
+    from matmul_drift.measure import kernels
     from matmul_drift.probes import order
 
     found: dict[tuple, tuple] = {}
@@ -877,7 +879,7 @@ def routes():
 def test_every_cpu_route_of_the_catalog_is_revealed_and_replays_bit_for_bit():
     """Each route is revealed and replays 100 of 100 draws, or says "not revealed" (within 1500
     calls; a route whose columns differ may need the entry's own column alone): never a wrong tree."""
-    from matmul_drift.measure import cases
+    from matmul_drift.core import cases
     from matmul_drift.probes import order
 
     seen, revealed, refused = routes(), set(), []
@@ -903,7 +905,7 @@ def test_a_wrong_tree_fails_the_replay(dtype):
     tree with its first and last products traded. Before, any tree replayed an fp16 or bf16
     kernel 100 of 100 (its draws' sums were exact in fp32 and the output hid the rest), and
     the traded tree an fp32 or fp64 one."""
-    from matmul_drift.measure import cases
+    from matmul_drift.core import cases
     from matmul_drift.probes import order
 
     k = 512
@@ -926,7 +928,7 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     the slices found by a dense measurement here)."""
     import torch
 
-    from matmul_drift.measure import cases
+    from matmul_drift.core import cases
     from matmul_drift.probes import order
 
     case = cases.adhoc(128, 512, 256)
@@ -984,7 +986,8 @@ def test_a_probe_larger_than_memory_is_refused_before_allocating(capsys, monkeyp
     import time
 
     from matmul_drift.cli import main as cli
-    from matmul_drift.measure import cases, memory
+    from matmul_drift.core import cases
+    from matmul_drift.measure import memory
     from matmul_drift.probes import order
 
     have = memory.available("cpu")[0]
@@ -1104,8 +1107,8 @@ def test_the_suite_records_each_full_products_order_and_says_what_it_could_not(t
     where the readings fit no tree."""
     import io
 
+    from matmul_drift.core import cases
     from matmul_drift.jobs import suite
-    from matmul_drift.measure import cases
     from matmul_drift.probes import order
     from matmul_drift.store import catalog
 
@@ -1182,8 +1185,8 @@ def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reve
     dtype) changes the key; a view slice as wide as B does not."""
     import io
 
+    from matmul_drift.core import cases
     from matmul_drift.jobs import suite
-    from matmul_drift.measure import cases
     from matmul_drift.probes import order
     from matmul_drift.store import catalog
 
@@ -1217,7 +1220,7 @@ def test_a_probe_that_fits_no_tree_counts_the_calls_it_made(monkeypatch, capsys)
     """Each probe width makes one real call, then its readings fit no tree: the answer is "not
     revealed", with the calls spent (not 0), in order_of and in the command's line."""
     from matmul_drift.cli import main as cli
-    from matmul_drift.measure import cases
+    from matmul_drift.core import cases
     from matmul_drift.probes import order
 
     def one_call_then_no_tree(counts, k):
@@ -1241,7 +1244,7 @@ def test_a_kernel_whose_column_blocks_differ_is_read_in_its_first_tile(monkeypat
     import numpy as np
     import torch
 
-    from matmul_drift.measure import cases
+    from matmul_drift.core import cases
     from matmul_drift.probes import order
 
     k = 256
@@ -1272,7 +1275,7 @@ def test_a_kernel_whose_column_blocks_differ_is_read_in_its_first_tile(monkeypat
 def test_the_2d_form_of_a_1d_a_is_probed_as_its_own_computation():
     """The seed's `2d` form (A.unsqueeze(0) @ B[:, :n]) runs another op than A @ B[:, :n]: each
     form's tree replays its own computation bit for bit, and explain's orders name the form."""
-    from matmul_drift.measure import cases
+    from matmul_drift.core import cases
     from matmul_drift.probes import order
 
     case = cases.Case("mv-test", "mv", cases.Shape(1, 512, 300), cases.Shape(1, 512, 300), layout="strided",

@@ -320,7 +320,8 @@ def test_abs_product_pow2_scales_as_the_reference_and_keeps_entries_in_range_bit
 def _lean_run(monkeypatch, a: np.ndarray, b: np.ndarray, off, **spec) -> dict:
     """fixrun.run's lean mode (the suite's) on hand-built float64 operands, with ``off(y, a_arg,
     b_arg, nth_full)`` changing each product the kernel makes: its result for code None."""
-    from matmul_drift.measure import cases, measure
+    from matmul_drift.core import cases
+    from matmul_drift.measure import measure
     from matmul_drift.probes import fixrun
 
     m, k = a.shape

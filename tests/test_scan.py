@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from matmul_drift.cli import main as cli
 from matmul_drift.cli.main import main as cli_main
-from matmul_drift.core import ids, numerics
-from matmul_drift.measure import cases, kernels, measure
+from matmul_drift.core import cases, ids, numerics
+from matmul_drift.measure import kernels, measure
 from matmul_drift.probes import interrupt, scan
 
 ENTRY = [sys.executable, "-m", "matmul_drift.cli", "scan"]

@@ -189,7 +189,7 @@ def test_main_job_site_draws_both_builds_offline_and_names_kernels(offline_brows
     assert f"{project.name}: square float32 cpu" in kernels
     # each order-id in words: square in float32 as the suite's probe reveals it in the main job's
     # environment (which leaves out this process's MKL_* settings: MKL_CBWR moves the route)
-    reveal = ("import json; from matmul_drift.measure import cases; from matmul_drift.probes import order; "
+    reveal = ("import json; from matmul_drift.core import cases; from matmul_drift.probes import order; "
               "got = order.order_of(order.target(cases.get('square'), 'float32', 'cpu')); "
               "print(json.dumps([got['order_id'], got['summary']]))")
     p = subprocess.run([sys.executable, "-c", reveal], env=project.env, capture_output=True, text=True, timeout=600)
@@ -199,3 +199,50 @@ def test_main_job_site_draws_both_builds_offline_and_names_kernels(offline_brows
     assert words in row and f"{project.name}: square float32 cpu" in row and "order-id" in row
     assert project.name in b.find_element("id", "nights").find_element("xpath", "following-sibling::ul").text
     assert _errors(b) == []
+
+
+def test_the_graph_legend_sits_beside_the_plot_and_ids_say_what_they_are(offline_browser, served_main):
+    """asv drew the legend over the plot's corner, and kernel-ids as lines of numbers near 1e14
+    with nothing to say they are names: now the legend has a column of its own, and an id
+    series is named as an id above its graph."""
+    project, url = served_main
+    b = offline_browser
+    b.get(f"{url}/index.html#drift.Drift.track_error_u?machine={project.name}"
+          "&p-case=%27square%27&p-dtype=%27float32%27&p-device=%27cpu%27")
+    _wait(b, "return document.querySelectorAll('#main-graph canvas.flot-base').length")
+    box = _wait(b, f"""var l = document.querySelector('#{site.LEGEND_ID} table');
+        var c = document.querySelector('#main-graph canvas.flot-base');
+        if (!l || !c) return null;
+        var a = l.getBoundingClientRect(), p = c.getBoundingClientRect();
+        return [a.left, a.right, a.top, a.bottom, p.left, p.right, p.top, p.bottom, l.innerText];""")
+    ll, lr, lt, lb, pl, pr, pt, pb, text = box
+    assert lr - ll > 0 and lb - lt > 0 and text.count("torch") == 2  # both builds named
+    assert ll >= pr or lr <= pl or lt >= pb or lb <= pt, box  # no overlap with the plot
+    b.get(f"{url}/index.html")  # the benchmark grid: a small graph per benchmark, its name below
+    names = _wait(b, "var t = [...document.querySelectorAll('.benchmark-text')].map(e => e.innerText); "
+                     "return t.length ? t : null")
+    ids = [n for n in names if "an id, not a quantity" in n]
+    assert len(ids) == 5 and any(n.startswith("Drift.track_kernel_id: an id") for n in ids), names
+    assert "Drift.track_error_u" in names  # a quantity keeps its own name
+    assert _errors(b) == []
+
+
+def test_drift_page_leads_with_the_flags_and_folds_the_notes(browser, served):
+    """The nightly world's page: the flags before anything else, the notes below them folded,
+    and each kernel change listed per case with the ids linked to their names."""
+    world, url = served
+    browser.get(f"{url}/{site.PAGE}")
+    order = browser.execute_script("return [...document.querySelectorAll('h2')].map(h => h.id)")
+    assert order[0] == "flags" and order.index("flags") < order.index("nights") < order.index("kernels"), order
+    if "notes" in order:  # folded: closed until asked
+        assert order.index("notes") == 1
+        assert browser.execute_script("return [...document.querySelectorAll('details.notes')].every(d => !d.open)")
+    repro = browser.find_element("css selector", "table.flags").text
+    assert "matmul-drift explain --case square --dtype float32 --device cpu" in repro
+    changes = browser.find_element("css selector", "table.changes")
+    link = changes.find_element("css selector", "a")
+    target = link.get_attribute("href").split("#", 1)[1]
+    link.click()
+    row = _wait(browser, f"return document.getElementById('{target}')")
+    assert row.tag_name == "tr" and "MKL" in row.text
+    assert _errors(browser) == []

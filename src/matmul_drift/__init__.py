@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 # old flat module -> where it lives now (no aliases: each is one ImportError that says where)
 MOVED = {
     "asv_commit": "jobs.asv_commit", "asvrun": "jobs.asvrun", "atomic": "store.atomic", "axis": "jobs.axis",
-    "blocks": "core.blocks", "bounded": "store.bounded", "cases": "measure.cases", "catalog": "store.catalog",
+    "blocks": "core.blocks", "bounded": "store.bounded", "cases": "core.cases", "catalog": "store.catalog",
     "cli_args": "cli.args", "cli_nightly": "cli.nightly", "cli_order": "cli.order", "cli_run": "cli.run",
     "cli_scan": "cli.scan", "cli_summary": "cli.summary", "environment": "measure.environment",
     "explain": "probes.explain", "fixes": "probes.fixes", "fixfind": "probes.fixfind", "fixrun": "probes.fixrun",

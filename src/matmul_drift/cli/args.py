@@ -79,7 +79,7 @@ def progress(msg: str) -> None:
 
 def add_shape_arguments(p: argparse.ArgumentParser) -> None:
     """--m/--k/--n or --case: what explain and order measure."""
-    from matmul_drift.measure import cases
+    from matmul_drift.core import cases
 
     p.add_argument("--m", type=positive)
     p.add_argument("--k", type=positive)

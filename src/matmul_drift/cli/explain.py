@@ -16,12 +16,13 @@ MAX_FIX_TIMEOUT_S = 10**6  # well below subprocess's limit of 2**31 - 1 ms (abou
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from matmul_drift.measure import cases
+    from matmul_drift.core import cases
 
     add_shape_arguments(p)
     p.add_argument("--a", type=Path, help="A as .npy or .pt: (M, K) or (K,)")
     p.add_argument("--b", type=Path, help="B as .npy or .pt: (K, N)")
-    p.add_argument("--dtype", choices=cases.DTYPES, help="required, except with --render")
+    p.add_argument("--dtype", choices=cases.PRECISIONS,
+                   help="required, except with --render; float32-tf32 and float32-high are CUDA's matmul modes")
     p.add_argument("--device", default="cpu", choices=cases.DEVICES)
     p.add_argument("--slice-n", type=positive, help="compare A @ B[:, :n] with (A @ B)[:, :n]")
     p.add_argument("--slice-m", type=positive, help="compare A[:m] @ B with (A @ B)[:m]")
@@ -45,6 +46,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from matmul_drift.core import cases
     from matmul_drift.probes import explain
     from matmul_drift.read.render import visible
 
@@ -72,6 +74,8 @@ def run(args) -> int:
         raise UsageError("--m, --k and --n go together")
     if given[2] and (args.a is None or args.b is None):
         raise UsageError("--a and --b go together")
+    if args.try_fixes and args.dtype not in cases.DTYPES:
+        raise UsageError(f"--try-fixes takes a dtype ({', '.join(cases.DTYPES)}), not the matmul mode {args.dtype}")
     if given[2] and args.try_fixes:  # before measuring, not after
         raise UsageError("--try-fixes takes --case ID or --m M --k K --n N (inputs the candidates can redraw)")
     if given[2] and args.orders:

@@ -15,9 +15,8 @@ import argparse
 import os
 
 from matmul_drift.cli.args import Bar, add_memory_argument, add_shape_arguments, file_name, positive
-from matmul_drift.core import ids, trees, words
+from matmul_drift.core import cases, ids, trees, words
 from matmul_drift.core.errors import UsageError
-from matmul_drift.measure import cases
 
 PROG = "matmul-drift"
 

@@ -17,8 +17,8 @@ import stat
 import sys
 
 from matmul_drift.cli.args import add_memory_argument, file_name, positive, say_error
+from matmul_drift.core import cases
 from matmul_drift.core.errors import UsageError
-from matmul_drift.measure import cases
 from matmul_drift.probes import scan
 from matmul_drift.store import atomic
 

@@ -50,8 +50,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"report non-zero ulp drift that grows by more than this factor "
                              f"(informational; default {summary.DEFAULT_ULP_GROWTH:g})")
     parser.add_argument("--time-factor", type=float, default=summary.DEFAULT_TIME_FACTOR, metavar="F",
-                        help="flag a time whose ratio exceeds this factor and whose 99%% CIs are apart "
+                        help="suspect a time whose ratio exceeds this factor and whose 99%% CIs are apart "
                              f"(default {summary.DEFAULT_TIME_FACTOR:g}, as asv compare)")
+    parser.add_argument("--timing", choices=summary.TIMING, default="evidence",
+                        help="evidence (default): flag a suspected time only on evidence across runs (a "
+                             "re-measurement, or the next run); suspects: every suspect not yet re-measured")
 
 
 def _error(message: str) -> int:
@@ -107,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         options = summary.Options(
             across=args.across or "both", base=args.base, head=args.head, at=args.at,
             u_tolerance=args.u_tolerance, ulp_growth=args.ulp_growth, time_factor=args.time_factor,
+            timing=args.timing,
         )
         options.check()
         hist = history.read_history(args.results_dir, machine=args.machine, catalog=args.catalog)

@@ -23,6 +23,7 @@ from typing import Callable
 from matmul_drift.store import atomic
 from matmul_drift.store.atomic import backup
 from matmul_drift.store.lock import TreeLock
+from matmul_drift.store.machine import HARDWARE_PARAMS
 
 PROGRESS = re.compile(r"(·|\[ *[\d.]+%\] ·{1,3} )(?!=)")  # asv's step lines, not its tables
 
@@ -184,10 +185,9 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
         keep = all(isinstance(x, int) for x in dates) and recorded_later(results_dir, max(dates))
         merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()), log,
                          keep=keep)
-    if (staging / machine / "machine.json").exists():
-        new = (staging / machine / "machine.json").read_bytes()
-        if not (dest / "machine.json").exists() or (dest / "machine.json").read_bytes() != new:
-            atomic.copy(staging / machine / "machine.json", dest / "machine.json")
+    if (staging / machine / "machine.json").exists() and _new_hardware(staging / machine / "machine.json",
+                                                                      dest / "machine.json"):
+        atomic.copy(staging / machine / "machine.json", dest / "machine.json")
     for p in old:
         log(f"replacing {p} (--force); the old file is kept as {backup(p).name}")
     written = []
@@ -198,6 +198,16 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
             os.unlink(exc.kept)  # its bytes are still in staging
             raise _meanwhile(dest / f.name) from None
     return written
+
+
+def _new_hardware(new: Path, old: Path) -> bool:
+    """Whether machine.json ``new`` tells other hardware than ``old`` (or ``old`` is missing or
+    unreadable): a run on the same hardware leaves the recorded file as it is, whatever its
+    os and ram say (they move from boot to boot)."""
+    a, b = json_object(new), json_object(old) if old.exists() else None
+    if a is None or b is None:
+        return True
+    return any(a.get(k) != b.get(k) for k in ("machine", *HARDWARE_PARAMS))
 
 
 def json_object(path: Path) -> dict | None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matmul_drift.core.errors import UsageError
-from matmul_drift.jobs import asvrun, site
+from matmul_drift.jobs import asvrun, confirm, site
 from matmul_drift.read import history, latest, render, summary
 from matmul_drift.store import atomic, machine, scratch
 
@@ -319,6 +319,11 @@ def run(o: Options) -> Report:
         log(f"recovered: the results at {commit[:8]} were recorded by a run killed before its site was built; "
             "publishing them")
     result = None
+    if recorded:  # before the site and the summary, which read the verdicts
+        t_confirm = time.monotonic()
+        kept = confirm.run(o.repo, conf, name, commit, read(o.repo, name), log)
+        if kept is not None:
+            log(f"re-measured in {time.monotonic() - t_confirm:.0f} s; kept in {kept.relative_to(o.repo)}")
     if recorded or left:
         if o.publish:
             publish(o.repo, conf, name, commit)

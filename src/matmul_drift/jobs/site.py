@@ -5,7 +5,8 @@
   kernel-id in the results, so a reader sees names where asv's graphs show a number (asv
   prints an id as ``1.39e+14 kernel-id``; the page lists that spelling beside the 12-hex id),
   and the summation order, in words, behind every order-id;
-- a link to it in the navigation bar of asv's ``index.html``;
+- a link to it in the navigation bar of asv's ``index.html``, the graphs' legend beside the plot
+  rather than over it, and each id-valued benchmark named as an id in asv's ``index.json``;
 - local copies of the scripts and styles that asv's ``index.html`` loads from CDNs
   (``site_vendor/README.txt`` says where each comes from), so the site also works
   without network access.
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import html
 import itertools
+import json
 import math
 import os
 import re
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from matmul_drift.core.series import method_key as series_key
 from matmul_drift.read import history, render, summary
 from matmul_drift.store import atomic, scratch
 from matmul_drift.store.lock import TreeLock
@@ -57,6 +60,36 @@ def localise(index_html: str) -> tuple[str, list[str]]:
 
         index_html = re.sub(r"<(?:script|link)\b[^>]*?\"" + re.escape(url) + r"\"[^>]*>", swap, index_html)
     return index_html, _EXTERNAL.findall(index_html)
+
+
+# The graph's legend in a column of its own beside the plot, not over it: asv's index.html gives
+# the plot the whole width, and its graphdisplay.js draws flot's legend in the plot's corner.
+_GRAPH_BOX = '<div style="position: absolute; top: 48px; left: 0; right: 0; bottom: 100px;">'
+_LEGEND_BOX = ('<div style="position: absolute; top: 48px; left: 0; right: 14em; bottom: 100px;">')
+LEGEND_ID = "matmul-drift-legend"
+_LEGEND_DIV = (f'<div id="{LEGEND_ID}" style="position: absolute; top: 48px; right: 0; width: 13.5em; '
+               'bottom: 100px; overflow: auto; font-size: 85%"></div>')
+_FLOT_LEGEND = 'legend: {\n                show: show_legend,\n                position: "nw",'
+
+
+def place_legend(index_html: str, graph_js: str) -> tuple[str, str]:
+    """(index.html, graphdisplay.js) with the graph's legend drawn beside the plot; both as
+    given where asv's own text is not what this expects (another asv version)."""
+    if _GRAPH_BOX not in index_html or _FLOT_LEGEND not in graph_js:
+        return index_html, graph_js
+    index_html = index_html.replace(_GRAPH_BOX, _LEGEND_DIV + _LEGEND_BOX, 1)
+    graph_js = graph_js.replace(_FLOT_LEGEND, _FLOT_LEGEND + f' container: $("#{LEGEND_ID}"),', 1)
+    return index_html, graph_js
+
+
+def explain_ids(index: dict) -> dict:
+    """asv's index.json with each id-valued benchmark named for what it is (asv shows the name
+    above its graph): a number that names a catalog entry, whose steps are changes."""
+    for name, b in index.get("benchmarks", {}).items():
+        if isinstance(b, dict) and b.get("unit") in summary.ID_UNITS:
+            b["pretty_name"] = (f"{name.split('.', 1)[-1]}: an id, not a quantity; a step is a change "
+                                f"({PAGE} names each)")
+    return index
 
 
 def add_link(index_html: str) -> str:
@@ -100,14 +133,77 @@ def _flag_tables(result: summary.Summary) -> list[str]:
     if not result.flags:
         return ["<p>No changes flagged.</p>"]
     out = []
-    for machine, kind, flags in render.groups(result):
+    for machine, kind, flags in render.groups(result, summary.DEFAULT_FAIL_ON):
         status = "failing" if kind in summary.DEFAULT_FAIL_ON else "informational"
-        out.append(f"<h3>{_e(machine)}: {_e(kind)} ({len(flags)}, {status})</h3>")
+        out.append(f'<h3 class="{status}">{_e(machine)}: {_e(kind)} ({len(flags)}, {status})</h3>')
         out.append('<table class="flags"><thead><tr>' + "".join(f"<th>{h}</th>" for h in render.HEADERS)
                    + "</tr></thead><tbody>")
-        out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" for c in render.row(f)) + "</tr>" for f in flags]
+        out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" if k != 6 else f"<td><code>{_e(c)}</code></td>"
+                                 for k, c in enumerate(render.row(f))) + "</tr>" for f in flags]
         out.append("</tbody></table>")
     return out
+
+
+def _notes(result: summary.Summary) -> list[str]:
+    """The notes, each group folded: what was not compared or not flagged, below the flags."""
+    return [f'<details class="notes"><summary>{_e(heading)}</summary><ul>'
+            + "".join(f"<li>{_e(n)}</li>" for n in lines) + "</ul></details>"
+            for heading, lines in render.notes(result)]
+
+
+ID_SERIES = (("kernel-id", "k", "kernels"), ("order-id", "o", "orders"), ("fix-id", "f", "fixes"))
+
+
+def changes(hist: history.History) -> list[dict]:
+    """Every change of an id series (kernel-id, order-id, fix-id) along each machine's history,
+    per combination and torch build: {"machine", "params", "env", "unit", "steps": [(commit, id,
+    method changed before it)]}, in commit order; combinations whose id never moved are left out."""
+    units = hist.units()
+    out = []
+    for machine, runs in sorted(hist.runs.items()):
+        for env in dict.fromkeys(r.env_name for r in runs):
+            chain = [r for r in runs if r.env_name == env]
+            for unit, _, _ in ID_SERIES:
+                rows: dict[tuple, tuple[tuple, list]] = {}
+                for run in chain:
+                    for name, s in run.series.items():
+                        if units.get(name) != unit:
+                            continue
+                        key = series_key(name)
+                        for combo, v in zip(itertools.product(*s.params), s.values):
+                            if not math.isfinite(v):
+                                continue
+                            steps = rows.setdefault((name, combo), (s.params, []))[1]
+                            method = (run.method or {}).get(key)
+                            if not steps or steps[-1][1] != int(v):
+                                steps.append((run.commit, int(v), bool(steps) and steps[-1][3] != method, method))
+                for (name, combo), (params, steps) in rows.items():
+                    if len(steps) > 1:
+                        out.append({"machine": machine, "params": " ".join(hist.params_dict(name, params, combo).values()),
+                                    "env": chain[-1].torch or env, "unit": unit,
+                                    "steps": [(c, i, m) for c, i, m, _ in steps]})
+    return out
+
+
+def _changes_table(hist: history.History) -> list[str]:
+    found = changes(hist)
+    out = ['<h2 id="changes">Kernel, order and fix changes per case</h2>',
+           "<p>asv's graphs draw these ids as numbers near 1e14: a step there is a change here. Each "
+           "id links to what it names below; a change across a method change (this project measuring "
+           "otherwise) is marked and never flagged.</p>"]
+    if not found:
+        return out + ["<p>No id changed in the recorded history.</p>"]
+    out.append('<table class="changes"><thead><tr><th>machine</th><th>case</th><th>torch</th><th>series</th>'
+               "<th>changes, oldest first</th></tr></thead><tbody>")
+    anchors = {unit: a for unit, a, _ in ID_SERIES}
+    for c in found:
+        steps = " &rarr; ".join(
+            ("<em>method changed</em> " if m else "") + f"<code>{c_[:8]}</code> "
+            + (f'<a href="#{anchors[c["unit"]]}-{i:012x}">{i:012x}</a>' if c["unit"] != "fix-id" else f"{i:012x}")
+            for c_, i, m in c["steps"])
+        out.append(f"<tr><td>{_e(c['machine'])}</td><td>{_e(c['params'])}</td><td>{_e(c['env'])}</td>"
+                   f"<td>{_e(c['unit'])}</td><td>{steps}</td></tr>")
+    return out + ["</tbody></table>"]
 
 
 def _kernel_cell(entry) -> str:
@@ -148,23 +244,24 @@ def page(hist: history.History, result: summary.Summary, runs: list[dict], recor
         f"<title>matmul-drift: {_e(title)}</title>", '<link rel="icon" href="swallow.ico">',
         "<style>body{font-family:sans-serif;margin:1.5em;max-width:110em}table{border-collapse:collapse;"
         "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;vertical-align:top;text-align:left}"
-        "th{background:#f3f3f3}code{font-size:90%}ol{margin:.2em 0 .4em 1.2em;padding:0}</style>",
+        "th{background:#f3f3f3}code{font-size:90%}ol{margin:.2em 0 .4em 1.2em;padding:0}h3.failing{color:#a00}"
+        "details.notes{margin:.3em 0}details.notes summary{cursor:pointer}</style>",
         "</head><body>", '<p><a href="index.html">&larr; the asv benchmarks</a></p>',
         f"<h1>matmul-drift: {_e(title)}</h1>",
         f'<p id="headline">{_e(render.headline(result, summary.DEFAULT_FAIL_ON))}.</p>',
+        '<h2 id="flags">Changes flagged</h2>', *_flag_tables(result),
+        *(['<h2 id="notes">Not compared, not flagged</h2>', *_notes(result)] if render.notes(result) else []),
         '<h2 id="nights">Runs</h2><ul>',
     ]
     out += [f"<li>{_e(n['line'])}</li>" for n in runs]
-    out += ["</ul>", '<h2 id="flags">Changes flagged</h2>', *_flag_tables(result)]
-    if result.different_hardware:
-        out.append('<h2 id="hardware">Different hardware, not compared</h2><ul>'
-                   + "".join(f"<li>{_e(n)}</li>" for n in result.different_hardware) + "</ul>")
+    out += ["</ul>"]
     failed = [n for n in runs if n["failed"]]
     if failed:
         out.append('<h2 id="failed">Failed benchmark values</h2>')
         for n in failed:
             out.append(f"<h3>{_e(n['machine'])} ({len(n['failed'])})</h3><ul>"
                        + "".join(f"<li><code>{_e(f)}</code></li>" for f in n["failed"]) + "</ul>")
+    out += _changes_table(hist)
     out += ['<h2 id="kernels">Kernel names behind every kernel-id</h2>',
             "<p>asv's graphs show a kernel-id as a number; its 12-hex spelling names the catalog entry "
             "<code>results/catalog/kernels/&lt;id&gt;.json</code> (<code>matmul-drift catalog ID</code> "
@@ -227,6 +324,13 @@ def write(html_dir: Path | str, hist: history.History, result: summary.Summary, 
     html_dir = Path(html_dir)
     index = html_dir / "index.html"
     text, external = localise(index.read_text(encoding="utf-8"))
+    graph_js = html_dir / "graphdisplay.js"
+    if graph_js.is_file():
+        text, js = place_legend(text, graph_js.read_text(encoding="utf-8"))
+        atomic.write_text(graph_js, js)
+    index_json = html_dir / "index.json"
+    if index_json.is_file():
+        atomic.write_text(index_json, json.dumps(explain_ids(json.loads(index_json.read_text(encoding="utf-8")))))
     for f in VENDOR.rglob("*"):
         if f.is_file() and f.name != "README.txt":
             atomic.copy(f, html_dir / "vendor" / f.relative_to(VENDOR))

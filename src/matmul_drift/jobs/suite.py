@@ -7,15 +7,13 @@ NaN); one that raised is a failure (asv records null) and the others still run.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import time
 import traceback
 
-from matmul_drift.core import ids
-from matmul_drift.measure import cases
-from matmul_drift.measure.measure import Unavailable, kernel_entry, measure
+from matmul_drift.core import cases, ids
+from matmul_drift.measure.measure import Unavailable, cpu_product, kernel_entry, measure
 from matmul_drift.store import catalog
 
 NAN = float("nan")
@@ -311,18 +309,4 @@ def timed_call(case: str, precision: str, device: str):
         raise NotImplementedError(f"not selected by ${SUBSET_VAR}, ${PRECISIONS_VAR} or ${DEVICES_VAR}")
     if device != "cpu":
         raise NotImplementedError("CUDA time is recorded by track_cuda_seconds with CUDA events")
-    return _cpu_product(case, precision)
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_product(case: str, precision: str):
-    from matmul_drift.measure.cases import storage_dtype
-    from matmul_drift.measure.measure import check_device, make_operands, operand_bits
-
-    try:
-        check_device("cpu", precision)
-    except Unavailable as exc:
-        raise NotImplementedError(str(exc)) from None
-    c = cases.get(case)
-    a, b, _ = operand_bits(c, storage_dtype(precision), "cpu", with_checksum=False)
-    return make_operands(a, b, storage_dtype(precision), "cpu", c).product  # CPU precisions set no flags
+    return cpu_product(case, precision)

@@ -1,8 +1,9 @@
 """Versions and matmul flags of the running process, as one nested dict.
 
 Its canonical JSON is stored in the catalog; the env-id names it. Anything that can
-change a product's bits belongs here; nothing that changes from run to run does
-(no timestamps, no host names, no clocks).
+change a product's bits belongs here, and the version of the measuring method of each
+series (core/series.py); nothing that changes from run to run does (no timestamps, no host
+names, no clocks).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import glob
 import os
 import platform
 import re
+
+from matmul_drift.core import series
 
 # Environment variables that steer BLAS/oneDNN/cuBLAS routes or thread counts.
 ROUTE_VARS = (
@@ -185,4 +188,5 @@ def describe(device: str, mkl_banner: str | None = None) -> dict:
         "device": device,
         "flags": flags(),
         "env_vars": {k: os.environ[k] for k in ROUTE_VARS if k in os.environ},
+        "method": dict(series.METHOD),  # what each series measures, as this code measures it
     }

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from matmul_drift.core import ids, numerics
+from matmul_drift.core import cases, ids, numerics
+from matmul_drift.core.cases import Case, storage_dtype
 from matmul_drift.measure import environment, inputs, kernels, memory
-from matmul_drift.measure.cases import Case, storage_dtype
 from matmul_drift.measure.reference import Reference, all_finite, exact_product
 
 SEED = 20261130  # the generator's seed: changing it changes every checksum
@@ -502,3 +502,17 @@ def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: s
         "error_u": numerics.error(y, ref.hi, ref.lo, ref.finite, scaled, dtype, absexp=absexp)["error_u"],
         **drift,
     }
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_product(case: str, precision: str):
+    """A zero-argument callable doing case ``case``'s full product in ``precision`` on the CPU,
+    its operands made once (the last case asked for is kept). NotImplementedError where the
+    precision cannot run here."""
+    try:
+        check_device("cpu", precision)
+    except Unavailable as exc:
+        raise NotImplementedError(str(exc)) from None
+    c = cases.get(case)
+    a, b, _ = operand_bits(c, storage_dtype(precision), "cpu", with_checksum=False)
+    return make_operands(a, b, storage_dtype(precision), "cpu", c).product  # CPU precisions set no flags

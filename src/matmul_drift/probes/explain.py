@@ -14,9 +14,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from matmul_drift.core import ids, numerics
+from matmul_drift.core import cases, ids, numerics
 from matmul_drift.core.errors import UsageError
-from matmul_drift.measure import cases
 from matmul_drift.measure.kernels import unique
 from matmul_drift.measure.measure import Measurement
 
@@ -470,7 +469,7 @@ def _file_case(req: Request):
     if empty:
         raise UsageError(f"A {tuple(a.shape)} @ B {tuple(b.shape)} is empty ({', '.join(empty)}): nothing to measure"
                          + (" (with K = 0 every output is exactly 0)" if "K = 0" in empty and len(empty) == 1 else ""))
-    dt = getattr(torch, req.dtype)
+    dt = getattr(torch, cases.storage_dtype(req.dtype))
     for path, t in ((req.a, a), (req.b, b)):
         try:  # one entry: float4_e2m1fn_x2 is a floating-point dtype that torch converts to nothing
             t[(0,) * t.dim()].to(dt)
@@ -506,7 +505,8 @@ def _check_memory(req: Request, shape: cases.Shape, extra: int = 0) -> None:
     from matmul_drift.measure import memory
 
     batch = shape.batch or 1
-    host, device = memory.bytes_needed(shape.m, shape.k, shape.n, req.dtype, req.device, batch, fixes=req.try_fixes)
+    host, device = memory.bytes_needed(shape.m, shape.k, shape.n, cases.storage_dtype(req.dtype), req.device, batch,
+                                       fixes=req.try_fixes)
     need = (host, device + extra) if req.device == "cuda" else (host + extra, device)
     what = (f"the product, {'' if batch == 1 else f'batch={batch} '}m={shape.m} k={shape.k} n={shape.n} in {req.dtype}"
             f"{' with --try-fixes' * req.try_fixes},")

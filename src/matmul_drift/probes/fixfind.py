@@ -169,8 +169,9 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
                    progress=None, lean: bool = False, budget: float | None = None,
                    stopped: list[int] = ()) -> list[dict]:
     """One report per spec: ``baseline`` (the computation as it is), ``drifts``,
-    ``candidates`` (rows with verdict, drift, error_u, kernels, seconds, time_ratio, spread)
-    and ``cheapest`` (the name of the cheapest that removes every drift, or None).
+    ``candidates`` (rows with verdict, drift, error_u, kernels, seconds, time_ratio, spread),
+    ``cheapest`` (the name of the cheapest that removes every drift, or None) and ``tied`` (the
+    others that remove it at a cost that cannot be told apart from the cheapest's).
 
     Processes: one for the default setting, measuring every spec as it is and under every
     code change its slices allow (each timed beside the default there), then one per setting,
@@ -248,8 +249,20 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
             report["candidates"].append(row)
         removes = [r for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
         if removes:
-            report["cheapest"] = min(removes, key=lambda r: r["time_ratio"])["name"]
+            best = min(removes, key=lambda r: r["time_ratio"])
+            report["cheapest"] = best["name"]
+            report["tied"] = [r["name"] for r in removes if r is not best and _overlap(best, r)]
     return reports
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    """Whether two candidates' costs cannot be told apart: each ratio's interquartile range
+    (``spread`` times the ratio, around it) reaches the other's. Without a spread, equal ratios."""
+    def span(r):
+        half = r["time_ratio"] * (r.get("spread") or 0.0) / 2
+        return r["time_ratio"] - half, r["time_ratio"] + half
+    (lo_a, hi_a), (lo_b, hi_b) = span(a), span(b)
+    return lo_a <= hi_b and lo_b <= hi_a
 
 
 def not_in_force(env: dict, kernels: dict | None) -> str | None:
@@ -291,7 +304,11 @@ def render(report: dict) -> str:
     # a row that removes every drift with no time (the default's timer did not answer) may be the cheapest
     untimed = [r["name"] for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is None]
     among = " of those measured" if unmeasured or untimed else ""  # the others may remove it, and cost less
-    if report["cheapest"]:
+    if report["cheapest"] and report.get("tied"):  # timings this noisy name no cheapest
+        names = [report["cheapest"], *report["tied"]]
+        last = (f"removes every drift{among}: {', '.join(names)}; their costs could not be told apart (the "
+                "timings' spreads overlap), so none is called the cheapest")
+    elif report["cheapest"]:
         c = {r["name"]: r for r in report["candidates"]}[report["cheapest"]]  # a saved report naming none: KeyError
         last = (f"cheapest that removes every drift{among}: {c['name']} ({c['time_ratio']:.2f}x the default's time)"
                 + (f"; a code change: {c['code_change']}" if c["code_change"] else ""))

@@ -35,8 +35,8 @@ import traceback
 
 import numpy as np
 
-from matmul_drift.core import numerics
-from matmul_drift.measure import cases, kernels, measure, reference
+from matmul_drift.core import cases, numerics
+from matmul_drift.measure import kernels, measure, reference
 
 KEYS = ("max_ulp", "max_u", "frac_differ")
 ROUNDS, LEAN_ROUNDS = 5, 3  # default/candidate pairs of timings a time ratio is the median of

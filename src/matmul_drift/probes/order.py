@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from matmul_drift.core import ids, trees, words
+from matmul_drift.core import cases, ids, trees, words
 from matmul_drift.core.errors import UsageError
-from matmul_drift.measure import cases, inputs, measure
+from matmul_drift.measure import inputs, measure
 from matmul_drift.store import catalog
 
 # dtype -> (significant bits of the accumulator, of the output, base product, M)

@@ -12,8 +12,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from matmul_drift.core import ids
-from matmul_drift.measure import cases, kernels, memory
+from matmul_drift.core import cases, ids
+from matmul_drift.measure import kernels, memory
 from matmul_drift.probes import interrupt, scan
 
 SAVE_EVERY_S = 1.0  # the --json record is rewritten at most this often while scanning (seconds)

@@ -16,6 +16,7 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
+from matmul_drift.core import series
 from matmul_drift.store import git
 
 MAX_CONF_BYTES = 1 << 20  # an asv.conf.json is a few kB; json5 would crawl through a planted 64 MiB one
@@ -96,3 +97,34 @@ def _warn_ties(placed: list[str], dates: dict[str, int], warnings: list[str]) ->
     warnings.append(f"commits {', '.join(c[:8] for c in ties[0])} share the commit date {when}{more} and no git "
                     "repository at hand orders them (run the summary in the project's checkout); they are taken "
                     "in hash order, so a change between them may be put on the wrong commit or read reversed")
+
+
+def descendants(repo: Path, commit: str) -> set[str]:
+    """The commits on a ref of ``repo`` that have ``commit`` as an ancestor, ``commit`` among
+    them; empty where git does not know it. Raises OSError or git.GitError as ``revisions``."""
+    local = git.git(repo, "rev-parse", "--local-env-vars", check=False).split()
+    env = dict.fromkeys(local)
+    if git.git(repo, "cat-file", "-t", commit, env=env, check=False) != "commit":
+        return set()
+    out = git.git(repo, "rev-list", "--all", "--ancestry-path", f"^{commit}", env=env)
+    return {commit, *out.split()}
+
+
+def method_versions(commits: list[str], asv_dir: Path, warnings: list[str]) -> dict[str, dict[str, int]]:
+    """{commit: {series: method version}} for the commits git knows (series.METHOD_CHANGES: 1
+    plus the changes at or before the commit), for results that recorded no version."""
+    repo, _ = find_repo(asv_dir)
+    try:
+        known = set(revisions(repo))
+        after = {c: descendants(repo, c) for c in dict.fromkeys(x[2] for x in series.METHOD_CHANGES)}
+    except (OSError, git.GitError):
+        return {}
+    out = {}
+    for c in commits:
+        if c in known:
+            v = dict.fromkeys(series.METHOD, 1)
+            for name, version, first, _ in series.METHOD_CHANGES:
+                if c in after[first]:
+                    v[name] = max(v[name], version)
+            out[c] = v
+    return out

@@ -117,6 +117,10 @@ class Run:
     series: dict[str, Series]
     torch: str | None = None  # torch version that ran, best known (see History._torch_version)
     rank: int = 0  # its commit's place in the history's commit order (gitorder.commit_ranks)
+    # {series: version} of the measuring method (core/series.py), recorded in the env entries or
+    # derived from the commit; None where neither is known
+    method: dict[str, int] | None = None
+    method_recorded: bool = False
 
     @property
     def order_key(self) -> tuple:
@@ -182,6 +186,8 @@ class History:
     machines: dict[str, dict]
     runs: dict[str, list[Run]]
     warnings: list[str] = field(default_factory=list)
+    # re-measurements of suspected timing changes (results/confirm), by summary.confirmation_key
+    confirmations: dict[tuple, dict] = field(default_factory=dict)
 
     def units(self) -> dict[str, str]:
         return {name: b.unit for name, b in self.benchmarks.items()}
@@ -189,7 +195,7 @@ class History:
     def of(self, machine: str) -> History:
         """The history of ``machine`` alone: its runs (the same objects), the warnings list shared."""
         return History(self.asv_dir, self.catalog, self.benchmarks, {machine: self.machines.get(machine, {})},
-                       {machine: self.runs.get(machine, [])}, self.warnings)
+                       {machine: self.runs.get(machine, [])}, self.warnings, self.confirmations)
 
     def param_names(self, benchmark: str, params: tuple) -> list[str]:
         """Names for a row's params: benchmarks.json's, if they fit the row, else p0, p1, ..."""
@@ -201,6 +207,19 @@ class History:
     def params_dict(self, benchmark: str, params: tuple, combo: tuple[str, ...]) -> dict[str, str]:
         """{param name: display value} for one combination (repr strings unquoted)."""
         return dict(zip(self.param_names(benchmark, params), (display_param(p) for p in combo)))
+
+    def env_entry(self, run: Run, params: dict[str, str]) -> dict | None:
+        """The env catalog entry (measure/environment.py) that ``run`` recorded for the
+        combination ``params`` ({name: display value}); None where it recorded none."""
+        s = run.series.get(ENV_SERIES)
+        if s is None:
+            return None
+        names = self.param_names(ENV_SERIES, s.params)
+        for i, combo in enumerate(itertools.product(*s.params)):
+            if all(params.get(n) == display_param(v) for n, v in zip(names, combo)):
+                entry = self.catalog.get("env", float(s.values[i]))
+                return entry if isinstance(entry, dict) else None
+        return None
 
     def observations(self, machine: str | None = None) -> Iterator[Observation]:
         """Every value, one object each: convenient, not fast (the summary uses the arrays)."""
@@ -385,7 +404,58 @@ def read_history(
         for run in runs:
             run.rank = ranks[run.commit]
         runs.sort(key=lambda r: r.order_key)
+    _methods(history, asv_dir)
+    history.confirmations = read_confirmations(asv_dir.parent / CONFIRM, set(history.runs), warnings)
     return history
+
+
+CONFIRM = "confirm"  # beside asv's results dir: <confirm>/<machine>/<commit8>-<time>.json
+
+
+def read_confirmations(folder: Path, machines: set[str], warnings: list[str]) -> dict[tuple, dict]:
+    """Every re-measurement under ``folder`` (jobs/confirm.py writes them), keyed as
+    summary.confirmation_key; of two for one pair, the later file's. A file that cannot be read
+    is a warning."""
+    out: dict[tuple, dict] = {}
+    for machine in sorted(machines):
+        d = folder / machine
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.json")):
+            try:
+                doc = json.loads(bounded.read_bytes(p, folder))
+                for c in doc["checks"]:
+                    b, a = c["before"], c["after"]
+                    key = (machine, c["benchmark"], tuple(sorted((str(k), str(v)) for k, v in c["params"].items())),
+                           b["commit"], b["env"], a["commit"], a["env"])
+                    out[key] = c
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, bounded.Refused) as exc:
+                warnings.append(f"skipping {_shown(p)}: not a re-measurement record ({type(exc).__name__}: {exc})")
+    return out
+
+
+ENV_SERIES = "drift.Drift.track_env_id"
+
+
+def _methods(history: History, asv_dir: Path) -> None:
+    """Each run's measuring method: as its env entries recorded it, else derived from its commit."""
+    unrecorded = []
+    for run in (r for runs in history.runs.values() for r in runs):
+        s = run.series.get(ENV_SERIES)
+        found = None
+        for env_id in () if s is None else dict.fromkeys(s.values[np.isfinite(s.values)].tolist()):
+            entry = history.catalog.get("env", env_id)
+            if isinstance(entry, dict) and isinstance(entry.get("method"), dict):
+                found = {k: v for k, v in entry["method"].items() if isinstance(v, int) and not isinstance(v, bool)}
+                break
+        if found is not None:
+            run.method, run.method_recorded = found, True
+        else:
+            unrecorded.append(run)
+    if unrecorded:
+        derived = gitorder.method_versions(list(dict.fromkeys(r.commit for r in unrecorded)), asv_dir, [])
+        for run in unrecorded:
+            run.method = derived.get(run.commit)
 
 
 def _reason(exc: BaseException) -> str:

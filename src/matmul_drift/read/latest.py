@@ -53,7 +53,7 @@ def _one_environment(hist: history.History, machine: str, commits: tuple[str, st
 
 def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> summary.Summary:
     """Each machine's night against its previous night, as one Summary over all of them."""
-    flags, npairs = [], 0
+    flags, npairs, method = [], 0, []
     for machine, (prev, head) in sorted(pairs.items()):
         if prev is None:
             continue  # a machine's first night has nothing to compare with
@@ -67,7 +67,8 @@ def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> 
             side.env = own.get(side.commit, side.env)  # each night by its own environment
         flags += s.flags
         npairs += s.pairs
-    return summary.Summary(flags, npairs, sorted(pairs), list(dict.fromkeys(hist.warnings)))
+        method += s.method_notes
+    return summary.Summary(flags, npairs, sorted(pairs), list(dict.fromkeys(hist.warnings)), method_notes=method)
 
 
 def failed_in(hist: history.History, machine: str, commit: str) -> list[str]:
@@ -126,7 +127,7 @@ def nights(hist: history.History) -> tuple[dict[str, tuple[str | None, str]], li
 def runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
     """Every machine's latest commit: the Summary of what changed there (--at), and one
     plain dict per machine for the site (machine, commit, line, failed)."""
-    flags, pairs, notes, runs = [], 0, [], []
+    flags, pairs, notes, method, runs = [], 0, [], [], []
     for name, machine_runs in sorted(hist.runs.items()):
         if not machine_runs:
             continue
@@ -136,6 +137,7 @@ def runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
         flags += s.flags
         pairs += s.pairs
         notes += s.different_hardware
+        method += s.method_notes
         builds = [r.torch or r.env_name for r in machine_runs if r.commit == head]
         same, other = summary.earlier_runs(machine_runs, head)
         against = (f"against {same.commit[:8]}" if same
@@ -144,7 +146,7 @@ def runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
         runs.append({"machine": name, "commit": head,
                      "line": f"{name}: {head[:8]}, torch {', '.join(builds)}; {against}",
                      "failed": failed_in(one, name, head)})
-    return summary.Summary(flags, pairs, sorted(hist.runs), list(dict.fromkeys(hist.warnings)), notes), runs
+    return summary.Summary(flags, pairs, sorted(hist.runs), list(dict.fromkeys(hist.warnings)), notes, method), runs
 
 
 def compared(hist: history.History, commit: str) -> str:

@@ -11,7 +11,7 @@ JSON schema (``--format json``), one document::
       "flags": [                    # one record per flag, grouped by machine and kind
         {
           "kind": "kernel",         # kernel | order | invariance | accuracy | nonfinite |
-                                    # input | fix | timing | ulp-growth | failure | code
+                                    # input | fix | timing | ulp-growth | failure
           "failing": true,          # kind is in fail_on
           "machine": "name",
           "across": "commits",      # commits: same env, neighbouring commits;
@@ -20,7 +20,6 @@ JSON schema (``--format json``), one document::
           "benchmark": "drift.Drift.track_kernel_id",
           "unit": "kernel-id",      # asv unit of the benchmark (seconds, u, ulp, kernel-id, ...)
           "params": {"case": "square", "dtype": "float32", "device": "cpu"},
-                                    # {} for kind "code" (the whole benchmark)
           "before": {
             "commit": "<full hash>",
             "date": 1767225600000,  # commit date, ms since the epoch
@@ -33,12 +32,17 @@ JSON schema (``--format json``), one document::
           },
           "after": {... as before ...},
           "detail": "full: a, b -> a, c",   # what changed, one line per item
-          "attribution": ["torch.version: 2.13.0+cpu -> 2.14.1+cu130"]
+          "attribution": ["torch.version: 2.13.0+cpu -> 2.14.1+cu130"],
                                     # environment keys that differ between the two sides
+          "repro": "matmul-drift explain --case square --dtype float32 --device cpu"
+                                    # measures the cell again; null where the params are no case's
         }
       ],
       "different_hardware": ["..."] # neighbouring runs of one machine name on two hardwares:
                                     # one line each, never judged
+      "method_notes": ["..."]       # series not compared because this project changed how it
+                                    # measures them (core/series.py METHOD, or asv's version)
+      "timing_notes": ["..."]       # timing differences without evidence across runs, counted
       "warnings": ["..."]           # what was not read or not compared (a corrupt file skipped,
                                     # params that differ, a value skipped now), each once
     }
@@ -50,13 +54,11 @@ import json
 import math
 import re
 
-from tabulate import tabulate
-
-from matmul_drift.read.summary import DEFAULT_FAIL_ON, ID_UNITS, KINDS, Flag, Side, Summary, format_value
+from matmul_drift.read.summary import DEFAULT_FAIL_ON, ID_UNITS, KINDS, Flag, Side, Summary, format_value, repro
 
 FORMATS = ("plain", "github", "json")
 JSON_SCHEMA_VERSION = 1
-HEADERS = ["benchmark", "params", "before", "after", "change", "attribution"]
+HEADERS = ["benchmark", "params", "before", "after", "change", "attribution", "repro"]
 
 
 def render(summary: Summary, fmt: str = "plain", fail_on=DEFAULT_FAIL_ON) -> str:
@@ -72,13 +74,24 @@ def render(summary: Summary, fmt: str = "plain", fail_on=DEFAULT_FAIL_ON) -> str
 # ---------------------------------------------------------------------------- shared
 
 
-def groups(summary: Summary) -> list[tuple[str, str, list[Flag]]]:
-    """(machine, kind, flags), machines in name order, kinds in KINDS order."""
+def groups(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> list[tuple[str, str, list[Flag]]]:
+    """(machine, kind, flags): the failing kinds first, then the informational ones; within
+    each, machines in name order and kinds in KINDS order."""
     out: dict[tuple[str, str], list[Flag]] = {}
     for f in summary.flags:
         out.setdefault((f.machine, f.kind), []).append(f)
     order = {k: i for i, k in enumerate(KINDS)}
-    return [(m, k, fl) for (m, k), fl in sorted(out.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))]
+    return [(m, k, fl) for (m, k), fl in sorted(out.items(), key=lambda kv: (kv[0][1] not in fail_on, kv[0][0],
+                                                                             order[kv[0][1]]))]
+
+
+def notes(summary: Summary) -> list[tuple[str, list[str]]]:
+    """(heading, lines) of what was not compared or not flagged, after the flags."""
+    return [(h, lines) for h, lines in (
+        (f"method changed ({len(summary.method_notes)}, not compared)", summary.method_notes),
+        (f"timing differences without evidence ({len(summary.timing_notes)}, not flagged)", summary.timing_notes),
+        (f"different hardware ({len(summary.different_hardware)}, not compared)", summary.different_hardware),
+    ) if lines]
 
 
 def headline(summary: Summary, fail_on) -> str:
@@ -123,47 +136,89 @@ def row(f: Flag) -> list[str]:
     params = " ".join(visible(v) for v in f.params.values()) if f.params else "(all)"
     return [visible(_short_bench(f.benchmark)), params, visible(_side_text(f.before, f.unit), newlines=True),
             visible(_side_text(f.after, f.unit), newlines=True), visible(f.detail, newlines=True),
-            "\n".join(visible(a) for a in f.attribution)]
+            "\n".join(visible(a) for a in f.attribution), visible(repro(f) or "")]
+
+
+LINE = 160  # characters a line of the plain or Markdown report shows; the JSON keeps the rest
+
+
+def cut(text: str, width: int = LINE) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def why(f: Flag) -> str:
+    """The attribution on one line, long values (hashes) cut to 12 characters."""
+    def short(item: str) -> str:
+        key, sep, change = item.partition(": ")
+        sides = [s if len(s) <= 24 else s[:12] + "…" for s in change.split(" -> ")]
+        return key + sep + " -> ".join(sides)
+    return "; ".join(short(a) for a in f.attribution)
+
+
+def _block(f: Flag) -> list[str]:
+    """One flag in a few lines: where, what changed, why, and how to see it again."""
+    params = " ".join(f.params.values()) if f.params else "(all)"
+    where = lambda s: s.commit[:8] + (f" torch {s.torch}" if s.torch else f" {s.env}")  # noqa: E731
+    head = f"{params}: {_short_bench(f.benchmark)}, {where(f.before)} -> {where(f.after)}"
+    lines = [cut(visible(head))]
+    lines += [cut("  " + visible(d)) for d in f.detail.split("\n")]
+    if f.attribution:
+        lines.append(cut("  why: " + visible(why(f))))
+    command = repro(f)
+    if command:
+        lines.append("  repro: " + visible(command))
+    return lines
 
 
 # ---------------------------------------------------------------------------- plain
 
 
 def render_plain(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
-    """Tables grouped by machine and kind, for a terminal."""
+    """For a terminal: the failing flags, then the informational ones, then the notes."""
     out = [f"matmul-drift summary: {headline(summary, fail_on)}"]
-    for machine, kind, flags in groups(summary):
+    for machine, kind, flags in groups(summary, fail_on):
         status = "failing" if kind in fail_on else "informational"
-        out.append("")
-        out.append(f"== {visible(machine)}: {kind} ({len(flags)}, {status}) ==")
-        out.append(tabulate([row(f) for f in flags], headers=HEADERS, tablefmt="simple", disable_numparse=True))
-    if summary.different_hardware:
-        out += ["", f"== different hardware ({len(summary.different_hardware)}, not compared) =="]
-        out += [visible(d) for d in summary.different_hardware]
+        out += ["", f"== {visible(machine)}: {kind} ({len(flags)}, {status}) =="]
+        for f in flags:
+            out += _block(f)
+    for heading, lines in notes(summary):
+        out += ["", f"== {heading} =="]
+        out += [visible(n) for n in lines]
     return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------------------- github
 
 
-# Everything that Markdown, GFM tables, HTML or GitHub (mentions, math) could read as markup
-# becomes a numeric character reference: table cells split on a literal "|" before entities
-# are decoded, so "&#124;" survives as text. Newlines become <br>, the one tag we emit.
-_MD_ESCAPES = {c: f"&#{ord(c)};" for c in "|*_`\\[]~#$@!<>"}
-_MD_ESCAPES["&"] = "&amp;"
-_MD_TABLE = str.maketrans(_MD_ESCAPES)
+# Markdown that reads as text raw and renders as the same text on GitHub: a backslash before
+# each character GFM would read as markup (cells split on "|", emphasis, links, code, HTML,
+# strikethrough, math); "_" only where it could open or close emphasis (not inside a word,
+# where kernel names have them); "&" as &amp; so that no entity is decoded. Newlines become
+# <br>, the one tag we emit. A line GitHub would link (a URL, www., an @mention) becomes a
+# code span instead, where nothing is linked.
+_MD_SPECIAL = set("\\|`*[]<~$")
+_LINKISH = re.compile(r"://|www\.|\.[a-z]{2,}/|@", re.IGNORECASE)
 
 
-_LINKISH = re.compile(r"://|www\.|\.[a-z]{2,}/", re.IGNORECASE)
+def _md_text(line: str) -> str:
+    out = []
+    for i, c in enumerate(line):
+        if c == "&":
+            out.append("&amp;")
+        elif c in _MD_SPECIAL or (c in "#>+-" and i == 0):  # a heading, quote or list at a line's start
+            out.append("\\" + c)
+        elif c == "_" and not (i > 0 and line[i - 1].isalnum() and i + 1 < len(line) and line[i + 1].isalnum()):
+            out.append("\\_")
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def md_escape(text: str) -> str:
-    """Text safe in a GitHub Markdown table cell or heading; renders as the text itself.
-    Text GitHub would turn into a link (a URL, www.) becomes inert code: no autolink."""
+    """Text safe in a GitHub Markdown table cell, list item or heading; renders as the text
+    itself, and reads as it raw."""
     text = visible(str(text).replace("\r\n", "\n").replace("\r", "\n"), newlines=True)
-    if _LINKISH.search(text):
-        return "<br>".join(_md_code(line) for line in text.split("\n"))
-    return text.translate(_MD_TABLE).replace("\n", "<br>")
+    return "<br>".join(_md_code(line) if _LINKISH.search(line) else _md_text(line) for line in text.split("\n"))
 
 
 def _md_code(line: str) -> str:
@@ -174,18 +229,23 @@ def _md_code(line: str) -> str:
 
 
 def render_github(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
-    """Markdown for a job summary or an issue body (GitHub-flavoured tables)."""
+    """Markdown for a job summary or an issue body (GitHub-flavoured tables): the failing
+    flags, then the informational ones, then the notes."""
     out = ["### matmul-drift summary", "", md_escape(headline(summary, fail_on)) + "."]
-    for machine, kind, flags in groups(summary):
+    for machine, kind, flags in groups(summary, fail_on):
         status = "failing" if kind in fail_on else "informational"
         out += ["", f"#### {md_escape(machine)}: {md_escape(kind)} ({len(flags)}, {status})", ""]
         out.append("| " + " | ".join(HEADERS) + " |")
         out.append("|" + "---|" * len(HEADERS))
         for f in flags:
-            out.append("| " + " | ".join(md_escape(c) for c in row(f)) + " |")
-    if summary.different_hardware:
-        out += ["", f"#### different hardware ({len(summary.different_hardware)}, not compared)", ""]
-        out += [f"- {md_escape(n)}" for n in summary.different_hardware]
+            cells = row(f)
+            cells[4] = "\n".join(cut(d) for d in cells[4].split("\n"))
+            cells[5] = cut(why(f))
+            cells[6] = _md_code(cells[6]) if cells[6] else ""
+            out.append("| " + " | ".join(md_escape(c) if k != 6 else c for k, c in enumerate(cells)) + " |")
+    for heading, lines in notes(summary):
+        out += ["", f"#### {md_escape(heading)}", ""]
+        out += [f"- {md_escape(n)}" for n in lines]
     if summary.warnings:
         out += ["", "<details><summary>warnings</summary>", ""]
         out += [f"- {md_escape(w)}" for w in summary.warnings]
@@ -225,6 +285,7 @@ def flag_record(f: Flag, fail_on=DEFAULT_FAIL_ON) -> dict:
         "after": _side_record(f.after, f.unit, f.kind),
         "detail": f.detail,
         "attribution": list(f.attribution),
+        "repro": repro(f),
     }
 
 
@@ -235,8 +296,10 @@ def render_json(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         "failing": len(summary.failing(fail_on)),
         "pairs": summary.pairs,
         "machines": list(summary.machines),
-        "flags": [flag_record(f, fail_on) for _, _, flags in groups(summary) for f in flags],
+        "flags": [flag_record(f, fail_on) for _, _, flags in groups(summary, fail_on) for f in flags],
         "different_hardware": list(summary.different_hardware),
+        "method_notes": list(summary.method_notes),
+        "timing_notes": list(summary.timing_notes),
         "warnings": list(dict.fromkeys(summary.warnings)),  # a JSON reader learns what was left out too
     }
     text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"

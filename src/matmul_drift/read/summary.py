@@ -52,19 +52,21 @@ from __future__ import annotations
 
 import itertools
 import math
+import shlex
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from matmul_drift.core import numerics
+from matmul_drift.core import cases, numerics, series
 from matmul_drift.core.errors import UsageError
 from matmul_drift.core.ids import hex_id
 from matmul_drift.read.history import History, Run, Series, version_key
 from matmul_drift.store import machine as hardware
 
-KINDS = ("kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix", "timing", "ulp-growth", "failure", "code")
+KINDS = ("kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix", "timing", "ulp-growth", "failure")
 DEFAULT_FAIL_ON = frozenset({"kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix"})
 ACROSS = ("commits", "envs", "both", "machines")
+TIMING = ("evidence", "suspects")
 ID_UNITS = ("kernel-id", "env-id", "input-id", "fix-id", "order-id")
 
 # Identical kernels on identical inputs give identical bits, so any change of error_u is a
@@ -88,6 +90,9 @@ class Options:
     u_tolerance: float = DEFAULT_U_TOLERANCE
     ulp_growth: float = DEFAULT_ULP_GROWTH
     time_factor: float = DEFAULT_TIME_FACTOR
+    # "evidence": a timing change is flagged on evidence across runs; "suspects": every suspected
+    # change without a re-measurement is flagged (what the main job re-measures)
+    timing: str = "evidence"
 
     def check(self) -> None:
         if self.across not in ACROSS:
@@ -98,6 +103,8 @@ class Options:
             raise UsageError(f"--base/--head compare two commits; --across {self.across} does not apply")
         if self.at is not None and (self.base is not None or self.across == "machines"):
             raise UsageError("--at goes with neither --base/--head nor --across machines")
+        if self.timing not in TIMING:
+            raise UsageError(f"--timing must be one of {', '.join(TIMING)}, not {self.timing!r}")
         for name in ("u_tolerance", "ulp_growth", "time_factor"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 1):
@@ -153,6 +160,8 @@ class Summary:
     machines: list[str]
     warnings: list[str]
     different_hardware: list[str] = field(default_factory=list)  # neighbouring runs never judged
+    method_notes: list[str] = field(default_factory=list)  # series not compared across a method change
+    timing_notes: list[str] = field(default_factory=list)  # suspected timing changes without evidence
 
     def failing(self, fail_on) -> list[Flag]:
         return [f for f in self.flags if f.kind in fail_on]
@@ -329,7 +338,8 @@ def summarise(history: History, options: Options | None = None) -> Summary:
     rank = {r.commit: r.rank for runs in history.runs.values() for r in runs}
     flags.sort(key=lambda f: (f.machine, order[f.kind], f.benchmark, rank[f.before.commit], rank[f.after.commit],
                               version_key(f.after.torch), f.after.env))
-    return Summary(flags, len(pairs), sorted(history.runs), history.warnings, notes)
+    return Summary(flags, len(pairs), sorted(history.runs), history.warnings, notes, judge.method_notes(),
+                   judge.timing_notes())
 
 
 def _series_of_unit(run: Run, units: dict[str, str], unit: str) -> Series | None:
@@ -350,6 +360,8 @@ class _Judge:
         self._combos: dict[int, tuple] = {}
         self._attrib: dict[tuple, list[str]] = {}
         self._unknown: set[str] = set()
+        self._method_notes: dict[tuple, str] = {}
+        self._timing_counts: dict[tuple[str, str], int] = {}
         # error_u and its bound live in one class: "drift.Drift.track_error_u" pairs with
         # "drift.Drift.track_gamma_k_u". With one bound series in all, it serves every class.
         bounds = [n for n, u in self.units.items() if u == "u-bound"]
@@ -413,9 +425,9 @@ class _Judge:
                 continue
             sb, sa = B.series[name], A.series[name]
             if sb.version != sa.version:
-                flags.append(self._code_flag(pair, name, unit, sb, sa))
+                self._code_note(pair, name, sb, sa)
                 continue
-            if not _judged(unit):
+            if not _judged(unit) or self.method_changed(pair, B, A, name):
                 continue
             found, n = self.series(pair, name, unit, sb, sa)
             flags += found
@@ -466,7 +478,9 @@ class _Judge:
                 earlier = Pair(pair.machine, pair.across, pair.chain[k], A)
                 if se.version != sa.version:
                     if not between:
-                        flags.append(self._code_flag(earlier, name, unit, se, sa))
+                        self._code_note(earlier, name, se, sa)
+                    break
+                if self.method_changed(earlier, pair.chain[k], A, name):
                     break
                 flags += self.series(earlier, name, unit, se, sa, pending)[0]
                 pending &= ~np.isfinite(self.on(se, sa.params))
@@ -506,13 +520,161 @@ class _Judge:
             return flags, unmatched
         return flags + _RULES[unit](ctx, vb, va, both), unmatched
 
-    def _code_flag(self, pair: Pair, name: str, unit: str, sb: Series, sa: Series) -> Flag:
+    # -- timing: evidence across runs, never within one run
+
+    def timing_evidence(self, ctx: _Ctx, i: int, slower: bool, within: str) -> str | None:
+        """Why a suspected timing change is a flag (the evidence, in words), or None when it is
+        not one (then counted in a note). In order: across commits, an environment (env-id)
+        that did not change says the machine moved, not torch; a re-measurement recorded for this pair
+        (results/confirm: confirmed or not); across builds, the same difference at the previous
+        commit (as before: nothing changed); the change held at the next run, settings unchanged
+        (persisted, as the PyTorch HUD's two violations in a row); else pending or transient."""
+        pair, params = ctx.pair, self.h.params_dict(ctx.name, ctx.sb.params, ctx.combo(i))
+        if pair.across == "commits" and self._env_same(*ctx.ids("env-id", i)):
+            # one torch, one library, one setting on both sides: only this machine or this
+            # project's code can have moved, and neither is worth an alarm
+            self._timing_note(pair.machine, "in one recorded environment (this machine's own variation)")
+            return None
+        rec = self.h.confirmations.get(confirmation_key(pair.after.machine, ctx.name, params, pair.before, pair.after))
+        if rec is not None:
+            if self.o.timing == "suspects":
+                return None  # judged already: nothing to measure again
+            if rec.get("verdict") == "confirmed":
+                return confirmed_text(rec)
+            self._timing_note(pair.machine, "re-measured and not confirmed (noise)")
+            return None
+        if pair.across == "envs":
+            prev = self._same_builds(pair, ctx, i, -1)
+            if prev is not None and self._beyond(prev[0], slower):
+                self._timing_note(pair.machine, "between two builds as at the commit before (not a change)")
+                return None
+        if self.o.timing == "suspects":
+            return within
+        held = self._held(pair, ctx, i, slower)
+        if held is None:
+            self._timing_note(pair.machine, "suspected at the latest run, not confirmed yet (a re-measurement or "
+                                            "the next run decides)")
+        elif held is False:
+            self._timing_note(pair.machine, "gone at the next run (transient)")
+        else:
+            return held
+        return None
+
+    def _env_same(self, env_b: float, env_a: float) -> bool:
+        """Whether two env-ids record one environment: equal ids, or entries whose every key that
+        both record holds one value (a key one side lacks is this project recording more, not the
+        environment changing; the method is judged apart)."""
+        if not (math.isfinite(env_b) and math.isfinite(env_a)):
+            return False
+        if env_b == env_a:
+            return True
+        eb, ea = (self.h.catalog.get("env", e) for e in (env_b, env_a))
+        if not isinstance(eb, dict) or not isinstance(ea, dict):
+            return False
+        fb, fa = (flatten({k: v for k, v in e.items() if k != "method"}) for e in (eb, ea))
+        return all(fb[k] == fa[k] for k in fb.keys() & fa.keys())
+
+    def _beyond(self, ratio: float, slower: bool) -> bool:
+        f = self.o.time_factor
+        return not math.isnan(ratio) and ((ratio > f) if slower else (ratio < 1 / f))
+
+    def _value(self, run: Run, ctx: _Ctx, i: int, unit: str | None = None) -> float:
+        """Combination ``i``'s value in ``run`` (its series ``ctx.name``, or the one of ``unit``)."""
+        s = run.series.get(ctx.name) if unit is None else _series_of_unit(run, self.units, unit)
+        if s is None or s.version != ctx.sa.version and unit is None:
+            return math.nan
+        laid = self.on(s, ctx.sa.params)
+        return math.nan if laid is None else float(laid[ctx.ja(i)])
+
+    def _held(self, pair: Pair, ctx: _Ctx, i: int, slower: bool):
+        """Persistence: the text of the evidence when the next run (the next commit's, between the
+        same builds, for envs) shows the change again with its settings unchanged; False when it
+        shows none; None when there is no next run to ask."""
+        vb = self._value(pair.before, ctx, i)
+        if pair.across == "envs":
+            nxt = self._same_builds(pair, ctx, i, +1)
+            if nxt is None:
+                return None
+            ratio, run = nxt
+            return (f"held at the next commit: {self._factor(ratio)} at {run.commit[:8]}"
+                    if self._beyond(ratio, slower) else False)
+        chain = pair.chain
+        at = next((k for k, r in enumerate(chain) if r is pair.after), None)
+        if at is None or at + 1 >= len(chain):
+            return None
+        run = chain[at + 1]
+        env_same = self._value(run, ctx, i, "env-id") == self._value(pair.after, ctx, i, "env-id")
+        vn = self._value(run, ctx, i)
+        if not env_same or not math.isfinite(vn) or self._method_differs(pair.after, run, ctx.name):
+            return None
+        ratio = vn / vb
+        return (f"held at the next run: {self._factor(ratio)} at {run.commit[:8]}"
+                if self._beyond(ratio, slower) else False)
+
+    def _same_builds(self, pair: Pair, ctx: _Ctx, i: int, step: int):
+        """(after/before ratio, the after run) of the same two environments at the commit before
+        (``step`` -1) or after (+1) on this hardware, for the combination; None where none."""
+        runs = [r for r in self.h.runs.get(pair.after.machine, []) if hardware_key(r) == hardware_key(pair.after)]
+        ranks = sorted({r.rank for r in runs if (r.rank - pair.after.rank) * step > 0}, reverse=step < 0)
+        for rank in ranks:
+            at = {r.env_name: r for r in runs if r.rank == rank}
+            b, a = at.get(pair.before.env_name), at.get(pair.after.env_name)
+            if b is None or a is None:
+                continue
+            vb, va = self._value(b, ctx, i), self._value(a, ctx, i)
+            if math.isfinite(vb) and math.isfinite(va) and vb > 0:
+                return va / vb, a
+        return None
+
+    @staticmethod
+    def _factor(ratio: float) -> str:
+        return f"{ratio:.3g}x slower" if ratio >= 1 else f"{1 / ratio:.3g}x faster"
+
+    def _method_differs(self, b: Run, a: Run, name: str) -> bool:
+        key = series.method_key(name)
+        return key is not None and (b.method or {}).get(key) != (a.method or {}).get(key)
+
+    def _timing_note(self, machine: str, why: str) -> None:
+        self._timing_counts[(machine, why)] = self._timing_counts.get((machine, why), 0) + 1
+
+    def timing_notes(self) -> list[str]:
+        return [f"{m}: {n} timing difference{'s' * (n != 1)} {why}"
+                for (m, why), n in self._timing_counts.items()]
+
+    # -- the measuring method (core/series.py)
+
+    def method_changed(self, pair: Pair, B: Run, A: Run, name: str) -> bool:
+        """Whether ``name`` was measured by another method in ``B`` than in ``A``: then it is not
+        compared, and one note per machine and change says so. A run whose method is unknown
+        is compared as before, with one note per machine."""
+        key = series.method_key(name)
+        if key is None:
+            return False
+        vb, va = ((r.method or {}).get(key) for r in (B, A))
+        if vb is None or va is None:
+            unknown = [r.commit[:8] for r in (B, A) if (r.method or {}).get(key) is None]
+            self._method_notes.setdefault((pair.machine, "unknown"), (
+                f"{pair.machine}: the measuring method of the results at {', '.join(dict.fromkeys(unknown))} is not "
+                "recorded and git does not know their commit; they are compared as before"))
+            return False
+        if vb == va:
+            return False
+        what = "; ".join(w for s, v, _, w in series.METHOD_CHANGES if s == key and min(vb, va) < v <= max(vb, va))
+        self._method_notes.setdefault((pair.machine, key, vb, va), (
+            f"{pair.machine}: {key}: method {vb} -> {va} between {B.commit[:8]} and {A.commit[:8]}"
+            + (f" ({what})" if what else "")))
+        return True
+
+    def method_notes(self) -> list[str]:
+        return list(self._method_notes.values())
+
+    def _code_note(self, pair: Pair, name: str, sb: Series, sa: Series) -> None:
+        """asv's version of a benchmark (a hash of its code, or a name it was given) moved: the
+        series is not compared across it, and one note per machine and change says so."""
         short = lambda v: "none" if v is None else v[:12] if all(c in "0123456789abcdef" for c in v) else v  # noqa: E731  hashes cut, names whole
-        return Flag(
-            "code", pair.machine, pair.across, name, unit, {},
-            _side(pair.before, None, "n/a"), _side(pair.after, None, "n/a"),
-            f"benchmark code changed (asv version {short(sb.version)} -> {short(sa.version)}); not compared",
-        )
+        self._method_notes.setdefault((pair.machine, name, sb.version, sa.version), (
+            f"{pair.machine}: {_bench_name(name)}: benchmark code changed between {pair.before.commit[:8]} and "
+            f"{pair.after.commit[:8]} (asv version {short(sb.version)} -> {short(sa.version)})"))
 
     # -- attribution
 
@@ -528,8 +690,9 @@ class _Judge:
                     ea = self.h.catalog.get("env", env_a)
                     if eb is None or ea is None:
                         self._attrib[key] = [f"env-id {hex_id(env_b)} -> {hex_id(env_a)} (catalog entry missing)"]
-                    else:
-                        self._attrib[key] = diff_entries(eb, ea)
+                    else:  # the method is judged on its own (method_changed), not attributed
+                        self._attrib[key] = diff_entries(*({k: v for k, v in e.items() if k != "method"}
+                                                           if isinstance(e, dict) else e for e in (eb, ea)))
             return self._attrib[key]
         # No env-id recorded: fall back on asv's own environment params (python, matrix).
         return diff_entries(_asv_env(pair.before), _asv_env(pair.after))
@@ -748,6 +911,8 @@ def _accuracy(ctx: _Ctx, vb, va, both) -> list[Flag]:
 
 
 def _timing(ctx: _Ctx, vb, va, both) -> list[Flag]:
+    """A timing change is first a suspect: beyond the factor, and apart by the 99% CIs where asv
+    recorded them. It is flagged only on evidence across runs (_Judge.timing_evidence)."""
     f = ctx.judge.o.time_factor
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = va / vb
@@ -769,10 +934,47 @@ def _timing(ctx: _Ctx, vb, va, both) -> list[Flag]:
             judged &= ~have  # the IQR only where there is no CI
     flags = []
     for i in np.nonzero(big & apart)[0]:
+        slower = bool(ratio[i] > 1)
+        factor = ratio[i] if slower else 1 / ratio[i]
         detail = (f"{format_value(vb[i], 'seconds')} -> {format_value(va[i], 'seconds')} "
-                  f"({ratio[i]:.3g}x; {how[i]})")
-        flags.append(ctx.flag("timing", i, detail))
+                  f"({factor:.3g}x {'slower' if slower else 'faster'})")
+        evidence = ctx.judge.timing_evidence(ctx, i, slower, how[i])
+        if evidence is not None:
+            flags.append(ctx.flag("timing", i, f"{detail}; {evidence}"))
     return flags
+
+
+def _bench_name(name: str) -> str:
+    # "drift.Drift.track_error_u" -> "Drift.track_error_u": the module repeats the class.
+    parts = name.split(".")
+    return ".".join(parts[-2:]) if len(parts) > 2 else name
+
+
+def repro(flag: Flag) -> str | None:
+    """A command that measures the flag's cell again on the reader's machine, pasteable into a
+    shell: `matmul-drift explain --case C --dtype D --device X`. Only from values the case
+    catalog knows (a results tree may name anything), each quoted; None otherwise."""
+    p = flag.params
+    if p.get("case") not in cases.CASE_IDS or p.get("dtype") not in cases.PRECISIONS or p.get("device") not in cases.DEVICES:
+        return None
+    return "matmul-drift explain " + " ".join(f"--{k} {shlex.quote(p[k])}" for k in ("case", "dtype", "device"))
+
+
+def confirmation_key(machine: str, benchmark: str, params: dict, before: Run, after: Run) -> tuple:
+    """How a re-measurement (results/confirm) names the pair of results it judged."""
+    return (machine, benchmark, tuple(sorted(params.items())), before.commit, before.env_name, after.commit,
+            after.env_name)
+
+
+def confirmed_text(rec: dict) -> str:
+    """A re-measurement in words: "re-measured 3 times interleaved: 1.92x slower (range 1.85-1.97)"."""
+    ratios = [r for r in rec.get("ratios") or [] if isinstance(r, (int, float)) and r > 0]
+    if not ratios:
+        return f"re-measured: {rec.get('verdict')}"
+    x = sorted(r if r >= 1 else 1 / r for r in ratios)
+    mid = sorted(ratios)[len(ratios) // 2]
+    return (f"re-measured {len(ratios)} time{'s' * (len(ratios) != 1)} interleaved: {x[len(x) // 2]:.3g}x "
+            f"{'slower' if mid >= 1 else 'faster'} (range {x[0]:.3g}-{x[-1]:.3g})")
 
 
 def _count(ctx: _Ctx, vb, va, both) -> list[Flag]:

@@ -19,11 +19,24 @@ KINDS = ("kernels", "env", "fixes", "orders")
 
 
 def default_root() -> Path:
-    """Where the catalog lives: $MATMUL_DRIFT_CATALOG, else results/catalog of the checkout."""
+    """Where the catalog lives: $MATMUL_DRIFT_CATALOG; else results/catalog of the project
+    checkout around the current directory (asv.conf.json and results/ in it or above); else of
+    the checkout this package is installed from (an editable install); else ./results/catalog.
+    Never beside an installed package (site-packages/../results)."""
     env = os.environ.get("MATMUL_DRIFT_CATALOG")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "results" / "catalog"
+    try:
+        cwd = Path.cwd()
+    except OSError:  # the current directory was removed
+        cwd = None
+    for d in (cwd, *cwd.parents) if cwd else ():
+        if (d / "asv.conf.json").is_file() and (d / "results").is_dir():
+            return d / "results" / "catalog"
+    source = Path(__file__).resolve().parents[3]
+    if (source / "asv.conf.json").is_file():
+        return source / "results" / "catalog"
+    return Path(cwd or ".") / "results" / "catalog"
 
 
 def entry_path(root: Path | str, kind: str, ident: int | float) -> Path:

@@ -133,9 +133,21 @@ def asv_entry(fp: dict) -> dict:
     every results file, so each run says which hardware made it."""
     from asv.machine import Machine
 
-    return {**Machine.get_defaults(), "machine": name(fp), "arch": fp["arch"], "cpu": fp["cpu"],
+    defaults = Machine.get_defaults()
+    return {**defaults, "machine": name(fp), "arch": fp["arch"], "cpu": fp["cpu"],
             "num_cpu": str(fp["cores"]), "isa": " ".join(fp["isa"]) or "none",
-            "gpu": ", ".join(fp["gpus"]) or "none"}
+            "gpu": ", ".join(fp["gpus"]) or "none",
+            # asv makes each field a graph parameter: the kernel's build and the bytes a VM
+            # reports move from boot to boot, and would split every graph by them
+            "os": platform.system() or defaults.get("os", ""), "ram": ram_gib(defaults.get("ram"))}
+
+
+def ram_gib(ram) -> str:
+    """asv's ram (bytes, as text) in whole GiB: "24 GiB"; as given where it is not a number."""
+    try:
+        return f"{round(int(ram) / 2**30)} GiB"
+    except (TypeError, ValueError):
+        return str(ram or "")
 
 
 class NotRegistered(Exception):
