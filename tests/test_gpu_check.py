@@ -293,6 +293,9 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
     doc = json.loads((imported / "seed-float16.json").read_text())
     assert doc["dtype"] == "float16" and "fixes" not in doc  # the answer, on its own
     assert (imported / "torch.txt").read_text().startswith(f"torch {torch.__version__} git ")
+    # what the check wrote beside its archive: the step times, the driver, the whole log
+    assert (imported / "summary.txt").read_bytes() == (out / "summary.txt").read_bytes()
+    assert (imported / "log.txt").read_bytes() == (out / "log.txt").read_bytes()
     doc = json.loads((imported / "fixes-seed-float16.json").read_text())
     assert doc["dtype"] == "float16" and "drifts" in doc["fixes"]  # --try-fixes ran on the seed's stand-in
     for name in ("seed-47-float16", "seed-48-float16", "batch-bfloat16", "batch-m1-bfloat16"):  # the order trees

@@ -307,3 +307,44 @@ print("ok")
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.stdout == "ok\n", p.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------- two slices compared
+
+
+def test_two_outputs_compared_by_magnitude_band():
+    """Exact truth in fp16: 1000.5 against 1000 is 0.5, one ulp in [512, 1024); 2000 against
+    2001 is 1, one ulp in [1024, 2048); 3 and the equal 1000 do not differ."""
+    x = np.array([1000.5, 1000.0, 2000.0, 3.0], dtype=np.float16)
+    y = np.array([1000.0, 1000.0, 2001.0, 3.0], dtype=np.float16)
+    got = numerics.by_magnitude(x.view(np.uint16), y.view(np.uint16), x.astype(np.float64), y.astype(np.float64),
+                                "float16")
+    assert got == {"entries": 4, "differ": 2, "nonfinite_differ": 0, "below": 1, "bands": [
+        {"lo": 512.0, "hi": 1024.0, "ulp": 0.5, "differ": 1, "max_abs": 0.5, "max_ulp": 1},
+        {"lo": 1024.0, "hi": 2048.0, "ulp": 1.0, "differ": 1, "max_abs": 1.0, "max_ulp": 1}]}
+    inf = np.array([np.inf], dtype=np.float16)
+    got = numerics.by_magnitude(inf.view(np.uint16), x[:1].view(np.uint16), inf.astype(np.float64),
+                                x[:1].astype(np.float64), "float16")
+    assert (got["differ"], got["nonfinite_differ"], got["bands"]) == (1, 1, [])
+
+
+def test_the_seeds_two_slices_are_compared_with_each_other_as_torch_computes_them():
+    """The seed's shape of question at a CPU's size: s (K,) @ v[:, :n] for two n sliced from one
+    wider v, compared entry by entry; checked against torch's own products of the same
+    operands, counted here with plain numpy."""
+    case = Case("seed-like", "mv", Shape(1, 4096, 3000), Shape(1, 4096, 3000), layout="strided",
+                slice_n=(2999, 2048), compare_cols=2000, pairs=((2999, 2048),), forms=("as-is",))
+    m = measure.measure(case, "float16", "cpu", repeat=1, timing=False)
+    (p,) = m.slice_pairs
+    a_bits, b_bits, _ = measure.operand_bits(case, "float16", "cpu")
+    a, b = measure.to_tensor(a_bits, "float16", "cpu"), measure.to_tensor(b_bits, "float16", "cpu")
+    ya = (a @ b[:, :2999])[:2000].double().numpy()
+    yb = (a @ b[:, :2048])[:2000].double().numpy()
+    differ = ya != yb
+    assert (p["a"], p["b"], p["cols"], p["entries"], p["differ"]) == (2999, 2048, 2000, 2000, int(differ.sum()))
+    mag = np.maximum(np.abs(ya), np.abs(yb))
+    for band in p["bands"]:
+        sel = differ & (mag >= band["lo"]) & (mag < band["hi"])
+        assert band["differ"] == int(sel.sum()) and band["max_abs"] == float(np.abs(ya - yb)[sel].max())
+        assert band["ulp"] == band["lo"] * 2.0**-10  # fp16 has 10 fraction bits
+    assert sum(b["differ"] for b in p["bands"]) == p["differ"]

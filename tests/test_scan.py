@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -933,3 +934,29 @@ def test_bench_scan_times_its_first_range_without_the_processs_start_up(monkeypa
     assert bench.main() == 0
     out = capsys.readouterr().out
     assert "(1.0 s vs 1.0 s)" in out, out
+
+
+def test_a_saved_record_renders_as_text_without_measuring(tmp_path, capsys):
+    """`scan --render FILE` prints what the scan printed at its end, from its record alone: the
+    H200's committed seed scan reads on any machine (`explain --render` once met it with
+    "KeyError: 'shape'")."""
+    root = Path(__file__).resolve().parents[1] / "results" / "gpu-check"
+    (saved,) = root.glob("*/*/scan-seed-float16.json")
+    assert cli.main(["scan", "--render", str(saved)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("scan of n over 40000..52000 (m=1, k=4096), float16 on cuda: 181 evaluations") and not err
+    assert "nvjet_sm90_hsh_512x8_64x3_4x1_v_bz_NNT" in out and "\\u000a" not in out
+    rec = json.loads(saved.read_text())
+    rec["complete"] = False
+    unfinished = tmp_path / "s.json"
+    unfinished.write_text(json.dumps(rec))
+    assert cli.main(["scan", "--render", str(unfinished)]) == 0
+    assert capsys.readouterr().out.startswith(f"{unfinished}: an unfinished scan (--resume {unfinished} continues it)")
+    other = tmp_path / "explain.json"
+    other.write_text(json.dumps({"case": "seed", "shape": {}}))
+    assert cli.main(["scan", "--render", str(other)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"matmul-drift scan: error: {other} is not a record `scan --json` writes (")
+    assert cli.main(["scan", "--render", str(saved), "--dtype", "float16"]) == 2
+    assert capsys.readouterr().err == ("matmul-drift scan: error: --render prints a saved record as text and "
+                                       "measures nothing; it takes no --dtype\n")

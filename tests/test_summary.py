@@ -1252,3 +1252,37 @@ def test_a_change_across_a_torch_build_without_the_value_is_flagged(capsys, tmp_
                for f in judged.values())
     assert judged["kernel", F.KERNEL]["after"]["id"] == ids.hex_id(new_kernel)
     assert rc == 1 and doc["failing"] == 2
+
+
+def test_failing_flags_come_before_informational_ones_whatever_the_machine(tmp_path):
+    """Machine "a" changed a time (held at the next run: a flag, informational), machine "b" a
+    kernel (failing): b's kernel is read first, then a's timing, then the notes."""
+    i = _idx(dtype="float32")
+    cat = tmp_path / "results" / "catalog"
+
+    def slower(ci, ei, data):
+        if ci >= 1:
+            F.set_env(data, cat, "2.13.0", threads=1)
+            _set_time(data, i, F.get_value(data, F.TIME, i) * 2, 1e-6)
+
+    F.write_tree(tmp_path / "results", machine="a", n_commits=3, torch_versions=("2.13.0",), adjust=slower)
+    new_kernel, _ = _new_ids(tmp_path / "results")
+    F.write_tree(tmp_path / "results", machine="b", n_commits=2, torch_versions=("2.13.0",),
+                 adjust=lambda ci, ei, d: ci and F.set_value(d, F.KERNEL, i, new_kernel))
+    result = summary.summarise(history.read_history(tmp_path / "results"))
+    heads = re.findall(r"^== (.*) ==$", render.render_plain(result), re.M)
+    assert heads[:2] == ["b: kernel (1, failing)", "a: timing (1, informational)"], heads
+    md = render.render_github(result)
+    assert md.index("#### b: kernel") < md.index("#### a: timing")
+
+
+@pytest.mark.parametrize("case,dtype,device", [("x; rm -rf ~", "float32", "cpu"), ("square", "$(id)", "cpu"),
+                                               ("tall", "float32", "cpu"), ("square", "float32", "cpu`")])
+def test_a_repro_is_built_only_from_names_the_case_catalog_knows(case, dtype, device):
+    side = summary.Side("c" * 40, "env", "2.13.0", 0)
+    flag = summary.Flag("kernel", "m", "commits", F.KERNEL, "kernel-id", {"case": case, "dtype": dtype, "device": device},
+                        side, side, "d")
+    assert summary.repro(flag) is None
+    ok = summary.Flag("kernel", "m", "commits", F.KERNEL, "kernel-id",
+                      {"case": "linear", "dtype": "float32-tf32", "device": "cuda"}, side, side, "d")
+    assert summary.repro(ok) == "matmul-drift explain --case linear --dtype float32-tf32 --device cuda"

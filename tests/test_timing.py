@@ -142,11 +142,16 @@ def test_verdict_needs_every_round_beyond_the_factor_in_the_suspected_direction(
     s = confirm.Setting(sys.executable)
     c = confirm.Check("square", "float32", s, s, slower=True, factor=1.1)
     c.seconds = {"before": [1.0, 1.0, 1.0], "after": [1.9, 1.8, 1.95]}
-    assert confirm.verdict(c) == {"verdict": "confirmed", "ratios": [1.9, 1.8, 1.95], "rounds": 3}
+    assert confirm.verdict(c) == {"verdict": "confirmed", "direction": "slower", "ratios": [1.9, 1.8, 1.95], "rounds": 3}
     c.seconds["after"] = [1.9, 1.05, 1.95]  # one round within the factor: load, not the change
     assert confirm.verdict(c)["verdict"] == "refuted"
-    c.slower, c.seconds["after"] = False, [0.5, 0.6, 0.55]  # the other direction than suspected
+    c.seconds["after"] = [1.9, 0.5, 1.95]  # rounds that disagree in direction
+    assert confirm.verdict(c)["verdict"] == "refuted"
+    # seen: a side recorded under load read 1.1x faster; measured now, 1.73x slower: the change is real
+    c.seconds["after"] = [1.73, 1.67, 1.92]
     assert confirm.verdict(c)["verdict"] == "confirmed"
+    c.slower, c.seconds["after"] = True, [0.5, 0.6, 0.55]  # faster than the suspect said
+    assert confirm.verdict(c)["direction"] == "faster"
     c.seconds["after"] = [0.5, None, 0.55]  # a process gave nothing
     assert confirm.verdict(c)["verdict"] == "not measured"
 

@@ -17,6 +17,7 @@ import stat
 import sys
 
 from matmul_drift.cli.args import add_memory_argument, file_name, positive, say_error
+from matmul_drift.read.render import visible as render_visible
 from matmul_drift.core import cases
 from matmul_drift.core.errors import UsageError
 from matmul_drift.probes import scan
@@ -35,15 +36,15 @@ def _range(text: str) -> tuple[int, int]:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the scan's arguments to ``parser`` (a subcommand parser of matmul-drift)."""
     parser.description = __doc__.splitlines()[0]
-    parser.add_argument("--vary", required=True, choices=scan.DIMS, help="the dimension to vary")
-    parser.add_argument("--range", required=True, type=_range, metavar="LO:HI",
-                        help="sizes of the varied dimension, both included")
+    parser.add_argument("--vary", choices=scan.DIMS, help="the dimension to vary (required, but with --render)")
+    parser.add_argument("--range", type=_range, metavar="LO:HI",
+                        help="sizes of the varied dimension, both included (required, but with --render)")
     for d in scan.DIMS:
         parser.add_argument(f"--{d}", type=positive, help=f"{d}, fixed (give the two dimensions not varied)")
     parser.add_argument("--within", type=positive, metavar="W",
                         help="n or m: slice every size from an operand W wide (default HI), as a slice of a wider "
                              "tensor is laid out: the seed's v[:, :n] is --within 51000")
-    parser.add_argument("--dtype", required=True, choices=cases.DTYPES)
+    parser.add_argument("--dtype", choices=cases.DTYPES, help="required, but with --render")
     parser.add_argument("--device", default="cpu", choices=cases.DEVICES)
     parser.add_argument("--step", type=positive, metavar="S",
                         help="coarse grid spacing in sizes within each alignment class (default: each class "
@@ -54,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", type=file_name, metavar="FILE", help="continue the scan recorded in FILE (same "
                         "parameters) and write it back there")
     parser.add_argument("--plot", type=file_name, metavar="FILE.png", help="draw the regions and the drift (matplotlib)")
+    parser.add_argument("--render", type=file_name, metavar="FILE",
+                        help="print a record saved with --json as text (a GPU's, say), measuring nothing")
     add_memory_argument(parser, "the top of the range")
 
 
@@ -135,9 +138,26 @@ def run(args: argparse.Namespace) -> int:
         return 130
 
 
+def _render(args) -> int:
+    """A saved record as text: what `scan` printed at its end."""
+    given = [f"--{k.replace('_', '-')}" for k in ("vary", "range", "m", "k", "n", "within", "dtype", "step", "json",
+                                                   "resume", "plot") if getattr(args, k) is not None]
+    given += ["--device"] * (args.device != "cpu")
+    if given:  # ignored, they would mislead: the record is as it was saved
+        raise UsageError(f"--render prints a saved record as text and measures nothing; it takes no {given[0]}")
+    text = scan.render_saved(scan.load(args.render), args.render)
+    print(render_visible(text, newlines=True))  # a saved file's escape sequences must not reach the terminal
+    return 0
+
+
 def _run(args) -> int:
     from matmul_drift.probes import scan_run
 
+    if args.render is not None:
+        return _render(args)
+    missing = [f for f, v in (("--vary", args.vary), ("--range", args.range), ("--dtype", args.dtype)) if v is None]
+    if missing:
+        raise UsageError(f"the following arguments are required: {', '.join(missing)}")
     lo, hi = args.range
     _dims(args)
     path = _check_paths(args)

@@ -42,7 +42,8 @@ class Case:
     ``copy`` a contiguous copy of it; ``contiguous`` where no column slice is taken.
     slice_n / slice_m: the column counts n for ``A @ B[:, :n]`` vs ``(A @ B)[:, :n]`` and
     the row counts m for ``A[:m] @ B`` vs ``(A @ B)[:m]``. ``compare_cols`` limits the
-    compared columns (the seed compares its first 45000 outputs). ``forms`` lists the A
+    compared columns (the seed compares its first 45000 outputs). ``pairs``: two slice_n
+    sizes whose products are also compared with each other (the seed's 45999 and 46000). ``forms`` lists the A
     forms tried for slice_n: ``as-is`` and, for a 1-D A, ``2d`` = ``A.unsqueeze(0)``.
     """
 
@@ -54,6 +55,7 @@ class Case:
     slice_n: tuple[int, ...] = ()
     slice_m: tuple[int, ...] = ()
     compare_cols: int | None = None
+    pairs: tuple[tuple[int, int], ...] = ()
     forms: tuple[str, ...] = ("as-is",)
     dist: str = "uniform"
     repeat: int = 3
@@ -66,7 +68,7 @@ class Case:
 CASES: tuple[Case, ...] = (
     Case(
         "seed", "mv", Shape(1, 4096, 51000), Shape(1, 4096, 51000), layout="strided",
-        slice_n=(51000, 50000, 46000, 45999), compare_cols=45000, forms=("as-is", "2d"),
+        slice_n=(51000, 50000, 46000, 45999), compare_cols=45000, pairs=((45999, 46000),), forms=("as-is", "2d"),
         about="s (4096,) @ v (4096, 51000) uniform [0,1); slices of v compared on the first 45000 outputs",
     ),
     Case("square", "mm", Shape(512, 512, 512), Shape(8192, 8192, 8192), about="square GEMM"),

@@ -341,3 +341,29 @@ def ulp_of(x: float, dtype: str) -> float:
         return 2.0 ** (emin - p)
     e = max(math.frexp(x)[1] - 1, emin)
     return 2.0 ** (e - p)
+
+
+def by_magnitude(x_bits: np.ndarray, y_bits: np.ndarray, x: np.ndarray, y: np.ndarray, dtype: str) -> dict:
+    """Two outputs of one dtype compared entry by entry (``x`` and ``y`` their float64 values,
+    output units): how many entries differ, and per binade [2^e, 2^(e+1)) of the larger |value|
+    the entries that differ, the largest |difference| and the ulp there (output units). An
+    entry finite on one side only counts as differing, outside every binade."""
+    width = WIDTH[dtype]
+    finite = np.isfinite(x) & np.isfinite(y)
+    differ = (ulp_distance(x_bits, y_bits, width) > 0) & ~(np.isnan(x) & np.isnan(y))
+    out = {"entries": int(x.size), "differ": int(differ.sum()), "nonfinite_differ": int((differ & ~finite).sum()),
+           "bands": []}
+    both = differ & finite
+    if not both.any():
+        return out
+    mag = np.maximum(np.abs(x[both]), np.abs(y[both]))
+    diff = np.abs(x[both] - y[both])
+    steps = ulp_distance(x_bits[both], y_bits[both], width)
+    e = np.frexp(mag)[1] - 1  # 2^e <= mag < 2^(e+1); zero (both zero with other signs) gives -1
+    for b in np.unique(e):
+        sel = e == b
+        lo = 2.0 ** int(b)
+        out["bands"].append({"lo": lo, "hi": 2 * lo, "ulp": ulp_of(lo, dtype), "differ": int(sel.sum()),
+                             "max_abs": float(diff[sel].max()), "max_ulp": int(steps[sel].max())})
+    out["below"] = int((np.maximum(np.abs(x), np.abs(y))[finite] < out["bands"][0]["lo"]).sum())
+    return out

@@ -85,9 +85,13 @@ def _one_line(path: Path, root: Path) -> str:
     return bounded.read_bytes(path, root).decode("utf-8").strip()
 
 
+BESIDE = ("summary.txt", "log.txt")  # what gpu_check.sh writes beside its archive in OUT
+
+
 def import_archive(archive: Path | str, results: Path | str, force: bool = False) -> Imported:
     """Import a gpu_check archive into the results folder ``results`` (results/asv and
-    results/catalog inside it)."""
+    results/catalog inside it), and the check's summary.txt and log.txt where they lie beside
+    it (gpu_check.sh writes them to OUT, outside the archive, which it packs before they end)."""
     archive, results = Path(archive), Path(results)
     done = Imported()
     try:
@@ -141,6 +145,8 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
         planned = [(asv_dst / machine / f"{run.commit[:8]}-{env}.json", _run_bytes(run, env))
                    for run, env in zip(runs, envs)]
         outputs = [p for p in sorted(src.iterdir()) if p.is_file() and p.name not in ("MACHINE", "COMMIT")]
+        beside = [archive.with_name(n) for n in BESIDE if archive.with_name(n).is_file()]
+        outputs += [p for p in beside if not (src / p.name).exists()]
         for p in outputs:  # gpu_check.sh's own names, as what comes back from the device must have
             if not re.fullmatch(r"[A-Za-z0-9._-]+", p.name):
                 raise ImportRefused(f"{archive}: {p.name!r} is no name gpu_check.sh gives an output")

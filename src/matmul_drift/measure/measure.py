@@ -60,6 +60,9 @@ class Measurement:
     input_checksum: str = ""
     seconds: dict | None = None
     layout: dict = field(default_factory=dict)
+    # the case's pairs of slices compared with each other: numerics.by_magnitude, with "a", "b",
+    # "form" and "cols"
+    slice_pairs: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -316,9 +319,11 @@ def measure_operands(
                 routes.append((label, names))
             return y
 
-        slices_n = []
+        slices_n, pairs = [], []
+        paired = {n for pair in case.pairs for n in pair}
         for form in case.forms:
             a_form = ops.a.unsqueeze(0) if form == "2d" else ops.a
+            held = {}  # the outputs of paired sizes, on the host
             for n in slice_n:
                 b_n = ops.b_cols(n)
                 call = lambda a_form=a_form, b_n=b_n: ops.product(a_form, b_n)  # noqa: E731
@@ -328,6 +333,15 @@ def measure_operands(
                 cols = min(n, case.compare_cols or n)
                 d = compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, cols)), k, precision)
                 slices_n.append({"n": n, "form": form, "cols": cols, **d})
+                if n in paired:
+                    held[n] = on_host(y)
+            for na, nb in case.pairs:
+                if na in held and nb in held:
+                    cols = min(na, nb, case.compare_cols or na)
+                    cut = (Ellipsis, slice(0, cols))
+                    (xa, va), (xb, vb) = held[na], held[nb]
+                    pairs.append({"a": na, "b": nb, "form": form, "cols": cols,
+                                  **numerics.by_magnitude(xa[cut], xb[cut], va[cut], vb[cut], dtype)})
         slices_m = []
         for m in slice_m:
             a_m = ops.a[..., :m, :]
@@ -350,7 +364,7 @@ def measure_operands(
         reference=ref.describe(u), slice_n=slices_n, slice_m=slices_m,
         run_to_run=run_to_run, kernels=kern, kernel_id=ids.object_id(kernel_entry(device, kern)),
         environment=env, env_id=ids.object_id(env), input_checksum=checksum, seconds=seconds,
-        layout={"a": describe_layout(ops.a), "b": describe_layout(ops.b)},
+        layout={"a": describe_layout(ops.a), "b": describe_layout(ops.b)}, slice_pairs=pairs,
     )
 
 

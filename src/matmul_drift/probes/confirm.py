@@ -2,8 +2,8 @@
 sides interleaved in fresh processes, each with the settings its result recorded (the torch
 build's interpreter, its thread count, the environment variables that choose routes).
 
-Load on the machine weighs on both sides alike; a change is confirmed only when every round
-agrees with its direction beyond the factor. Times are seconds; a ratio is after / before.
+Load on the machine weighs on both sides alike; a change is confirmed only when every round is
+beyond the factor in one direction. Times are seconds; a ratio is after / before.
 """
 
 from __future__ import annotations
@@ -78,16 +78,19 @@ class Check:
 
 def verdict(check: Check) -> dict:
     """The check's outcome from its timings: the ratio of each round (after / before), and
-    "confirmed" only when every round is beyond the factor in the suspected direction."""
+    "confirmed" only when every round is beyond the factor in one direction ("slower" or
+    "faster": the one measured now, which a side recorded under load may have hidden)."""
     pairs = [(b, a) for b, a in zip(check.seconds["before"], check.seconds["after"]) if b and a]
     ratios = [a / b for b, a in pairs]
+    direction = None
     if len(ratios) < len(check.seconds["before"]) or not ratios:
         outcome = "not measured"
-    elif all((r > check.factor) if check.slower else (r < 1 / check.factor) for r in ratios):
-        outcome = "confirmed"
+    elif all(r > check.factor for r in ratios) or all(r < 1 / check.factor for r in ratios):
+        outcome, direction = "confirmed", "slower" if ratios[0] > 1 else "faster"
     else:
         outcome = "refuted"
-    return {"verdict": outcome, "ratios": [round(r, 4) for r in ratios], "rounds": len(check.seconds["before"])}
+    return {"verdict": outcome, "direction": direction, "ratios": [round(r, 4) for r in ratios],
+            "rounds": len(check.seconds["before"])}
 
 
 def run(checks: list[Check], rounds: int = ROUNDS, progress=None, env: dict | None = None) -> list[dict]:

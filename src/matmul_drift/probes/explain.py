@@ -73,6 +73,7 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
         "kernels": _kernels(m.kernels),
         "kernel_id": f"{m.kernel_id:012x}",
         "slices": {"n": m.slice_n, "m": m.slice_m},
+        "slice_pairs": m.slice_pairs,
         "input_checksum": m.input_checksum,
         "seconds": m.seconds,
         "environment": m.environment,
@@ -314,6 +315,7 @@ def render(r: dict) -> str:
     if rows:
         parts.append(tabulate(rows, headers=["drift", "n/m", "A form", "cols", "max_u", "entries differ", "max ulp",
                                              "sign changes", "non-finite", "max |diff|", "ulp there"]))
+    parts += [_pair_text(p) for p in r.get("slice_pairs") or []]
     kern = [[name, "\n".join(names)] for name, names in r["kernels"].items() if names]
     parts.append(tabulate(kern, headers=["product", "kernels (normalised)"]))
     u = numerics.unit_roundoff(r["dtype"].split("-", 1)[0])
@@ -321,6 +323,26 @@ def render(r: dict) -> str:
     parts.append("\n".join(line.format(u=f"2^{round(math.log2(u))} = {u:.3g}") for line in legend))
     parts.append(r["verdict"]["text"])
     return "\n\n".join(parts)
+
+
+def _pair_text(p: dict) -> str:
+    """Two slices' products compared with each other (the seed's question): how many entries
+    differ, and by how much in each magnitude band, with the ulp there."""
+    form = " (A 2-D)" if p["form"] == "2d" else ""
+    head = (f"[:, :{p['a']}] against [:, :{p['b']}]{form} on the first {p['cols']} columns: "
+            f"{p['differ']} of {p['entries']} entries differ")
+    if p["nonfinite_differ"]:
+        head += f" ({p['nonfinite_differ']} finite on one side only)"
+    if not p["bands"]:
+        return head + "."
+    rows = [[f"[{_fmt(b['lo'])}, {_fmt(b['hi'])})", _fmt(b["ulp"]), b["differ"], _fmt(b["max_abs"]), b["max_ulp"]]
+            for b in p["bands"]]
+    low = p["bands"][0]["lo"]
+    tail = (f"No entry below {_fmt(low)} differs ({p['below']} entries there)." if p.get("below")
+            else f"Every entry compared is at least {_fmt(low)} in magnitude.")
+    return "\n".join([head + "; by magnitude |y|:",
+                      tabulate(rows, headers=["|y| in", "ulp there", "entries differ", "largest |difference|",
+                                              "in ulps"]), tail])
 
 
 def _drift_cells(row: dict) -> list:

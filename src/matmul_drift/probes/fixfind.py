@@ -246,6 +246,8 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
                 note = not_in_force(c.env, got.get("kernels"))
                 if note:
                     row["note"] = note
+            if c.compute and c.compute.startswith("pad:"):
+                row["lands_on"] = lands_on(specs[j], c.compute)
             report["candidates"].append(row)
         removes = [r for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
         if removes:
@@ -253,6 +255,15 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
             report["cheapest"] = best["name"]
             report["tied"] = [r["name"] for r in removes if r is not best and _overlap(best, r)]
     return reports
+
+
+def lands_on(spec: dict, compute: str) -> dict[str, int]:
+    """{slice size: the size padding makes it} for a "pad:<dim>:<multiple>" code change: a pad
+    computes the product of that other size (zeros appended, then cut), not a fix of the
+    size's own kernel."""
+    _, dim, multiple = compute.split(":")
+    k = int(multiple)
+    return {str(s): -(-s // k) * k for s in sizes(spec.get(f"slice_{dim}")) if s % k}
 
 
 def _overlap(a: dict, b: dict) -> bool:
@@ -318,6 +329,14 @@ def render(report: dict) -> str:
         last += f"; not tried or failed: {', '.join(unmeasured)}"
     if untimed:
         last += f"; removes every drift, its time not measured: {', '.join(untimed)}"
+    landed: dict[tuple, list[str]] = {}
+    for r in report["candidates"]:
+        if r.get("lands_on") and r["verdict"] != "not applicable":
+            landed.setdefault(tuple(r["lands_on"].items()), []).append(r["name"])
+    for sizes_, names in landed.items():
+        where = ", ".join(f"{s} as {to}" for s, to in sizes_)
+        last += (f"; {' and '.join(names)} comput{'e' if len(names) > 1 else 'es'} {where}: the product of "
+                 "that size, whose kernel decides the drift, not a fix of the size's own")
     ignored = [f"{r['name']} ({r['note']})" for r in report["candidates"] if r.get("note")]
     if ignored:
         last += f"; not in force here: {'; '.join(ignored)}"

@@ -481,6 +481,18 @@ def write_file(path: str, data: bytes, new: bool, kept_words: str) -> None:
         raise ScanError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def render_saved(rec: dict, path: str) -> str:
+    """render() of a record read from ``path``; ScanError (one line) for one that is not a
+    scan's record, and a first line saying so for one a stopped scan left unfinished."""
+    try:
+        text = render(rec)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        raise ScanError(f"{path} is not a record `scan --json` writes ({type(exc).__name__}: {exc})") from None
+    if not rec.get("complete"):
+        text = f"{path}: an unfinished scan (--resume {path} continues it); what it found so far:\n\n" + text
+    return text
+
+
 def render(result: dict) -> str:
     """The pattern, the regions and boundaries of each class of a complete scan record, as text."""
     from tabulate import tabulate

@@ -936,7 +936,7 @@ def _timing(ctx: _Ctx, vb, va, both) -> list[Flag]:
     for i in np.nonzero(big & apart)[0]:
         slower = bool(ratio[i] > 1)
         factor = ratio[i] if slower else 1 / ratio[i]
-        detail = (f"{format_value(vb[i], 'seconds')} -> {format_value(va[i], 'seconds')} "
+        detail = (f"{format_value(vb[i], 'seconds')} -> {format_value(va[i], 'seconds')} as recorded "
                   f"({factor:.3g}x {'slower' if slower else 'faster'})")
         evidence = ctx.judge.timing_evidence(ctx, i, slower, how[i])
         if evidence is not None:
