@@ -736,17 +736,22 @@ def _to_fp32(x: Fraction, toward_zero: bool) -> Fraction:
     return (int(x / q) if toward_zero else round(x / q)) * q
 
 
+# two of order.FUSED's tensor-core ways (they were "truncated-24" and "truncated-25": P = F + 1)
+VOLTA = "volta: aligned to the exponent sum, 23 bits, cut toward zero"
+AMPERE = "turing/ampere/ada: aligned to the exponent sum, 24 bits, cut toward zero"
+
+
 def _fused(terms, way: str) -> Fraction:
-    """One fused add on exact rationals: "exact" rounds the exact sum to nearest once;
-    "truncated-P" cuts each term to P bits below the largest's leading bit, then the sum
-    toward zero."""
+    """One fused add on exact rationals: "exact" rounds the exact sum to nearest once; a tensor
+    core's way ("..., F bits, ...") cuts each term to F bits below the largest's exponent (each
+    read as a float32 value: no operands given), then the sum toward zero."""
     terms = [Fraction(x) for x in terms]
     if way == "exact":
         return _to_fp32(sum(terms), toward_zero=False)
     big = max(abs(x) for x in terms)
     if big == 0:
         return Fraction(0)
-    q = Fraction(2) ** (_exponent(big) + 1 - int(way.rpartition("-")[2]))
+    q = Fraction(2) ** (_exponent(big) - int(re.search(r"([0-9]+) bits", way)[1]))
     return _to_fp32(sum(int(x / q) * q for x in terms), toward_zero=True)
 
 
@@ -760,7 +765,7 @@ def _tree_sum(node, column, way: str) -> Fraction:
 def test_each_fused_add_rounds_as_exact_rationals_say():
     # by hand: 2^24 + 1 + 1 + 1 is 2^24 cut to 24 bits, 2^24 + 2 cut to 25, 2^24 + 4 rounded exactly
     big = np.array([[2.0**24], [1.0], [1.0], [1.0]])
-    for way, want in (("truncated-24", 2**24), ("truncated-25", 2**24 + 2), ("exact", 2**24 + 4)):
+    for way, want in ((VOLTA, 2**24), (AMPERE, 2**24 + 2), ("exact", 2**24 + 4)):
         assert order.evaluate([0, 1, 2, 3], big, np.float32, way)[0] == want
         assert order.evaluate([0, 1, 2, 3], -big, np.float32, way)[0] == -want  # toward zero, not down
     rng = np.random.default_rng(7)
@@ -772,7 +777,7 @@ def test_each_fused_add_rounds_as_exact_rationals_say():
         got = order.evaluate(list(range(17)), terms, np.float32, way)
         assert [Fraction(float(g)) for g in got] == [_fused(col, way) for col in terms.T], way
     with pytest.raises(ValueError, match="float32 accumulator"):
-        order.evaluate([0, 1, 2], terms[:3], np.float64, "truncated-25")
+        order.evaluate([0, 1, 2], terms[:3], np.float64, AMPERE)
 
 
 @pytest.mark.parametrize("way", order.FUSED)
@@ -787,7 +792,9 @@ def test_fused_adds_of_inf_nan_zero_and_overflow_are_ieee(way):
         warnings.simplefilter("error")  # no RuntimeWarning either
         got = order.evaluate([0, 1, 2], cols, np.float32, way)
     assert got[0] == np.inf and np.isnan(got[1]) and np.isnan(got[2]) and got[4] == 0
-    assert got[3] == (np.inf if way == "exact" else big)  # to nearest overflows; toward zero stays at the top
+    # to nearest overflows; so does a tensor core's: cut to 24 bits the sum is still 2^128 or more
+    # (MMA-Sim, tests/test_mmasim.py; before, toward zero stayed at the top)
+    assert got[3] == np.inf
     assert got[5] == 3.0  # the smallest subnormal: cut below the largest's bits, or rounded away
     assert order.evaluate([0, 1, 2], cols[:, :0], np.float32, way).shape == (0,)  # no draws
 
@@ -815,7 +822,7 @@ def test_a_tensor_core_kernel_is_revealed_through_the_probe_and_replayed(dtype, 
     """The whole probe (its chunks of k, the products outside a set left 0, M and -M, the builder,
     the extra pairs and the replay) against a kernel that sums square's entry (0, 0) as a
     tensor core: two halves of k, each a loop of fused adds of 16 products and the running sum
-    cut to 25 bits, the halves added."""
+    cut to 24 bits below their largest exponent (AMPERE; "truncated-25" before), the halves added."""
     import torch
 
     from matmul_drift.core import cases
@@ -827,7 +834,7 @@ def test_a_tensor_core_kernel_is_revealed_through_the_probe_and_replayed(dtype, 
 
     def tensor_core(self):
         row = self.a0[t.row].double().numpy()
-        sums = order.evaluate(truth, row[:, None] * self.b0.double().numpy(), np.float32, "truncated-25")
+        sums = order.evaluate(truth, row[:, None] * self.b0.double().numpy(), np.float32, AMPERE)
         with np.errstate(over="ignore"):  # the replay's draws may overflow fp16, as the kernel's would
             bits = inputs.round_bits(sums, dtype)
         return torch.from_numpy(bits.astype(np.int16)).view(getattr(torch, dtype))
@@ -835,7 +842,7 @@ def test_a_tensor_core_kernel_is_revealed_through_the_probe_and_replayed(dtype, 
     monkeypatch.setattr(order.Prober, "product", tensor_core)
     got = order.reveal(t, verify=True)
     assert got.tree == trees.canonical(truth)
-    assert "truncated-25" in got.verified["fused_add"] and got.verified["matched"] == 100
+    assert AMPERE in got.verified["fused_add"] and got.verified["matched"] == 100
     assert any("fused adds" in n for n in got.notes), got.notes
     assert describe(got.tree).startswith("2 chunks of 256; each: sequential in 16 fused groups of 16")
 

@@ -21,7 +21,8 @@ ones and the probes in B's columns (``Target``, ``Prober``); trees are written i
 core/trees.py.
 
 Tensor cores add a group of products and the running sum in one fused add that cuts every
-term to a fixed width below the largest (Fasi et al., PeerJ CS 2021). M then takes the whole
+term to a fixed width below the largest exponent among them (Fasi et al., PeerJ CS 2021; bit
+for bit, MMA-Sim's rule: Xie et al., arXiv 2511.10909, and ``FUSED``). M then takes the whole
 fused node with it, not only the two children holding i and j (FPRev's reading), and with the
 products outside a set left 0 such a node reads as a chain of two-child nodes: ``fuse`` tells
 them apart with one more pair per two-child node, every product present.
@@ -52,10 +53,21 @@ PROBE = {
 MAX_K = {"float64": 2**30, "float32": 2**24, "float16": 2**24, "bfloat16": 2**24}
 
 # How a fused node rounds, tried in this order by the replay: "exact" (summed exactly, rounded
-# to nearest once), or "truncated-P": every term cut toward zero to P bits below the largest
-# term's leading bit, the cut terms summed exactly, the sum cut toward zero to the accumulator
-# (tensor cores: P = 24 on V100, Fasi et al. 2021; 25 reported for H100; 26 and 27 leave room).
-FUSED = ("exact", "truncated-24", "truncated-25", "truncated-26", "truncated-27")
+# to nearest once: a CPU's), or a tensor core's fused add into a float32 accumulator as MMA-Sim
+# models it bit for bit (Xie et al., arXiv 2511.10909; `t_fdpa` in mmasim/arithmetic/fdpa.py):
+# each product aligned by the sum of its operands' exponents, every term cut toward zero to F
+# bits below the largest exponent (and e_zero), the sum cut toward zero to float32. F and e_zero
+# are MMA-Sim's (mmasim/nv_ptx/sim.py); docs/design.md "The order tree format" has the whole rule,
+# and how the names before issue 48 map onto these ("truncated-26" is F = 25).
+TENSOR_CORES = {  # name -> (F, e_zero), float32 output
+    "volta: aligned to the exponent sum, 23 bits, cut toward zero": (23, -131),  # Fasi et al.'s "24" on V100
+    "turing/ampere/ada: aligned to the exponent sum, 24 bits, cut toward zero": (24, -132),
+    "hopper/blackwell: aligned to the exponent sum, 25 bits, cut toward zero": (25, -133),  # the H200's
+}
+FUSED = ("exact", *TENSOR_CORES)
+
+# a format's least normal exponent: its subnormals are read as 0.m x 2^this
+LEAST_NORMAL_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126}
 
 
 class NotRevealed(Exception):
@@ -259,18 +271,40 @@ def store(root, tree, k: int) -> int:
 # ---------------------------------------------------------------------------- replay
 
 
-def truncated_sum(terms: np.ndarray, bits: int) -> np.ndarray:
-    """A tensor core's fused add of ``terms`` (shape (n, draws), float64, each exact in float32):
-    per draw every term cut toward zero to ``bits`` bits below the largest one's leading bit,
-    the cut terms summed exactly, the sum cut toward zero to float32. Returns float32 (draws,)."""
+def exponents(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The exponent a tensor core reads from each value of ``dtype`` in ``x`` (float64): e with
+    2^e <= |x| < 2^(e+1), but never below the format's least normal exponent (a subnormal is
+    0.m x 2^that); int16. Zeros, inf and NaN get that least one too (a fused add places zeros
+    itself; inf and NaN decide the sum whatever their exponent)."""
+    _, e = np.frexp(x)
+    return np.maximum(e - 1, LEAST_NORMAL_EXPONENT[dtype]).astype(np.int16)
+
+
+def product_exponents(a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
+    """The exponent a tensor core aligns each product a * b by (operands of ``dtype``, as float64,
+    broadcast together): the sum of the operands' exponents, not the product's own; int16."""
+    return exponents(a, dtype) + exponents(b, dtype)
+
+
+def truncated_sum(terms: np.ndarray, exps: np.ndarray, bits: int, zero: int) -> np.ndarray:
+    """A tensor core's fused add (``FUSED``, MMA-Sim's ``t_fdpa``) of ``terms`` (shape (n, draws),
+    float64, exact: products of the operands and the running sum), each aligned by its exponent in
+    ``exps`` (product_exponents; a zero's is ``zero``): per draw every term cut toward zero to a
+    multiple of 2^(e_max - bits), e_max the largest exponent and ``zero``, the cut terms summed
+    exactly, the sum cut toward zero to float32: inf at 2^128 and beyond, +0 for zero, NaN as
+    0x7fffffff. Returns float32 (draws,)."""
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN go through as IEEE says
-        _, e = np.frexp(np.max(np.abs(terms), axis=0))  # the largest term < 2^e
+        e = np.where(terms == 0, zero, exps).max(axis=0, initial=zero).astype(np.int32)  # e_max, at least `zero`
         scale = (bits - e)[None, :]
         cut = np.ldexp(np.trunc(np.ldexp(terms, scale)), -scale)
-        s = cut.sum(axis=0)  # exact: multiples of 2^(e - bits), n of them each below 2^e
+        s = cut.sum(axis=0)  # exact: multiples of 2^(e_max - bits), n of them each below 2^(e_max + 2)
         out = s.astype(np.float32)
         over = np.abs(out.astype(np.float64)) > np.abs(s)  # rounded away from zero: one step back
-    out[over] = np.nextafter(out[over], np.float32(0))
+        out[over] = np.nextafter(out[over], np.float32(0))
+        big = np.abs(s) >= 2.0**128  # cut to 24 bits, still beyond float32: inf (MMA-Sim, the hardware)
+        out[big] = np.copysign(np.float32(np.inf), s[big]).astype(np.float32)
+    out += np.float32(0)  # -0 to +0
+    out.view(np.uint32)[np.isnan(out)] = 0x7FFFFFFF
     return out
 
 
@@ -285,13 +319,20 @@ def exact_sum(terms: np.ndarray, acc: np.dtype) -> np.ndarray:
         return out.astype(acc)
 
 
-def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact") -> np.ndarray:
+def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact",
+             exps: np.ndarray | None = None) -> np.ndarray:
     """The tree's sum of ``values`` (products, shape (k, draws), exact in ``acc``), each two-child
     node one rounded addition in ``acc``, each larger node one fused add as ``fused`` (one of
-    ``FUSED``; "truncated-P" only with a float32 accumulator) says."""
+    ``FUSED``; a tensor core's only with a float32 accumulator) says. A tensor core aligns a
+    product by its operands' exponents: ``exps`` ((k, draws), product_exponents of the operands);
+    without it each product is read as a float32 value times 1 (its own exponent), which is what
+    the operands give where one of them is a power of two and both are normal. A tensor core's
+    fused add takes the products exactly (float64), also beyond float32's range."""
     acc = np.dtype(acc)
-    bits = None if fused == "exact" else int(fused.rpartition("-")[2])
-    if bits is not None and acc != np.float32:
+    tc = TENSOR_CORES.get(fused)
+    if tc is None and fused != "exact":
+        raise ValueError(f"{fused!r} is not one of {', '.join(FUSED)}")
+    if tc is not None and acc != np.float32:
         raise ValueError(f"{fused} is a float32 accumulator's fused add, not {acc}'s")
     memo: dict[int, np.ndarray] = {}
     stack = [(tree, False)]
@@ -303,12 +344,20 @@ def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact") -> n
             stack.append((node, True))
             stack.extend((c, False) for c in node if isinstance(c, list))
             continue
+        if len(node) > 2 and tc is not None:  # the products exact, each with its alignment exponent
+            terms = np.stack([memo.pop(id(c)).astype(np.float64) if isinstance(c, list)
+                              else np.asarray(values[c], dtype=np.float64) for c in node])
+            own = exponents(terms, "float32")  # the running sum's; a product's where no exps are given
+            if exps is not None:
+                leaf = [i for i, c in enumerate(node) if not isinstance(c, list)]
+                own[leaf] = exps[[node[i] for i in leaf]]
+            memo[id(node)] = truncated_sum(terms, own, *tc)
+            continue
         kids = [values[c].astype(acc) if not isinstance(c, list) else memo.pop(id(c)) for c in node]
         if len(kids) == 2:
             memo[id(node)] = (kids[0] + kids[1]).astype(acc)
         else:
-            terms = np.stack(kids).astype(np.float64)
-            memo[id(node)] = truncated_sum(terms, bits) if bits is not None else exact_sum(terms, acc)
+            memo[id(node)] = exact_sum(np.stack(kids).astype(np.float64), acc)
     return memo[id(tree)] if isinstance(tree, list) else values[tree].astype(acc)
 
 
@@ -639,7 +688,8 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     products are exact: each call draws the entry's row of A and the first ``width`` columns of
     B (rows of A and the entry's column of B, by rows), the ones the probes shared, the entry's
     own among them. Writes its draws into ``prober``'s operands (a new Prober's without).
-    A tree with fused nodes is tried with each way of FUSED to round them (``match``).
+    A tree with fused nodes is tried with each way of FUSED to round them (``match``), the
+    tensor cores' with the exponents of the operands (product_exponents), not only their products.
     Returns draws, matched, the first mismatch and fused_add (the ways that matched every
     draw; None for a tree of two-child nodes only)."""
     import torch
@@ -648,6 +698,8 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     rng = np.random.default_rng(seed)
     dt = getattr(torch, t.dtype)
     products, kernel = np.empty((t.k, draws)), []
+    # a tensor core's fused add aligns each product by its operands' exponents
+    exps = np.empty((t.k, draws), np.int16) if trees.fused_nodes(tree) and t.dtype in LEAST_NORMAL_EXPONENT else None
     d = 0
     while d < draws:
         w = min(width, draws - d)
@@ -669,12 +721,16 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
         bits = measure.tensor_bits(got)
         kernel += [(int(b), float(v)) for b, v in zip(bits, got.double().cpu().numpy())]
         products[:, d:d + w] = (lhs * rhs).cpu().numpy().T  # exact: 4 bits times a power of two
+        if exps is not None:
+            exps[:, d:d + w] = product_exponents(lhs.cpu().numpy(), rhs.cpu().numpy(), t.dtype).T
         d += w
-    return match(tree, products, kernel, t.dtype)
+    return match(tree, products, kernel, t.dtype, exps)
 
 
-def match(tree, products: np.ndarray, kernel: list[tuple[int, float]], dtype: str) -> dict:
-    """The tree's sums of ``products`` ((k, draws), exact in the accumulator) against the
+def match(tree, products: np.ndarray, kernel: list[tuple[int, float]], dtype: str,
+          exps: np.ndarray | None = None) -> dict:
+    """The tree's sums of ``products`` ((k, draws), exact in the accumulator; ``exps``, where
+    given, the sums of their operands' exponents: product_exponents) against the
     kernel's outputs (bits, value) in ``dtype``: draws, matched and the first mismatch (under
     the first way that matches most draws), and fused_add: for a tree with fused nodes, every
     way of FUSED (fp32 accumulators; fp64 rounds exactly) that matches every draw, often
@@ -684,7 +740,7 @@ def match(tree, products: np.ndarray, kernel: list[tuple[int, float]], dtype: st
     fused = trees.fused_nodes(tree) > 0
     best, ways = None, []
     for way in FUSED if fused and acc is np.float32 else FUSED[:1]:
-        want = evaluate(tree, products, acc, way)  # every draw at once
+        want = evaluate(tree, products, acc, way, exps)  # every draw at once
         want_bits = want.view(np.uint64) if acc is np.float64 else inputs.round_bits(want, dtype)
         matched, first = 0, None
         for i, ((bits, value), w) in enumerate(zip(kernel, want_bits)):
