@@ -1,23 +1,27 @@
-"""How efficient is the main job? Runs it once (`matmul-drift run --force`, both builds by
-default; extra arguments go to it), then prints, from that one run:
+"""What does the main job cost, and where does its time go? Runs it (`matmul-drift run --force`,
+both builds by default; extra arguments go to it) and prints, for each build, from that run:
 
-- the main job's wall time (seconds);
-- the summed benchmark time: what asv recorded for each build (setup_cache plus every
-  benchmark's duration), in seconds;
-- their ratio (the suite's efficiency: the rest is installing, discovering, publishing);
-- the most expensive parameters, so that no single one dominates: for setup_cache each
-  case x dtype measured in this Python (torch needed; the same code asv runs), and for
-  time_matmul the samples asv took times their mean.
+- its wall time (seconds), and of it: setup_cache's measuring (the exact reference's share),
+  order probes and fix finder, with how many trees and fix verdicts were reused and from which
+  commit (the suite's "matmul-drift cost:" line); the timing and track benchmarks (asv's
+  durations); and asv's own overhead, the rest (environment, install, discovery, processes);
+- the whole run's wall time.
 
-    python scripts/bench_mainjob.py [--torch 2.13.0] [...]
+--twice: runs it first with nothing reused ($MATMUL_DRIFT_REUSE=0), then again reusing the
+first run's trees and verdicts (what a night at a new commit with nothing changed does), and
+prints the second's wall time over the first's.
+--parameters: also measures setup_cache one parameter at a time in this Python (torch needed)
+and prints the most expensive ones.
+
+    python scripts/bench_mainjob.py [--twice] [--parameters] [--torch 2.13.0] [...]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import itertools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,49 +29,56 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+COST = re.compile(r"torch (\S+): matmul-drift cost: measuring ([\d.]+) s \(exact reference ([\d.]+) s\), "
+                  r"orders ([\d.]+) s \((\d+) reused\), fixes ([\d.]+) s \((\d+) reused\); (.*)$")
+BUILD = re.compile(r"torch (\S+): recorded: (.*?)(?: \(asv exit status.*)? \((\d+) s\)$")
 
 
-def main(argv: list[str]) -> int:
+def run_once(argv: list[str], reuse: bool) -> tuple[float, str] | None:
+    env = {**os.environ, "MATMUL_DRIFT_REUSE": os.environ.get("MATMUL_DRIFT_REUSE", "") if reuse else "0"}
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "run", "--force", *argv], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "run", "--force", *argv], cwd=ROOT, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wall = time.monotonic() - t0
     if p.returncode != 0:
         print(p.stderr[-3000:], file=sys.stderr)
-        return p.returncode
-    files = [ROOT / f for f in re.findall(r"recorded: (results/asv/\S+\.json)", p.stderr)]
-    print(f"main job: wall {wall:.1f} s for {len(files)} torch builds ({' '.join(argv) or 'defaults'})")
-    summed = 0.0
-    costs = []
-    for f in files:
-        d = json.loads(f.read_text())
-        cols = d["result_columns"]
-        setup = sum(d.get("durations", {}).values())
-        benches = 0.0
-        for name, row in d["results"].items():
-            r = dict(zip(cols, row))
-            benches += r.get("duration") or 0.0
-            if r.get("stats_repeat"):  # timing: samples x mean per parameter
-                for combo, mean, n in zip(itertools.product(*r["params"]), r["result"], r["stats_repeat"]):
-                    if mean is not None and n and mean == mean:
-                        costs.append((mean * n, f"{d['params']['torch']} {name} {' '.join(combo)}"))
-        summed += setup + benches
-        print(f"  torch {d['params']['torch']}: {setup + benches:.1f} s of benchmarks "
-              f"(setup_cache {setup:.1f} s, {len(d['results'])} benchmarks {benches:.1f} s)")
-    print(f"summed benchmark time {summed:.1f} s; efficiency (summed / wall) {summed / wall:.2f}")
+        return None
+    return wall, p.stderr
 
-    # setup_cache, parameter by parameter, as asv's setup_cache runs it
+
+def report(title: str, wall: float, stderr: str) -> None:
+    print(f"{title}: wall {wall:.1f} s")
+    costs = {m.group(1): m for m in map(COST.search, stderr.splitlines()) if m}
+    for m in filter(None, map(BUILD.search, stderr.splitlines())):
+        build, files, seconds = m.group(1), m.group(2).split(", "), float(m.group(3))
+        benches = 0.0
+        for f in files:
+            d = json.loads((ROOT / f).read_text())
+            col = d["result_columns"].index("duration")
+            benches += sum(r[col] or 0.0 for r in d["results"].values() if len(r) > col)
+        c = costs.get(build)
+        if c is None:
+            print(f"  torch {build}: {seconds:.0f} s; no cost line (a setup_cache of an older suite?)")
+            continue
+        measuring, reference, orders, fixes = (float(c.group(i)) for i in (2, 3, 4, 6))
+        setup = measuring + orders + fixes
+        print(f"  torch {build}: {seconds:.0f} s = setup_cache {setup:.1f} s (measuring {measuring:.1f} s, of it exact "
+              f"reference {reference:.1f} s; orders {orders:.1f} s, {c.group(5)} reused; fixes {fixes:.1f} s, "
+              f"{c.group(7)} reused; {c.group(8)}) + benchmarks {benches:.1f} s + asv's own {seconds - setup - benches:.1f} s")
+
+
+def parameters() -> None:
     try:
         import torch  # noqa: F401  the main job's own Python needs none; this part does
     except ImportError:
         print("most expensive parameters: not measured (no torch in this Python: pip install torch==2.13.0)")
-        return 0
+        return
     from matmul_drift.core import cases
     from matmul_drift.jobs import suite
 
     log = io.StringIO()
     suite.measure_all(devices=("cpu",), precisions=cases.DTYPES, root=ROOT / ".asv" / "bench-catalog", log=log)
-    prev = 0.0
+    costs, prev = [], 0.0
     for line in log.getvalue().splitlines():
         m = re.match(r"\[\d+/\d+\s+([\d.]+)s\] (.*): ok", line)
         if m:
@@ -78,9 +89,27 @@ def main(argv: list[str]) -> int:
     print(f"most expensive parameters (of {total:.1f} s measured per parameter):")
     for c, what in costs[:6]:
         print(f"  {c:7.2f} s  {100 * c / total:5.1f}%  {what}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--twice", action="store_true", help="afresh, then reusing the first run")
+    ap.add_argument("--parameters", action="store_true", help="the most expensive setup_cache parameters too")
+    args, rest = ap.parse_known_args()
+    first = run_once(rest, reuse=not args.twice)
+    if first is None:
+        return 1
+    report("main job" + (" afresh ($MATMUL_DRIFT_REUSE=0)" if args.twice else ""), *first)
+    if args.twice:
+        second = run_once(rest, reuse=True)
+        if second is None:
+            return 1
+        report("main job again, reusing the first", *second)
+        print(f"second / first wall time: {second[0] / first[0]:.2f}")
+    if args.parameters:
+        parameters()
     return 0
 
 
 if __name__ == "__main__":
-    # its own --help; every other argument goes to matmul-drift run
-    sys.exit(main(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_known_args()[1]))
+    sys.exit(main())

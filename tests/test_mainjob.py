@@ -150,6 +150,15 @@ def test_one_build_again_never_touches_the_other(project):
     assert files["2.13.0"].read_bytes() == other  # never rewritten
     kept = list(files["2.14.1"].parent.glob(files["2.14.1"].name + ".replaced-*"))
     assert len(kept) == 1 and kept[0].read_bytes() == replaced  # the replaced file is kept beside
+    # nothing changed since the build's last record (the one replaced): its trees are replayed
+    # on fresh draws, not revealed again, and setup_cache's lines show as they come (asv keeps
+    # them only where it fails)
+    head = project.head()[:8]
+    reused = re.findall(r"^\[torch 2\.14\.1\] \[orders \d+/\d+ .*\] square (\S+) cpu: .*: "
+                        rf"reused from {head}, confirmed \(\d+ fresh draws replayed bit for bit, \d+ calls?\)$", p.stderr, re.M)
+    assert sorted(reused) == sorted(("float64", "float32", "float16", "bfloat16")), p.stderr[-4000:]
+    assert re.search(rf"torch 2\.14\.1: matmul-drift cost: measuring .*, orders [\d.]+ s \(4 reused\), "
+                     rf"fixes .*; reused from {head}$", p.stderr, re.M), p.stderr[-4000:]
 
 
 def test_a_build_that_cannot_install_is_one_line_and_the_other_is_recorded(project):
@@ -308,7 +317,7 @@ def test_a_results_file_asv_left_cut_short_is_a_failed_build_and_not_recorded(tm
     conf = mainjob.project_config(proj)
     commit = git(proj, "rev-parse", "HEAD")
 
-    def asv(conf, *args, cwd, env=None, log=None, progress=None, hold=None):
+    def asv(conf, *args, cwd, env=None, log=None, progress=None, hold=None, follow=None):
         staging = Path(json.loads(Path(conf).read_text())["results_dir"])
         (staging / "m").mkdir(parents=True)
         (staging / "m/machine.json").write_text('{"machine": "m", "version": 1}')

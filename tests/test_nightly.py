@@ -1302,7 +1302,7 @@ def test_a_results_file_asv_left_cut_short_never_reaches_the_tree(tmp_path, monk
     synthetic = F.write_tree(tmp_path / "synthetic", machine="m", n_commits=1, torch_versions=("2.13.0",))
     asv_killed = [True]
 
-    def asv(conf, *args, cwd, env=None, log=None, progress=None, hold=None):  # what `asv run` leaves in staging
+    def asv(conf, *args, cwd, env=None, log=None, progress=None, hold=None, follow=None):  # what `asv run` leaves in staging
         if args[0] != "run":
             return 0, []
         staging = Path(json.loads(Path(conf).read_text())["results_dir"])

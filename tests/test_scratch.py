@@ -41,7 +41,7 @@ def _files(folder: Path) -> dict[str, str]:
 HELD: list[bool] = []
 
 
-def _asv_publish_that_fails(conf, *args, cwd, env=None, log=None, progress=None, hold=None):
+def _asv_publish_that_fails(conf, *args, cwd, env=None, log=None, progress=None, hold=None, follow=None):
     """What `asv publish` does when it fails after its first step: html_dir deleted, part of
     a new site written, a non-zero exit."""
     assert args == ("publish",)
@@ -236,7 +236,7 @@ def test_the_main_job_removes_the_staging_of_a_killed_run_with_one_line(tmp_path
     live = _live_run(staging / "2.13.0-2")
     seen = []
 
-    def asv(conf, *args, cwd, env=None, log=None, progress=None, hold=None):  # records nothing
+    def asv(conf, *args, cwd, env=None, log=None, progress=None, hold=None, follow=None):  # records nothing
         seen.append(Path(json.loads(Path(conf).read_text())["results_dir"]))
         return 1, ["no results"]
 

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -50,26 +51,61 @@ def write_config(path: Path, conf: dict) -> Path:
 
 
 def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | None = None,
-        progress: Callable[[str], None] | None = None, hold: TreeLock | None = None) -> tuple[int, list[str]]:
+        progress: Callable[[str], None] | None = None, hold: TreeLock | None = None,
+        follow: Path | None = None) -> tuple[int, list[str]]:
     """Run ``asv --config conf args``. With ``log``, asv's progress lines go to stderr as they
     come (or to ``progress``), its result tables and benchmark output only to the ``log`` file.
     ``hold``: a lock asv holds too while it runs (its scratch folder's, store/scratch.py), even past
-    a kill of this process. Returns (exit status, the last 30 lines of output)."""
+    a kill of this process. ``follow``: a file whose new lines go the way of the progress lines
+    while asv runs (setup_cache's, suite.PROGRESS_VAR). Returns (exit status, the last 30 lines
+    of output)."""
     cmd = [sys.executable, "-m", "asv", "--config", str(conf), *args]
     tail: list[str] = []
+
+    def show(line: str) -> None:
+        if progress is not None:
+            progress(line.rstrip("\n"))
+        else:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    stop = threading.Event()
+    follower = threading.Thread(target=_follow, args=(follow, show, stop), daemon=True) if follow else None
     with open(log or os.devnull, "a", encoding="utf-8") as fh, subprocess.Popen(
             cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8",
             errors="replace", bufsize=1, pass_fds=(hold.fileno(),) if hold else ()) as proc:
-        for line in proc.stdout:
-            fh.write(line)
-            if log is not None and PROGRESS.match(line):
-                if progress is not None:
-                    progress(line.rstrip("\n"))
-                else:
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
-            tail = (tail + [line.rstrip()])[-30:]
+        if follower:
+            follower.start()
+        try:
+            for line in proc.stdout:
+                fh.write(line)
+                if log is not None and PROGRESS.match(line):
+                    show(line)
+                tail = (tail + [line.rstrip()])[-30:]
+        finally:
+            stop.set()
+            if follower:
+                follower.join()
     return proc.returncode, tail
+
+
+def _follow(path: Path, show: Callable[[str], None], stop: threading.Event, every: float = 0.5) -> None:
+    """Passes each whole line added to ``path`` to ``show`` until ``stop`` is set, then the rest."""
+    pos, part = 0, ""
+    while True:
+        done = stop.wait(every)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                fh.seek(pos)
+                text = fh.read()
+                pos = fh.tell()
+        except FileNotFoundError:
+            text = ""
+        *lines, part = (part + text).split("\n")
+        for line in lines:
+            show(line + "\n")
+        if done:
+            return
 
 
 def reap_orphans(root: Path) -> list[str]:

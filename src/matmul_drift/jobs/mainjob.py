@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matmul_drift.core.errors import UsageError
-from matmul_drift.jobs import asvrun, confirm, site
+from matmul_drift.jobs import asvrun, confirm, reuse, site, suite
 from matmul_drift.read import history, latest, render, summary
 from matmul_drift.store import atomic, machine, scratch
 
@@ -223,9 +223,19 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     log(f"torch {build}: asv {' '.join(args)} in {env} (log: {logfile.relative_to(o.repo)})")
     envvars = {**os.environ, "MATMUL_DRIFT_CATALOG": str(o.repo / RESULTS / "catalog"),
                "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # forkserver: no CUDA before the fork
+    if os.environ.get(reuse.REUSE_VAR, "").strip() != "0":  # 0: measure every tree and fix afresh
+        last = reuse.last_record(results_dir / name, env)  # a night costs what changed
+        envvars[reuse.REUSE_VAR] = str(last) if last else "0"
+    setup_log = state / f"setup-torch-{build}.log"  # setup_cache's lines, shown as they come
+    setup_log.unlink(missing_ok=True)
+    envvars[suite.PROGRESS_VAR] = str(setup_log)
     claim = scratch.claim(staging)  # a run killed from here on leaves it to the next run's sweep
     try:
-        rc, tail = asvrun.run(path, *args, cwd=o.repo, env=envvars, log=logfile, progress=_progress(build), hold=claim)
+        rc, tail = asvrun.run(path, *args, cwd=o.repo, env=envvars, log=logfile, progress=_progress(build), hold=claim,
+                              follow=setup_log)
+        cost = [ln for ln in _lines(setup_log) if ln.startswith(suite.COST)]
+        if cost:
+            log(f"torch {build}: {cost[-1]}")
         if o.publish:  # until the site is built: a run killed in between is published by the next
             atomic.write_text(_unpublished(o.repo), commit + "\n")
         files = asvrun.import_results(staging, results_dir, name, old, o.force, log)
@@ -247,6 +257,13 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     note = "" if rc == 0 else f" (asv exit status {rc}: some benchmark values failed; see the log)"
     return Outcome(build, env, "recorded", ", ".join(str(f.relative_to(o.repo)) for f in files) + note,
                    files, seconds)
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
 
 
 def _unpublished(repo: Path) -> Path:

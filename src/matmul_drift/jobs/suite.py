@@ -26,6 +26,8 @@ FIXES_VAR = "MATMUL_DRIFT_FIXES"  # "0": no fix finder (fix_cost, fix_id NaN): q
 ORDERS_VAR = "MATMUL_DRIFT_ORDERS"  # "0": no order probe (order_id NaN)
 BUDGET_VAR = "MATMUL_DRIFT_BUDGET"  # seconds: start no measurement after them (a GPU check's fixed slot)
 TORCH_VAR = "MATMUL_DRIFT_EXPECT_TORCH"  # the torch version an `existing` environment must hold
+# a file measure_all also writes its progress to: asv keeps a setup_cache's output only where it fails
+PROGRESS_VAR = "MATMUL_DRIFT_PROGRESS"
 
 
 def _selected(var: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
@@ -156,7 +158,33 @@ def measure_all(case_ids=None, precisions=None, devices=None, root=None, log=sys
     """Measure every combination; returns {key: values | {"skip": why} | {"error": text}}.
     values["failed"], where present, is {name: why} of the added values (``added``) that broke.
     With $MATMUL_DRIFT_BUDGET, no combination starts after that many seconds: the rest are
-    skipped, and say why (the order probe and the fix finder come after, outside it)."""
+    skipped, and say why (the order probe and the fix finder come after, outside it). With
+    $MATMUL_DRIFT_REUSE (jobs/reuse.py), trees and fix verdicts of combinations whose ids equal
+    that record's are confirmed, not measured again. Ends with a line of where the time went
+    (``COST``). With $MATMUL_DRIFT_PROGRESS, every line also goes to that file."""
+    import os
+
+    path = os.environ.get(PROGRESS_VAR)
+    if not path:
+        return _measure_all(case_ids, precisions, devices, root, log)
+    with open(path, "a", encoding="utf-8") as fh:
+        return _measure_all(case_ids, precisions, devices, root, _Tee(log, fh))
+
+
+class _Tee:
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> None:
+        for s in self.streams:
+            s.write(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
+
+
+def _measure_all(case_ids, precisions, devices, root, log) -> dict:
     root = catalog.default_root() if root is None else root
     case_ids = selected_cases() if case_ids is None else case_ids
     out = {}
@@ -167,47 +195,91 @@ def measure_all(case_ids=None, precisions=None, devices=None, root=None, log=sys
     precisions = selected_precisions() if precisions is None else precisions
     combos = [(c, p, d) for d in devices for c in case_ids for p in precisions]
     budget = selected_budget()
+    record = _record(log)
+    cost = {"reference": 0.0}
     t0 = time.monotonic()
     for i, (c, p, d) in enumerate(combos, 1):
         if budget is not None and time.monotonic() - t0 > budget:
             out[key(c, p, d)] = {"skip": f"not measured: the budget of {budget:g} s (${BUDGET_VAR}) was spent"}
             status = "skip (budget)"
         else:
-            out[key(c, p, d)], status = _measure_one(c, p, d, root)
+            out[key(c, p, d)], status = _measure_one(c, p, d, root, cost)
         print(f"[{i}/{len(combos)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {status}", file=log, flush=True)
-    add_orders(out, root, log)
-    add_fixes(out, root, log)
+    cost["measuring"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    cost["orders_reused"] = add_orders(out, root, log, record)
+    cost["orders"], t2 = time.monotonic() - t1, time.monotonic()
+    cost["fixes_reused"] = add_fixes(out, root, log, record)
+    cost["fixes"] = time.monotonic() - t2
+    print(cost_line(cost, record[0] if record else None), file=log, flush=True)
     return out
 
 
-def _measure_one(c: str, p: str, d: str, root) -> tuple[dict, str]:
-    """One combination's values (or {"skip": why}, {"error": text}) and its status word."""
+COST = "matmul-drift cost:"  # the line scripts/bench_mainjob.py reads from asv's log
+
+
+def cost_line(cost: dict, commit: str | None) -> str:
+    """Where setup_cache's time went, in seconds, and what was reused (and from which commit)."""
+    return (f"{COST} measuring {cost['measuring']:.1f} s (exact reference {cost['reference']:.1f} s), "
+            f"orders {cost['orders']:.1f} s ({cost['orders_reused']} reused), fixes {cost['fixes']:.1f} s "
+            f"({cost['fixes_reused']} reused)" + (f"; reused from {commit[:8]}" if commit else "; nothing to reuse"))
+
+
+def _record(log) -> tuple[str, dict] | None:
+    """The last recorded result that $MATMUL_DRIFT_REUSE names, as reuse.previous reads it; None
+    where there is none or it cannot be read (a line says why: everything is measured afresh)."""
+    from matmul_drift.jobs import reuse
+
+    path = reuse.record_path()
+    if path is None:
+        return None
     try:
-        return track_values(measure(cases.get(c), p, d, timing=(d == "cuda")), root), "ok"
+        return reuse.previous(path)
+    except (OSError, ValueError) as exc:
+        print(f"not reusing {path}: {exc}; measuring everything afresh", file=log, flush=True)
+        return None
+
+
+def _measure_one(c: str, p: str, d: str, root, cost: dict) -> tuple[dict, str]:
+    """One combination's values (or {"skip": why}, {"error": text}) and its status word; adds
+    the exact reference's seconds to cost["reference"]."""
+    try:
+        m = measure(cases.get(c), p, d, timing=(d == "cuda"))
+        cost["reference"] += m.reference_seconds
+        return track_values(m, root), "ok"
     except Unavailable as exc:
         return {"skip": str(exc)}, "skip"
     except Exception as exc:  # one broken case must not lose the others
         return {"error": "".join(traceback.format_exception_only(exc)).strip()}, "error"
 
 
-def add_orders(out: dict, root, log=sys.stderr) -> None:
+def add_orders(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None = None) -> int:
     """Adds ``order_id`` to every measured combination: the order-id (core/trees.py) of entry (0, 0)
     of the case's full product, revealed and replayed bit for bit (order.order_of); the
     id of the tree ``null`` where the readings fit no tree or the replay differs ("not
     revealed": a kernel whose order stops being a tree changes the id); NaN where the probe
     does not run (K beyond its range, or more matmul calls than order.MAX_CALLS); a
-    failure (``added``: asv null) where the probe itself broke."""
+    failure (``added``: asv null) where the probe itself broke. Where ``record`` (reuse.previous)
+    has the combination's kernel, environment and input ids, its stored tree replays fresh draws
+    instead ("reused from <commit>, confirmed"); one that does not, or cannot be read, is revealed
+    afresh and the line says why. Returns how many trees were reused."""
     from matmul_drift.probes import order
 
     if not switched_on(ORDERS_VAR):
-        return
+        return 0
     todo = [k for k, v in out.items() if "skip" not in v and "error" not in v]
-    t0, memo = time.monotonic(), {}  # slice-n-view and slice-n-copy share their full product
+    t0, memo, reused = time.monotonic(), {}, 0  # slice-n-view and slice-n-copy share their full product
     for i, k in enumerate(todo, 1):
         c, p, d = k.split("|")
+        why = None
         try:
             t = order.target(cases.get(c), p, d)
-            got = order.order_of(t, memo=memo)
+            key = (t.computation(), order.MAX_CALLS, True) if record else None  # order_of's memo key
+            got, why = (None, None) if key is None or key in memo else _reused_tree(t, k, out[k], record, root)
+            if got is not None:  # the same computation later is "the same as" this one, not reused again
+                memo[key] = {**got, "confirmed": None, "same_as": t.label}
+            else:
+                got = order.order_of(t, memo=memo)
         except (order.ProbeError, Unavailable) as exc:
             got = {"probed": False, "reason": str(exc)}
         except Exception as exc:  # the probe must not lose the measurements made, nor pass for a skip
@@ -218,8 +290,44 @@ def add_orders(out: dict, root, log=sys.stderr) -> None:
         else:
             out[k]["order_id"] = float(order.store(root, got["tree"], t.k))
             what = got["summary"] if got["tree"] is not None else f"not revealed: {got['reason']}"
-            what += f" (the same computation as {got['same_as']})" if "same_as" in got else f" ({got['calls']} calls)"
+            if got.get("confirmed"):
+                reused += 1
+                what += f": {got['confirmed']}"
+            else:
+                what += f" (the same computation as {got['same_as']})" if "same_as" in got else f" ({got['calls']} calls)"
+        what += f"; {why}" if why else ""
         print(f"[orders {i}/{len(todo)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {what}", file=log, flush=True)
+    return reused
+
+
+def _reused_tree(t, k: str, values: dict, record: tuple[str, dict] | None, root) -> tuple[dict | None, str | None]:
+    """(order_of's dict for the recorded tree, with ``confirmed`` saying so, or None; why it
+    was not reused, or None where there was no record to reuse)."""
+    from matmul_drift.core import trees, words
+    from matmul_drift.jobs import reuse
+
+    if record is None or k not in record[1]:
+        return None, None
+    commit, rec = record[0][:8], record[1][k]
+    if not reuse.matches(values, rec, "order_id"):
+        return None, f"measured afresh: {reuse.differs(values, rec, 'order_id')} at {commit}"
+    ident = ids.hex_id(rec["order_id"])
+    try:
+        entry = catalog.load(root, "orders", rec["order_id"])
+    except (catalog.MissingEntry, ValueError) as exc:
+        return None, f"measured afresh: the tree {ident} of {commit} cannot be read ({exc})"
+    if entry.get("tree") is None or entry.get("k") != t.k:
+        return None, f"measured afresh: {commit} recorded no tree of K = {t.k} ({ident})"
+    seed = reuse.fresh_seed()
+    r = reuse.confirm_tree(t, entry["tree"], seed)
+    if r["matched"] != r["draws"]:
+        return None, (f"the tree {ident} of {commit} matched {r['matched']} of {r['draws']} fresh draws "
+                      f"(seed {seed}; first mismatch {r['first_mismatch']}): revealed afresh")
+    tree = entry["tree"]
+    return {"probed": True, "tree": tree, "order_id": ids.hex_id(trees.order_id(tree, t.k)),
+            "summary": words.describe(tree), "calls": r["calls"],
+            "confirmed": f"reused from {commit}, confirmed ({r['draws']} fresh draws replayed bit for bit, "
+                         f"{r['calls']} call{'s' if r['calls'] != 1 else ''})"}, None
 
 
 def _drifts(values: dict) -> bool:
@@ -233,46 +341,109 @@ def fix_entry(device: str, report: dict) -> dict:
             "verdicts": {r["name"]: r["verdict"] for r in report["candidates"] if r["verdict"] != "not applicable"}}
 
 
-def add_fixes(out: dict, root, log=sys.stderr) -> None:
+def add_fixes(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None = None) -> int:
     """Adds ``fix_cost`` and ``fix_id`` to every measured combination of ``out``.
 
     fix_cost: the time of the cheapest candidate (probes/fixes.py) that removes every drift, over
     the default's (a ratio), NaN where none does; 1.0 where there is no drift to remove.
     fix_id: the id of ``fix_entry``. The drifting combinations go through the fix finder
-    together: one fresh process for the default and the code changes, one per setting."""
-    from matmul_drift.probes import fixes, fixfind
+    together: one fresh process for the default and the code changes, one per setting. Where
+    ``record`` (reuse.previous) has a drifting combination's kernel, environment and input ids
+    and a fix that removed its drifts, only the recorded removers are tried, in one such run
+    ("reused from <commit>, confirmed": the same drifts, each still removed; fix_cost from this
+    run); otherwise, or where that fails, every candidate is tried. Returns how many verdicts
+    were reused."""
+    from matmul_drift.probes import fixes
 
     if not switched_on(FIXES_VAR):
-        return
+        return 0
     todo = [k for k, v in out.items() if "skip" not in v and "error" not in v and _drifts(v)]
     for k, v in out.items():
         if "skip" not in v and "error" not in v and k not in todo:
             v.update(fix_cost=1.0, fix_id=float(catalog.store(root, "fixes", fix_entry(k.split("|")[2],
                                                                                         {"drifts": [], "candidates": []}))))
     if not todo:
-        return
-    specs = []
-    for k in todo:
-        c, p, d = k.split("|")
-        case = cases.get(c)
-        specs.append({"case": c, "dtype": p, "device": d, "slice_n": list(case.slice_n),
-                      "slice_m": list(case.slice_m), "repeat": case.repeat})
+        return 0
     isa = fixes.onednn_isa_in_force()
+    held = _stored_fixes(todo, out, record, root, log)
+    afresh = [k for k in todo if k not in held]
+    if held:
+        commit = record[0][:8]
+        reports = _try_fixes([{**_fix_spec(k), "only": held[k][1]} for k in held], isa, "confirming recorded fixes", log)
+        for (k, (fid, names, drifts)), report in zip(held.items(), reports):
+            kept = {r["name"] for r in report["candidates"] if r["verdict"] == "removes"}
+            if "failed" not in report and report["drifts"] == drifts and kept == set(names) and report["cheapest"]:
+                cheapest = next(r for r in report["candidates"] if r["name"] == report["cheapest"])
+                out[k].update(fix_cost=float(cheapest["time_ratio"]), fix_id=fid)
+                print(f"fixes of {k}: reused from {commit}, confirmed ({', '.join(names)} still "
+                      f"{'removes' if len(names) == 1 else 'remove'} {', '.join(drifts)} in one run)", file=log, flush=True)
+            else:
+                why = report.get("failed") or (f"drifts now {', '.join(report['drifts']) or 'none'}, were {', '.join(drifts)}"
+                                               if report["drifts"] != drifts else
+                                               f"still removing: {', '.join(sorted(kept)) or 'none'} of {', '.join(names)}")
+                print(f"fixes of {k}: the verdicts of {commit} did not hold ({why}): measured afresh", file=log, flush=True)
+                afresh.append(k)
+    if afresh:
+        reports = _try_fixes([_fix_spec(k) for k in afresh], isa, f"{len(afresh)} drifting combination(s)", log)
+        for k, report in zip(afresh, reports):
+            _record_fixes(out, k, report, root, log)
+    return len(todo) - len(afresh)
+
+
+def _fix_spec(k: str) -> dict:
+    c, p, d = k.split("|")
+    case = cases.get(c)
+    return {"case": c, "dtype": p, "device": d, "slice_n": list(case.slice_n),
+            "slice_m": list(case.slice_m), "repeat": case.repeat}
+
+
+def _try_fixes(specs: list[dict], isa, what: str, log) -> list[dict]:
+    """fixfind.try_fixes_many over ``specs`` (the suite's lean mode), its progress in ``log``."""
+    from matmul_drift.probes import fixfind
+
     t0 = time.monotonic()
 
-    def progress(what: str, done: int, total: int) -> None:
-        print(f"[fixes {done}/{total} {time.monotonic() - t0:6.1f}s] {len(todo)} drifting combination(s): {what}",
-              file=log, flush=True)
+    def progress(step: str, done: int, total: int) -> None:
+        print(f"[fixes {done}/{total} {time.monotonic() - t0:6.1f}s] {what}: {step}", file=log, flush=True)
 
-    for k, report in zip(todo, fixfind.try_fixes_many(specs, isa, progress=progress, lean=True)):
-        if "failed" in report:  # asv null, not NaN: a crash or a timeout is no skip
-            out[k].update(fix_cost=NAN, fix_id=NAN)
-            out[k].setdefault("failed", {}).update(fix_cost=report["failed"], fix_id=report["failed"])
-            print(f"fixes of {k}: {report['failed']}", file=log, flush=True)
+    return fixfind.try_fixes_many(specs, isa, progress=progress, lean=True)
+
+
+def _stored_fixes(todo: list[str], out: dict, record, root, log) -> dict[str, tuple[float, list[str], list[str]]]:
+    """{key: (fix_id, the recorded removers, the recorded drifts)} of the drifting combinations
+    ``record`` may stand for; a line for each that has a record but cannot use it."""
+    from matmul_drift.jobs import reuse
+
+    held = {}
+    for k in todo if record else ():
+        rec = record[1].get(k)
+        if rec is None:
             continue
-        cheapest = next((r for r in report["candidates"] if r["name"] == report["cheapest"]), None)
-        out[k].update(fix_cost=NAN if cheapest is None else float(cheapest["time_ratio"]),
-                      fix_id=float(catalog.store(root, "fixes", fix_entry(k.split("|")[2], report))))
+        if not reuse.matches(out[k], rec, "fix_id"):
+            print(f"fixes of {k}: measured afresh: {reuse.differs(out[k], rec, 'fix_id')} at {record[0][:8]}",
+                  file=log, flush=True)
+            continue
+        try:
+            entry = catalog.load(root, "fixes", rec["fix_id"])
+        except (catalog.MissingEntry, ValueError) as exc:
+            print(f"fixes of {k}: measured afresh: the verdicts of {record[0][:8]} cannot be read ({exc})",
+                  file=log, flush=True)
+            continue
+        names = reuse.removers(entry)
+        if names and entry.get("device") == k.split("|")[2]:
+            held[k] = (rec["fix_id"], names, sorted(entry.get("drifts", [])))
+    return held
+
+
+def _record_fixes(out: dict, k: str, report: dict, root, log) -> None:
+    if "failed" in report:  # asv null, not NaN: a crash or a timeout is no skip
+        out[k].update(fix_cost=NAN, fix_id=NAN)
+        out[k].setdefault("failed", {}).update(fix_cost=report["failed"], fix_id=report["failed"])
+        print(f"fixes of {k}: {report['failed']}", file=log, flush=True)
+        return
+    cheapest = next((r for r in report["candidates"] if r["name"] == report["cheapest"]), None)
+    out[k].update(fix_cost=NAN if cheapest is None else float(cheapest["time_ratio"]),
+                  fix_id=float(catalog.store(root, "fixes", fix_entry(k.split("|")[2], report))))
 
 
 def added(values: dict, name: str) -> float:

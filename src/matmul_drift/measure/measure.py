@@ -63,6 +63,7 @@ class Measurement:
     # the case's pairs of slices compared with each other: numerics.by_magnitude, with "a", "b",
     # "form" and "cols"
     slice_pairs: list[dict] = field(default_factory=list)
+    reference_seconds: float = 0.0  # wall seconds the exact reference took (the main job's cost)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -256,12 +257,15 @@ class Top:
     bits: np.ndarray
     values: np.ndarray
     ref: Reference
+    ref_seconds: float = 0.0  # wall seconds of the exact reference
 
 
 def top_product(ops: Operands, y=None) -> Top:
     """The full product of ``ops`` (``y`` if already made) and its exact reference, on the host."""
     bits, values = on_host(ops.product() if y is None else y)
-    return Top(bits, values, reference(ops))
+    t0 = time.perf_counter()
+    ref = reference(ops)
+    return Top(bits, values, ref, time.perf_counter() - t0)
 
 
 def _count_nonfinite(t) -> int:
@@ -365,6 +369,7 @@ def measure_operands(
         run_to_run=run_to_run, kernels=kern, kernel_id=ids.object_id(kernel_entry(device, kern)),
         environment=env, env_id=ids.object_id(env), input_checksum=checksum, seconds=seconds,
         layout={"a": describe_layout(ops.a), "b": describe_layout(ops.b)}, slice_pairs=pairs,
+        reference_seconds=top.ref_seconds,
     )
 
 

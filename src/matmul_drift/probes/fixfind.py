@@ -150,12 +150,13 @@ def verdict(base: dict, got: dict) -> str:
 
 
 def _table(spec: dict, drifts: set[str], onednn_isa: str | None) -> list[tuple[fixes.Candidate, str | None]]:
-    """The candidates for ``spec`` with its ``drifts``, once each, with why_not's reason."""
+    """The candidates for ``spec`` with its ``drifts``, once each, with why_not's reason; only
+    those named in spec["only"] where it is given (a stored verdict confirmed: jobs/reuse.py)."""
     dims = [d for d, kind in (("n", "slice_n"), ("m", "slice_m")) if kind in drifts] or ["n"]
-    seen, todo = set(), []
+    seen, todo, only = set(), [], spec.get("only")
     for dim in dims:
         for c, why in fixes.candidates(spec["device"], drifts, dim, onednn_isa, spec["dtype"]):
-            if c.name not in seen:
+            if c.name not in seen and (only is None or c.name in only):
                 seen.add(c.name)
                 todo.append((c, why))
     return todo
