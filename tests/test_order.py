@@ -1337,3 +1337,50 @@ def test_the_counts_line_reads_as_english(tmp_path, capsys, monkeypatch):
     assert cli.main(["order", "--m", "1", "--k", "2", "--n", "1", "--dtype", "float32"]) == 0
     line = capsys.readouterr().out.splitlines()[1]
     assert re.match(r"order-id [0-9a-f]{12}; \d+ matmul calls, \d+ pairs, 1 round, ", line), line
+
+
+@pytest.mark.parametrize("dtype, mkn", [("bfloat16", (64, 2048, 256)), ("float16", (64, 4096, 128)),
+                                        ("bfloat16", (64, 1024, 8))])
+def test_a_spread_probe_reads_the_row_by_row_tree_in_fewer_calls(monkeypatch, dtype, mkn):
+    """fp16 and bf16 outputs count a chunk of products at a time; spread over the other
+    operand's rows (columns, for the last shape, probed by rows), one call reads every chunk of
+    a probe. The tree is the one read a chunk a call, and replays this CPU's kernel bit for bit."""
+    from matmul_drift.core import cases
+    from matmul_drift.probes import order
+
+    t = order.target(cases.adhoc(*mkn), dtype, "cpu")
+    rows = order.spread_rows(t)
+    assert rows == (mkn[2] if t.by_rows else mkn[0]), rows
+    spread = order.reveal(t, verify=True)
+    monkeypatch.setattr(order, "spread_rows", lambda t: 1)
+    one = order.reveal(t, verify=True)
+    assert trees.to_json(spread.tree) == trees.to_json(one.tree), (describe(spread.tree), describe(one.tree))
+    assert spread.verified["matched"] == one.verified["matched"] == 100
+    assert spread.calls < one.calls, (spread.calls, one.calls)
+    assert spread.notes[-1].endswith(f"k's pieces in {rows} {'columns' if t.by_rows else 'rows'}"), spread.notes
+    assert "pieces" not in one.notes[-1]
+
+
+def test_rows_that_add_in_different_orders_are_read_one_row_at_a_time(monkeypatch):
+    """Hand-built bf16 kernel: row 0 adds its products sequentially, the other rows pairwise.
+    The spread probe's rows disagree (or its tree fails the replay), so the probe reads row 0
+    alone, a chunk a call, and finds its sequential loop."""
+    import torch
+
+    from matmul_drift.core import cases
+    from matmul_drift.probes import order
+
+    k = 512
+    first, rest = seq(list(range(k))), pw(list(range(k)))
+
+    def output(self):
+        a, b = self.a0.double().numpy(), self.b0.double().numpy()
+        y = np.stack([order.evaluate(first if r == 0 else rest, a[r][:, None] * b, np.float32) for r in range(len(a))])
+        return torch.from_numpy(y).to(torch.bfloat16)
+
+    monkeypatch.setattr(order.Prober, "_output", output)
+    t = order.target(cases.adhoc(16, k, 64), "bfloat16", "cpu")
+    assert order.spread_rows(t) == 16
+    r = order.reveal(t, verify=True)
+    assert trees.to_json(r.tree) == trees.to_json(trees.canonical(first)), describe(r.tree)
+    assert r.verified["matched"] == 100 and "pieces" not in r.notes[-1], r.notes

@@ -446,11 +446,13 @@ class Prober:
     """Operands of the target's storage shapes on its device, filled per call: A all ones
     and the probes in B's columns, or (``by_rows``) B all ones and the probes in A's rows."""
 
-    def __init__(self, t: Target, width: int | None = None):
+    def __init__(self, t: Target, width: int | None = None, rows: int = 1):
         import torch
 
         self.t = t
         self.width = width or t.width  # probes a call: the first `width` columns (rows)
+        self.rows = rows  # > 1: k's pieces spread over this many rows (columns) of the other operand
+        self.used = 0  # the most columns (rows) a call's probes filled
         a_shape, b_shape = measure.operand_shapes(t.case, t.device)
         dt = getattr(torch, t.dtype)
         a = (torch.zeros if t.by_rows else torch.ones)(a_shape, dtype=dt, device=t.device)
@@ -476,6 +478,12 @@ class Prober:
         return out
 
     def product(self):
+        """The probed entries: the entry's row of the output (its column, by rows)."""
+        y = self._output()
+        return y if y.dim() == 1 else y[:, self.t.col] if self.t.by_rows else y[self.t.row]
+
+    def _output(self):
+        """The output's first matrix (its vector for mv)."""
         t, ops = self.t, self.ops
         a = ops.a.unsqueeze(0) if t.form == "2d" else ops.a  # a view: the probes' A
         with measure.precision_flags(t.precision or t.dtype):
@@ -487,9 +495,7 @@ class Prober:
                 y = ops.product(a)
         if t.form == "2d":
             y = y.squeeze(0)
-        if t.case.op == "bmm":
-            y = y[0]
-        return y if y.dim() == 1 else y[:, t.col] if t.by_rows else y[t.row]
+        return y[0] if t.case.op == "bmm" else y
 
     def _load(self, values: np.ndarray) -> None:
         import torch
@@ -505,7 +511,10 @@ class Prober:
         node where i and j meet, i and j included). ``within[n]`` (default: all of k) lists the
         leaves pair n can count (reveal); base products go there only, in pieces the output
         counts exactly (one piece unless the output is fp16 or bf16), one probe each, and the
-        counts are added."""
+        counts are added. With ``rows`` > 1, a call reads all the pieces of a probe at once, in
+        rows of the other operand (_spread)."""
+        if self.rows > 1:
+            return self._spread(pairs, within, progress)
         sets: dict[int, tuple[list, list[int]]] = {}  # id(leaf list) -> (its pieces, pair numbers)
         within = within or [range(self.t.k)] * len(pairs)
         for n in range(len(pairs)):
@@ -553,9 +562,116 @@ class Prober:
                                         "kernel flushed or reordered by value, or M was not absorbed)")
             for n, h, x in zip(n_, held, got):
                 total[n] += int(h) - int(x)
+            self.used = max(self.used, used)
             if progress:
                 progress(self.calls)
         return total
+
+    def _spread(self, pairs: list[tuple[int, int]], within, progress) -> list[int]:
+        """counts, a group of pairs at a time: the pairs in columns of the probe operand, the
+        other's rows masking k. Every row must hold every pair's two places (S, the group's), so
+        row 0 holds S alone and row q a piece of the rest with S: a piece's count is row q's less
+        row 0's. Each row holds at most a chunk of base products (chunk_size); the group is as wide
+        as gives the most pairs a call (spread_plan). The rows share one order (one tile); where
+        they do not, the readings contradict or the replay fails, and reveal reads row by row."""
+        import torch
+
+        k = self.t.k
+        within = within or [range(k)] * len(pairs)
+        masks: dict[int, np.ndarray] = {}  # id(leaf list) -> its leaves as a mask over k
+        for w in within:
+            if id(w) not in masks:
+                masks[id(w)] = np.zeros(k, bool)
+                masks[id(w)][np.asarray(w, dtype=np.int64)] = True
+        total, n0 = [2] * len(pairs), 0
+        while n0 < len(pairs):
+            size, pieces = spread_plan(pairs[n0:n0 + self.width], [masks[id(w)] for w in within[n0:n0 + self.width]],
+                                       self.chunk, self.rows)
+            ns = range(n0, n0 + size)
+            s_ = np.unique([x for n in ns for x in pairs[n]])
+            i_ = np.array([pairs[n][0] for n in ns])
+            j_ = np.array([pairs[n][1] for n in ns])
+            wm = np.stack([masks[id(within[n])] for n in ns], axis=1)  # (k, size)
+            buf = self._buffer(max(size, self._loaded))
+            buf[:, :size] = np.where(wm, self.base, 0.0)
+            cols = np.arange(size)
+            buf[i_, cols], buf[j_, cols] = self.big, -self.big
+            self._load(buf)
+            self._loaded, self.used = size, max(self.used, size)
+            held_s = wm[s_].sum(0) - wm[i_, cols] - wm[j_, cols]  # base products of S in each column
+            absorbed = np.zeros(size, np.int64)
+            got_s = None
+            for q0 in range(0, max(1, len(pieces)), self.rows - 1):  # row 0 alone if no pieces
+                part = pieces[q0:q0 + self.rows - 1]
+                mask = np.zeros((len(part) + 1, k), np.float32)
+                mask[:, s_] = 1
+                for q, piece in enumerate(part, 1):
+                    mask[q, piece] = 1
+                held = np.stack([held_s] + [wm[piece].sum(0) + held_s for piece in part])
+                got = self._spread_call(torch.from_numpy(mask), size) / self.base
+                if not (np.isfinite(got) & (got == np.round(got)) & (got >= 0) & (got <= held)).all():
+                    raise NotRevealed("a spread probe read a value that is not a count (the kernel flushed or "
+                                      "reordered by value, or M was not absorbed)")
+                got = got.astype(np.int64)
+                lost = (held - got) - (held_s - got[0])  # each piece's products absorbed, S's taken out
+                if ((got_s is not None and (got[0] != got_s).any()) or (lost[1:] < 0).any()
+                        or (lost[1:] > held[1:] - held_s).any()):
+                    raise NotRevealed("the rows of a spread probe disagree: they add in different orders")
+                got_s = got[0]
+                absorbed += lost[1:].sum(0)
+                if progress:
+                    progress(self.calls)
+            absorbed += held_s - got_s
+            for c, n in enumerate(ns):
+                total[n] += int(absorbed[c])
+            n0 += size
+        return total
+
+    def _spread_call(self, mask, cols: int) -> np.ndarray:
+        """One call with ``mask`` (rows, k) in the other operand's rows (columns), from the
+        entry's on: the readings (rows, cols) in float64."""
+        t = self.t
+        at, rows = (t.col if t.by_rows else t.row), mask.shape[0]
+        if t.by_rows:
+            self.b0[:, at:at + rows].copy_(mask.t())
+        else:
+            self.a0[at:at + rows].copy_(mask)
+        y = self._output()
+        self.calls += 1
+        y = y[:cols, at:at + rows].t() if t.by_rows else y[at:at + rows, :cols]
+        return y.double().cpu().numpy()
+
+
+def spread_plan(pairs: list[tuple[int, int]], masks: list[np.ndarray], chunk: int, rows: int):
+    """How many of ``pairs`` (their leaves: ``masks`` over k) one spread group takes, and the
+    pieces (arrays of k) of its leaves outside S that the rows hold: the size that reads the most
+    pairs a matmul call, each row holding at most ``chunk`` base products, S's among them."""
+    k = len(masks[0])
+    union, in_s = np.zeros(k, bool), np.zeros(k, bool)
+    seen: set[int] = set()
+    best, s_size = (0.0, 1), 0
+    for c, (i, j) in enumerate(pairs):
+        if id(masks[c]) not in seen:
+            seen.add(id(masks[c]))
+            union |= masks[c]
+        s_size += int(not in_s[i]) + int(not in_s[j] and j != i)
+        in_s[i] = in_s[j] = True
+        room = chunk - s_size
+        if room < 1:
+            break
+        pieces = -(-(int(union.sum()) - int((union & in_s).sum())) // room)
+        rate = (c + 1) / max(1, -(-pieces // (rows - 1)))
+        if rate >= best[0]:
+            best = (rate, c + 1)
+    size = best[1]
+    union[:] = False
+    for m in {id(m): m for m in masks[:size]}.values():
+        union |= m
+    s_ = np.unique(np.asarray(pairs[:size]))
+    union[s_] = False
+    leaves = np.flatnonzero(union)
+    n = max(1, -(-len(leaves) // (chunk - len(s_))))
+    return size, [p for p in np.array_split(leaves, n) if len(p)]
 
 
 def _member(sorted_leaves: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -573,8 +689,25 @@ def calls_per_round(t: Target, width: int | None = None) -> int:
 ROUNDS = 3  # rounds a CPU tree took here: 1 to 3 for every route of the catalog (docs/design.md, "Summation orders")
 
 
-def expected_calls(t: Target, width: int | None = None) -> int:
-    return calls_per_round(t, width) * ROUNDS
+def expected_calls(t: Target, width: int | None = None, rows: int = 1) -> int:
+    """Matmul calls the probe is expected to take: ROUNDS rounds of calls_per_round, or with
+    ``rows`` > 1 (spread) of 2(K - 1) pairs in the widest group spread_plan would take."""
+    if rows == 1:
+        return calls_per_round(t, width) * ROUNDS
+    chunk, width = chunk_size(t.dtype), width or widths(t)[0]
+    best = max((c / -(-max(1, -(-(t.k - c - 1) // (chunk - c - 1))) // (rows - 1)), c)
+               for c in range(1, min(width, chunk - 3) + 1))
+    return -(-2 * (t.k - 1) * ROUNDS // int(best[0]))
+
+
+def spread_rows(t: Target) -> int:
+    """Rows (columns, by rows) of the other operand, from the entry's on, that a probe spreads
+    k's pieces over (Prober._spread); 1 where it reads k in one piece (not fp16 or bf16, or K
+    within a chunk), for an mv, or where too few rows are there to take fewer calls."""
+    if t.case.op == "mv" or t.form == "2d" or len(chunks(t.k, chunk_size(t.dtype))) < 2:
+        return 1
+    rows, w = (t.cols - t.col) if t.by_rows else (t.rows - t.row), widths(t)[0]
+    return rows if rows >= 3 and expected_calls(t, w, rows) < expected_calls(t, w) else 1
 
 
 def fuse_calls(t: Target, tree, width: int) -> int:
@@ -622,14 +755,18 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
     can hide the difference from the replay."""
     t0 = time.perf_counter()
     calls, why, axis = 0, None, "rows" if t.by_rows else "columns"
-    for w in widths(t):
-        if calls + expected_calls(t, w) > max_calls:
-            beyond = f"the next width ({w}) needs about {expected_calls(t, w)} calls, beyond {max_calls}"
+    other = "columns" if t.by_rows else "rows"
+    spread = spread_rows(t)  # first all of k's pieces in one call; where the rows disagree, as before
+    tries = [(w, 1) for w in widths(t)]
+    for w, rows in ([(tries[0][0], spread)] if spread > 1 else []) + tries:
+        expected = expected_calls(t, w, rows)
+        if calls + expected > max_calls:
+            beyond = f"the next width ({w}) needs about {expected} calls, beyond {max_calls}"
             why = f"{why}; {beyond}" if why else beyond
             break
-        p = Prober(t, w)
-        where = f"probes in {w} {axis}"
-        tick = progress and (lambda n, before=calls, w=w: progress(before + n, before + expected_calls(t, w)))
+        p = Prober(t, w, rows)
+        where = f"probes in {w} {axis}" + (f", k's pieces in {rows} {other}" if rows > 1 else "")
+        tick = progress and (lambda n, before=calls, e=expected: progress(before + n, before + e))
         measured = lambda pairs, within, p=p: p.counts(pairs, within, tick)  # noqa: E731
         try:
             out = tree_from_pairs(measured, t.k)
@@ -647,15 +784,16 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
             del p
             continue
         # on the probe's own operands (each width has its own); its calls are not probe calls
-        out.verified = replay(t, out.tree, width=w, prober=p) if verify else None
+        used = p.used if rows > 1 else w  # a spread group is narrower than the width
+        out.verified = replay(t, out.tree, width=used, prober=p) if verify else None
         calls += p.calls
         del p  # one set of operands at a time (Target.bytes_needed)
         if verify and out.verified["matched"] != out.verified["draws"]:
             why = (f"the replay matched {out.verified['matched']} of {out.verified['draws']} draws "
                    f"(first mismatch {out.verified['first_mismatch']}; {where})")
             continue
-        out.calls, out.seconds, out.width = calls, time.perf_counter() - t0, w
-        out.notes.append(f"probes in the first {w} {axis}")
+        out.calls, out.seconds, out.width = calls, time.perf_counter() - t0, used
+        out.notes.append(f"probes in the first {used} {axis}" + (f", k's pieces in {rows} {other}" if rows > 1 else ""))
         return out
     exc = NotRevealed(why or "no probe width fits the call budget")
     exc.calls = calls
