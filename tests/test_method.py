@@ -103,11 +103,11 @@ def test_the_environment_records_the_method():
 # ---------------------------------------------------------------------------- judging
 
 
-def test_the_committed_history_reads_its_method_changes_as_notes_not_flags(monkeypatch):
+def test_the_committed_history_reads_its_method_changes_as_notes_not_flags(monkeypatch, committed_results):
     """At b505477 the committed history held 30 kernel flags (intel-xeon-amx-2c-32d676,
     0f15837e -> 341f96ba -> 72056fb1) and 2 failing order flags (amd-epyc-avx512-2c-ba0ecb,
     9cc27615 -> d8ed3b76), all this project's own method changes."""
-    hist = history.read_history(ROOT / "results")
+    hist = history.read_history(committed_results)
     now = summary.summarise(hist)
     assert not [f for f in now.flags if f.kind in ("kernel", "order")]
     notes = "\n".join(now.method_notes)
@@ -115,7 +115,7 @@ def test_the_committed_history_reads_its_method_changes_as_notes_not_flags(monke
     assert "intel-xeon-amx-2c-32d676: kernel_id: method 3 -> 4 between 341f96ba and 72056fb1" in notes
     assert "amd-epyc-avx512-2c-ba0ecb: order_id: method 1 -> 2 between 9cc27615 and d8ed3b76" in notes
     monkeypatch.setattr(series, "METHOD_CHANGES", ())  # every result one method: the flags as they were
-    before = summary.summarise(history.read_history(ROOT / "results"))
+    before = summary.summarise(history.read_history(committed_results))
     kinds = [f.kind for f in before.flags]
     assert (kinds.count("kernel"), kinds.count("order")) == (30, 2)
     assert all("benchmark code changed" in n for n in before.method_notes)  # asv's own versions still part runs
