@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--compare", action="store_true")
     ap.add_argument("--slices", action="store_true")
     a = ap.parse_args()
-    total, worst, memo, one_memo, spread_rows = 0.0, 0.0, {}, {}, order.spread_rows
+    total, worst, memo, one_memo, spread_rows, one_total = 0.0, 0.0, {}, {}, order.spread_rows, 0.0
     print(f"{'case':<36} {'dtype':<9} {'K':>6} {'N':>6} {'calls':>5} {'2K/N+64':>7} {'bound':>6} {'s':>6}  "
           + ("one row: calls, s, same tree  " if a.compare else "") + "order")
     for c in a.cases.split(","):
@@ -59,10 +59,12 @@ def main() -> int:
                     o, os_ = probe(t, one_memo)
                 finally:
                     order.spread_rows = spread_rows
+                one_total += os_
                 one = f"{o['calls']:>5} {os_:>6.1f} {'same' if o['order_id'] == got['order_id'] else 'DIFFERENT'}  "
             print(f"{t.label:<36} {dtype:<9} {t.k:>6} {t.width:>6} {got['calls']:>5} {target:>7} {bound:>6} {s:>6.1f}  "
                   f"{one}{words[:90]}", flush=True)
-    print(f"total {total:.1f} s; slowest {worst:.1f} s (target under 60 s each); "
+    print(f"total {total:.1f} s" + (f" (one row: {one_total:.1f} s)" if a.compare else "") +
+          f"; slowest {worst:.1f} s (target under 60 s each); "
           f"chunk sizes: fp16 {order.chunk_size('float16')}, bf16 {order.chunk_size('bfloat16')}")
     return 0
 
