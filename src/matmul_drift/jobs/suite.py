@@ -246,7 +246,8 @@ def _measure_one(c: str, p: str, d: str, root, cost: dict) -> tuple[dict, str]:
     try:
         m = measure(cases.get(c), p, d, timing=(d == "cuda"))
         cost["reference"] += m.reference_seconds
-        return track_values(m, root), "ok"
+        clock = (m.seconds or {}).get("clocks") or {}
+        return track_values(m, root), "ok" + (f"; the GPU's clocks fell while timed: {clock['why']}" if clock.get("fell") else "")
     except Unavailable as exc:
         return {"skip": str(exc)}, "skip"
     except Exception as exc:  # one broken case must not lose the others

@@ -17,7 +17,7 @@ import numpy as np
 
 from matmul_drift.core import cases, ids, numerics
 from matmul_drift.core.cases import Case, storage_dtype
-from matmul_drift.measure import environment, inputs, kernels, memory
+from matmul_drift.measure import clocks, environment, inputs, kernels, memory
 from matmul_drift.measure.reference import Reference, all_finite, exact_product
 
 SEED = 20261130  # the generator's seed: changing it changes every checksum
@@ -426,8 +426,11 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_B
     of about ``block_seconds`` (20 ms; as blocked_autorange, but never fewer
     than ``min_runs`` blocks (5), so the IQR means something, and ``min_seconds`` (0.2 s) in
     all; blocked_autorange may take one). On CUDA as
-    triton.testing.do_bench does: warm-up, an L2 flush (a 256 MiB write) before every
-    call, and CUDA events around the call alone.
+    triton.testing.do_bench does: 5 calls estimate one, then about 25 ms of warm-up and 100
+    ms of timed calls (``reps`` at least), an L2 flush (a 256 MiB write) before every call,
+    CUDA events around the call alone; also ``quantiles`` (the 0.2, 0.5 and 0.8 quantiles,
+    seconds) and ``clocks`` (clocks.verdict: the SM clock and throttle reasons before and
+    after, and whether they fell).
     """
     import torch
 
@@ -450,19 +453,32 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_B
                   f"{min_seconds} s, at the process's thread count")
     else:
         cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
-        for _ in range(3):
+
+        def timed(n: int) -> list[float]:
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            for s, e in zip(starts, ends):
+                cache.zero_()
+                s.record()
+                fn()
+                e.record()
+            torch.cuda.synchronize()
+            return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+
+        fn()
+        torch.cuda.synchronize()
+        warmup, n = clocks.counts(float(np.median(timed(clocks.ESTIMATE_CALLS))))
+        for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends):
-            cache.zero_()
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
-        per_run, method = 1, "CUDA events, L2 flushed before each call"
+        before = clocks.read(torch.cuda.current_device())  # after the warm-up: an idle GPU reads its idle clock
+        samples = timed(max(n, reps))
+        per_run, method = 1, ("CUDA events, L2 flushed before each call; about 25 ms of warm-up and 100 ms of "
+                              "calls, sized on 5 (triton.testing.do_bench)")
+        out = spread(samples, per_run, threads, method)
+        q = np.quantile(np.asarray(samples, dtype=np.float64), clocks.QUANTILES)
+        return {**out, "quantiles": [float(x) for x in q],
+                "clocks": clocks.verdict(before, clocks.read(torch.cuda.current_device()))}
     return spread(samples, per_run, threads, method)
 
 

@@ -281,6 +281,11 @@ def _seconds(s: dict | None) -> str:
         return "not timed"
     text = (f"median {s['median']:.4g} s, IQR {s['iqr']:.3g} s over {s['runs']} runs of {s['calls_per_run']} "
             f"calls, {s['threads']} threads")
+    if s.get("quantiles"):
+        text += ", quantiles 0.2/0.5/0.8 " + "/".join(f"{q:.4g}" for q in s["quantiles"]) + " s"
+    clock = s.get("clocks") or {}
+    if clock.get("fell"):
+        text += f" — CLOCKS FELL ({clock['why']})"
     return text + (" — NOISY (IQR/median > 0.1)" if s["noisy"] else "")
 
 
