@@ -135,6 +135,46 @@ def test_two_builds_that_differ_as_they_did_before_are_not_a_change(tmp_path):
     assert not _timing(_summary(tree, at=tree.commits[2], timing="suspects"))  # nothing to re-measure
 
 
+def _envs_record(tree: F.Tree, ci: int, ratios: list[float]) -> None:
+    """A confirmed re-measurement of the builds' pair at commit ``ci`` (env 0 -> env 1), combination I."""
+    check = {"benchmark": F.TIME, "params": tree.combos[I], "factor": 1.1, "slower": True, "verdict": "confirmed",
+             "ratios": ratios, "rounds": len(ratios),
+             "before": {"commit": tree.commits[ci], "env": tree.env_names[0]},
+             "after": {"commit": tree.commits[ci], "env": tree.env_names[1]}}
+    path = tree.root / "confirm" / tree.machine / f"{tree.commits[ci][:8]}-x.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": 1, "machine": tree.machine, "checks": [check]}))
+
+
+def test_two_unchanged_builds_that_part_under_load_are_the_machine_not_torch(tmp_path):
+    """The busy-core run: at the second commit torch 2.14.1 reads 2.1x slower than 2.13.0, and a
+    re-measurement under the same load confirms it (one build bears a busy core worse), though
+    neither build changed since the first commit, where they did not differ: a note, not a flag.
+    Where 2.14.1's environment did change (another MKL_CBWR), the same evidence is a flag."""
+    adjust = lambda ci, ei, d: ci == 1 and ei == 1 and _time(d, I, 2.1)  # noqa: E731
+    tree = F.write_tree(tmp_path / "results", n_commits=2, adjust=adjust)
+    _envs_record(tree, 1, [1.31, 2.37, 2.05])
+    s = _summary(tree)
+    assert not _timing(s), [f.detail for f in _timing(s)]
+    assert s.timing_notes == [  # 2.14.1 across the commits too: one environment
+        "synthetic: 1 timing difference in one recorded environment (this machine's own variation)",
+        "synthetic: 1 timing difference between two builds that did not change since the commit before, where "
+        "they did not differ (this machine's conditions)"]
+    assert not _timing(_summary(tree, timing="suspects"))  # nothing for the main job to re-measure
+
+    cat = tmp_path / "changed" / "results" / "catalog"
+
+    def changed(ci, ei, d):
+        if ci == 1 and ei == 1:
+            F.set_env(d, cat, "2.14.1", env_vars={"MKL_CBWR": "AVX2"})
+            _time(d, I, 2.1)
+    tree = F.write_tree(tmp_path / "changed" / "results", n_commits=2, adjust=changed)
+    _envs_record(tree, 1, [1.31, 2.37, 2.05])
+    (f,) = _timing(_summary(tree))
+    assert (f.across, f.after.commit) == ("envs", tree.commits[1])
+    assert f.detail.endswith("re-measured 3 times interleaved: 2.05x slower (range 1.31-2.37)"), f.detail
+
+
 # ---------------------------------------------------------------------------- the re-measurement
 
 

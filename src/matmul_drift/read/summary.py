@@ -535,6 +535,12 @@ class _Judge:
             # project's code can have moved, and neither is worth an alarm
             self._timing_note(pair.machine, "in one recorded environment (this machine's own variation)")
             return None
+        if pair.across == "envs" and self._builds_as_before(pair, ctx, i, slower):
+            # neither build changed since a commit where they did not differ: a re-measurement
+            # now reproduces the machine's load on two builds that bear it unlike, not torch
+            self._timing_note(pair.machine, "between two builds that did not change since the commit before, "
+                                            "where they did not differ (this machine's conditions)")
+            return None
         rec = self.h.confirmations.get(confirmation_key(pair.after.machine, ctx.name, params, pair.before, pair.after))
         if rec is not None:
             if self.o.timing == "suspects":
@@ -571,7 +577,9 @@ class _Judge:
         eb, ea = (self.h.catalog.get("env", e) for e in (env_b, env_a))
         if not isinstance(eb, dict) or not isinstance(ea, dict):
             return False
-        fb, fa = (flatten({k: v for k, v in e.items() if k != "method"}) for e in (eb, ea))
+        if "env_vars" in eb and "env_vars" in ea and (eb["env_vars"] or {}) != (ea["env_vars"] or {}):
+            return False  # a variable set on one side only is a setting changed, not a key recorded anew
+        fb, fa = (flatten({k: v for k, v in e.items() if k not in ("method", "env_vars")}) for e in (eb, ea))
         return all(fb[k] == fa[k] for k in fb.keys() & fa.keys())
 
     def _beyond(self, ratio: float, slower: bool) -> bool:
@@ -595,7 +603,7 @@ class _Judge:
             nxt = self._same_builds(pair, ctx, i, +1)
             if nxt is None:
                 return None
-            ratio, run = nxt
+            ratio, run, _ = nxt
             return (f"held at the next commit: {self._factor(ratio)} at {run.commit[:8]}"
                     if self._beyond(ratio, slower) else False)
         chain = pair.chain
@@ -612,8 +620,8 @@ class _Judge:
                 if self._beyond(ratio, slower) else False)
 
     def _same_builds(self, pair: Pair, ctx: _Ctx, i: int, step: int):
-        """(after/before ratio, the after run) of the same two environments at the commit before
-        (``step`` -1) or after (+1) on this hardware, for the combination; None where none."""
+        """(after/before ratio, the after run, the before run) of the same two environments at the
+        commit before (``step`` -1) or after (+1) on this hardware, for the combination; None where none."""
         runs = [r for r in self.h.runs.get(pair.after.machine, []) if hardware_key(r) == hardware_key(pair.after)]
         ranks = sorted({r.rank for r in runs if (r.rank - pair.after.rank) * step > 0}, reverse=step < 0)
         for rank in ranks:
@@ -623,8 +631,18 @@ class _Judge:
                 continue
             vb, va = self._value(b, ctx, i), self._value(a, ctx, i)
             if math.isfinite(vb) and math.isfinite(va) and vb > 0:
-                return va / vb, a
+                return va / vb, a, b
         return None
+
+    def _builds_as_before(self, pair: Pair, ctx: _Ctx, i: int, slower: bool) -> bool:
+        """Whether both builds recorded the environments they had at the commit before (env-ids
+        alike, side by side) and did not differ there beyond the factor."""
+        prev = self._same_builds(pair, ctx, i, -1)
+        if prev is None or self._beyond(prev[0], slower):
+            return False
+        _, a, b = prev
+        return all(self._env_same(self._value(old, ctx, i, "env-id"), self._value(new, ctx, i, "env-id"))
+                   for old, new in ((b, pair.before), (a, pair.after)))
 
     @staticmethod
     def _factor(ratio: float) -> str:
