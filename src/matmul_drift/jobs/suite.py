@@ -431,8 +431,11 @@ def _stored_fixes(todo: list[str], out: dict, record, root, log) -> dict[str, tu
                   file=log, flush=True)
             continue
         names = reuse.removers(entry)
-        if names and entry.get("device") == k.split("|")[2]:
-            held[k] = (rec["fix_id"], names, sorted(entry.get("drifts", [])))
+        if not names or entry.get("device") != k.split("|")[2]:
+            print(f"fixes of {k}: measured afresh: {record[0][:8]} recorded no fix that removes its drifts on "
+                  f"{k.split('|')[2]}", file=log, flush=True)
+            continue
+        held[k] = (rec["fix_id"], names, sorted(entry.get("drifts", [])))
     return held
 
 

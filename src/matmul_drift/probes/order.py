@@ -642,6 +642,12 @@ class Prober:
         return y.double().cpu().numpy()
 
 
+def group_calls(free: int, room: int, rows: int) -> int:
+    """Matmul calls of one spread group: its ``free`` leaves (outside S) in pieces of ``room``,
+    ``rows`` - 1 pieces a call (row 0 holds S), at least one call."""
+    return max(1, -(-(-(-free // room)) // (rows - 1)))
+
+
 def spread_plan(pairs: list[tuple[int, int]], masks: list[np.ndarray], chunk: int, rows: int):
     """How many of ``pairs`` (their leaves: ``masks`` over k) one spread group takes, and the
     pieces (arrays of k) of its leaves outside S that the rows hold: the size that reads the most
@@ -659,8 +665,7 @@ def spread_plan(pairs: list[tuple[int, int]], masks: list[np.ndarray], chunk: in
         room = chunk - s_size
         if room < 1:
             break
-        pieces = -(-(int(union.sum()) - int((union & in_s).sum())) // room)
-        rate = (c + 1) / max(1, -(-pieces // (rows - 1)))
+        rate = (c + 1) / group_calls(int(union.sum()) - int((union & in_s).sum()), room, rows)
         if rate >= best[0]:
             best = (rate, c + 1)
     size = best[1]
@@ -695,8 +700,7 @@ def expected_calls(t: Target, width: int | None = None, rows: int = 1) -> int:
     if rows == 1:
         return calls_per_round(t, width) * ROUNDS
     chunk, width = chunk_size(t.dtype), width or widths(t)[0]
-    best = max((c / -(-max(1, -(-(t.k - c - 1) // (chunk - c - 1))) // (rows - 1)), c)
-               for c in range(1, min(width, chunk - 3) + 1))
+    best = max((c / group_calls(t.k - c - 1, chunk - c - 1, rows), c) for c in range(1, min(width, chunk - 3) + 1))
     return -(-2 * (t.k - 1) * ROUNDS // int(best[0]))
 
 

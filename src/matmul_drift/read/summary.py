@@ -535,7 +535,8 @@ class _Judge:
             # project's code can have moved, and neither is worth an alarm
             self._timing_note(pair.machine, "in one recorded environment (this machine's own variation)")
             return None
-        if pair.across == "envs" and self._builds_as_before(pair, ctx, i, slower):
+        prev = self._same_builds(pair, ctx, i, -1) if pair.across == "envs" else None
+        if prev is not None and not self._beyond(prev[0], slower) and self._builds_unchanged(prev, pair, ctx, i):
             # neither build changed since a commit where they did not differ: a re-measurement
             # now reproduces the machine's load on two builds that bear it unlike, not torch
             self._timing_note(pair.machine, "between two builds that did not change since the commit before, "
@@ -549,11 +550,9 @@ class _Judge:
                 return confirmed_text(rec)
             self._timing_note(pair.machine, "re-measured and not confirmed (noise)")
             return None
-        if pair.across == "envs":
-            prev = self._same_builds(pair, ctx, i, -1)
-            if prev is not None and self._beyond(prev[0], slower):
-                self._timing_note(pair.machine, "between two builds as at the commit before (not a change)")
-                return None
+        if prev is not None and self._beyond(prev[0], slower):
+            self._timing_note(pair.machine, "between two builds as at the commit before (not a change)")
+            return None
         if self.o.timing == "suspects":
             return within
         held = self._held(pair, ctx, i, slower)
@@ -634,12 +633,9 @@ class _Judge:
                 return va / vb, a, b
         return None
 
-    def _builds_as_before(self, pair: Pair, ctx: _Ctx, i: int, slower: bool) -> bool:
-        """Whether both builds recorded the environments they had at the commit before (env-ids
-        alike, side by side) and did not differ there beyond the factor."""
-        prev = self._same_builds(pair, ctx, i, -1)
-        if prev is None or self._beyond(prev[0], slower):
-            return False
+    def _builds_unchanged(self, prev: tuple, pair: Pair, ctx: _Ctx, i: int) -> bool:
+        """Whether both builds recorded the environments they had in ``prev`` (_same_builds at the
+        commit before): env-ids alike, side by side."""
         _, a, b = prev
         return all(self._env_same(self._value(old, ctx, i, "env-id"), self._value(new, ctx, i, "env-id"))
                    for old, new in ((b, pair.before), (a, pair.after)))
