@@ -265,6 +265,32 @@ ADD_CUDA = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAF
 GEMV = [n for tag, n in kernel_names.tagged() if tag == "full" and n.startswith(("nvjet", "void splitKreduce"))][:2]
 
 
+class FakeBlas:
+    """cuBLASLt's logger API as kernels.BlasLog calls it through ctypes: the callback it sets is
+    called with bytes, as the library would, wherever a product runs with the level at Trace."""
+
+    def __init__(self):
+        self.callback, self.level, self.logged = None, 0, 0
+
+    def cublasLtLoggerSetCallback(self, callback):
+        self.callback = callback
+        return 0
+
+    def cublasLtLoggerSetLevel(self, level):
+        self.level = level
+        return 0
+
+    def matmul(self, splits: int):
+        if self.level >= 2 and self.callback:
+            self.logged += 1
+            self.callback(2, b"cublasLtMatmul", f"Adesc=[type=R_16F rows=8 cols=1 ld=8] algo=[algoId=66 "
+                                                f"numSplitsK={splits}] workSpaceSizeInBytes=0".encode())
+
+
+def recipe(splits: int) -> str:
+    return f"cuBLASLt cublasLtMatmul R_16F,?,?,? algoId=66 numSplitsK={splits} workspace=0"
+
+
 class FakeCuda:
     """torch.cuda and torch.profiler.profile as kernels.cuda_kernels uses them, for a machine
     without a GPU: every launch leaves a CPU runtime record and a device record, and a session's
@@ -295,6 +321,7 @@ class FakeCuda:
                 self.profiler = types.SimpleNamespace(kineto_results=types.SimpleNamespace(events=lambda: raw))
 
         self.Scratch, self.Profile = Scratch, Profile
+        self.blas = FakeBlas()
 
     def raw(self, name, device_type, start, end):
         return types.SimpleNamespace(name=lambda: name, device_type=lambda: device_type, start_ns=lambda: start,
@@ -307,10 +334,12 @@ class FakeCuda:
         self.device.append(self.raw(kernel, cuda, t + 1000, t + 1040))  # the GPU runs behind the host
 
     def product(self):
-        """A traced call: a GEMV and its split-K reduction; its result says which call it was."""
+        """A traced call: a GEMV and its split-K reduction; its result says which call it was,
+        and so does its cuBLASLt recipe (split-K in as many parts as calls so far)."""
         self.calls += 1
         for name in GEMV:
             self.launch("aten::mv", name)
+        self.blas.matmul(self.calls)
         return self.calls
 
     def install(self, monkeypatch):
@@ -322,6 +351,7 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
         monkeypatch.setattr(torch.profiler, "profile", self.Profile)
         monkeypatch.setattr(kernels, "_SENTINELS", [])
+        monkeypatch.setattr(kernels, "_BLAS_LOG", [kernels.BlasLog({"lt": self.blas, "blas": None})])
         monkeypatch.setattr(kernels.atexit, "register", lambda fn: None)
 
 
@@ -337,7 +367,8 @@ def test_cuda_kernels_gives_each_calls_own_kernels_from_torch_shaped_records(mon
     fake.install(monkeypatch)
     for i in range(40):
         result, names = kernels.cuda_kernels(fake.product)
-        assert names == [kernels.normalise_cuda(n) for n in GEMV] and result == fake.calls, (i, names)
+        assert names == [kernels.normalise_cuda(n) for n in GEMV] + [recipe(result)] and result == fake.calls, (i, names)
+    assert fake.blas.logged == fake.calls and fake.blas.level == 0  # each call logged once, logging off after
     s = kernels._SENTINELS[0]
     assert s.marks == (kernels.normalise_cuda(SPIN_CUDA), kernels.normalise_cuda(ADD_CUDA))
     assert s.marks[0] == "at::cuda::(anonymous namespace)::spin_kernel" and s.failed == 0 and s.lost[0] >= 40

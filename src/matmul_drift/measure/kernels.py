@@ -380,36 +380,170 @@ def _report_at_exit() -> None:
         pass
 
 
+# cuBLASLt's and cuBLAS's loggers (their documented C API), each library as it is loaded in
+# this process; unverified on a GPU until the GPU check runs it (docs/measurements.md)
+_LT_LEVELS = {1: "Error", 2: "Trace", 3: "Hints", 4: "Info", 5: "Api"}
+_LT_TRACE = 2  # calls that launch kernels, with their parameters
+
+
+def loaded_library(prefix: str, maps: str = "/proc/self/maps") -> str | None:
+    """The path of the shared library this process has loaded whose file name starts with
+    ``prefix`` (``libcublasLt.so``), or None."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
+                if os.path.basename(path).startswith(prefix):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+class BlasLog:
+    """What cuBLASLt (``lt``) and cuBLAS (``blas``) log about the calls made inside
+    ``logging()``, through callbacks in this process; both loggers are off outside it, so
+    timed calls pay nothing. ``libs`` maps "lt" and "blas" to a loaded library (ctypes.CDLL)
+    or None; ``notes`` says what could not be set up."""
+
+    def __init__(self, libs: dict):
+        self.lt, self.blas = libs.get("lt"), libs.get("blas")
+        self.on = False
+        self.lt_text: list[str] = []
+        self.legacy_text: list[str] = []
+        self.notes: list[str] = []
+        # kept on self: ctypes frees a callback nothing refers to, and the library would call freed memory
+        self._lt_cb = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p)(self._on_lt)
+        self._blas_cb = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(self._on_blas)
+        if self.lt is not None and self._status(self.lt, "cublasLtLoggerSetCallback", self._lt_cb):
+            self.lt = None
+        if self.blas is not None and self._status(self.blas, "cublasSetLoggerCallback", self._blas_cb):
+            self.blas = None
+
+    def _status(self, lib, name: str, *args) -> str | None:
+        """None where ``lib.name(*args)`` returned 0 (CUBLAS_STATUS_SUCCESS); else a note, kept."""
+        try:
+            rc = getattr(lib, name)(*args)
+        except (AttributeError, OSError) as exc:
+            rc = exc
+        if rc == 0:
+            return None
+        self.notes.append(f"{name}: {rc}")
+        return self.notes[-1]
+
+    def _on_lt(self, level: int, function: bytes, message: bytes) -> None:
+        if self.on:  # as a line of its log file, less time and pid (core/blaslog.py reads both)
+            self.lt_text.append(f"[cublasLt][][{_LT_LEVELS.get(level, level)}][{(function or b'').decode()}] "
+                                f"{(message or b'').decode('utf-8', 'replace')}")
+
+    def _on_blas(self, message: bytes) -> None:
+        if self.on:
+            self.legacy_text.append((message or b"").decode("utf-8", "replace"))
+
+    @contextmanager
+    def logging(self):
+        """Both loggers on for the block, their text collected afresh."""
+        self.lt_text.clear()
+        self.legacy_text.clear()
+        self.on = True
+        if self.lt is not None:
+            self.lt.cublasLtLoggerSetLevel(_LT_TRACE)
+        if self.blas is not None:
+            self.blas.cublasLoggerConfigure(1, 0, 0, None)
+        try:
+            yield self
+        finally:
+            if self.lt is not None:
+                self.lt.cublasLtLoggerSetLevel(0)
+            if self.blas is not None:
+                self.blas.cublasLoggerConfigure(0, 0, 0, None)
+            self.on = False
+
+    def recipes(self, stdout_text: str = "") -> list[str]:
+        """The recipe lines of the last ``logging()`` block. A library that printed its log to
+        stdout rather than to the callback (captured as ``stdout_text``) is read there."""
+        from matmul_drift.core import blaslog
+
+        lt = "\n".join(self.lt_text) or stdout_text
+        legacy = "\n".join(self.legacy_text) or stdout_text
+        return blaslog.recipe_lines(lt, legacy)
+
+
+def _blas_log() -> BlasLog:
+    """This process's BlasLog over the cuBLASLt and cuBLAS it has loaded (a first small
+    product loads them where torch has not yet); a library not found is a note."""
+    import torch
+
+    one = torch.ones(8, 8, device="cuda")
+    (one @ one).sum().item()
+    libs = {}
+    for key, prefix in (("lt", "libcublasLt.so"), ("blas", "libcublas.so")):
+        path = loaded_library(prefix)
+        try:
+            libs[key] = ctypes.CDLL(path) if path else None
+        except OSError:
+            libs[key] = None
+    log = BlasLog(libs)
+    log.notes += [f"{prefix} not loaded" for key, prefix in (("lt", "libcublasLt"), ("blas", "libcublas"))
+                  if libs[key] is None]
+    return log
+
+
+def _cublas_lines(text: str) -> tuple[str, str]:
+    """(the cuBLAS and cuBLASLt log lines in captured stdout, the rest)."""
+    keep, rest = [], []
+    for line in text.splitlines(True):
+        (keep if "[cublasLt]" in line or line.startswith(("I! cuBLAS", "i!")) else rest).append(line)
+    return "".join(keep), "".join(rest)
+
+
 def cuda_kernels(fn) -> tuple[object, list[str]]:
-    """Run ``fn`` under torch.profiler: (its result, the device kernels it launched, in order).
-    A try whose records are not whole (``Sentinels``) runs ``fn`` again: the result and the
-    kernels returned come from the same call. ProfilerLost where no try was whole."""
+    """Run ``fn`` under torch.profiler: (its result, the device kernels it launched, in order,
+    then the cuBLAS and cuBLASLt recipes its call logged: core/blaslog.py). A try whose records
+    are not whole (``Sentinels``) runs ``fn`` again: the result, the kernels and the recipes
+    returned come from the same call. ProfilerLost where no try was whole."""
     import torch
     from torch.profiler import ProfilerActivity
 
     box: list = []
+    recipes: list[str] = []
     scratch = torch.empty(1, dtype=torch.uint8, device="cuda")
+    if not _BLAS_LOG:
+        _BLAS_LOG.append(_blas_log())
+        for note in _BLAS_LOG[0].notes:
+            print(f"matmul-drift: note: no cuBLAS recipes in kernel lists: {note}", file=sys.stderr)
+    log = _BLAS_LOG[0]
 
     def record(pad: tuple[int, int], call=True) -> list[str]:
-        box.clear()  # a retry holds one result at a time
+        box.clear()  # a retry holds one result and its recipes at a time
+        recipes.clear()
         torch.cuda.synchronize()
-        with captured_fds((2,)) as err:
+        # stdout too: a library that prints its log there must not reach a --json report
+        with captured_fds((1, 2)) as out:
             with profiled(ProfilerActivity.CPU, ProfilerActivity.CUDA) as prof:
                 for _ in range(pad[0]):
                     torch.cuda._sleep(SPIN_CYCLES)
                 if call:
-                    box.append(fn())
+                    with log.logging():
+                        box.append(fn())
                 for _ in range(pad[1]):
                     scratch.add_(1)
                 torch.cuda.synchronize()
-        _pass_on_stderr(err[2])
+        logged, rest = _cublas_lines(out[1])
+        sys.stdout.write(rest)
+        _pass_on_stderr(out[2])
+        if call:
+            recipes.extend(log.recipes(logged))
         return device_names(session_events(prof), torch.autograd.DeviceType.CUDA)
 
     if not _SENTINELS:  # a torch without _sleep has no spin: tracing goes unchecked
         _SENTINELS.append(Sentinels(lambda pad: record(pad, call=False) if hasattr(torch.cuda, "_sleep") else []))
         atexit.register(_report_at_exit)
     names = _SENTINELS[0].kernels(record)
-    return box[0], names or ["(no kernel)"]
+    return box[0], (names or ["(no kernel)"]) + recipes
+
+
+_BLAS_LOG: list[BlasLog] = []
 
 
 def traced(fn, device: str) -> tuple[object, list[str]]:
