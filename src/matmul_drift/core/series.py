@@ -38,6 +38,7 @@ METHOD_CHANGES = (
     ("kernel_id", 2, "d9dd2c6a07c6480eb74c63f6ce6f78a6080ca81b", "oneDNN kernel names keep the operands' layout"),
     ("kernel_id", 3, "ffc0077995e3881195caa836548e1be44b69aff4", "oneDNN kernel names drop attr-fpmath"),
     ("kernel_id", 4, "8f18f719a7dfe745d133d3fc340a6bfbf629895f", "a kernel-id names the route of each slice, call by call"),
+    ("kernel_id", 5, "e4b7c26390bf85176ef8b47cd829a3e217610edc", "a CUDA kernel list takes in cuBLASLt's and cuBLAS's recipe for each call"),
     ("order_id", 2, "58b7dc6ffbc1f9de4e7944395dad7babaeb87381", "the probe tries the first tiles before the entry's column; a verified tree must replay"),
     ("order_id", 3, "c2d87faae535035d9fc782b23ae54af555b97ca4", "the replay no longer passes any tree on an fp16 or bf16 kernel"),
     ("order_id", 4, "a33612ce21c09ade9ac9b0883f6b672ab924fe69", "one tree has one order-id, however its children are written"),
