@@ -4,7 +4,8 @@
 # 3.12 on manylinux x86-64 (the image has torch, numpy, tabulate, matplotlib, tqdm), this
 # project as a wheel, and commit.json: HEAD's hash and date, which asv records the results
 # against (the tree that travels has no .git, and that machine may have no git; see
-# src/matmul_drift/asv_commit.py). Run it again after changing the project.
+# src/matmul_drift/jobs/asv_commit.py), and project.bundle: HEAD's history, which the check's
+# nights clone where git is there. Run it again after changing the project.
 #   bash scripts/fetch_gpu_wheels.sh            then carry .whl with the tree
 # WHL_DIR (default .whl) and GPU_PYTHON_VERSION (default 3.12, the image's) are for the
 # rehearsal on this machine, whose torch is for Python 3.11.
@@ -29,6 +30,8 @@ git ls-files -z -- "${TRAVEL[@]}" | xargs -0 sha256sum > "$WHL/tree.sha256"
 "$PY" -m pip wheel --quiet --no-deps --wheel-dir "$WHL" .
 # the date as asv's git reads it (rev-list --format=%at): author time, in ms
 git log -1 --format='{"commit": "%H", "date": %at000, "branch": "gpu-check"}' HEAD > "$WHL/commit.json"
+# the project's history, which the check's two nights clone (a nightly needs a git checkout)
+git bundle create --quiet "$WHL/project.bundle" HEAD
 size=$(du -sk "$WHL" | cut -f1)
 if [ "$size" -gt "$LIMIT_KIB" ]; then
   echo "fetch_gpu_wheels: error: $WHL holds $size KiB, more than $LIMIT_KIB KiB" >&2

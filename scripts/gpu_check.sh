@@ -5,17 +5,20 @@
 #   python scripts/import_gpu_check.py OUT/gpu-check.tar.gz   here: into results/
 # It installs asv and the project from .whl/ only (pip --no-index) into a venv that sees the
 # image's torch, which is the build under test whatever its version; explains the seed in
-# fp16, runs the CUDA suite through asv, tries the fixes of the seed and of a
-# batch-invariance case in bf16, reveals the summation orders of the seed's 45999 and 46000
-# columns in fp16 and of batch-invariance in bf16 (full and A[:1]), and scans the seed's
-# columns. Every step has a timeout (together 8 min) and prints its time, and the archive is
+# fp16 (its 45999 and 46000 columns against each other, with cuBLAS's recipes), runs the
+# CUDA suite through asv, runs the nightly path itself for two nights on the seed with its
+# order probe and fix finder (the second with one cuBLAS setting changed), tries the fixes
+# of a batch-invariance case in bf16, reveals the summation orders of the seed's 45999 and
+# 46000 columns in fp16 and of batch-invariance in bf16 (full and A[:1]), and scans the
+# seed's columns. Every step has a timeout (together under 8 min) and prints its time, and the archive is
 # packed again after each, so a check stopped from outside keeps what it finished. The whole
-# check ends by its deadline (GPU_CHECK_SECONDS, 570 s: run it under a limit of 600 s), whatever
+# check ends by its deadline (GPU_CHECK_SECONDS, 480 s: run it under a limit of 600 s), whatever
 # the commands between the steps take: a step cut short by it says so, one with no time left is
 # not started, and the summary is still written. After a failed install no later step starts
 # (each would fail at its import), and the summary says the archive will not import. OUT receives three
 # files: gpu-check.tar.gz (asv results, catalog entries, explain, fixes, order trees, scan
-# output, torch's build and on CUDA the GPU memory a CUDA context takes), summary.txt and log.txt.
+# output, the second night's summary and both nights' log, torch's build and on CUDA the GPU
+# memory a CUDA context takes), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR [--rehearse]}
@@ -36,7 +39,7 @@ PY=${PYTHON:-python3}
 STEPS=$PACK/steps.txt
 : > "$STEPS"
 failed=0
-DEADLINE=${GPU_CHECK_SECONDS:-570}
+DEADLINE=${GPU_CHECK_SECONDS:-480}
 RESERVE=15  # kept for the summary at the end
 # capped SECONDS: SECONDS, or less where the deadline (less the summary's reserve) comes first; at least 1
 capped() {
@@ -93,6 +96,8 @@ if [ "$MODE" = --rehearse ]; then
   DENSE=(--vary n --range 44:47 --within 48 --m 1 --k 64 --dtype float16 --device cpu --step 1)
   ORDERS=("seed-47-float16:--m 1 --k 64 --n 47 --dtype float16" "seed-48-float16:--m 1 --k 64 --n 48 --dtype float16"
           "batch-bfloat16:--m 16 --k 64 --n 48 --dtype bfloat16" "batch-m1-bfloat16:--m 1 --k 64 --n 48 --dtype bfloat16")
+  # the nights' stand-in for a cuBLAS setting: MKL's, which names itself in MKL's kernel names
+  NIGHT_CASES=square NIGHT_PRECISIONS=float32 NIGHT_SETTING=MKL_CBWR=COMPATIBLE
 else
   # long-k is left to the nightly: drawing its 2^30 input entries alone takes most of a minute
   DEVICE=cuda CASES=seed,skinny,batch-invariance-2,bmm,slice-n-view,slice-n-copy,linear,square EXPLAIN=(--case seed --slice-n 45999 --dtype float16 --device cuda)
@@ -101,6 +106,10 @@ else
   # the dense sweep in the seed's own layout: slices of a v 51000 columns wide (the row stride
   # picks the kernel: on the H200 a 46010-wide v ran gemv at 46000, a 52000-wide one nvjet)
   DENSE=(--vary n --range 45990:46010 --within 51000 --m 1 --k 4096 --dtype float16 --device cuda --step 1)
+  # the nights: the seed with its order probe and fix finder; the second night without
+  # cuBLAS's workspace (NVIDIA's documented setting for reproducible results), which its
+  # summary must flag wherever it changed a kernel, its recipe or the bits
+  NIGHT_CASES=seed NIGHT_PRECISIONS=float16 NIGHT_SETTING=CUBLAS_WORKSPACE_CONFIG=:0:0
   ORDERS=("seed-45999-float16:--case seed --slice-n 45999 --dtype float16"
           "seed-46000-float16:--case seed --slice-n 46000 --dtype float16"
           "batch-invariance-2-bfloat16:--case batch-invariance-2 --dtype bfloat16"
@@ -214,37 +223,74 @@ export MATMUL_DRIFT_PROFILER_NOTES=$PACK/profiler-notes.txt
 STEP_OUT=$PACK/seed-float16.json step explain 30 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --no-host-memory-check --json
 STEP_OUT=$PACK/seed-float16.txt step explain-txt 8 "$PY" -m matmul_drift.cli explain --render "$PACK/seed-float16.json"
 # The suite: one setup_cache measures the cases on this device, most telling first, and
-# starts none after 80 s (MATMUL_DRIFT_BUDGET; the rest are skipped and say so), so asv
+# starts none after 40 s (MATMUL_DRIFT_BUDGET; the rest are skipped and say so), so asv
 # finishes and writes its results within the step: asv saves them only at its end, and a
 # suite killed at its limit keeps nothing. Its fix finder (a fresh process per setting,
 # each redrawing every drifting case's inputs) and its order probe (every combination) do
-# not fit here: fix_cost, fix_id and order_id are NaN; the --try-fixes and order steps
-# stand in. asv starts its benchmark processes in process groups of their own, which a
+# not fit here: fix_cost, fix_id and order_id are NaN; the nights (the seed's), the
+# --try-fixes and the order steps stand in. asv starts its benchmark processes in process groups of their own, which a
 # timeout does not reach: they are ended after the step. asv also starts a process for each
 # of a benchmark's 108 combinations, a skipped one too (about 30 ms each on a 2-core EPYC,
 # 45 s for the 13 benchmarks): --bench names only the 40 measured here (16 s). The step's
-# 156 s then hold asv's discovery and import of torch (about 10 s here), the budget, the
-# combination running when it is spent and those 520 processes, with some 50 s to spare:
-# the GPU machine may run under gVisor, where every system call costs more.
+# 86 s then hold asv's discovery and import of torch (about 10 s here), the budget, the
+# combination running when it is spent and those 520 processes (the H200 ran it all in
+# 102 s with a budget of 80 s: 8b6c2946's steps.txt).
 BENCH=
 [ -n "$NOT_STARTED" ] || BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift.jobs import suite; print(suite.selection_regex(sys.argv[1]))' \
   'drift\.Drift\.track_\w+') ||
   { BENCH='drift\.Drift'; echo "gpu_check: warning: no selection of the suite's combinations; asv starts all 108 of each"; }
-MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_BUDGET=80 step suite 160 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
+MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_BUDGET=40 step suite 90 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench "$BENCH" --launch-method forkserver --show-stderr
 # asvrun.reap_orphans, as the nightly's: the image need not have pkill
 [ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" -c 'import sys; from pathlib import Path; from matmul_drift.jobs import asvrun
 for line in asvrun.reap_orphans(Path(sys.argv[1])): print("gpu_check:", line)' "$ROOT"
-# The fixes (a fresh process per setting): the seed's, then batch-invariance's in bf16. Each
-# process has its timeout and none starts after the budget (those rows say "not tried"), so
-# explain prints its report inside the step's limit: measuring + budget + timeout < limit. If
-# the limit's SIGTERM comes while it tries fixes, it still prints what it has at once (exit 143).
-STEP_OUT=$PACK/fixes-seed-float16.json step fixes-seed 75 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --no-host-memory-check --try-fixes \
-  --fix-timeout 20 --fix-budget 31 --json
-# batch-invariance-2's default computation (8192x4096x4096 and its exact reference) took
-# over 12 s on the H200 (8b6c2946): its process has 30 s.
-STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 80 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
-  --no-host-memory-check --try-fixes --fix-timeout 30 --fix-budget 32 --json
+# The nightly path itself, as a nightly cron job runs it: two nights (yesterday's and
+# today's, UTC) on a results branch of their own, in a clone of the project's history that
+# fetch_gpu_wheels.sh bundled (.whl/project.bundle; it needs git, which the image may lack:
+# then this step alone fails, and says so). Each night runs the suite on NIGHT_CASES with
+# the order probe and the fix finder (the seed's fixes, a fresh process per setting), commits
+# to the branch, summarises against the night before and publishes; the second night has
+# NIGHT_SETTING set. Its summary, and both nights' output with the branch's log, travel in
+# the archive (nights-summary.md, nights.txt), and the catalog entries they made with the rest.
+two_nights() {
+  local dir=$WORK/nights bundle=$WHL/project.bundle rc=0 t0=$SECONDS i night bench setting share
+  [ "${bundle#/}" != "$bundle" ] || bundle=$ROOT/$bundle
+  mkdir -p "$dir" && cd "$dir" || return 1
+  git --version > /dev/null 2>&1 || { echo "gpu_check: error: no git on this machine: the nightly path cannot run here"; return 3; }
+  git -c advice.detachedHead=false clone --quiet "$bundle" repo || return 1
+  [ "$(git -C repo rev-parse HEAD)" = "$COMMIT" ] ||
+    { echo "gpu_check: error: the bundle's HEAD is not $COMMIT: run scripts/fetch_gpu_wheels.sh again"; return 1; }
+  bench=$(MATMUL_DRIFT_CASES=$NIGHT_CASES MATMUL_DRIFT_PRECISIONS=$NIGHT_PRECISIONS "$PY" -c \
+    'import sys; from matmul_drift.jobs import suite; print(suite.selection_regex(sys.argv[1]))' '\w+\.\w+\.\w+') || return 1
+  for i in 1 2; do
+    night=$(date -u -d "$((i - 2)) days" +%F)
+    setting=  # the second night's
+    [ "$i" -eq 1 ] || setting=$NIGHT_SETTING
+    share=$(((STEP_LIMIT - 4 - (SECONDS - t0)) / (3 - i)))  # an even share of what is left, the summary's 4 s kept
+    [ "$share" -ge 1 ] || share=1
+    echo "== night $i of 2, $night${setting:+, with $setting} (limit $share s)" | tee -a "$PACK/nights.txt"
+    # shellcheck disable=SC2086  # an empty setting is no word
+    env $setting MATMUL_DRIFT_CASES="$NIGHT_CASES" MATMUL_DRIFT_PRECISIONS="$NIGHT_PRECISIONS" MATMUL_DRIFT_BUDGET=20 \
+      timeout -k 2 "$share" "$PY" -m matmul_drift.cli nightly --python "$PY" --machine "$machine" --date "$night" \
+      --repo repo --tree tree --bench "$bench" --launch-method forkserver < /dev/null >> "$PACK/nights.txt" 2>&1
+    night=$?
+    [ "$night" -eq 0 ] || { rc=1; echo "gpu_check: night $i of 2: rc $night" | tee -a "$PACK/nights.txt"; }
+  done
+  git -C tree log --format='%h %ad %s' --date=short --stat >> "$PACK/nights.txt" 2>&1
+  cp tree/summaries/"$(date -u +%F)-$machine.md" "$PACK/nights-summary.md" || rc=1
+  mkdir -p "$PACK/results/catalog" && cp -rn tree/results/catalog/. "$PACK/results/catalog/"
+  return $rc
+}
+export machine PACK NIGHT_CASES NIGHT_PRECISIONS NIGHT_SETTING
+export -f two_nights
+step nights 180 two_nights
+# The fixes of batch-invariance in bf16 (a fresh process per setting). Each process has its
+# timeout and none starts after the budget (those rows say "not tried"), so explain prints its
+# report inside the step's limit: measuring + budget + timeout < limit. If the limit's SIGTERM
+# comes while it tries fixes, it still prints what it has at once (exit 143). Its default
+# computation (8192x4096x4096 and its exact reference) took over 12 s on the H200 (8b6c2946).
+STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 70 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
+  --no-host-memory-check --try-fixes --fix-timeout 25 --fix-budget 28 --json
 # The summation orders (matmul-drift order, replayed on 100 draws): one tree per file,
 # order-NAME.json. Each probe may take an equal share of the time left (of 39 s), so that a
 # slow one leaves time for the others.
@@ -264,10 +310,10 @@ reveal_orders() {
 ORDERS_TEXT=$(printf '%s\n' "${ORDERS[@]}")  # an array does not pass to the exported function
 export DEVICE PACK ORDERS_TEXT
 export -f reveal_orders
-step orders 45 reveal_orders
-step scan 25 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --no-host-memory-check --json "$PACK/scan-seed-float16.json" \
+step orders 40 reveal_orders
+step scan 15 "$PY" -m matmul_drift.cli scan "${SCAN[@]}" --no-host-memory-check --json "$PACK/scan-seed-float16.json" \
   --plot "$PACK/scan-seed-float16.png"
-step dense 25 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-check --json "$PACK/scan-seed-dense.json"
+step dense 15 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-check --json "$PACK/scan-seed-dense.json"
 
 # Three files come back: the archive (packed after every step), a one-page summary, the log.
 RESERVE=0  # the summary's own time, kept for it until now
@@ -284,6 +330,8 @@ pack
   if [ -s "$PACK/profiler-notes.txt" ]; then head -n 12 "$PACK/profiler-notes.txt"
   elif [ "$DEVICE" = cuda ]; then echo "the profiler lost no kernel record"; fi
   head -c 4000 "$PACK/seed-float16.txt" 2>/dev/null
+  # the second night against the first: what the changed setting did, as the summary flags it
+  if [ -s "$PACK/nights-summary.md" ]; then echo "== the second night (${NIGHT_SETTING}) against the first"; head -c 3000 "$PACK/nights-summary.md"; echo; fi
   # the orders, one line each: the tree in words, its replay and how its fused adds round
   [ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" - "$PACK" <<'PYEOF'
 import pathlib, sys

@@ -70,6 +70,17 @@ def image_env(base, tmp_path=None) -> dict:
             if not k.startswith(("MATMUL_DRIFT_", "PIP_CONSTRAINT")) and k not in ("PYTHONPATH", "ASV_PYTHONPATH")}
 
 
+def git_stand_in(base: Path, refuse: bool) -> Path:
+    """A folder holding a ``git`` that logs each call's folder and arguments to
+    base/git-calls.log, then fails (``refuse``) or runs the real git."""
+    folder = base / ("nogit" if refuse else "loggit")
+    folder.mkdir()
+    then = "exit 127" if refuse else f'exec {shutil.which("git")} "$@"'
+    (folder / "git").write_text(f'#!/bin/sh\necho "$(pwd -P): $1" >> {base}/git-calls.log\n{then}\n')
+    (folder / "git").chmod(0o755)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     base = tmp_path_factory.mktemp("gpu-check")
@@ -88,12 +99,8 @@ def rehearsal(tmp_path_factory):
     refused = image_env(base)
     assert subprocess.run([image, "-c", "import asv"], env=refused, capture_output=True).returncode == 1
     assert subprocess.run([image, "-c", "import matmul_drift"], env=refused, capture_output=True).returncode == 1
-    # git first on PATH fails and says so in a log: the check must not need it
-    nogit = base / "nogit"
-    nogit.mkdir()
-    (nogit / "git").write_text(f'#!/bin/sh\necho "$*" >> {base}/git-calls.log\nexit 127\n')
-    (nogit / "git").chmod(0o755)
-    refused["PATH"] = f"{nogit}:{os.environ['PATH']}"
+    # git first on PATH logs where it ran: no step but the nights may need it
+    refused["PATH"] = f"{git_stand_in(base, refuse=False)}:{os.environ['PATH']}"
     run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out), "--rehearse"], cwd=tree, env=refused,
                          capture_output=True, text=True, timeout=900)
     return base, proj, out, run, p.stdout
@@ -137,10 +144,12 @@ def test_the_fetched_commit_is_dated_as_asvs_git_dates_it(tmp_path):
 def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(rehearsal):
     base, _, out, run, _ = rehearsal
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert not (base / "git-calls.log").exists(), (base / "git-calls.log").read_text()
+    calls = (base / "git-calls.log").read_text().splitlines()
+    # the nights alone (their clone, the nightly's results branch and asv's axis), in a folder of their own
+    assert calls and all("/nights" in line.split(": ", 1)[0] for line in calls), calls[:5]
     summary = (out / "summary.txt").read_text()
     steps = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s$", summary, re.M)
-    assert [s[0] for s in steps] == ["install", "config", "explain", "explain-txt", "suite", "fixes-seed", "fixes-batch",
+    assert [s[0] for s in steps] == ["install", "config", "explain", "explain-txt", "suite", "nights", "fixes-batch",
                                       "orders", "scan", "dense"]
     assert all(rc == "0" and int(t) <= int(limit) for _, rc, t, limit in steps)
     # The real run's limits, as the script states them, sum to at most 8 minutes.
@@ -154,8 +163,28 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         torch_txt = tar.extractfile("./torch.txt").read().decode()
     assert re.fullmatch(r"torch \S+ git [0-9a-f]{12} CUDA \S+ False\n", torch_txt) and torch_txt in summary, torch_txt
+    # the two nights: the second, with MKL_CBWR=COMPATIBLE, flags what that changed, and names it
+    assert "== the second night (MKL_CBWR=COMPATIBLE) against the first" in summary
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        nights = tar.extractfile("./nights.txt").read().decode()
+        flagged = tar.extractfile("./nights-summary.md").read().decode()
+    assert len(re.findall(r"^[0-9a-f]{7,} \d{4}-\d\d-\d\d ", nights, re.M)) == 2 and "rc " not in nights, nights[-3000:]
+    row = re.search(r"^\| Drift\.track_kernel_id \| square float32 cpu \|.*$", flagged, re.M)
+    if mkl_route("MKL_CBWR=COMPATIBLE") != mkl_route():  # MKL names its CNR mode where it takes it
+        assert row and "env_vars.MKL_CBWR: none -> COMPATIBLE" in row.group(0), flagged
+    else:
+        assert row is None, flagged
     orders = re.findall(r"^order (\S+): .+; replay 100/100, fused adds .+; order-id [0-9a-f]{12}; ", summary, re.M)
     assert orders == ["batch-bfloat16", "batch-m1-bfloat16", "seed-47-float16", "seed-48-float16"], summary[-2000:]
+
+
+def mkl_route(*setting: str) -> list[str]:
+    """The kernel list of a float32 product on this CPU, in a process with ``setting`` (VAR=value)."""
+    env = {**os.environ, **dict(s.split("=", 1) for s in setting)}
+    code = ("import json, torch; from matmul_drift.measure import kernels; a = torch.ones(64, 64); "
+            "print(json.dumps(kernels.route(lambda: a @ a, 'cpu')))")
+    return json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                     check=True, timeout=120).stdout)
 
 
 def test_what_comes_back_fits_the_limits(rehearsal):
@@ -167,7 +196,7 @@ def test_what_comes_back_fits_the_limits(rehearsal):
     assert sum(p.stat().st_size for p in files) <= LIMITS["total_bytes"]
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         names = tar.getnames()
-    assert {"./seed-float16.json", "./seed-float16.txt", "./fixes-seed-float16.json", "./fixes-batch-bfloat16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./MACHINE", "./COMMIT",
+    assert {"./seed-float16.json", "./seed-float16.txt", "./nights-summary.md", "./nights.txt", "./fixes-batch-bfloat16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./MACHINE", "./COMMIT",
             "./order-seed-47-float16.json", "./order-seed-48-float16.json", "./order-batch-bfloat16.json",
             "./order-batch-m1-bfloat16.json", "./torch.txt"} <= set(names)
     assert any(n.startswith("./results/asv/") and n.endswith(".json") and "machine" not in n for n in names)
@@ -183,17 +212,20 @@ def test_the_real_runs_steps_fail_here_for_want_of_the_gpu_alone(rehearsal, tmp_
         pytest.skip("a GPU is here: the real check would run")
     base, _, _, _, _ = rehearsal
     out = tmp_path / "out"
-    run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out)], cwd=base / "tree", env=image_env(base, tmp_path),
+    env = image_env(base, tmp_path)
+    env["PATH"] = f"{git_stand_in(tmp_path, refuse=True)}:{env['PATH']}"  # and an image without git
+    run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out)], cwd=base / "tree", env=env,
                          capture_output=True,
                          text=True, timeout=600)
     log = (out / "log.txt").read_text()
     steps = dict(re.findall(r"^(\S+)\s+rc\s+(\d+)\s", (out / "summary.txt").read_text(), re.M))
     assert run.returncode == 1 and steps == {
-        "install": "0", "config": "0", "explain": "2", "explain-txt": "2", "suite": "0", "fixes-seed": "2",
+        "install": "0", "config": "0", "explain": "2", "explain-txt": "2", "suite": "0", "nights": "3",
         "fixes-batch": "2", "orders": "1", "scan": "2", "dense": "2"}, log[-3000:]
     errors = re.findall(r"^matmul-drift(?: scan)?: error: (.*)$", log, re.M)
-    assert errors.count("cuda requested but no CUDA GPU is available") == 9, errors  # 3 explains, 4 orders, 2 scans
-    assert len(errors) == 10 and "not an explain report" in errors[1], errors  # explain-txt: the answer is missing
+    assert errors.count("cuda requested but no CUDA GPU is available") == 8, errors  # 2 explains, 4 orders, 2 scans
+    assert len(errors) == 9 and "not an explain report" in errors[1], errors  # explain-txt: the answer is missing
+    assert "gpu_check: error: no git on this machine: the nightly path cannot run here" in log
     assert "Traceback" not in log and "usage:" not in log
     assert "CUDA context" not in log  # measured where torch has a GPU alone
     # only the 40 combinations measured there start a process (the others would say "not measured")
@@ -254,7 +286,7 @@ def test_the_check_ends_by_its_deadline_whatever_runs_between_its_steps(rehearsa
     log = (out / "log.txt").read_text()
     assert run.returncode == 1 and took < 45 + 10, (took, log[-3000:])  # the whole rehearsal takes about a minute
     lines = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s(.*)$", (out / "summary.txt").read_text(), re.M)
-    assert [line[0] for line in lines] == ["install", "config", "explain", "explain-txt", "suite", "fixes-seed",
+    assert [line[0] for line in lines] == ["install", "config", "explain", "explain-txt", "suite", "nights",
                                            "fixes-batch", "orders", "scan", "dense"], log[-3000:]
     skipped = [name for name, rc, _, _, rest in lines if rest.strip() == "not started: deadline" and rc == "124"]
     assert skipped and skipped == [line[0] for line in lines[-len(skipped):]], lines  # the last ones, none before
@@ -296,8 +328,9 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
     # what the check wrote beside its archive: the step times, the driver, the whole log
     assert (imported / "summary.txt").read_bytes() == (out / "summary.txt").read_bytes()
     assert (imported / "log.txt").read_bytes() == (out / "log.txt").read_bytes()
-    doc = json.loads((imported / "fixes-seed-float16.json").read_text())
-    assert doc["dtype"] == "float16" and "drifts" in doc["fixes"]  # --try-fixes ran on the seed's stand-in
+    doc = json.loads((imported / "fixes-batch-bfloat16.json").read_text())
+    assert doc["dtype"] == "bfloat16" and "drifts" in doc["fixes"]  # --try-fixes ran on batch-invariance's stand-in
+    assert (imported / "nights-summary.md").read_bytes() == _member(out / "gpu-check.tar.gz", "./nights-summary.md")
     for name in ("seed-47-float16", "seed-48-float16", "batch-bfloat16", "batch-m1-bfloat16"):  # the order trees
         o = json.loads((results / "gpu-check" / machine / runs[0].commit[:8] / f"order-{name}.json").read_text())
         assert o["verified"]["matched"] == 100 and sorted(trees.leaves(o["tree"])) == list(range(o["k"]))
@@ -305,6 +338,11 @@ def test_the_archive_imports_into_results_like_any_machine(rehearsal, tmp_path):
     # Imported twice: the same files, nothing refused, nothing written again.
     again = gpucheck.import_archive(out / "gpu-check.tar.gz", results)
     assert again.written == [] and not again.warnings
+
+
+def _member(archive: Path, name: str) -> bytes:
+    with tarfile.open(archive) as tar:
+        return tar.extractfile(name).read()
 
 
 def _tree(folder: Path) -> dict:
@@ -713,7 +751,7 @@ def test_a_failed_install_starts_no_later_step_and_still_writes_its_summary(tmp_
     summary = (out / "summary.txt").read_text()
     lines = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s(.*)$", summary, re.M)
     assert run.returncode == 1 and [line[0] for line in lines] == [
-        "install", "config", "explain", "explain-txt", "suite", "fixes-seed", "fixes-batch", "orders", "scan", "dense"], log
+        "install", "config", "explain", "explain-txt", "suite", "nights", "fixes-batch", "orders", "scan", "dense"], log
     assert lines[0][1] != "0" and all(rest.strip() == "not started: install failed" and (rc, t) == ("124", "0")
                                       for _, rc, t, _, rest in lines[1:]), lines
     assert "Traceback" not in log and "No module named" not in log, log
