@@ -19,6 +19,7 @@ COMMANDS = {
            "then the site and what changed",
     "explain": "measure one shape: error, slice drift, kernels, verdict",
     "scan": "vary one dimension: where do the kernels or the drift change?",
+    "map": "the batch-invariance map: which batch sizes M give the same bits?",
     "order": "reveal in which order the kernel adds the K products of an entry",
     "summary": "flag kernel, accuracy and timing changes in asv history",
     "nightly": "one night on one machine (or --merge): asv run, summary, site",

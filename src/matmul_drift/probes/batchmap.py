@@ -1,0 +1,324 @@
+"""The search behind `matmul-drift map`: which batch sizes give the same bits?
+
+For every M of a range it states three things of ``A[:M] @ B``: whether its row 0 is the
+bits of ``A[:1] @ B`` (``row0``), whether its rows are the bits of the same rows of the full
+product ``A[:M_full] @ B`` (``rows``; M_full is the range's top, or the case's M), and the
+kernel-id that ran. A point is measure/batchpoint.py's plain dict: ``size``, ``kernel_id``,
+``kernels`` and ``row0_``/``rows_`` ``max_ulp``, ``frac_differ`` and ``max_u``.
+
+It measures only some M: scan's alignment-class search (probes/scan.py) runs on the state
+(kernel-id, row 0 invariant?, rows invariant?), so every M is stated exactly within its class,
+with scan's limit: a state that changes and changes back between two grid points of a class is
+not seen. No torch here: measuring is batchpoint's, driving batchmap_run's, drawing map_plot's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from matmul_drift.core import cases
+from matmul_drift.probes import scan
+
+SCHEMA = "matmul-drift-map/1"
+DEFAULT_TOP = {"cpu": 256, "cuda": 512}  # the default range's top M, by device
+MAX_SPANS = 8  # beyond this many runs of M, a property is stated by alignment class instead
+FULL_WORDS = {"range": "the range's top", "case": "the case's M"}
+PROPERTIES = ("row0", "rows")
+_NUMBERS = tuple(f"{w}_{key}" for w in PROPERTIES for key in ("max_ulp", "frac_differ", "max_u"))
+
+
+class MapError(scan.ScanError):
+    """A map that cannot start or continue as asked (bad range or shape, mismatched record).
+    A ScanError, so that scan's file helpers' errors and the map's are caught as one."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """What a map is: M over ``lo..hi`` (both included), against the full product of
+    ``m_full`` rows (``full``: "range" when that is the range's top, "case" when the case's
+    M); ``case`` (a catalog id, None for --k --n), ``op`` (mm, linear, bmm), ``k``, ``n`` and
+    ``batch`` (bmm only), in elements; ``dtype`` (a precision: float32-tf32 sets its flags),
+    ``device``, the input ``seed`` and the environment's id (12 hex digits)."""
+
+    case: str | None
+    op: str
+    lo: int
+    hi: int
+    m_full: int
+    full: str
+    k: int
+    n: int
+    batch: int | None
+    dtype: str
+    device: str
+    seed: int
+    env_id: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """``LO:HI`` -> (lo, hi), both included, as scan reads it; MapError (one line) otherwise."""
+    try:
+        return scan.parse_range(text)
+    except scan.ScanError as exc:
+        raise MapError(str(exc).replace("a scan needs", "a map needs")) from None
+
+
+def shape(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None, device: str) -> dict:
+    """The map's shape and range: ``case`` (a Case: the catalog's, or an ad-hoc one of M_full
+    rows), ``lo``, ``hi``, ``m_full``, ``full`` (Params.full), ``k``, ``n``, ``batch`` (sizes in
+    elements). The default range is 1..DEFAULT_TOP[device], or 1..the case's M where that is
+    smaller. MapError for a shape that cannot be mapped or a range beyond the case's M."""
+    if case_id is None:
+        if k is None or n is None:
+            raise MapError("give --case NAME, or --k K and --n N")
+        lo, hi = rng or (1, DEFAULT_TOP[device])
+        return {"case": cases.adhoc(hi, k, n), "lo": lo, "hi": hi, "m_full": hi, "full": "range",
+                "k": k, "n": n, "batch": None}
+    if k is not None or n is not None:
+        raise MapError(f"--case {case_id} fixes K and N; drop --k and --n")
+    try:
+        case = cases.get(case_id)
+    except ValueError as exc:
+        raise MapError(str(exc)) from None
+    if case.op == "mv":
+        raise MapError(f"--case {case_id} multiplies a vector (A is 1-D): it has no batch dimension to map")
+    s = case.shape(device)
+    lo, hi = rng or (1, min(DEFAULT_TOP[device], s.m))
+    if hi > s.m:
+        raise MapError(f"--range {lo}:{hi} reaches beyond the case's M: {case_id} has M = {s.m} on {device}")
+    return {"case": case, "lo": lo, "hi": hi, "m_full": s.m, "full": "case", "k": s.k, "n": s.n, "batch": s.batch}
+
+
+# --- the search --------------------------------------------------------------------------
+
+
+def invariant(point: dict, which: str) -> bool:
+    """Whether ``which`` ("row0" or "rows") of a point is bit-identical to its anchor:
+    no entry differs (frac_differ counts those max_ulp leaves out: finite against inf)."""
+    return not (point[f"{which}_max_ulp"] or point[f"{which}_frac_differ"])
+
+
+def state(point: dict) -> tuple[str, bool, bool]:
+    """(kernel-id, row 0 invariant?, rows invariant?): what must match for two M to agree."""
+    return point["kernel_id"], invariant(point, "row0"), invariant(point, "rows")
+
+
+def _view(point: dict) -> dict:
+    # scan's search compares points by scan.region_key (kernel-id, drift zero?); the map's
+    # state has two drifts, so the search sees the whole state in the kernel-id's place.
+    return {"kernel_id": state(point)}
+
+
+def search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = None) -> dict[int, dict]:
+    """scan.class_search over M = lo..hi on the map's state. ``evaluate(M) -> point`` is called
+    once per M not in ``known``; returns every measured point by M. Deterministic given the
+    points, so a map resumes by replaying it over the points recorded."""
+    points = dict(known or {})
+
+    def at(m: int) -> dict:
+        points[m] = evaluate(m)
+        return _view(points[m])
+
+    scan.class_search(lo, hi, at, known={m: _view(p) for m, p in points.items()})
+    return points
+
+
+def verdicts(points: dict[int, dict], lo: int, hi: int) -> list[dict]:
+    """Every M of lo..hi as runs of one state: ``lo``, ``hi``, ``kernel_id``, ``row0``, ``rows``
+    (True: bit-identical) and ``measured`` (how many M of the run were measured; the others
+    take their class's state, exact within the class as scan's are)."""
+    views = {m: _view(p) for m, p in points.items()}
+    out: list[dict] = []
+    for m in range(lo, hi + 1):
+        kernel_id, row0, rows = scan.state_at(views, m)[0]
+        if out and (out[-1]["kernel_id"], out[-1]["row0"], out[-1]["rows"]) == (kernel_id, row0, rows):
+            out[-1]["hi"] = m
+        else:
+            out.append({"lo": m, "hi": m, "kernel_id": kernel_id, "row0": row0, "rows": rows, "measured": 0})
+        out[-1]["measured"] += m in points
+    return out
+
+
+def per_m(verdict_runs: list[dict]) -> dict[int, tuple[str, bool, bool]]:
+    """{M: (kernel-id, row 0 invariant?, rows invariant?)} from ``verdicts``'s runs."""
+    return {m: (r["kernel_id"], r["row0"], r["rows"]) for r in verdict_runs for m in range(r["lo"], r["hi"] + 1)}
+
+
+# --- words ---------------------------------------------------------------------------------
+
+
+def _spans(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Runs of M merged where one ends just before the next begins."""
+    out: list[tuple[int, int]] = []
+    for a, b in runs:
+        if out and out[-1][1] + 1 == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _spans_text(spans: list[tuple[int, int]]) -> str:
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
+
+
+def _pattern_text(points: dict[int, dict], lo: int, hi: int, key) -> str:
+    """scan.pattern's segments ("1..11: drift, except multiples of 4: no drift") for one
+    part of the state: ``key(point)`` is the (kernel-id, drift) pair scan's words read."""
+    views = {m: dict(zip(("kernel_id", "max_ulp"), key(p)), frac_differ=0.0) for m, p in points.items()}
+    return "; ".join(seg["text"] for seg in scan.pattern(views, lo, hi))
+
+
+def _worst(points: dict[int, dict], which: str) -> str:
+    """The largest drift among the measured M that drift (ulps), in words."""
+    drifting = [p for p in points.values() if not invariant(p, which)]
+    ulp = max(p[f"{which}_max_ulp"] for p in drifting)
+    return f"max {ulp} ulp" if ulp else "entries differ between finite and NaN/inf only"
+
+
+def property_words(points: dict[int, dict], runs: list[dict], which: str, lo: int, hi: int) -> str:
+    """Where ``which`` ("row0" or "rows") holds, in words: 'invariant at M = 1..3, 8..15;
+    drifts elsewhere (max 2 ulp)'; by alignment class where more than MAX_SPANS runs."""
+    spans = _spans([(r["lo"], r["hi"]) for r in runs if r[which]])
+    if not spans:
+        return f"drifts at every M ({_worst(points, which)})"
+    if spans == [(lo, hi)]:
+        return f"invariant at every M, {lo}..{hi}"
+    if len(spans) > MAX_SPANS:
+        count = sum(b - a + 1 for a, b in spans)
+        return (f"invariant at {count} of {hi - lo + 1} M, by alignment: "
+                f"{_pattern_text(points, lo, hi, lambda p: ('', int(not invariant(p, which))))} ({_worst(points, which)})")
+    return f"invariant at M = {_spans_text(spans)}; drifts elsewhere ({_worst(points, which)})"
+
+
+def route(kernels: list[str]) -> str:
+    """A kernel list without the aten chain, which most routes share."""
+    return "; ".join([k for k in kernels if not k.startswith("aten::")] or kernels)
+
+
+def kernel_words(points: dict[int, dict], runs: list[dict], lo: int, hi: int) -> str:
+    """Which kernels ran where: 'one route at every M (…)', the M of each kernel-id, or by
+    alignment class where more than MAX_SPANS runs."""
+    names = {p["kernel_id"]: route(p["kernels"]) for p in points.values()}
+    where: dict[str, list[tuple[int, int]]] = {}
+    for r in runs:
+        where.setdefault(r["kernel_id"], []).append((r["lo"], r["hi"]))
+    if len(where) == 1:
+        (kid,) = where
+        return f"one route at every M: {kid} ({names[kid]})"
+    spans = {kid: _spans(w) for kid, w in where.items()}
+    if sum(map(len, spans.values())) > MAX_SPANS:
+        text = _pattern_text(points, lo, hi, lambda p: (p["kernel_id"], None))
+    else:
+        text = "; ".join(f"{kid} at M = {_spans_text(s)}" for kid, s in sorted(spans.items(), key=lambda x: x[1][0]))
+    return text + "".join(f"\n    {kid}: {names[kid]}" for kid in sorted(where, key=lambda k: spans[k][0]))
+
+
+def words(points: dict[int, dict], lo: int, hi: int, m_full: int) -> str:
+    """The map in words: one line for row 0, one for the rows, then the kernels."""
+    runs = verdicts(points, lo, hi)
+    return "\n".join([
+        f"row 0 as at M = 1: {property_words(points, runs, 'row0', lo, hi)}",
+        f"rows as in the full product (M = {m_full}): {property_words(points, runs, 'rows', lo, hi)}",
+        f"kernels: {kernel_words(points, runs, lo, hi)}",
+    ])
+
+
+def measured_words(rec: dict) -> str:
+    """'measured 61 of 256 batch sizes (23.8%)'."""
+    n, size = rec["measured"], rec["range_size"]
+    return f"measured {n} of {size} batch sizes ({n / size:.1%})"
+
+
+def render(rec: dict) -> str:
+    """A complete map record as text: what was mapped, how much was measured, the words, and
+    what the search cannot see."""
+    p = rec["params"]
+    what = (f"--case {p['case']}, " if p["case"] else "") + f"k={p['k']}, n={p['n']}"
+    what += f", batch={p['batch']}" if p["batch"] else ""
+    head = (f"map of M over {p['lo']}..{p['hi']} ({what}), {p['dtype']} on {p['device']}: {measured_words(rec)}, "
+            f"one product each, compared with A[:1] @ B and with the full product A[:{p['m_full']}] @ B "
+            f"(M = {p['m_full']}, {FULL_WORDS[p['full']]}), each made once")
+    body = "\n".join("  " + line for line in rec["words"].splitlines())
+    gap = rec["grid_gap"]
+    if not gap:
+        note = "Every M was measured (each alignment class in full): this is what holds at every M of the range."
+    else:
+        note = (f"The M not measured take their alignment class's state: each class ({', '.join(rec['classes'])}) "
+                f"was searched on its own grid (points up to {gap} batch sizes apart) and bisected to adjacent "
+                "members, so every change is exact within its class (as scan's). Not seen: a state that changes "
+                f"and changes back between two grid points of a class (a run of fewer than {gap} batch sizes), or "
+                "an M whose drift vanishes only because these inputs round alike there. Ulps are the largest "
+                "among the measured M.")
+    return f"{head}\n\n{body}\n\n{note}"
+
+
+# --- the record ----------------------------------------------------------------------------
+
+
+def record(params: Params, points: dict[int, dict], *, input_checksum: str, anchor_checksum: str,
+           environment: dict, sessions: list[dict], complete: bool) -> dict:
+    """The map's JSON object. ``measured`` counts the M measured over every session (each one
+    product), ``products`` adds the two anchors, ``range_size`` is hi − lo + 1; ``grid_gap``
+    (batch sizes) is scan.grid_gap's. Once complete: ``verdicts`` (every M, as runs of one
+    state) and ``words``. ``sessions`` as scan's: ``evaluated``, ``seconds``, ``complete``."""
+    return {
+        "schema": SCHEMA,
+        "params": params.to_dict(),
+        "complete": complete,
+        "measured": len(points),
+        "products": len(points) + 2,
+        "range_size": params.hi - params.lo + 1,
+        "input_checksum": input_checksum,
+        "anchor_checksum": anchor_checksum,
+        "classes": [scan.class_label(c) for c in range(scan.CLASS_TOP + 1)],
+        "grid_gap": scan.grid_gap(params.lo, params.hi, None),
+        "verdicts": verdicts(points, params.lo, params.hi) if complete else [],
+        "words": words(points, params.lo, params.hi, params.m_full) if complete else "",
+        "points": [points[m] for m in sorted(points)],
+        "sessions": sessions,
+        "environment": environment,
+    }
+
+
+def check_record(rec, params: Params) -> None:
+    """MapError unless ``rec`` is a map record of exactly the map ``params`` describe, with
+    well-formed points and sessions (a resumed point is rendered and written back as it is)."""
+    if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
+        raise MapError(f"not a map record (schema {SCHEMA} expected)")
+    for key, kind, what in (("params", dict, "an object"), ("points", list, "a list"), ("sessions", list, "a list")):
+        if not isinstance(rec.get(key), kind):
+            raise MapError(f"the record's {key} is not {what}: {str(rec.get(key))[:40]}")
+    recorded = rec["params"]
+    differ = [f"{key}: recorded {recorded.get(key)!r}, here {value!r}"
+              for key, value in params.to_dict().items() if recorded.get(key) != value]
+    if differ:
+        raise MapError("the record is another map; " + "; ".join(differ))
+    for p in rec["points"]:
+        if not (isinstance(p, dict) and scan._integer(p.get("size")) and params.lo <= p["size"] <= params.hi
+                and isinstance(p.get("kernel_id"), str) and isinstance(p.get("kernels"), list)
+                and all(isinstance(k, str) for k in p["kernels"]) and all(scan._number(p.get(k)) for k in _NUMBERS)):
+            raise MapError(f"the record holds a malformed point: {str(p)[:80]}")
+    for s in rec["sessions"]:
+        if not (isinstance(s, dict) and s.keys() == {"evaluated", "seconds", "complete"}
+                and scan._integer(s["evaluated"]) and scan._number(s["seconds"]) and isinstance(s["complete"], bool)):
+            raise MapError(f"the record holds a malformed session: {str(s)[:80]}")
+
+
+def resume_points(rec: dict, params: Params, input_checksum: str, anchor_checksum: str) -> dict[int, dict]:
+    """The points of a recorded map, if it is the map ``params`` describe, on the same inputs
+    and against anchor products of the same bits; MapError if not."""
+    check_record(rec, params)
+    if rec.get("input_checksum") != input_checksum:
+        raise MapError("the record's inputs differ from this map's (input checksum)")
+    if rec.get("anchor_checksum") != anchor_checksum:
+        raise MapError("the record's A[:1] @ B or full product had other bits than this run's (anchor checksum): "
+                       "the products drift from run to run here; start a new map")
+    return {p["size"]: p for p in rec["points"]}
+
+
+load = scan.load  # JSON from a file, one line (ScanError) when unreadable
+write_atomic = scan.write_atomic  # an interruption leaves the old file or the new one

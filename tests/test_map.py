@@ -1,0 +1,260 @@
+"""`matmul-drift map`: the map's verdict at every M against a dense truth measured here with
+plain torch (under the default route and under MKL_CBWR=AVX2 and COMPATIBLE), its words,
+its cost against a dense sweep, one-line errors, and an interrupted map resumed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from matmul_drift.cli.main import main as cli_main
+from matmul_drift.core import cases
+from matmul_drift.measure import batchpoint, kernels, measure
+from matmul_drift.probes import batchmap, scan
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def map_cli(capsys, *args):
+    """Run the map in this process: (exit status, stdout, stderr)."""
+    rc = cli_main(["map", *(str(a) for a in args)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_map(capsys, tmp_path, *args) -> tuple[dict, str]:
+    out = tmp_path / f"map{len(list(tmp_path.iterdir()))}.json"
+    rc, text, err = map_cli(capsys, *args, "--json", out)
+    assert rc == 0, err
+    return json.loads(out.read_text()), text
+
+
+# --- the dense truth ------------------------------------------------------------------------
+# Where the bits or the route change with M depends on the CPU and on MKL_CBWR and
+# ONEDNN_MAX_CPU_ISA, so no M is named here: every M is measured densely with plain torch on
+# the machine that runs the test, and the map must state exactly that at every M.
+
+DENSE_TOP = 256
+DENSE_N = 48
+
+
+def dense_truth(dtype: str, k: int, n: int, hi: int) -> dict[int, tuple[tuple[str, ...], bool, bool]]:
+    """{M: (route, row 0 of A[:M] @ B equal to A[:1] @ B?, A[:M] @ B equal to (A @ B)[:M]?)} for
+    every M of 1..hi, on the inputs the map draws for the shape (hi, k, n)."""
+    a_bits, b_bits, _ = measure.operand_bits(cases.adhoc(hi, k, n), dtype, "cpu")
+    a, b = measure.to_tensor(a_bits, dtype, "cpu"), measure.to_tensor(b_bits, dtype, "cpu")
+    one, full = a[:1] @ b, a @ b
+    truth = {}
+    for m in range(1, hi + 1):
+        y = a[:m] @ b
+        truth[m] = (tuple(kernels.route(lambda m=m: a[:m] @ b, "cpu")), torch.equal(y[0], one[0]),
+                    torch.equal(y, full[:m]))
+    return truth
+
+
+def narrowest_run(truth: dict, lo: int, hi: int) -> int:
+    """The fewest members of an alignment class in one run of one state (the search's limit)."""
+    fewest = hi
+    for c in range(scan.CLASS_TOP + 1):
+        states = [truth[m] for m in scan.class_members(lo, hi, c)]
+        runs, start = [], 0
+        for i in range(1, len(states) + 1):
+            if i == len(states) or states[i] != states[i - 1]:
+                runs.append(i - start)
+                start = i
+        if len(runs) > 2:
+            fewest = min(fewest, *runs[1:-1])
+    return fewest
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_map_states_the_dense_truth_at_every_m(dtype, capsys, tmp_path):
+    for k in (64, 256):
+        truth = dense_truth(dtype, k, DENSE_N, DENSE_TOP)
+        rec, text = run_map(capsys, tmp_path, "--k", k, "--n", DENSE_N, "--dtype", dtype, "--range", f"1:{DENSE_TOP}")
+        names = {p["kernel_id"]: tuple(p["kernels"]) for p in rec["points"]}
+        stated = {m: (names[kid], row0, rows) for m, (kid, row0, rows) in batchmap.per_m(rec["verdicts"]).items()}
+        wrong = [m for m in truth if stated[m] != truth[m]]
+        assert not wrong, (f"{dtype} k={k}: the map differs from the dense truth at M = {wrong} (the narrowest "
+                           f"inner run of one state in a class here: {narrowest_run(truth, 1, DENSE_TOP)} members; "
+                           f"the grid's gap: {rec['grid_gap']} sizes)")
+        assert rec["complete"] and rec["params"]["m_full"] == DENSE_TOP and rec["params"]["full"] == "range"
+        assert f"measured {rec['measured']} of {DENSE_TOP} batch sizes" in text
+
+
+@pytest.mark.parametrize("route", ["MKL_CBWR=AVX2", "MKL_CBWR=COMPATIBLE"])
+def test_map_states_the_dense_truth_under_other_routes(route):
+    """The same dense-truth test in a process whose MKL and oneDNN take other routes (both are
+    read when the libraries load, so only a fresh process can take them)."""
+    key, value = route.split("=")
+    env = {**os.environ, key: value, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                           f"{__file__}::test_map_states_the_dense_truth_at_every_m"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1], check=False)
+    assert done.returncode == 0 and "3 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+# --- cost -----------------------------------------------------------------------------------
+
+
+def test_a_map_of_256_batch_sizes_measures_fewer_and_says_how_many(capsys, tmp_path):
+    recs = {}
+    for dtype in ("float32", "bfloat16"):
+        rec, text = run_map(capsys, tmp_path, "--k", 256, "--n", 48, "--dtype", dtype, "--range", "1:256")
+        assert rec["range_size"] == 256 and rec["products"] == rec["measured"] + 2
+        assert rec["measured"] == len(rec["points"]) == sum(s["evaluated"] for s in rec["sessions"])
+        assert f"measured {rec['measured']} of 256 batch sizes" in text
+        recs[dtype] = rec
+    assert any(r["measured"] < 256 for r in recs.values()), {d: r["measured"] for d, r in recs.items()}
+
+
+# --- words ----------------------------------------------------------------------------------
+
+
+def point(size, kernel, row0_ulp, rows_ulp, rows_frac=None):
+    """A constructed map point: ulps 0 and no entry differing is invariant."""
+    return {"size": size, "kernel_id": kernel, "kernels": ["aten::mm", f"route {kernel}"],
+            "row0_max_ulp": row0_ulp, "row0_frac_differ": 0.5 if row0_ulp else 0.0, "row0_max_u": 0.0,
+            "rows_max_ulp": rows_ulp, "rows_frac_differ": (0.5 if rows_ulp else 0.0) if rows_frac is None else rows_frac,
+            "rows_max_u": 0.0}
+
+
+def test_words_for_constructed_points():
+    points = {m: point(m, "aaa" if m < 8 else "bbb", 0 if m <= 3 or 8 <= m <= 9 else 2,
+                       0 if m % 4 == 0 else m % 3 + 1) for m in range(1, 17)}
+    assert batchmap.words(points, 1, 16, 16) == (
+        "row 0 as at M = 1: invariant at M = 1..3, 8..9; drifts elsewhere (max 2 ulp)\n"
+        "rows as in the full product (M = 16): invariant at M = 4, 8, 12, 16; drifts elsewhere (max 3 ulp)\n"
+        "kernels: aaa at M = 1..7; bbb at M = 8..16\n"
+        "    aaa: route aaa\n"
+        "    bbb: route bbb")
+    # every M alike; drift in entries between finite and inf alone (0 ulp) is drift
+    same = {m: point(m, "aaa", 0, 0, rows_frac=0.25) for m in range(1, 5)}
+    assert batchmap.words(same, 1, 4, 4) == (
+        "row 0 as at M = 1: invariant at every M, 1..4\n"
+        "rows as in the full product (M = 4): drifts at every M (entries differ between finite and NaN/inf only)\n"
+        "kernels: one route at every M: aaa (route aaa)")
+    # more runs than MAX_SPANS: stated by alignment class, as scan states a pattern
+    periodic = {m: point(m, "aaa", 1, 0 if m % 4 == 0 else 3) for m in range(1, 49)}
+    assert batchmap.words(periodic, 1, 48, 48).splitlines()[1] == (
+        "rows as in the full product (M = 48): invariant at 12 of 48 M, by alignment: "
+        "1..48: drift, except multiples of 4: no drift (max 3 ulp)")
+
+
+def test_unmeasured_m_take_their_class_state():
+    # measured: odd 1 and 9 alike, so 3..7 odd are stated as they are; 2 mod 4 likewise
+    measured = {m: point(m, "aaa", 0, 0) for m in (1, 2, 4, 8, 9, 10)}
+    runs = batchmap.verdicts(measured, 1, 10)
+    assert runs == [{"lo": 1, "hi": 10, "kernel_id": "aaa", "row0": True, "rows": True, "measured": 6}]
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+BASE = ["--k", "32", "--n", "8", "--dtype", "float32"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([*BASE, "--range", ""], "expected LO:HI"),
+    ([*BASE, "--range", "9:3"], "9:3 is reversed"),
+    ([*BASE, "--range", "0:5"], "sizes start at 1"),
+    ([*BASE, "--range", "4:4"], "a map needs at least two"),
+    ([*BASE, "--range", "1:x"], "expected two integers"),
+    (["--k", "32", "--n", "8", "--dtype", "float32-tf32"], "a CUDA matmul mode; it does not apply on the CPU"),
+    (["--k", "32", "--n", "8", "--dtype", "int8"], "invalid choice"),
+    (["--k", "32", "--dtype", "float32"], "give --case NAME, or --k K and --n N"),
+    (["--case", "bmm", "--k", "4", "--dtype", "float32"], "--case bmm fixes K and N"),
+    (["--case", "seed", "--dtype", "float32"], "no batch dimension"),
+    (["--case", "nope", "--dtype", "float32"], "unknown case 'nope'"),
+    (["--case", "skinny", "--dtype", "float32", "--range", "1:9"], "skinny has M = 8 on cpu"),
+    ([*BASE, "--resume", "/nonexistent/map.json"], "no such file"),
+    ([*BASE, "--plot", "map.svg"], "name it FILE.png"),
+])
+def test_bad_input_one_line_exit_2(args, needle, capsys):
+    rc, out, err = map_cli(capsys, *args)
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_gpu_is_one_line(capsys):
+    rc, out, err = map_cli(capsys, *BASE, "--device", "cuda")
+    assert rc == 2 and out == "" and "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
+
+
+def test_memory_is_checked_before_anything_is_drawn(capsys, monkeypatch):
+    from matmul_drift.measure import memory
+
+    monkeypatch.setattr(memory, "available", lambda device: (1 << 20, None))  # 1 MiB
+    monkeypatch.setattr(measure, "operand_bits", lambda *a, **kw: pytest.fail("inputs drawn before the check"))
+    rc, _, err = map_cli(capsys, *BASE, "--range", "1:8")
+    assert rc == 2 and "MemAvailable" in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.undo()
+    monkeypatch.setattr(memory, "available", lambda device: (1 << 20, None))
+    rc, out, err = map_cli(capsys, *BASE, "--range", "1:8", "--no-host-memory-check")
+    assert rc == 0 and "measured 8 of 8 batch sizes" in out, err
+
+
+def test_resume_refuses_what_is_not_this_map(capsys, tmp_path):
+    rec_path = tmp_path / "m.json"
+    assert map_cli(capsys, *BASE, "--range", "1:8", "--json", rec_path)[0] == 0
+    bad = tmp_path / "bad.json"
+    for text, needle in (("{not json", "is not JSON"), ("null", "not a map record"),
+                         (json.dumps({"schema": scan.SCHEMA}), "not a map record")):
+        bad.write_text(text)
+        rc, _, err = map_cli(capsys, *BASE, "--range", "1:8", "--resume", bad)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    rc, _, err = map_cli(capsys, "--k", "16", "--n", "8", "--dtype", "float32", "--range", "1:8", "--resume", rec_path)
+    assert rc == 2 and "the record is another map; k: recorded 32, here 16" in err, err
+    rec = json.loads(rec_path.read_text())
+    rec["points"][0]["rows_max_ulp"] = "many"
+    bad.write_text(json.dumps(rec))
+    rc, _, err = map_cli(capsys, *BASE, "--range", "1:8", "--resume", bad)
+    assert rc == 2 and "malformed point" in err and len(err.strip().splitlines()) == 1, err
+    rc, _, err = map_cli(capsys, *BASE, "--range", "1:8", "--json", rec_path)
+    assert rc == 2 and "exists; continue it with --resume" in err
+
+
+# --- interruption -------------------------------------------------------------------------------
+
+
+def test_ctrl_c_keeps_the_record_and_resume_gives_the_uninterrupted_map(capsys, tmp_path, monkeypatch):
+    args = ["--k", "256", "--n", "48", "--dtype", "float32", "--range", "1:128"]
+    whole, _ = run_map(capsys, tmp_path, *args)
+    measured, calls = batchpoint.batch_point, []
+
+    def pressed(*a, **kw):  # Ctrl-C during the tenth M: it finishes and is kept
+        calls.append(a[1])
+        if len(calls) == 10:
+            os.kill(os.getpid(), signal.SIGINT)
+        return measured(*a, **kw)
+
+    monkeypatch.setattr(batchpoint, "batch_point", pressed)
+    path, plot = tmp_path / "cut.json", tmp_path / "cut.png"
+    rc, out, err = map_cli(capsys, *args, "--json", path)
+    assert rc == 130 and out == "" and f"interrupted after 10 batch sizes; {path} holds them" in err, err
+    cut = json.loads(path.read_text())
+    assert not cut["complete"] and sorted(p["size"] for p in cut["points"]) == sorted(calls)
+
+    monkeypatch.setattr(batchpoint, "batch_point", measured)
+    rc, out, err = map_cli(capsys, *args, "--resume", path, "--plot", plot)
+    assert rc == 0, err
+    final = json.loads(path.read_text())
+    assert final["complete"] and [s["evaluated"] for s in final["sessions"]] == [10, whole["measured"] - 10]
+    for key in ("verdicts", "words", "measured", "points"):
+        assert final[key] == whole[key], key
+    assert f"measured {whole['measured']} of 128 batch sizes" in out
+    assert plot.read_bytes()[:8] == PNG
+
+
+def test_a_case_maps_against_its_own_m_and_plots(capsys, tmp_path):
+    plot = tmp_path / "bmm.png"
+    rec, text = run_map(capsys, tmp_path, "--case", "bmm", "--dtype", "float32", "--range", "1:40", "--plot", plot)
+    p = rec["params"]
+    assert (p["case"], p["op"], p["m_full"], p["full"], p["batch"]) == ("bmm", "bmm", 64, "case", 16)
+    assert "with the full product A[:64] @ B (M = 64, the case's M)" in text
+    assert plot.read_bytes()[:8] == PNG and plot.stat().st_size < 200_000
