@@ -171,7 +171,7 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
     assert len(re.findall(r"^[0-9a-f]{7,} \d{4}-\d\d-\d\d ", nights, re.M)) == 2 and "rc " not in nights, nights[-3000:]
     row = re.search(r"^\| Drift\.track_kernel_id \| square float32 cpu \|.*$", flagged, re.M)
     if mkl_route("MKL_CBWR=COMPATIBLE") != mkl_route():  # MKL names its CNR mode where it takes it
-        assert row and "env_vars.MKL_CBWR: none -> COMPATIBLE" in row.group(0), flagged
+        assert row and f"env_vars.MKL_CBWR: {os.environ.get('MKL_CBWR', 'none')} -> COMPATIBLE" in row.group(0), flagged
     else:
         assert row is None, flagged
     orders = re.findall(r"^order (\S+): .+; replay 100/100, fused adds .+; order-id [0-9a-f]{12}; ", summary, re.M)
