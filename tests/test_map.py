@@ -258,3 +258,55 @@ def test_a_case_maps_against_its_own_m_and_plots(capsys, tmp_path):
     assert (p["case"], p["op"], p["m_full"], p["full"], p["batch"]) == ("bmm", "bmm", 64, "case", 16)
     assert "with the full product A[:64] @ B (M = 64, the case's M)" in text
     assert plot.read_bytes()[:8] == PNG and plot.stat().st_size < 200_000
+
+
+# --- paths that claim determinism or batch invariance (--modes) ------------------------------
+
+
+def test_every_path_is_mapped_against_its_own_dense_truth_or_said_unavailable(capsys):
+    """Each setting of the fix finder is either mapped, in a fresh process with the setting in
+    force, and that map equals a dense truth measured by plain torch in another fresh process
+    under the same setting; or listed with the reason it does not apply here. None is left out."""
+    from matmul_drift.probes import batchmap_modes, fixes
+
+    spec = {"case": None, "k": 64, "n": DENSE_N, "range": [1, 64], "precision": "float32", "device": "cpu"}
+    got = batchmap_modes.run_modes(spec)
+    settings = [c.name for c, _ in fixes.candidates("cpu", {"slice_m"}, "m", fixes.onednn_isa_in_force(), "float32")
+                if not c.changes_code]
+    assert [r["name"] for r in got["modes"]] == settings
+    measured = [r for r in got["modes"] if "record" in r]
+    assert measured and "record" in got["default"], got
+    assert all(r["why"] for r in got["modes"] if "record" not in r), got  # no path silently skipped
+    assert all("why" in r for r in got["modes"] if r["name"] in ("deterministic algorithms", "batch_invariant_ops kernels"))
+    for r in [{"name": None, "env": {}, **got["default"]}, *measured]:
+        c = next((c for c, _ in batchmap_modes.paths("cpu", "float32") if c.name == r["name"]), None)
+        code = (fixes.prelude(c) if c else "import torch\n") + (
+            "import json, sys\nsys.path.insert(0, sys.argv[1])\nfrom test_map import dense_truth\n"
+            "print(json.dumps({m: v for m, v in dense_truth('float32', 64, %d, 64).items()}))\n" % DENSE_N)
+        done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], env={**os.environ, **r["env"]},
+                              capture_output=True, text=True, timeout=300, check=True)
+        truth = {int(m): (tuple(route), row0, rows) for m, (route, row0, rows) in json.loads(done.stdout).items()}
+        rec = r["record"]
+        names = {p["kernel_id"]: tuple(p["kernels"]) for p in rec["points"]}
+        stated = {m: (names[kid], row0, rows) for m, (kid, row0, rows) in batchmap.per_m(rec["verdicts"]).items()}
+        assert stated == truth, (r["name"], [m for m in truth if stated[m] != truth[m]])
+        assert r["seconds"]["median"] > 0
+
+
+def test_the_paths_words_give_no_ratio_where_the_default_moved():
+    from matmul_drift.probes import batchmap_modes
+
+    rec = {"verdicts": [{"lo": 1, "hi": 8, "row0": True, "rows": True, "kernel_id": "a", "measured": 4}],
+           "words": "row 0 as at M = 1: invariant at every M, 1..8\nrows as in the full product (M = 8): x\nkernels: y"}
+    s = {"median": 1e-3, "iqr": 1e-5, "runs": 5}
+    steady = {"default": {"record": rec, "seconds": s, "seconds_after": s, "stable": True},
+              "modes": [{"name": "one thread", "env": {}, "record": rec, "seconds": {**s, "median": 2e-3}, "time_ratio": 2.0},
+                        {"name": "TF32 off", "env": {}, "why": "a CUDA setting; this case runs on cpu"},
+                        {"name": "split-K off", "env": {}, "failed": "AssertionError: no split-K setting"}]}
+    text = batchmap_modes.words(steady)
+    assert "one thread: the same map as the default; full product 2 ms a call (IQR 0.01 ms), 2.00x the default's time" in text
+    assert "TF32 off: not available here: a CUDA setting; this case runs on cpu" in text
+    assert "split-K off: failed: AssertionError: no split-K setting" in text
+    moved = {**steady, "default": {**steady["default"], "stable": False}}
+    moved["modes"] = [{k: v for k, v in m.items() if k != "time_ratio"} for m in steady["modes"]]
+    assert "(the load changed: no ratios)" in batchmap_modes.words(moved) and "x the default's" not in batchmap_modes.words(moved)

@@ -46,6 +46,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", type=file_name, metavar="FILE",
                         help="continue the map recorded in FILE (same parameters) and write it back there")
     parser.add_argument("--plot", type=file_name, metavar="FILE.png", help="draw the map (matplotlib)")
+    parser.add_argument("--modes", action="store_true",
+                        help="map again under each path that claims determinism or batch invariance (torch's "
+                             "deterministic algorithms, cuBLAS workspace, split-K off, batch_invariant_ops; one "
+                             "thread and MKL_CBWR on the CPU), each in a fresh process, with its time against the "
+                             "default's; a path not available here is listed with the reason")
     add_memory_argument(parser, "the full product")
 
 
@@ -75,4 +80,15 @@ def _run(args) -> int:
         from matmul_drift.probes import map_plot
 
         map_plot.plot([out.record], args.plot)
+    if args.modes:
+        from matmul_drift.probes import batchmap_modes, interrupt
+
+        p = out.record["params"]
+        spec = {"case": args.case, "k": args.k, "n": args.n, "range": [p["lo"], p["hi"]], "precision": args.dtype,
+                "device": args.device, "host_memory_check": not args.no_host_memory_check}
+        stopped: list[int] = []
+        with interrupt.deferred(stopped):
+            print(batchmap_modes.words(batchmap_modes.run_modes(spec, stopped)))
+        if stopped:
+            return 128 + stopped[0]
     return 0

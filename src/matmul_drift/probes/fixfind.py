@@ -35,13 +35,15 @@ POLL_S = 0.05  # how often a running process is checked for its end, its timeout
 
 
 def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped: list[int] = (),
-           peer: str | None = None) -> list[dict]:
+           peer: str | None = None, entry: str = "matmul_drift.probes.fixrun", valid=None) -> list[dict]:
     """One {code: result} (or {"failed": why}) per spec, from one fresh process under
     candidate ``c``'s setting (None: none); every spec failed alike if the process did, and
     {"not_tried": why} alike once ``stopped`` (signal numbers) is not empty. ``peer``: the
-    pipe fds ("r,w") of _timer's process, which the child asks for the default's timings."""
+    pipe fds ("r,w") of _timer's process, which the child asks for the default's timings.
+    ``entry``: the module whose main() the process runs (fixrun's; the map's modes take
+    theirs), ``valid``: what its answer for one spec must pass (fixrun's, _one_result)."""
     prelude = fixes.prelude(c) if c else "import torch\n"
-    code = prelude + "from matmul_drift.probes.fixrun import main\nmain()\n"
+    code = prelude + f"from {entry} import main\nmain()\n"
     env = {**os.environ, **(c.env if c else {})}
     # Files, not pipes: the process is polled, not waited on, and nothing reads a pipe meanwhile.
     with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
@@ -64,7 +66,7 @@ def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped
         out.seek(0)
         if p.returncode != 0:
             return [{"failed": _crashed(p.returncode, err)}] * len(specs)
-        got = _result(out.read(), len(specs))
+        got = _result(out.read(), len(specs), valid or _one_result)
         return got or [{"failed": "ended (exit 0) without printing its result"}] * len(specs)
 
 
@@ -108,15 +110,16 @@ def _timer(stopped: list[int] = (), failed: list[str] | None = None):
                 failed.append(_crashed(ended, err))
 
 
-def _result(text: str, count: int) -> list[dict] | None:
-    """fixrun's JSON line (a list of ``count`` dicts) from the child's stdout, or None: a
-    library may print after it (at exit) or the process may end before it."""
+def _result(text: str, count: int, valid=None) -> list[dict] | None:
+    """fixrun's JSON line (a list of ``count`` dicts, each passing ``valid``: _one_result) from
+    the child's stdout, or None: a library may print after it (at exit) or the process may end
+    before it."""
     for line in reversed(text.splitlines()):
         try:
             got = json.loads(line)
         except ValueError:
             continue
-        if isinstance(got, list) and len(got) == count and all(map(_one_result, got)):
+        if isinstance(got, list) and len(got) == count and all(map(valid or _one_result, got)):
             return got
     return None
 
