@@ -70,6 +70,9 @@ class Drift:
     def track_order_id(self, cache, case, dtype, device):
         return suite.added(self.values, "order_id")  # NaN also where $MATMUL_DRIFT_ORDERS=0
 
+    def track_map_id(self, cache, case, dtype, device):
+        return suite.added(self.values, "map_id")  # NaN also where $MATMUL_DRIFT_MAPS=0, and for unbatched cases
+
 
 for _name, _unit in series.UNITS.items():
     getattr(Drift, f"track_{_name}").unit = _unit

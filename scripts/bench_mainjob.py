@@ -2,14 +2,15 @@
 both builds by default; extra arguments go to it) and prints, for each build, from that run:
 
 - its wall time (seconds), and of it: setup_cache's measuring (the exact reference's share),
-  order probes and fix finder, with how many trees and fix verdicts were reused and from which
-  commit (the suite's "matmul-drift cost:" line); the timing and track benchmarks (asv's
+  order probes, fix finder and batch-invariance maps, with how many trees, fix verdicts and
+  maps were reused and from which commit (the suite's "matmul-drift cost:" line); the timing and track benchmarks (asv's
   durations); and asv's own overhead, the rest (environment, install, discovery, processes);
 - the whole run's wall time.
 
 --twice: runs it first with nothing reused ($MATMUL_DRIFT_REUSE=0), then again reusing the
-first run's trees and verdicts (what a night at a new commit with nothing changed does), and
-prints the second's wall time over the first's.
+first run's trees, verdicts and maps (what a night at a new commit with nothing changed does),
+and prints the second's wall time over the first's. $MATMUL_DRIFT_MAPS=0 (and the suite's other
+switches) reach the main job as they are: run it with and without to see what the maps cost.
 --parameters: also measures setup_cache one parameter at a time in this Python (torch needed)
 and prints the most expensive ones.
 
@@ -30,7 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COST = re.compile(r"torch (\S+): matmul-drift cost: measuring ([\d.]+) s \(exact reference ([\d.]+) s\), "
-                  r"orders ([\d.]+) s \((\d+) reused\), fixes ([\d.]+) s \((\d+) reused\); (.*)$")
+                  r"orders ([\d.]+) s \((\d+) reused\), fixes ([\d.]+) s \((\d+) reused\)"
+                  r"(?:, maps ([\d.]+) s \((\d+) reused\))?; (.*)$")  # no maps before the suite mapped
 BUILD = re.compile(r"torch (\S+): recorded: (.*?)(?: \(asv exit status.*)? \((\d+) s\)$")
 
 
@@ -61,10 +63,12 @@ def report(title: str, wall: float, stderr: str) -> None:
             print(f"  torch {build}: {seconds:.0f} s; no cost line (a setup_cache of an older suite?)")
             continue
         measuring, reference, orders, fixes = (float(c.group(i)) for i in (2, 3, 4, 6))
-        setup = measuring + orders + fixes
+        maps = float(c.group(8) or 0.0)
+        setup = measuring + orders + fixes + maps
         print(f"  torch {build}: {seconds:.0f} s = setup_cache {setup:.1f} s (measuring {measuring:.1f} s, of it exact "
               f"reference {reference:.1f} s; orders {orders:.1f} s, {c.group(5)} reused; fixes {fixes:.1f} s, "
-              f"{c.group(7)} reused; {c.group(8)}) + benchmarks {benches:.1f} s + asv's own {seconds - setup - benches:.1f} s")
+              f"{c.group(7)} reused; maps {maps:.1f} s, {c.group(9) or 0} reused, {100 * maps / seconds:.1f}% of the "
+              f"build; {c.group(10)}) + benchmarks {benches:.1f} s + asv's own {seconds - setup - benches:.1f} s")
 
 
 def parameters() -> None:

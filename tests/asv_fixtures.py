@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from matmul_drift.core import ids, series
-from matmul_drift.probes import order
+from matmul_drift.probes import batchmap, order
 from matmul_drift.store import catalog
 
 RESULT_COLUMNS = [
@@ -45,6 +45,7 @@ BENCHMARKS = {
     "drift.Drift.track_fix_cost": ("ratio", "track"),
     "drift.Drift.track_fix_id": ("fix-id", "track"),
     "drift.Drift.track_order_id": ("order-id", "track"),
+    "drift.Drift.track_map_id": ("map-id", "track"),
     "timing.Time.time_matmul": ("seconds", "time"),
 }
 ERROR_U = "drift.Drift.track_error_u"
@@ -60,6 +61,7 @@ CUDA_SECONDS = "drift.Drift.track_cuda_seconds"
 FIX_COST = "drift.Drift.track_fix_cost"
 FIX_ID = "drift.Drift.track_fix_id"
 ORDER_ID = "drift.Drift.track_order_id"
+MAP_ID = "drift.Drift.track_map_id"
 TIME = "timing.Time.time_matmul"
 
 DTYPES = ("float64", "float32", "float16", "bfloat16", "float32-tf32", "float32-high")
@@ -148,6 +150,28 @@ def fix_entry(device: str, drifts: list[str], verdicts: dict | None = None) -> d
     return {"device": device, "drifts": drifts, "verdicts": {**base, **(verdicts or {})}}
 
 
+MAP_TOP = 16  # the synthetic maps' range: M = 1..16
+
+
+def map_run(lo: int, hi: int, row0: bool, rows: bool, kernel: str = "aaaaaaaaaaaa") -> dict:
+    return {"lo": lo, "hi": hi, "kernel_id": kernel, "row0": row0, "rows": rows, "measured": 2}
+
+
+def map_entry(case: str, dtype: str, device: str = "cpu", runs: list[dict] | None = None,
+              words: str | None = None) -> dict:
+    """A maps catalog entry shaped like batchmap.entry's, over M = 1..MAP_TOP. By default row 0 is
+    invariant at M = 1..3 only and the rows at every M, under one kernel."""
+    runs = runs or [map_run(1, 3, True, True), map_run(4, MAP_TOP, False, True)]
+    return {"schema": batchmap.ENTRY_SCHEMA,
+            "params": {"case": case, "op": "mm", "lo": 1, "hi": MAP_TOP, "m_full": MAP_TOP, "full": "case",
+                       "k": K, "n": 64, "batch": None, "dtype": dtype, "device": device, "seed": 0},
+            "verdicts": runs,
+            "words": words or ("row 0 as at M = 1: invariant at M = 1..3; drifts elsewhere (max 2 ulp)\n"
+                               f"rows as in the full product (M = {MAP_TOP}): invariant at every M, 1..{MAP_TOP}\n"
+                               "kernels: one route at every M: aaaaaaaaaaaa (MKL SGEMM(N,N) CNR:OFF NThr:2)"),
+            "measured": sorted({m for r in runs for m in (r["lo"], r["hi"])}), "range_size": MAP_TOP}
+
+
 def order_tree(how: str, k: int = 8):
     """A hand-built order over k products: "sequential" (left-deep) or "pairwise"."""
     parts = list(range(k))
@@ -226,6 +250,7 @@ def write_tree(
         drifts = ["slice_n"] if i % 3 == 0 else []
         base[FIX_ID].append(nan if skipped else catalog.store(cat, "fixes", fix_entry(device, drifts)))
         base[ORDER_ID].append(nan if skipped else order.store(cat, order_tree("sequential"), 8))
+        base[MAP_ID].append(nan if skipped else catalog.store(cat, "maps", map_entry(c["case"], dtype, device)))
         base[FIX_COST].append(nan if skipped else (1.25 if drifts else 1.0))
         base[CUDA_SECONDS].append(nan if device == "cpu" or skipped else 1e-4 * (1 + i % 5))
         base[TIME].append(nan if skipped else 1e-3 * (1 + 0.1 * (i % 7)))

@@ -68,12 +68,13 @@ def _skinny_drifts() -> bool:
 
 
 # spawn starts a fresh interpreter (and imports torch) per benchmark and parameter: fewer benchmarks.
-@pytest.mark.parametrize("method,bench", [("forkserver", "track_error_u|track_kernel_id|track_slice_m_ulp|track_fix|track_order_id|time_matmul"),
+@pytest.mark.parametrize("method,bench", [("forkserver", "track_error_u|track_kernel_id|track_slice_m_ulp|track_fix|track_order_id|"
+                                                         "track_map_id|time_matmul"),
                                           ("spawn", "track_error_u")])
 def test_quick_run(project, method, bench):
     dst, head, env = project
     if method == "spawn":
-        env = {**env, "MATMUL_DRIFT_FIXES": "0", "MATMUL_DRIFT_ORDERS": "0"}  # both covered by the forkserver run
+        env = {**env, "MATMUL_DRIFT_FIXES": "0", "MATMUL_DRIFT_ORDERS": "0", "MATMUL_DRIFT_MAPS": "0"}  # all covered by the forkserver run
     rc, out = asv(
         "run", "-E", "existing:same", "--quick", f"--set-commit-hash={head}", f"--launch-method={method}",
         "--machine", "testbox", "--bench", bench, cwd=dst, env=env,
@@ -114,6 +115,16 @@ def test_quick_run(project, method, bench):
             assert entry["k"] == t.k and entry["tree"] is not None
             assert order.replay(t, entry["tree"], width=64)["matched"] == 100
         assert math.isnan(got[("drift.Drift.track_order_id", "square", "float32", "cuda")])
+    if "track_map_id" in bench:  # skinny's map of M = 1..8 from the catalog: its rows drift where slice_m saw it
+        from matmul_drift.core import mapruns
+        from matmul_drift.store import catalog
+
+        entry = catalog.load(dst / "results" / "catalog", "maps", got[("drift.Drift.track_map_id", "skinny", "float32", "cpu")])
+        assert (entry["params"]["lo"], entry["params"]["hi"], entry["params"]["m_full"]) == (1, 8, 8)
+        state = mapruns.per_m(entry["verdicts"])  # every M of 1..8 measured: no class has a gap
+        assert sorted(state) == list(range(1, 9)) and entry["measured"] == list(range(1, 9)) and state[1][1]
+        assert any(not state[m][2] for m in range(1, 8)) == _skinny_drifts()
+        assert math.isnan(got[("drift.Drift.track_map_id", "square", "float32", "cpu")])  # not batched
 
 
 def test_the_selection_regex_picks_exactly_the_selected_combinations_in_asvs_own_naming(monkeypatch):

@@ -310,3 +310,54 @@ def test_the_paths_words_give_no_ratio_where_the_default_moved():
     moved = {**steady, "default": {**steady["default"], "stable": False}}
     moved["modes"] = [{k: v for k, v in m.items() if k != "time_ratio"} for m in steady["modes"]]
     assert "(the load changed: no ratios)" in batchmap_modes.words(moved) and "x the default's" not in batchmap_modes.words(moved)
+
+
+# --- the suite's way: plan, Mapper, complete, confirm, the catalog entry ----------------------
+
+
+def test_the_suites_map_is_the_clis_and_its_entry_is_confirmed_and_drawn(capsys, tmp_path):
+    """The suite maps without a file or signals (batchmap_run.complete): the same record as the
+    command's; its catalog entry (batchmap.entry) is confirmed on the same inputs by each run's
+    first and last M, refuted where it states another state, and drawn by map_plot."""
+    from matmul_drift.core import mapruns
+    from matmul_drift.probes import batchmap_run, map_plot
+
+    rec, _ = run_map(capsys, tmp_path, "--case", "bmm", "--dtype", "float32", "--range", "1:40")
+    mapper = batchmap_run.Mapper(batchmap_run.plan("bmm", None, None, (1, 40), "float32", "cpu"))
+    whole = batchmap_run.complete(mapper)
+    for key in ("verdicts", "words", "measured", "points", "input_checksum", "anchor_checksum", "params"):
+        assert whole[key] == rec[key], key
+    assert whole["complete"] and whole["sessions"][0]["evaluated"] == whole["measured"]
+
+    e = batchmap.entry(whole)
+    assert "env_id" not in e["params"] and e["measured"] == sorted(p["size"] for p in rec["points"])
+    assert batchmap.entry_misfit(e, mapper.plan.params) is None
+    held = batchmap_run.confirm(mapper, e["verdicts"])
+    assert held["differ"] == [] and held["sizes"] == mapruns.ends(e["verdicts"], batchmap_run.CONFIRM_MOST)
+    assert held["sizes"][0] == 1 and held["sizes"][-1] == 40 and len(held["sizes"]) <= batchmap_run.CONFIRM_MOST
+
+    first = e["verdicts"][0]  # M = 1 is always row 0 of A[:1] @ B: recorded as drifting, refuted there
+    wrong = [dict(first, row0=not first["row0"]), *e["verdicts"][1:]]
+    refuted = batchmap_run.confirm(mapper, wrong)
+    assert refuted["differ"][0][0] == 1 and refuted["differ"][0][1][1] is False and refuted["differ"][0][2][1] is True
+
+    shorter = batchmap_run.plan("bmm", None, None, (1, 32), "float32", "cpu").params
+    assert batchmap.entry_misfit(e, shorter) == "another map: hi 40, here 32"
+    longer = [*e["verdicts"][:-1], dict(e["verdicts"][-1], hi=41)]
+    assert batchmap.entry_misfit({**e, "verdicts": longer}, mapper.plan.params) == "its verdicts end at M = 41, not 40"
+    assert batchmap.entry_misfit({**e, "verdicts": e["verdicts"][1:]}, mapper.plan.params) == (
+        "its verdicts do not cover M = 1..40 run by run (at M = 1)")
+    assert batchmap.entry_misfit({"schema": "x"}, mapper.plan.params).startswith("not a map entry")
+    assert map_plot.png([map_plot.from_entry(e)])[:8] == PNG
+
+
+def test_ends_are_each_runs_first_and_last_m_spread_where_many():
+    from matmul_drift.core import mapruns
+
+    def run(lo, hi):
+        return {"lo": lo, "hi": hi, "kernel_id": "a", "row0": True, "rows": lo % 2 == 0}
+
+    assert mapruns.ends([run(1, 3), run(4, 4), run(5, 64)], 12) == [1, 3, 4, 5, 64]
+    periodic = [run(m, m) for m in range(1, 257)]  # a run every M: 256 ends
+    got = mapruns.ends(periodic, 12)
+    assert len(got) == 12 and got[0] == 1 and got[-1] == 256 and got == sorted(got)

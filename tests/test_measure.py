@@ -21,12 +21,14 @@ CPU_DTYPES = ("float64", "float32", "float16", "bfloat16")
 @pytest.fixture(scope="module")
 def cpu_suite(tmp_path_factory):
     """The whole default CPU suite, measured once, as asv's setup_cache does, less the order
-    probe and the fix finder (tests/test_order.py, test_fixfind.py and test_asv.py run them):
-    where neither fp16 nor bf16 is native they took 850 of this fixture's 960 s."""
+    probe, the fix finder and the maps (tests/test_order.py, test_fixfind.py, test_map.py,
+    test_reuse.py and test_asv.py run them): where neither fp16 nor bf16 is native the first
+    two took 850 of this fixture's 960 s."""
     root = tmp_path_factory.mktemp("catalog")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(suite.ORDERS_VAR, "0")
         mp.setenv(suite.FIXES_VAR, "0")
+        mp.setenv(suite.MAPS_VAR, "0")
         got = suite.measure_all(devices=("cpu",), root=root, case_ids=cases.CASE_IDS)
     return got, root
 
@@ -76,6 +78,10 @@ def test_precisions_are_measured_as_selected_and_in_that_order(monkeypatch, tmp_
     with pytest.raises(ValueError, match=r"^\$MATMUL_DRIFT_ORDERS is 0 \(off\) or 1 \(on\), not 'off'$"):
         suite.check_selection()
     monkeypatch.setenv(suite.ORDERS_VAR, "0")
+    monkeypatch.setenv(suite.MAPS_VAR, "no")
+    with pytest.raises(ValueError, match=r"^\$MATMUL_DRIFT_MAPS is 0 \(off\) or 1 \(on\), not 'no'$"):
+        suite.check_selection()
+    monkeypatch.setenv(suite.MAPS_VAR, "0")
     monkeypatch.setenv(suite.FIXES_VAR, "0")
     got = suite.measure_all(case_ids=("bmm",), devices=("cpu",), root=tmp_path)
     assert list(got) == [suite.key("bmm", p, "cpu") for p in ("bfloat16", "float64")]
@@ -95,6 +101,7 @@ def test_no_measurement_starts_once_the_budget_is_spent(monkeypatch, tmp_path):
     monkeypatch.setenv(suite.BUDGET_VAR, "0.001")  # the first starts at once and takes longer than 1 ms
     monkeypatch.setenv(suite.ORDERS_VAR, "0")
     monkeypatch.setenv(suite.FIXES_VAR, "0")
+    monkeypatch.setenv(suite.MAPS_VAR, "0")
     got = suite.measure_all(case_ids=("bmm",), precisions=("float32", "float64"), devices=("cpu",), root=tmp_path)
     first, second = got[suite.key("bmm", "float32", "cpu")], got[suite.key("bmm", "float64", "cpu")]
     assert "skip" not in first and first["error_u"] >= 0

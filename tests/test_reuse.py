@@ -1,7 +1,8 @@
-"""A night costs what changed (jobs/reuse.py, suite.add_orders, suite.add_fixes): a combination
-whose kernel, environment and input ids equal the last recorded result's has its tree replayed
-on fresh draws and its recorded fixes tried once, instead of being measured again; anything
-that does not hold, or cannot be read, is measured afresh and says why.
+"""A night costs what changed (jobs/reuse.py, suite.add_orders, suite.add_fixes, suite.add_maps):
+a combination whose kernel, environment and input ids equal the last recorded result's has its
+tree replayed on fresh draws, its recorded fixes tried once and its map confirmed at each run's
+first and last M, instead of being measured again; anything that does not hold, or cannot be
+read, is measured afresh and says why.
 
 The record is written in asv's results format from a first measurement on this machine (the
 main job's own round trip through real asv is in test_mainjob.py)."""
@@ -109,7 +110,13 @@ def test_a_second_measurement_reuses_every_tree_and_fix_and_confirms_them(first,
     removers = set().union(*(reuse.removers(e) for e in entries))
     tried = set(re.findall(r"^\[fixes \d+/\d+ .*\] confirming recorded fixes: (.+)$", log, re.M))
     assert tried - {"the default computation and its code changes", "done"} <= removers, (tried, removers)
-    assert "(4 reused), fixes" in log and f"({len(drifting)} reused); reused from c0ffee00" in log
+    assert "(4 reused), fixes" in log and f"({len(drifting)} reused), maps" in log
+    # every map confirmed: the same id, each run's first and last M measured again
+    assert all(got[k]["map_id"] == v["map_id"] for k, v in out.items())
+    maps = re.findall(r"^\[maps \d/4 .*\] (\S+ \S+) cpu: row 0 as at M = 1: .*\(reused from c0ffee00, confirmed "
+                      r"\(\d+ M measured again, each run's first and last, in the same state\)\)$", log, re.M)
+    assert len(maps) == 4, log
+    assert re.search(r"maps [\d.]+ s \(4 reused\); reused from c0ffee00$", log, re.M), log
 
 
 def test_a_tree_that_no_longer_replays_is_revealed_afresh(first, tmp_path, monkeypatch):
@@ -182,7 +189,36 @@ def test_an_unreadable_record_is_one_line_and_everything_is_measured(first, tmp_
 def test_switches_keep_working_with_a_record(first, tmp_path, monkeypatch):
     got, log = again(first, tmp_path, monkeypatch, MATMUL_DRIFT_ORDERS="0")
     assert all("order_id" not in v for v in got.values()) and "[orders" not in log
-    assert f"({len(_drifting(first[1]))} reused); reused from c0ffee00" in log
+    assert f"({len(_drifting(first[1]))} reused), maps" in log
+    got, log = again(first, tmp_path / "maps-off", monkeypatch, MATMUL_DRIFT_MAPS="0", MATMUL_DRIFT_FIXES="0")
+    assert all("map_id" not in v for v in got.values()) and "[maps" not in log
+    assert "maps 0.0 s (0 reused); reused from c0ffee00" in log
+
+
+def test_a_map_that_holds_is_reused_and_one_that_does_not_is_mapped_afresh(first, tmp_path, monkeypatch):
+    """The first run maps each batched combination (a line each, with what it measured); the
+    record then names, for bmm in float32, a map whose first run of M has row 0 drifting (M = 1
+    never does): its confirmation refutes it and the map is made afresh, with the line saying
+    why; the other three are confirmed."""
+    _, out, log1, _ = first
+    mapped = re.findall(r"^\[maps \d/4 .*\] (\S+ \S+) cpu: row 0 as at M = 1: .*; rows as in the full product "
+                        r"\(M = \d+\): .* \(measured \d+ of \d+ M\)$", log1, re.M)
+    assert sorted(mapped) == sorted(f"{c} {p}" for c in CASES for p in PRECISIONS), log1
+    k = "bmm|float32|cpu"
+
+    def edit(data, root):
+        e = catalog.load(root, "maps", out[k]["map_id"])
+        wrong = {**e, "verdicts": [dict(e["verdicts"][0], row0=False), *e["verdicts"][1:]]}
+        _set(data, "map_id", k, float(catalog.store(root, "maps", wrong)))
+
+    got, log = again(first, tmp_path, monkeypatch, edit=edit, MATMUL_DRIFT_ORDERS="0", MATMUL_DRIFT_FIXES="0")
+    assert all(got[x]["map_id"] == v["map_id"] for x, v in out.items())  # afresh, the true map again
+    line = next(ln for ln in log.splitlines() if ln.startswith("[maps") and "bmm float32" in ln)
+    assert re.search(r"\(measured \d+ of 64 M\); the map \w{12} of c0ffee00 did not hold at \d+ of \d+ M measured "
+                     r"again \(first M = 1: recorded kernel-id \w+, row 0 drifting, rows \w+, now kernel-id \w+, "
+                     r"row 0 invariant, rows \w+\): mapped afresh$", line), line
+    assert len(re.findall(r"^\[maps .*reused from c0ffee00, confirmed", log, re.M)) == 3
+    assert re.search(r"maps [\d.]+ s \(3 reused\); reused from c0ffee00$", log, re.M), log
 
 
 def test_the_last_record_is_the_one_measured_last_in_the_same_build(tmp_path):

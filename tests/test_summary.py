@@ -20,7 +20,7 @@ import kernel_names
 import pytest
 
 from matmul_drift.cli.main import main as cli_main
-from matmul_drift.core import ids, trees
+from matmul_drift.core import ids, series, trees
 from matmul_drift.probes import order
 from matmul_drift.read import history, latest, render, summary
 from matmul_drift.store import catalog
@@ -260,6 +260,100 @@ def test_a_fix_that_stops_or_starts_working_is_flagged_as_fix(capsys, tmp_path):
     }
     rc, out, _ = run_cli(capsys, tree.root, "--across", "commits", "--fail-on", "kernel")
     assert rc == 0 and "synthetic: fix" in out and "(now no effect)" in out
+
+
+def _map_after(tmp_path, changes: dict, n_commits: int, ci: int, ei: int) -> F.Tree:
+    """A tree whose commit ``ci``, env ``ei`` records the maps ``changes`` ({dtype: runs}) of square."""
+    cat = tmp_path / "results" / "catalog"
+
+    def adjust(c, e, data):
+        if c >= ci and e == ei:
+            for dtype, runs in changes.items():
+                F.set_value(data, F.MAP_ID, _idx(dtype=dtype), catalog.store(cat, "maps", F.map_entry("square", dtype,
+                                                                                                      runs=runs)))
+
+    return F.write_tree(tmp_path / "results", n_commits=n_commits, adjust=adjust)
+
+
+def test_a_map_change_names_the_m_whose_state_changed(capsys, tmp_path):
+    """Two asv results of one commit, torch 2.13.0 and 2.14.1; the second's maps of square differ
+    from the first's (row 0 invariant at M = 1..3, the rows at every M, one kernel): a failing
+    `map` flag each, naming the M that changed and the build."""
+    r = F.map_run
+    after = {"float32": [r(1, 3, True, True), r(4, 7, False, True), r(8, 15, False, False), r(16, 16, False, True)],
+             "bfloat16": [r(1, 5, True, True), r(6, 8, False, True), r(9, 16, False, True, kernel="bbbbbbbbbbbb")]}
+    tree = _map_after(tmp_path, after, n_commits=1, ci=0, ei=1)
+    rc, doc, _ = run_json(capsys, tree.root)
+    got = {f["params"]["dtype"]: f["detail"] for f in doc["flags"]}
+    assert rc == 1 and {f["kind"] for f in doc["flags"]} == {"map"} and "map" in doc["fail_on"], doc["flags"]
+    assert all(f["across"] == "envs" and f["after"]["torch"].startswith("2.14.1") for f in doc["flags"])
+    torch = doc["flags"][0]["after"]["torch"]
+    assert got == {
+        "float32": f"M = 8..15 became drifting (rows as in the full product) under torch {torch}",
+        "bfloat16": f"M = 4..5 became invariant (row 0 as at M = 1) under torch {torch}\n"
+                    "M = 9..16 ran kernel-id bbbbbbbbbbbb (was aaaaaaaaaaaa)",
+    }
+    rc, out, _ = run_cli(capsys, tree.root)
+    assert rc == 1 and "synthetic: map" in out and "M = 8..15 became drifting" in out
+    rc, _, _ = run_cli(capsys, tree.root, "--fail-on", "kernel")
+    assert rc == 0
+
+
+def test_a_map_change_across_commits_names_the_commit(capsys, tmp_path):
+    r = F.map_run
+    tree = _map_after(tmp_path, {"float64": [r(1, 16, True, True)]}, n_commits=2, ci=1, ei=0)
+    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
+    (f,) = doc["flags"]
+    assert rc == 1 and f["kind"] == "map" and f["params"] == tree.combos[_idx(dtype="float64")]
+    assert f["detail"] == f"M = 4..16 became invariant (row 0 as at M = 1) at {tree.commits[1][:8]}"
+
+
+def test_a_map_change_across_a_method_change_is_one_note(capsys, tmp_path):
+    r = F.map_run
+    tree = _map_after(tmp_path, {"float32": [r(1, 16, False, False)]}, n_commits=2, ci=1, ei=0)
+    method = {**series.METHOD, "map_id": series.METHOD["map_id"] + 1}
+    data = F.load_results(tree.file(1, 0))
+    F.set_env(data, tree.catalog_dir, tree.torch[0], method=method)
+    F.write_results(tree.machine_dir, data)
+    s = summary.summarise(history.read_history(tree.root), summary.Options(across="commits"))
+    assert not [f for f in s.flags if f.kind == "map"]
+    v = series.METHOD["map_id"]
+    assert s.method_notes == [f"synthetic: map_id: method {v} -> {v + 1} between {tree.commits[0][:8]} and "
+                              f"{tree.commits[1][:8]}"]
+
+
+def test_map_detail_from_two_catalog_entries():
+    r = F.map_run
+    before = F.map_entry("bmm", "float32")
+    # the same state at every M: the words that changed (a drift's size) are the detail
+    wider = F.map_entry("bmm", "float32", words=before["words"].replace("max 2 ulp", "max 3 ulp"))
+    assert summary.map_detail(1, 2, before, wider, " under torch 2.14.1") == (
+        "every M in the same state under torch 2.14.1; the words changed: row 0 as at M = 1: invariant at "
+        "M = 1..3; drifts elsewhere (max 2 ulp) -> row 0 as at M = 1: invariant at M = 1..3; drifts elsewhere "
+        "(max 3 ulp)")
+    # another range: the M one map has alone, and the params that moved
+    longer = F.map_entry("bmm", "float32", runs=[r(1, 3, True, True), r(4, 32, False, True)])
+    longer["params"].update(hi=32, m_full=32)
+    assert summary.map_detail(1, 2, before, longer) == "M = 17..32 mapped now only\nmapped otherwise: hi 16 -> 32; m_full 16 -> 32"
+    # a periodic change: the spans listed up to a count
+    periodic = F.map_entry("bmm", "float32", runs=[r(m, m, m % 2 == 1 or m <= 3, True) for m in range(1, 41)])
+    periodic["params"].update(hi=40, m_full=40)
+    line = summary.map_detail(1, 2, before, periodic).splitlines()[0]
+    assert line == "M = 5, 7, 9, 11, 13, 15 became invariant (row 0 as at M = 1)"
+    many = F.map_entry("bmm", "float32", runs=[r(m, m, m % 2 == 1, True) for m in range(1, 41)])
+    many["params"].update(hi=40, m_full=40)
+    assert summary.map_detail(1, 2, periodic, many).splitlines()[0] == "M = 2 became drifting (row 0 as at M = 1)"
+    flipped = F.map_entry("bmm", "float32", runs=[r(m, m, m % 2 == 0, True) for m in range(1, 41)])
+    flipped["params"].update(hi=40, m_full=40)
+    assert summary.map_detail(1, 2, many, flipped).splitlines() == [
+        "M = 1, 3, 5, 7, 9, 11, 13, 15, ... (20 M in 20 runs) became drifting (row 0 as at M = 1)",
+        "M = 2, 4, 6, 8, 10, 12, 14, 16, ... (20 M in 20 runs) became invariant (row 0 as at M = 1)"]
+    # what a results tree may hold instead: one line, never an exception
+    for bad, why in ((None, "no runs of M"), ({"verdicts": [{"lo": 3, "hi": 1}]}, "a malformed run: {'lo': 3, 'hi': 1}"),
+                     ({"verdicts": [r(1, 1 << 20, True, True)]}, "more than 65536 M"),
+                     ({"verdicts": [r(1, 4, True, True), r(3, 5, True, True)]}, "runs that overlap")):
+        assert summary.map_detail(0xABC, 2, before, bad) == (
+            f"map-id 000000000abc -> 000000000002 (maps not in the catalog or unreadable: {why})")
 
 
 def test_invariance_lost_regained_and_growth(capsys, tmp_path):
@@ -873,9 +967,12 @@ def test_drift_page_keeps_every_kernel_name_intact_and_injects_nothing(tmp_path)
         def __init__(self):
             super().__init__(convert_charrefs=True)
             self.tags, self.code, self.rows, self.in_code, self.row = set(), [], {}, False, None
+            self.imgs = []
 
         def handle_starttag(self, tag, attrs):
             self.tags.add(tag)
+            if tag == "img":
+                self.imgs.append(dict(attrs))
             if tag == "tr" and dict(attrs).get("id", "").startswith("k-"):
                 self.row = dict(attrs)["id"]
                 self.rows[self.row] = ""
@@ -895,7 +992,10 @@ def test_drift_page_keeps_every_kernel_name_intact_and_injects_nothing(tmp_path)
 
     p = Cells()
     p.feed(page)
-    assert "script" not in p.tags and "img" not in p.tags
+    # the only pictures are the maps' (the fixture maps every combination), none a kernel name made
+    assert "script" not in p.tags and p.imgs and all(
+        set(i) == {"class", "src", "alt"} and i["class"] == "map" and re.fullmatch(r"maps/[0-9a-f]{12}\.png", i["src"])
+        for i in p.imgs), p.imgs
     assert set(names) <= set(p.code)  # each name whole, in a <code> of the kernels table
     assert any(f.kind == "kernel" for f in result.flags)
     assert "m\u00e4chine-\u540d" in html.unescape(re.sub(r"<[^>]+>", "", page))
@@ -909,7 +1009,7 @@ def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     assert set(doc) == {"version", "fail_on", "failing", "pairs", "machines", "flags", "different_hardware",
                         "method_notes", "timing_notes", "warnings"}
     assert doc["different_hardware"] == []
-    assert doc["fail_on"] == ["kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix"]
+    assert doc["fail_on"] == ["kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input", "fix"]
     f = doc["flags"][0]
     assert set(f) == {"kind", "failing", "machine", "across", "benchmark", "unit", "params", "before",
                       "after", "detail", "attribution", "repro"}

@@ -18,6 +18,7 @@ UNITS = {
     "fix_cost": "ratio",
     "fix_id": "fix-id",
     "order_id": "order-id",
+    "map_id": "map-id",
 }
 
 # The measuring method of each series: a version that moves whenever this project changes what
@@ -28,6 +29,7 @@ UNITS = {
 METHOD = {
     "error_u": 1, "nonfinite": 2, "gamma_k_u": 1, "slice_n_ulp": 1, "slice_m_ulp": 1, "run_to_run_ulp": 1,
     "kernel_id": 5, "input_id": 1, "cuda_seconds": 2, "fix_cost": 1, "fix_id": 1, "order_id": 4, "time_matmul": 1,
+    "map_id": 1,
 }
 
 # (series, the version it starts, the first commit that measured with it, what changed). A result

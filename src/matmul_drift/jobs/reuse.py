@@ -1,6 +1,6 @@
 """A night costs what changed: where a combination's kernel id, environment id and input id
-equal this machine's last recorded result for the same build, its order tree and fix verdicts
-are confirmed cheaply instead of measured again (docs/design.md, "The main job").
+equal this machine's last recorded result for the same build, its order tree, fix verdicts and
+batch-invariance map are confirmed cheaply instead of measured again (docs/design.md, "The main job").
 
 The main job names that result in $MATMUL_DRIFT_REUSE (a results file of this machine and
 build); a plain `asv run` sets nothing and measures everything. The environment id covers the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 REUSE_VAR = "MATMUL_DRIFT_REUSE"  # a results file of this machine and build; unset or "0": none
 SAME = ("kernel_id", "env_id", "input_id")
-KEPT = ("order_id", "fix_id", "fix_cost")
+KEPT = ("order_id", "fix_id", "fix_cost", "map_id")
 DRAWS = 16  # fresh draws a stored tree must replay bit for bit
 
 

@@ -4,7 +4,9 @@
   the main job) on each machine, the values that failed, and the kernel names behind every
   kernel-id in the results, so a reader sees names where asv's graphs show a number (asv
   prints an id as ``1.39e+14 kernel-id``; the page lists that spelling beside the 12-hex id),
-  and the summation order, in words, behind every order-id;
+  and the summation order, in words, behind every order-id; the batch-invariance map of each
+  batched case in each machine's latest run, per torch build, drawn from its catalog entries
+  (probes/map_plot.py) into ``maps/``, with its words;
 - a link to it in the navigation bar of asv's ``index.html``, the graphs' legend beside the plot
   rather than over it, and each id-valued benchmark named as an id in asv's ``index.json``;
 - local copies of the scripts and styles that asv's ``index.html`` loads from CDNs
@@ -23,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from matmul_drift.core import ids, mapruns
 from matmul_drift.core.series import method_key as series_key
 from matmul_drift.read import history, render, summary
 from matmul_drift.store import atomic, scratch
@@ -151,11 +154,13 @@ def _notes(result: summary.Summary) -> list[str]:
             for heading, lines in render.notes(result)]
 
 
-ID_SERIES = (("kernel-id", "k", "kernels"), ("order-id", "o", "orders"), ("fix-id", "f", "fixes"))
+ID_SERIES = (("kernel-id", "k", "kernels"), ("order-id", "o", "orders"), ("fix-id", "f", "fixes"),
+             ("map-id", "m", "maps"))
+LINKED = ("kernel-id", "order-id")  # the id series whose ids the page names in a table of their own
 
 
 def changes(hist: history.History) -> list[dict]:
-    """Every change of an id series (kernel-id, order-id, fix-id) along each machine's history,
+    """Every change of an id series (kernel-id, order-id, fix-id, map-id) along each machine's history,
     per combination and torch build: {"machine", "params", "env", "unit", "steps": [(commit, id,
     method changed before it)]}, in commit order; combinations whose id never moved are left out."""
     units = hist.units()
@@ -187,7 +192,7 @@ def changes(hist: history.History) -> list[dict]:
 
 def _changes_table(hist: history.History) -> list[str]:
     found = changes(hist)
-    out = ['<h2 id="changes">Kernel, order and fix changes per case</h2>',
+    out = ['<h2 id="changes">Kernel, order, fix and map changes per case</h2>',
            "<p>asv's graphs draw these ids as numbers near 1e14: a step there is a change here. Each "
            "id links to what it names below; a change across a method change (this project measuring "
            "otherwise) is marked and never flagged.</p>"]
@@ -199,11 +204,102 @@ def _changes_table(hist: history.History) -> list[str]:
     for c in found:
         steps = " &rarr; ".join(
             ("<em>method changed</em> " if m else "") + f"<code>{c_[:8]}</code> "
-            + (f'<a href="#{anchors[c["unit"]]}-{i:012x}">{i:012x}</a>' if c["unit"] != "fix-id" else f"{i:012x}")
+            + (f'<a href="#{anchors[c["unit"]]}-{i:012x}">{i:012x}</a>' if c["unit"] in LINKED else f"{i:012x}")
             for c_, i, m in c["steps"])
         out.append(f"<tr><td>{_e(c['machine'])}</td><td>{_e(c['params'])}</td><td>{_e(c['env'])}</td>"
                    f"<td>{_e(c['unit'])}</td><td>{steps}</td></tr>")
     return out + ["</tbody></table>"]
+
+
+MAPS = "maps"  # the site's folder of map pictures
+
+
+def map_figures(hist: history.History, latest: dict[str, str]) -> list[dict]:
+    """The batch-invariance maps of each machine's latest run (``latest``: machine -> commit), one
+    figure per machine, torch build, case and device: ``machine``, ``torch``, ``case``,
+    ``device``, ``maps`` ([{"dtype", "id", "entry"}] in the results' dtype order; ``entry`` None
+    where the catalog lacks it), ``problem`` (why it cannot be drawn, or None) and ``file``
+    (``maps/<12 hex>.png``, named by its dtypes and map-ids: one picture is one file)."""
+    units = hist.units()
+    out = []
+    for machine, runs in sorted(hist.runs.items()):
+        for run in runs:
+            if run.commit != latest.get(machine):
+                continue
+            for name, s in sorted(run.series.items()):
+                if units.get(name) != "map-id":
+                    continue
+                groups: dict[tuple, list[dict]] = {}
+                for combo, v in zip(itertools.product(*s.params), s.values):
+                    if math.isfinite(v):
+                        p = hist.params_dict(name, s.params, combo)
+                        groups.setdefault((p.get("case", ""), p.get("device", "")), []).append(
+                            {"dtype": p.get("dtype", ""), "id": int(v), "entry": hist.catalog.get("maps", v)})
+                for (case, device), maps in groups.items():
+                    key = ids.object_id([[m["dtype"], m["id"]] for m in maps])
+                    out.append({"machine": machine, "torch": run.torch or run.env_name, "case": case, "device": device,
+                                "maps": maps, "problem": _map_problem(maps), "file": f"{MAPS}/{key:012x}.png"})
+    return out
+
+
+def _map_problem(maps: list[dict]) -> str | None:
+    """Why these catalog entries cannot be drawn (missing, or not in the shape batchmap.entry
+    writes: a results tree may hold anything), or None."""
+    for m in maps:
+        e = m["entry"]
+        if not isinstance(e, dict):
+            return f"the map {m['id']:012x} is not in the catalog"
+        p = e.get("params")
+        bad = (not isinstance(p, dict) or not all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool)
+                                                  for k in ("lo", "hi", "m_full"))
+               or not isinstance(e.get("measured"), list) or not all(isinstance(x, int) for x in e["measured"])
+               or not isinstance(e.get("range_size"), int) or not isinstance(e.get("words"), str))
+        why = "malformed" if bad else mapruns.misfit(e.get("verdicts"))
+        if why or p["hi"] - p["lo"] >= mapruns.MAX_M:
+            return f"the map {m['id']:012x} cannot be drawn: {why or 'too wide'}"
+    return None
+
+
+def _maps_section(figures: list[dict]) -> list[str]:
+    out = ['<h2 id="maps">Batch-invariance maps</h2>',
+           ("<p>Which batch sizes M give the same bits, for each batched case of each machine's latest run and "
+            "torch build (<code>matmul-drift map</code>): along M, the upper half of each dtype's row is row 0 of "
+            "<code>A[:M] @ B</code> against <code>A[:1] @ B</code>, the lower half its rows against the full "
+            "product; a vertical line marks a change of kernel. The suite records each map's id "
+            "(<code>track_map_id</code>); the summary flags the M whose state changed.</p>")]
+    for f in figures:
+        title = f"{f['machine']}: {f['case']} on {f['device']}, torch {f['torch']}"
+        out.append(f'<div class="map"><h3>{_e(title)}</h3>')
+        if f["problem"]:
+            out.append(f"<p><em>not drawn: {_e(f['problem'])}</em></p>")
+        else:
+            out.append(f'<img class="map" src="{f["file"]}" alt="{_e("batch-invariance map, " + title)}">')
+        out.append('<table class="map-words"><thead><tr><th>dtype</th><th>map-id</th><th>which M give the same bits'
+                   "</th></tr></thead><tbody>")
+        for m in f["maps"]:
+            words = m["entry"].get("words") if isinstance(m["entry"], dict) else None
+            out.append(f"<tr><td>{_e(m['dtype'])}</td><td><code>{m['id']:012x}</code></td><td>"
+                       + (f"<pre>{html.escape(render.visible(words, newlines=True))}</pre>" if isinstance(words, str)
+                          else "<em>not in the catalog</em>") + "</td></tr>")
+        out.append("</tbody></table></div>")
+    return out
+
+
+def draw_maps(html_dir: Path, figures: list[dict]) -> None:
+    """Each figure's PNG (map_plot.png of its entries) under ``html_dir``; those with a problem
+    are left out (the page says why), and one that matplotlib cannot draw gets its problem here:
+    a picture must not cost the site."""
+    from matmul_drift.probes import map_plot
+
+    for f in figures:
+        if f["problem"]:
+            continue
+        try:
+            data = map_plot.png([map_plot.from_entry(m["entry"]) for m in f["maps"]])
+        except Exception as exc:  # noqa: BLE001  whatever a results tree holds, the rest of the site is built
+            f["problem"] = f"matplotlib could not draw it: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        atomic.write_bytes(Path(html_dir) / f["file"], data)
 
 
 def _kernel_cell(entry) -> str:
@@ -233,11 +329,12 @@ def _all_nights(recorded: list[dict]) -> list[str]:
 
 
 def page(hist: history.History, result: summary.Summary, runs: list[dict], recorded: list[dict] = (),
-         title: str = "the latest night on each machine") -> str:
+         title: str = "the latest night on each machine", figures: list[dict] | None = None) -> str:
     """drift.html: ``result`` is what changed in every machine's latest run, ``runs`` one dict
     per machine (``machine``, ``commit``, ``line``: one line about the run, ``failed``: its
     failed values), ``recorded`` every night file (with its axis commit as "point" and
-    nightly.night_title as "title"), for the nightly's table of nights."""
+    nightly.night_title as "title"), for the nightly's table of nights; ``figures`` the maps
+    (map_figures of the latest runs, drawn by draw_maps; None: found here, as yet undrawn)."""
     latest = {n["machine"]: n["commit"] for n in runs}
     out = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -245,7 +342,8 @@ def page(hist: history.History, result: summary.Summary, runs: list[dict], recor
         "<style>body{font-family:sans-serif;margin:1.5em;max-width:110em}table{border-collapse:collapse;"
         "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;vertical-align:top;text-align:left}"
         "th{background:#f3f3f3}code{font-size:90%}ol{margin:.2em 0 .4em 1.2em;padding:0}h3.failing{color:#a00}"
-        "details.notes{margin:.3em 0}details.notes summary{cursor:pointer}</style>",
+        "details.notes{margin:.3em 0}details.notes summary{cursor:pointer}img.map{max-width:100%}"
+        "table.map-words pre{margin:0;white-space:pre-wrap}</style>",
         "</head><body>", '<p><a href="index.html">&larr; the asv benchmarks</a></p>',
         f"<h1>matmul-drift: {_e(title)}</h1>",
         f'<p id="headline">{_e(render.headline(result, summary.DEFAULT_FAIL_ON))}.</p>',
@@ -261,6 +359,8 @@ def page(hist: history.History, result: summary.Summary, runs: list[dict], recor
         for n in failed:
             out.append(f"<h3>{_e(n['machine'])} ({len(n['failed'])})</h3><ul>"
                        + "".join(f"<li><code>{_e(f)}</code></li>" for f in n["failed"]) + "</ul>")
+    figures = map_figures(hist, latest) if figures is None else figures
+    out += _maps_section(figures) if figures else []
     out += _changes_table(hist)
     out += ['<h2 id="kernels">Kernel names behind every kernel-id</h2>',
             "<p>asv's graphs show a kernel-id as a number; its 12-hex spelling names the catalog entry "
@@ -334,6 +434,8 @@ def write(html_dir: Path | str, hist: history.History, result: summary.Summary, 
     for f in VENDOR.rglob("*"):
         if f.is_file() and f.name != "README.txt":
             atomic.copy(f, html_dir / "vendor" / f.relative_to(VENDOR))
-    atomic.write_text(html_dir / PAGE, page(hist, result, runs, recorded, title))
+    figures = map_figures(hist, {n["machine"]: n["commit"] for n in runs})
+    draw_maps(html_dir, figures)
+    atomic.write_text(html_dir / PAGE, page(hist, result, runs, recorded, title, figures))
     atomic.write_text(index, add_link(text))
     return external

@@ -24,6 +24,14 @@ DEVICES_VAR = "MATMUL_DRIFT_DEVICES"  # comma list of devices to measure (a GPU 
 PRECISIONS_VAR = "MATMUL_DRIFT_PRECISIONS"  # comma list of precisions, in the order to measure them
 FIXES_VAR = "MATMUL_DRIFT_FIXES"  # "0": no fix finder (fix_cost, fix_id NaN): quicker runs
 ORDERS_VAR = "MATMUL_DRIFT_ORDERS"  # "0": no order probe (order_id NaN)
+MAPS_VAR = "MATMUL_DRIFT_MAPS"  # "0": no batch-invariance maps (map_id NaN)
+# the cases with a batch dimension to map (a row count M that A[:M] @ B slices); the others NaN
+MAP_CASES = ("skinny", "batch-invariance-2", "linear", "bmm")
+# The suite maps M = 1..min(the case's M, batchmap.DEFAULT_TOP), but these (device, precision)
+# only up to the M given here, for cost: float16 on a CPU without an fp16 kernel takes torch's
+# native loop (0.26 GFLOP/s on the AMD EPYC), and batch-invariance-2's map of 1..256 took 15.3 of
+# the 26 s all 16 CPU maps took there; 1..64 measures about a seventh of its rows.
+MAP_TOP = {("cpu", "float16"): 64}
 BUDGET_VAR = "MATMUL_DRIFT_BUDGET"  # seconds: start no measurement after them (a GPU check's fixed slot)
 TORCH_VAR = "MATMUL_DRIFT_EXPECT_TORCH"  # the torch version an `existing` environment must hold
 # a file measure_all also writes its progress to: asv keeps a setup_cache's output only where it fails
@@ -109,7 +117,7 @@ def selected_budget() -> float | None:
 
 
 def switched_on(var: str) -> bool:
-    """$var (FIXES_VAR, ORDERS_VAR): on unless "0"; a value other than 0, 1 or none fails
+    """$var (FIXES_VAR, ORDERS_VAR, MAPS_VAR): on unless "0"; a value other than 0, 1 or none fails
     loudly here, not as a silent choice."""
     import os
 
@@ -124,7 +132,7 @@ def check_selection() -> None:
     `matmul-drift run` and a night refuse it in one line before asv starts, rather than record
     every benchmark as failed (a record that then stands in the way of a corrected run)."""
     selected_cases(), selected_precisions(), selected_devices(), selected_budget()
-    switched_on(FIXES_VAR), switched_on(ORDERS_VAR)
+    switched_on(FIXES_VAR), switched_on(ORDERS_VAR), switched_on(MAPS_VAR)
 
 
 def key(case: str, precision: str, device: str) -> str:
@@ -158,9 +166,9 @@ def measure_all(case_ids=None, precisions=None, devices=None, root=None, log=sys
     """Measure every combination; returns {key: values | {"skip": why} | {"error": text}}.
     values["failed"], where present, is {name: why} of the added values (``added``) that broke.
     With $MATMUL_DRIFT_BUDGET, no combination starts after that many seconds: the rest are
-    skipped, and say why (the order probe and the fix finder come after, outside it). With
-    $MATMUL_DRIFT_REUSE (jobs/reuse.py), trees and fix verdicts of combinations whose ids equal
-    that record's are confirmed, not measured again. Ends with a line of where the time went
+    skipped, and say why (the order probe, the fix finder and the maps come after, outside it).
+    With $MATMUL_DRIFT_REUSE (jobs/reuse.py), trees, fix verdicts and maps of combinations whose
+    ids equal that record's are confirmed, not measured again. Ends with a line of where the time went
     (``COST``). With $MATMUL_DRIFT_PROGRESS, every line also goes to that file."""
     import os
 
@@ -210,7 +218,9 @@ def _measure_all(case_ids, precisions, devices, root, log) -> dict:
     cost["orders_reused"] = add_orders(out, root, log, record)
     cost["orders"], t2 = time.monotonic() - t1, time.monotonic()
     cost["fixes_reused"] = add_fixes(out, root, log, record)
-    cost["fixes"] = time.monotonic() - t2
+    cost["fixes"], t3 = time.monotonic() - t2, time.monotonic()
+    cost["maps_reused"] = add_maps(out, root, log, record)
+    cost["maps"] = time.monotonic() - t3
     print(cost_line(cost, record[0] if record else None), file=log, flush=True)
     return out
 
@@ -222,7 +232,8 @@ def cost_line(cost: dict, commit: str | None) -> str:
     """Where setup_cache's time went, in seconds, and what was reused (and from which commit)."""
     return (f"{COST} measuring {cost['measuring']:.1f} s (exact reference {cost['reference']:.1f} s), "
             f"orders {cost['orders']:.1f} s ({cost['orders_reused']} reused), fixes {cost['fixes']:.1f} s "
-            f"({cost['fixes_reused']} reused)" + (f"; reused from {commit[:8]}" if commit else "; nothing to reuse"))
+            f"({cost['fixes_reused']} reused), maps {cost['maps']:.1f} s ({cost['maps_reused']} reused)"
+            + (f"; reused from {commit[:8]}" if commit else "; nothing to reuse"))
 
 
 def _record(log) -> tuple[str, dict] | None:
@@ -329,6 +340,87 @@ def _reused_tree(t, k: str, values: dict, record: tuple[str, dict] | None, root)
             "summary": words.describe(tree), "calls": r["calls"],
             "confirmed": f"reused from {commit}, confirmed ({r['draws']} fresh draws replayed bit for bit, "
                          f"{r['calls']} call{'s' if r['calls'] != 1 else ''})"}, None
+
+
+def add_maps(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None = None) -> int:
+    """Adds ``map_id`` to every measured combination of a batched case (MAP_CASES): the id of the
+    catalog "maps" entry (batchmap.entry: every M's state as runs, and the words) of the case's
+    batch-invariance map over M = 1..min(the case's M, batchmap.DEFAULT_TOP: 256 on the CPU, 512
+    on CUDA; MAP_TOP where it names the device and precision), on the suite's own inputs,
+    against the case's full product. NaN where the map
+    cannot run (out of memory; ``$MATMUL_DRIFT_MAPS=0``: none at all), a failure (``added``: asv
+    null) where it broke. Where ``record`` (reuse.previous) has the combination's kernel,
+    environment and input ids, the stored map is confirmed instead: each run's first and last M
+    measured again (batchmap_run.confirm; "reused from <commit>, confirmed"); one that does not
+    hold, or cannot be read, is mapped afresh and the line says why. Returns how many maps were
+    reused."""
+    from matmul_drift.probes import batchmap, batchmap_run
+
+    if not switched_on(MAPS_VAR):
+        return 0
+    todo = [k for k, v in out.items() if k.split("|")[0] in MAP_CASES and "skip" not in v and "error" not in v]
+    t0, reused = time.monotonic(), 0
+    for i, k in enumerate(todo, 1):
+        c, p, d = k.split("|")
+        why = None
+        try:
+            top = MAP_TOP.get((d, p))
+            rng = None if top is None else (1, min(top, cases.get(c).shape(d).m))
+            mapper = batchmap_run.Mapper(batchmap_run.plan(c, None, None, rng, p, d))
+            if int(mapper.checksum[: ids.ID_HEX_DIGITS], 16) != out[k]["input_id"]:
+                raise RuntimeError(f"the map drew other inputs than the suite ({mapper.checksum[:12]})")
+            got, why = _reused_map(mapper, k, out[k], record, root)
+            if got is None:
+                rec = batchmap_run.complete(mapper)
+                got = {"entry": batchmap.entry(rec), "how": f"measured {rec['measured']} of {rec['range_size']} M"}
+            else:
+                reused += 1
+            out[k]["map_id"] = float(catalog.store(root, "maps", got["entry"]))
+            what = "; ".join(got["entry"]["words"].splitlines()[:2]) + f" ({got['how']})"
+        except (batchmap.MapError, Unavailable) as exc:
+            out[k]["map_id"], what = NAN, f"not mapped: {exc}"
+        except Exception as exc:  # the map must not lose the measurements made, nor pass for a skip
+            reason = "".join(traceback.format_exception_only(exc)).strip()
+            out[k]["map_id"], what = NAN, f"failed: {reason}"
+            out[k].setdefault("failed", {})["map_id"] = reason
+        what += f"; {why}" if why else ""
+        print(f"[maps {i}/{len(todo)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {what}", file=log, flush=True)
+    return reused
+
+
+def _reused_map(mapper, k: str, values: dict, record: tuple[str, dict] | None, root) -> tuple[dict | None, str | None]:
+    """({"entry": the recorded map's catalog entry, "how": "reused from <commit>, confirmed (...)"},
+    or None; why it was not reused, or None where there was no record to reuse)."""
+    from matmul_drift.jobs import reuse
+    from matmul_drift.probes import batchmap, batchmap_run
+
+    if record is None or k not in record[1]:
+        return None, None
+    commit, rec = record[0][:8], record[1][k]
+    if not reuse.matches(values, rec, "map_id"):
+        return None, f"mapped afresh: {reuse.differs(values, rec, 'map_id')} at {commit}"
+    ident = ids.hex_id(rec["map_id"])
+    try:
+        entry = catalog.load(root, "maps", rec["map_id"])
+    except (catalog.MissingEntry, ValueError) as exc:
+        return None, f"mapped afresh: the map {ident} of {commit} cannot be read ({exc})"
+    misfit = batchmap.entry_misfit(entry, mapper.plan.params)
+    if misfit:
+        return None, f"mapped afresh: the map {ident} of {commit} is {misfit}"
+    r = batchmap_run.confirm(mapper, entry["verdicts"])
+    if r["differ"]:
+        m, was, now = r["differ"][0]
+        return None, (f"the map {ident} of {commit} did not hold at {len(r['differ'])} of {len(r['sizes'])} M "
+                      f"measured again (first M = {m}: recorded {_state_words(was)}, now {_state_words(now)}): "
+                      "mapped afresh")
+    return {"entry": entry, "how": f"reused from {commit}, confirmed ({len(r['sizes'])} M measured again, each "
+                                   "run's first and last, in the same state)"}, None
+
+
+def _state_words(s: tuple[str, bool, bool]) -> str:
+    """(kernel-id, row 0 invariant?, rows invariant?) in words, for a line of the log."""
+    return (f"kernel-id {s[0]}, row 0 {'invariant' if s[1] else 'drifting'}, "
+            f"rows {'invariant' if s[2] else 'drifting'}")
 
 
 def _drifts(values: dict) -> bool:
@@ -451,8 +543,8 @@ def _record_fixes(out: dict, k: str, report: dict, root, log) -> None:
 
 
 def added(values: dict, name: str) -> float:
-    """A value add_orders or add_fixes adds: NaN (asv: skipped) where it was not added, as
-    where $MATMUL_DRIFT_ORDERS=0; RuntimeError (asv: failed) where adding it broke."""
+    """A value add_orders, add_fixes or add_maps adds: NaN (asv: skipped) where it was not added,
+    as where $MATMUL_DRIFT_ORDERS=0; RuntimeError (asv: failed) where adding it broke."""
     if name in values.get("failed", {}):
         raise RuntimeError(values["failed"][name])
     return values.get(name, NAN)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from matmul_drift.core import cases
+from matmul_drift.core import cases, mapruns
 from matmul_drift.probes import scan
 
 SCHEMA = "matmul-drift-map/1"
@@ -142,27 +142,10 @@ def verdicts(points: dict[int, dict], lo: int, hi: int) -> list[dict]:
     return out
 
 
-def per_m(verdict_runs: list[dict]) -> dict[int, tuple[str, bool, bool]]:
-    """{M: (kernel-id, row 0 invariant?, rows invariant?)} from ``verdicts``'s runs."""
-    return {m: (r["kernel_id"], r["row0"], r["rows"]) for r in verdict_runs for m in range(r["lo"], r["hi"] + 1)}
+per_m = mapruns.per_m  # {M: (kernel-id, row 0 invariant?, rows invariant?)} from ``verdicts``'s runs
 
 
 # --- words ---------------------------------------------------------------------------------
-
-
-def _spans(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Runs of M merged where one ends just before the next begins."""
-    out: list[tuple[int, int]] = []
-    for a, b in runs:
-        if out and out[-1][1] + 1 == a:
-            out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
-    return out
-
-
-def _spans_text(spans: list[tuple[int, int]]) -> str:
-    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
 
 
 def _pattern_text(points: dict[int, dict], lo: int, hi: int, key) -> str:
@@ -182,7 +165,7 @@ def _worst(points: dict[int, dict], which: str) -> str:
 def property_words(points: dict[int, dict], runs: list[dict], which: str, lo: int, hi: int) -> str:
     """Where ``which`` ("row0" or "rows") holds, in words: 'invariant at M = 1..3, 8..15;
     drifts elsewhere (max 2 ulp)'; by alignment class where more than MAX_SPANS runs."""
-    spans = _spans([(r["lo"], r["hi"]) for r in runs if r[which]])
+    spans = mapruns.spans([(r["lo"], r["hi"]) for r in runs if r[which]])
     if not spans:
         return f"drifts at every M ({_worst(points, which)})"
     if spans == [(lo, hi)]:
@@ -191,7 +174,7 @@ def property_words(points: dict[int, dict], runs: list[dict], which: str, lo: in
         count = sum(b - a + 1 for a, b in spans)
         return (f"invariant at {count} of {hi - lo + 1} M, by alignment: "
                 f"{_pattern_text(points, lo, hi, lambda p: ('', int(not invariant(p, which))))} ({_worst(points, which)})")
-    return f"invariant at M = {_spans_text(spans)}; drifts elsewhere ({_worst(points, which)})"
+    return f"invariant at M = {mapruns.spans_text(spans)}; drifts elsewhere ({_worst(points, which)})"
 
 
 def route(kernels: list[str]) -> str:
@@ -209,11 +192,11 @@ def kernel_words(points: dict[int, dict], runs: list[dict], lo: int, hi: int) ->
     if len(where) == 1:
         (kid,) = where
         return f"one route at every M: {kid} ({names[kid]})"
-    spans = {kid: _spans(w) for kid, w in where.items()}
+    spans = {kid: mapruns.spans(w) for kid, w in where.items()}
     if sum(map(len, spans.values())) > MAX_SPANS:
         text = _pattern_text(points, lo, hi, lambda p: (p["kernel_id"], None))
     else:
-        text = "; ".join(f"{kid} at M = {_spans_text(s)}" for kid, s in sorted(spans.items(), key=lambda x: x[1][0]))
+        text = "; ".join(f"{kid} at M = {mapruns.spans_text(s)}" for kid, s in sorted(spans.items(), key=lambda x: x[1][0]))
     return text + "".join(f"\n    {kid}: {names[kid]}" for kid in sorted(where, key=lambda k: spans[k][0]))
 
 
@@ -282,6 +265,44 @@ def record(params: Params, points: dict[int, dict], *, input_checksum: str, anch
         "sessions": sessions,
         "environment": environment,
     }
+
+
+ENTRY_SCHEMA = "matmul-drift-map-entry/1"
+
+
+def entry_params(params: dict) -> dict:
+    """A map's params as its catalog entry keeps them: without the environment's id (the
+    env-id series records the environment, and two builds with one map share one map-id)."""
+    return {k: v for k, v in params.items() if k != "env_id"}
+
+
+def entry(rec: dict) -> dict:
+    """The catalog text behind a map-id (catalog kind "maps") of a complete record: ``params``
+    (entry_params), ``verdicts`` (every M as runs of one state: core/mapruns.py), ``words``,
+    ``measured`` (the M measured, in order) and ``range_size`` (hi − lo + 1). Plain data;
+    what map_plot draws and what the summary compares."""
+    return {"schema": ENTRY_SCHEMA, "params": entry_params(rec["params"]), "verdicts": rec["verdicts"],
+            "words": rec["words"], "measured": sorted(p["size"] for p in rec["points"]),
+            "range_size": rec["range_size"]}
+
+
+def entry_misfit(e, params: Params) -> str | None:
+    """Why the catalog entry ``e`` cannot stand for the map ``params`` describe (another map, or
+    verdicts that do not cover its range run by run), in words; None where it can."""
+    if not isinstance(e, dict) or e.get("schema") != ENTRY_SCHEMA:
+        return f"not a map entry (schema {ENTRY_SCHEMA} expected)"
+    want = entry_params(params.to_dict())
+    if e.get("params") != want:
+        got = e.get("params") if isinstance(e.get("params"), dict) else {}
+        return "another map: " + "; ".join(f"{k} {got.get(k)!r}, here {v!r}" for k, v in want.items() if got.get(k) != v)
+    runs, at = e.get("verdicts"), params.lo
+    for r in runs if isinstance(runs, list) and runs else [None]:
+        if not (isinstance(r, dict) and r.get("lo") == at and scan._integer(r.get("hi")) and r["hi"] >= at
+                and isinstance(r.get("kernel_id"), str) and isinstance(r.get("row0"), bool)
+                and isinstance(r.get("rows"), bool)):
+            return f"its verdicts do not cover M = {params.lo}..{params.hi} run by run (at M = {at})"
+        at = r["hi"] + 1
+    return None if at == params.hi + 1 else f"its verdicts end at M = {at - 1}, not {params.hi}"
 
 
 def check_record(rec, params: Params) -> None:

@@ -4,6 +4,8 @@ Ctrl-C or SIGTERM, as scan_run does for a scan.
 
 The search and the record are batchmap.py's, one M's measurement measure/batchpoint.py's;
 parsing and printing stay in cli/map.py. ``run`` returns scan_run's Outcome (plain data).
+``plan``, ``Mapper``, ``complete`` and ``confirm`` are the same steps without a file or signal
+handling, as the suite maps each batched case (jobs/suite.py, add_maps).
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
-from matmul_drift.core import ids
+from matmul_drift.core import ids, mapruns
 from matmul_drift.core.cases import storage_dtype
 from matmul_drift.measure import kernels, memory
 from matmul_drift.probes import batchmap, interrupt, scan
 from matmul_drift.probes.scan_run import SAVE_EVERY_S, Outcome
+
+CONFIRM_MOST = 12  # M a confirmation re-measures at most (each run's first and last, spread)
 
 
 def check_memory(s: dict, dtype: str, device: str, host: bool = True) -> None:
@@ -31,6 +36,96 @@ def check_memory(s: dict, dtype: str, device: str, host: bool = True) -> None:
         raise batchmap.MapError(str(exc)) from None
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A map checked before anything is allocated: ``shape`` (batchmap.shape's dict), the
+    storage ``dtype``, its ``params`` and the ``environment`` it records (no MKL banner: that is
+    not known before a product)."""
+
+    shape: dict
+    dtype: str
+    params: batchmap.Params
+    environment: dict
+
+
+def plan(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None, precision: str,
+         device: str, host_memory_check: bool = True) -> Plan:
+    """The map of M over ``rng`` (None: the device's default) for ``--case case_id`` or the
+    shape ``k`` x ``n``, in ``precision`` on ``device``. MapError for bad input, and for a shape
+    that needs more memory than there is (the host's only when ``host_memory_check``)."""
+    from matmul_drift.measure import batchpoint, environment, measure
+
+    try:
+        batchpoint.check(device, precision)
+    except measure.Unavailable as exc:
+        raise batchmap.MapError(str(exc)) from None
+    s = batchmap.shape(case_id, k, n, rng, device)
+    dtype = storage_dtype(precision)
+    check_memory(s, dtype, device, host_memory_check)
+    env = environment.describe(device)
+    params = batchmap.Params(case_id, s["case"].op, s["lo"], s["hi"], s["m_full"], s["full"], s["k"], s["n"],
+                             s["batch"], precision, device, measure.SEED, ids.hex_id(ids.object_id(env)))
+    return Plan(s, dtype, params, env)
+
+
+class Mapper:
+    """A planned map's inputs and anchor products (``A[:1] @ B`` and the full product), made
+    once on construction: the point at any M of its range (``point``), and its record."""
+
+    def __init__(self, planned: Plan):
+        from matmul_drift.measure import batchpoint, measure
+
+        self.plan = planned
+        p = planned.params
+        a_bits, b_bits, self.checksum = measure.operand_bits(planned.shape["case"], planned.dtype, p.device)
+        self.ops = measure.make_operands(a_bits, b_bits, planned.dtype, p.device, planned.shape["case"])
+        del a_bits, b_bits
+        with measure.precision_flags(p.dtype):
+            self.anchors = batchpoint.anchors(self.ops)
+
+    def point(self, m: int) -> dict:
+        """batchpoint.batch_point at M = ``m``, under the precision's matmul flags."""
+        from matmul_drift.measure import batchpoint, measure
+
+        p = self.plan.params
+        with measure.precision_flags(p.dtype):
+            return batchpoint.batch_point(self.ops, m, self.anchors, dtype=self.plan.dtype, device=p.device)
+
+    def record(self, points: dict[int, dict], sessions: list[dict], complete: bool) -> dict:
+        """batchmap.record of ``points`` on these inputs and anchors."""
+        return batchmap.record(self.plan.params, points, input_checksum=self.checksum,
+                               anchor_checksum=self.anchors.checksum, environment=self.plan.environment,
+                               sessions=sessions, complete=complete)
+
+
+def complete(mapper: Mapper) -> dict:
+    """The whole map in one go, with no file and no signal handling (the suite's way: asv
+    stops its setup_cache as a whole): the complete record, one session (seconds)."""
+    t0 = time.monotonic()
+    p = mapper.plan.params
+    points = batchmap.search(p.lo, p.hi, mapper.point)
+    return mapper.record(points, [{"evaluated": len(points), "seconds": round(time.monotonic() - t0, 3),
+                                   "complete": True}], complete=True)
+
+
+def confirm(mapper: Mapper, runs: list[dict], most: int = CONFIRM_MOST) -> dict:
+    """A recorded map's ``runs`` checked cheaply on ``mapper``'s inputs: each run's first and last
+    M (mapruns.ends: at most ``most``) measured again and compared with the state the runs give
+    it. Returns ``sizes`` (the M measured), ``differ`` ([(M, recorded state, measured state)]) and
+    ``seconds``."""
+    from matmul_drift.probes.batchmap import state
+
+    t0 = time.monotonic()
+    stated = mapruns.per_m(runs)
+    sizes = mapruns.ends(runs, most)
+    differ = []
+    for m in sizes:
+        now = state(mapper.point(m))
+        if now != stated[m]:
+            differ.append((m, stated[m], now))
+    return {"sizes": sizes, "differ": differ, "seconds": round(time.monotonic() - t0, 3)}
+
+
 def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None, precision: str,
         device: str, path: str | None, resume: bool, prog: str = "matmul-drift map",
         host_memory_check: bool = True) -> Outcome:
@@ -41,28 +136,17 @@ def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] 
     all before anything is allocated."""
     from tqdm import tqdm
 
-    from matmul_drift.measure import batchpoint, environment, measure
+    from matmul_drift.measure import measure
 
-    try:
-        batchpoint.check(device, precision)
-    except measure.Unavailable as exc:
-        raise batchmap.MapError(str(exc)) from None
-    s = batchmap.shape(case_id, k, n, rng, device)
-    dtype = storage_dtype(precision)
-    check_memory(s, dtype, device, host_memory_check)
-    env = environment.describe(device)  # no MKL banner: it is not known before a product
-    params = batchmap.Params(case_id, s["case"].op, s["lo"], s["hi"], s["m_full"], s["full"], s["k"], s["n"],
-                             s["batch"], precision, device, measure.SEED, ids.hex_id(ids.object_id(env)))
+    planned = plan(case_id, k, n, rng, precision, device, host_memory_check)
+    s, params = planned.shape, planned.params
     rec = batchmap.load(path) if resume else None
     if resume:
         batchmap.check_record(rec, params)  # before drawing inputs
 
-    a_bits, b_bits, checksum = measure.operand_bits(s["case"], dtype, device)
-    ops = measure.make_operands(a_bits, b_bits, dtype, device, s["case"])
-    del a_bits, b_bits
+    mapper = Mapper(planned)
     with measure.precision_flags(precision):
-        anchors = batchpoint.anchors(ops)
-        points = batchmap.resume_points(rec, params, checksum, anchors.checksum) if rec else {}
+        points = batchmap.resume_points(rec, params, mapper.checksum, mapper.anchors.checksum) if rec else {}
         sessions = list(rec["sessions"]) if rec else []
 
         bar = tqdm(total=max(scan.grid_count(s["lo"], s["hi"], None), len(points)), initial=len(points), desc=prog,
@@ -76,10 +160,7 @@ def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] 
             session["seconds"] = round(time.monotonic() - t0, 3)
             session["complete"] = complete
             if path:  # the first write must not replace a file made since --json was checked absent
-                batchmap.write_atomic(path, batchmap.record(params, all_points, input_checksum=checksum,
-                                                            anchor_checksum=anchors.checksum, environment=env,
-                                                            sessions=sessions, complete=complete),
-                                      new=not claimed[0])
+                batchmap.write_atomic(path, mapper.record(all_points, sessions, complete), new=not claimed[0])
                 claimed[0] = True
 
         live = dict(points)
@@ -87,7 +168,7 @@ def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] 
         saved = [time.monotonic()]
 
         def evaluate(m: int) -> dict:
-            p = batchpoint.batch_point(ops, m, anchors, dtype=dtype, device=device)
+            p = mapper.point(m)
             live[m] = p
             session["evaluated"] += 1
             if stopped or time.monotonic() - saved[0] >= SAVE_EVERY_S:  # as scan: bounds both cost and loss
@@ -118,7 +199,6 @@ def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] 
         bar.close()
     if session["evaluated"] or (rec and not rec.get("complete")):
         save(points, complete=True)
-    result = batchmap.record(params, points, input_checksum=checksum, anchor_checksum=anchors.checksum,
-                             environment=env, sessions=sessions, complete=True)
+    result = mapper.record(points, sessions, complete=True)
     return Outcome(0, result, f"{session['evaluated']} batch sizes measured here, {result['measured']} in all, "
                               f"for {result['range_size']}" + (f"; record in {path}" if path else ""))

@@ -1,7 +1,8 @@
 """Map records drawn as one PNG with matplotlib: M along x, one row per record (a dtype), each
 row's upper half row 0 against A[:1] @ B and its lower half the rows against the full product,
 coloured invariant, drifting or not measured, with a vertical line wherever the kernel-id
-changes. Reads the records only."""
+changes. Reads the records only, or the catalog entries the suite keeps of them (``from_entry``:
+the site draws those)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,21 @@ def cells(rec: dict) -> dict[int, tuple[str, bool, bool]]:
     return {p["size"]: batchmap.state(p) for p in rec["points"]}
 
 
+def from_entry(entry: dict) -> dict:
+    """A catalog "maps" entry (batchmap.entry) as the complete record ``png`` draws: its params,
+    verdicts and measured M (the points' other values are not kept there, nor needed here)."""
+    return {"params": entry["params"], "complete": True, "verdicts": entry["verdicts"],
+            "points": [{"size": m} for m in entry["measured"]], "measured": len(entry["measured"]),
+            "range_size": entry["range_size"]}
+
+
 def plot(records: list[dict], path: str) -> None:
     """Write ``records`` (map records of one shape and device, one per dtype) as a PNG to ``path``."""
+    scan.write_file(path, png(records), True, "the plot is in {kept}")  # never over a file made meanwhile
+
+
+def png(records: list[dict]) -> bytes:
+    """``records`` (map records of one shape and device, one per dtype) drawn as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
@@ -69,7 +83,7 @@ def plot(records: list[dict], path: str) -> None:
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
     height = fig.get_figheight()  # inches: the legend and labels keep theirs whatever the rows
     fig.subplots_adjust(bottom=1.25 / height, top=1 - 0.5 / height, left=0.12, right=0.98)
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
     plt.close(fig)
-    scan.write_file(path, png.getvalue(), True, "the plot is in {kept}")  # never over a file made meanwhile
+    return out.getvalue()

@@ -10,7 +10,7 @@ JSON schema (``--format json``), one document::
       "machines": ["name", ...],
       "flags": [                    # one record per flag, grouped by machine and kind
         {
-          "kind": "kernel",         # kernel | order | invariance | accuracy | nonfinite |
+          "kind": "kernel",         # kernel | order | map | invariance | accuracy | nonfinite |
                                     # input | fix | timing | ulp-growth | failure
           "failing": true,          # kind is in fail_on
           "machine": "name",

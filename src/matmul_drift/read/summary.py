@@ -38,6 +38,10 @@ order-id    ``order``: the id differs: entry (0, 0) of the full product is summe
 fix-id      ``fix``: the id differs: a candidate fix (probes/fixes.py) started or stopped removing
             every drift of the combination, or the drifts themselves changed; the detail
             names which, from the two catalog entries.
+map-id      ``map``: the id differs: the batch-invariance map (probes/batchmap.py) of a batched
+            case changed; the detail names the M whose state changed ("M = 8..15 became
+            drifting (row 0 as at M = 1) under torch 2.14.1"), from the two catalog entries'
+            verdicts (core/mapruns.py).
 ratio       never flagged (``fix_cost``: a timing ratio, noise; fix-id judges the bits).
 env-id      never flagged by itself; attributes every flag (``attribution``).
 u-bound     never flagged by itself; the bound for ``u``.
@@ -57,17 +61,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from matmul_drift.core import cases, numerics, series
+from matmul_drift.core import cases, mapruns, numerics, series
 from matmul_drift.core.errors import UsageError
 from matmul_drift.core.ids import hex_id
 from matmul_drift.read.history import History, Run, Series, version_key
 from matmul_drift.store import machine as hardware
 
-KINDS = ("kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix", "timing", "ulp-growth", "failure")
-DEFAULT_FAIL_ON = frozenset({"kernel", "order", "invariance", "accuracy", "nonfinite", "input", "fix"})
+KINDS = ("kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input", "fix", "timing", "ulp-growth",
+         "failure")
+DEFAULT_FAIL_ON = frozenset({"kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input", "fix"})
 ACROSS = ("commits", "envs", "both", "machines")
 TIMING = ("evidence", "suspects")
-ID_UNITS = ("kernel-id", "env-id", "input-id", "fix-id", "order-id")
+ID_UNITS = ("kernel-id", "env-id", "input-id", "fix-id", "order-id", "map-id")
 
 # Identical kernels on identical inputs give identical bits, so any change of error_u is a
 # change of route; the tolerance only keeps tiny reorderings (a different split of one sum,
@@ -883,6 +888,40 @@ def fix_detail(id_b: float, id_a: float, fb, fa) -> str:
     return "\n".join(lines) or f"fix-id {hex_id(id_b)} -> {hex_id(id_a)} (verdicts otherwise alike)"
 
 
+def _map(ctx: _Ctx, vb, va, both) -> list[Flag]:
+    cat, pair = ctx.judge.h.catalog, ctx.pair
+    where = (f" under torch {pair.after.torch}" if pair.across == "envs" and pair.after.torch else
+             f" at {pair.after.commit[:8]}" if pair.across == "commits" else "")
+    return [ctx.flag("map", i, map_detail(vb[i], va[i], cat.get("maps", vb[i]), cat.get("maps", va[i]), where))
+            for i in np.nonzero(both & (vb != va))[0]]
+
+
+def map_detail(id_b: float, id_a: float, eb, ea, where: str = "") -> str:
+    """The M whose state changed between two maps (catalog "maps" entries), a line per kind of
+    change (mapruns.changes), ``where`` ("under torch 2.14.1+cpu") after the first; where no M
+    changed, the lines of the map's words that did (a drift's size); a range mapped otherwise
+    says so."""
+    runs = [e.get("verdicts") if isinstance(e, dict) else None for e in (eb, ea)]
+    bad = [mapruns.misfit(r) for r in runs]
+    if any(bad):
+        why = next(b for b in bad if b)
+        return f"map-id {hex_id(id_b)} -> {hex_id(id_a)} (maps not in the catalog or unreadable: {why})"
+    lines = mapruns.changes(*runs)
+    if lines:
+        lines[0] += where
+    else:
+        wb, wa = (str(e.get("words", "")).splitlines() for e in (eb, ea))
+        moved = [f"{_inline(b)} -> {_inline(a)}" for b, a in zip(wb, wa) if b != a]
+        lines = [f"every M in the same state{where}" + ("; the words changed: " + "; ".join(moved) if moved else
+                                                        f" (map-id {hex_id(id_b)} -> {hex_id(id_a)})")]
+    pb, pa = (e.get("params") if isinstance(e.get("params"), dict) else {} for e in (eb, ea))
+    other = [f"{_inline(k)} {_inline(pb.get(k))} -> {_inline(pa.get(k))}" for k in sorted(pb.keys() | pa.keys())
+             if pb.get(k) != pa.get(k)]
+    if other:
+        lines.append("mapped otherwise: " + "; ".join(other))
+    return "\n".join(lines)
+
+
 def _ulp(ctx: _Ctx, vb, va, both) -> list[Flag]:
     flags = []
     lost = both & (vb == 0) & (va != 0)
@@ -996,7 +1035,8 @@ def _count(ctx: _Ctx, vb, va, both) -> list[Flag]:
             for i in np.nonzero(both & (vb != va))[0]]
 
 
-_RULES = {"kernel-id": _kernel, "order-id": _order, "fix-id": _fix, "ulp": _ulp, "u": _accuracy, "seconds": _timing, "count": _count}
+_RULES = {"kernel-id": _kernel, "order-id": _order, "fix-id": _fix, "map-id": _map, "ulp": _ulp, "u": _accuracy,
+          "seconds": _timing, "count": _count}
 
 
 def _judged(unit: str | None) -> bool:

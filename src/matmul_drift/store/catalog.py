@@ -15,7 +15,7 @@ from matmul_drift.core import ids, trees
 from matmul_drift.core.ids import ID_HEX_DIGITS, hex_id
 from matmul_drift.store import atomic, bounded
 
-KINDS = ("kernels", "env", "fixes", "orders")
+KINDS = ("kernels", "env", "fixes", "orders", "maps")
 
 
 def default_root() -> Path:
