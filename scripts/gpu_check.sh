@@ -8,7 +8,8 @@
 # fp16 (its 45999 and 46000 columns against each other, with cuBLAS's recipes), runs the
 # CUDA suite through asv, runs the nightly path itself for two nights on the seed with its
 # order probe and fix finder (the second with one cuBLAS setting changed), tries the fixes
-# of a batch-invariance case in bf16, reveals the summation orders of the seed's 45999 and
+# of a batch-invariance case in bf16, maps which of its batch sizes M = 1..512 give the same
+# bits (matmul-drift map), reveals the summation orders of the seed's 45999 and
 # 46000 columns in fp16 and of batch-invariance in bf16 (full and A[:1]), and scans the
 # seed's columns. Every step has a timeout (together under 8 min) and prints its time, and the archive is
 # packed again after each, so a check stopped from outside keeps what it finished. The whole
@@ -16,8 +17,8 @@
 # the commands between the steps take: a step cut short by it says so, one with no time left is
 # not started, and the summary is still written. After a failed install no later step starts
 # (each would fail at its import), and the summary says the archive will not import. OUT receives three
-# files: gpu-check.tar.gz (asv results, catalog entries, explain, fixes, order trees, scan
-# output, the second night's summary and both nights' log, torch's build and on CUDA the GPU
+# files: gpu-check.tar.gz (asv results, catalog entries, explain, fixes, the map, order
+# trees, scan output, the second night's summary and both nights' log, torch's build and on CUDA the GPU
 # memory a CUDA context takes), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
 set -uo pipefail
@@ -92,6 +93,7 @@ pack() {
 if [ "$MODE" = --rehearse ]; then
   DEVICE=cpu CASES=square EXPLAIN=(--m 1 --k 64 --n 48 --slice-n 47 --dtype float16 --device cpu)
   BATCH=(--m 16 --k 64 --n 48 --slice-m 3 --dtype bfloat16 --device cpu)
+  MAP=(--k 64 --n 48 --range 1:64 --dtype bfloat16 --device cpu)
   SCAN=(--vary n --range 30:48 --m 1 --k 64 --dtype float16 --device cpu)
   DENSE=(--vary n --range 44:47 --within 48 --m 1 --k 64 --dtype float16 --device cpu --step 1)
   ORDERS=("seed-47-float16:--m 1 --k 64 --n 47 --dtype float16" "seed-48-float16:--m 1 --k 64 --n 48 --dtype float16"
@@ -102,6 +104,8 @@ else
   # long-k is left to the nightly: drawing its 2^30 input entries alone takes most of a minute
   DEVICE=cuda CASES=seed,skinny,batch-invariance-2,bmm,slice-n-view,slice-n-copy,linear,square EXPLAIN=(--case seed --slice-n 45999 --dtype float16 --device cuda)
   BATCH=(--case batch-invariance-2 --dtype bfloat16 --device cuda)
+  # issue #50's map: which M of 1..512 give row 0 and the rows of the full 8192-row product
+  MAP=(--case batch-invariance-2 --range 1:512 --dtype bfloat16 --device cuda)
   SCAN=(--vary n --range 40000:52000 --m 1 --k 4096 --dtype float16 --device cuda)
   # the dense sweep in the seed's own layout: slices of a v 51000 columns wide (the row stride
   # picks the kernel: on the H200 a 46010-wide v ran gemv at 46000, a 52000-wide one nvjet)
@@ -239,7 +243,7 @@ BENCH=
 [ -n "$NOT_STARTED" ] || BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift.jobs import suite; print(suite.selection_regex(sys.argv[1]))' \
   'drift\.Drift\.track_\w+') ||
   { BENCH='drift\.Drift'; echo "gpu_check: warning: no selection of the suite's combinations; asv starts all 108 of each"; }
-MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_MAPS=0 MATMUL_DRIFT_BUDGET=40 step suite 90 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
+MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_MAPS=0 MATMUL_DRIFT_BUDGET=40 step suite 80 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench "$BENCH" --launch-method forkserver --show-stderr
 # asvrun.reap_orphans, as the nightly's: the image need not have pkill
 [ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" -c 'import sys; from pathlib import Path; from matmul_drift.jobs import asvrun
@@ -283,7 +287,7 @@ two_nights() {
 }
 export machine PACK NIGHT_CASES NIGHT_PRECISIONS NIGHT_SETTING
 export -f two_nights
-step nights 180 two_nights
+step nights 165 two_nights
 # The fixes of batch-invariance in bf16 (a fresh process per setting). Each process has its
 # timeout and none starts after the budget (those rows say "not tried"), so explain prints its
 # report inside the step's limit: measuring + budget + timeout < limit. If the limit's SIGTERM
@@ -291,6 +295,10 @@ step nights 180 two_nights
 # computation (8192x4096x4096 and its exact reference) took over 12 s on the H200 (8b6c2946).
 STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 70 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
   --no-host-memory-check --try-fixes --fix-timeout 25 --fix-budget 28 --json
+# The batch-invariance map (matmul-drift map): a map cut short by its limit writes what it
+# measured (SIGTERM), and its words and picture travel in the archive.
+STEP_OUT=$PACK/map-batch-bfloat16.txt step map 25 "$PY" -m matmul_drift.cli map "${MAP[@]}" --no-host-memory-check \
+  --json "$PACK/map-batch-bfloat16.json" --plot "$PACK/map-batch-bfloat16.png"
 # The summation orders (matmul-drift order, replayed on 100 draws): one tree per file,
 # order-NAME.json. Each probe may take an equal share of the time left (of 39 s), so that a
 # slow one leaves time for the others.
@@ -330,6 +338,7 @@ pack
   if [ -s "$PACK/profiler-notes.txt" ]; then head -n 12 "$PACK/profiler-notes.txt"
   elif [ "$DEVICE" = cuda ]; then echo "the profiler lost no kernel record"; fi
   head -c 4000 "$PACK/seed-float16.txt" 2>/dev/null
+  head -n 8 "$PACK/map-batch-bfloat16.txt" 2>/dev/null | cut -c 1-400
   # the second night against the first: what the changed setting did, as the summary flags it
   if [ -s "$PACK/nights-summary.md" ]; then echo "== the second night (${NIGHT_SETTING}) against the first"; head -c 3000 "$PACK/nights-summary.md"; echo; fi
   # the orders, one line each: the tree in words, its replay and how its fused adds round

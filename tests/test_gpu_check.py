@@ -150,11 +150,11 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
     summary = (out / "summary.txt").read_text()
     steps = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s$", summary, re.M)
     assert [s[0] for s in steps] == ["install", "config", "explain", "explain-txt", "suite", "nights", "fixes-batch",
-                                      "orders", "scan", "dense"]
+                                      "map", "orders", "scan", "dense"]
     assert all(rc == "0" and int(t) <= int(limit) for _, rc, t, limit in steps)
     # The real run's limits, as the script states them, sum to at most 8 minutes.
     limits = [int(n) for n in re.findall(r"^\s*(?:\S+=\S+ )*step \S+ (\d+) ", (ROOT / "scripts/gpu_check.sh").read_text(), re.M)]
-    assert len(limits) == 10 and sum(limits) <= 480, limits
+    assert len(limits) == 11 and sum(limits) <= 480, limits
     assert "0 step(s) failed" in summary and "torch" in summary
     # nothing in the log for the night's reader to puzzle over: pip's note on a --target taken, a traceback
     log = (out / "log.txt").read_text()
@@ -174,6 +174,8 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
         assert row and f"env_vars.MKL_CBWR: {os.environ.get('MKL_CBWR', 'none')} -> COMPATIBLE" in row.group(0), flagged
     else:
         assert row is None, flagged
+    # the map's first line: its range, and how few of it were measured
+    assert re.search(r"^map of M over 1\.\.64 \(k=64, n=48\), bfloat16 on cpu: measured \d+ of 64 ", summary, re.M), summary
     orders = re.findall(r"^order (\S+): .+; replay 100/100, fused adds .+; order-id [0-9a-f]{12}; ", summary, re.M)
     assert orders == ["batch-bfloat16", "batch-m1-bfloat16", "seed-47-float16", "seed-48-float16"], summary[-2000:]
 
@@ -196,7 +198,8 @@ def test_what_comes_back_fits_the_limits(rehearsal):
     assert sum(p.stat().st_size for p in files) <= LIMITS["total_bytes"]
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         names = tar.getnames()
-    assert {"./seed-float16.json", "./seed-float16.txt", "./nights-summary.md", "./nights.txt", "./fixes-batch-bfloat16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./MACHINE", "./COMMIT",
+    assert {"./seed-float16.json", "./seed-float16.txt", "./nights-summary.md", "./nights.txt", "./fixes-batch-bfloat16.json", "./scan-seed-float16.json", "./scan-seed-dense.json", "./map-batch-bfloat16.json", "./map-batch-bfloat16.png",
+            "./map-batch-bfloat16.txt", "./MACHINE", "./COMMIT",
             "./order-seed-47-float16.json", "./order-seed-48-float16.json", "./order-batch-bfloat16.json",
             "./order-batch-m1-bfloat16.json", "./torch.txt"} <= set(names)
     assert any(n.startswith("./results/asv/") and n.endswith(".json") and "machine" not in n for n in names)
@@ -221,16 +224,16 @@ def test_the_real_runs_steps_fail_here_for_want_of_the_gpu_alone(rehearsal, tmp_
     steps = dict(re.findall(r"^(\S+)\s+rc\s+(\d+)\s", (out / "summary.txt").read_text(), re.M))
     assert run.returncode == 1 and steps == {
         "install": "0", "config": "0", "explain": "2", "explain-txt": "2", "suite": "0", "nights": "3",
-        "fixes-batch": "2", "orders": "1", "scan": "2", "dense": "2"}, log[-3000:]
-    errors = re.findall(r"^matmul-drift(?: scan)?: error: (.*)$", log, re.M)
-    assert errors.count("cuda requested but no CUDA GPU is available") == 8, errors  # 2 explains, 4 orders, 2 scans
-    assert len(errors) == 9 and "not an explain report" in errors[1], errors  # explain-txt: the answer is missing
+        "fixes-batch": "2", "map": "2", "orders": "1", "scan": "2", "dense": "2"}, log[-3000:]
+    errors = re.findall(r"^matmul-drift(?: scan| map)?: error: (.*)$", log, re.M)
+    assert errors.count("cuda requested but no CUDA GPU is available") == 9, errors  # 2 explains, a map, 4 orders, 2 scans
+    assert len(errors) == 10 and "not an explain report" in errors[1], errors  # explain-txt: the answer is missing
     assert "gpu_check: error: no git on this machine: the nightly path cannot run here" in log
     assert "Traceback" not in log and "usage:" not in log
     assert "CUDA context" not in log  # measured where torch has a GPU alone
     # only the 40 combinations measured there start a process (the others would say "not measured")
-    assert log.count("asv: skipped:") == 13 * 40
-    assert log.count("asv: skipped: NotImplementedError('cuda requested but no CUDA GPU is available')") == 13 * 40
+    assert log.count("asv: skipped:") == 14 * 40
+    assert log.count("asv: skipped: NotImplementedError('cuda requested but no CUDA GPU is available')") == 14 * 40
 
 
 def test_a_check_killed_midway_still_brings_back_the_steps_it_finished(rehearsal, tmp_path):
@@ -287,7 +290,7 @@ def test_the_check_ends_by_its_deadline_whatever_runs_between_its_steps(rehearsa
     assert run.returncode == 1 and took < 45 + 10, (took, log[-3000:])  # the whole rehearsal takes about a minute
     lines = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s(.*)$", (out / "summary.txt").read_text(), re.M)
     assert [line[0] for line in lines] == ["install", "config", "explain", "explain-txt", "suite", "nights",
-                                           "fixes-batch", "orders", "scan", "dense"], log[-3000:]
+                                           "fixes-batch", "map", "orders", "scan", "dense"], log[-3000:]
     skipped = [name for name, rc, _, _, rest in lines if rest.strip() == "not started: deadline" and rc == "124"]
     assert skipped and skipped == [line[0] for line in lines[-len(skipped):]], lines  # the last ones, none before
     assert f"{len(skipped) + sum(rc != '0' for name, rc, *_ in lines if name not in skipped)} step(s) failed" in log
@@ -751,13 +754,13 @@ def test_a_failed_install_starts_no_later_step_and_still_writes_its_summary(tmp_
     summary = (out / "summary.txt").read_text()
     lines = re.findall(r"^(\S+)\s+rc\s+(\d+)\s+(\d+) s of\s+(\d+) s(.*)$", summary, re.M)
     assert run.returncode == 1 and [line[0] for line in lines] == [
-        "install", "config", "explain", "explain-txt", "suite", "nights", "fixes-batch", "orders", "scan", "dense"], log
+        "install", "config", "explain", "explain-txt", "suite", "nights", "fixes-batch", "map", "orders", "scan", "dense"], log
     assert lines[0][1] != "0" and all(rest.strip() == "not started: install failed" and (rc, t) == ("124", "0")
                                       for _, rc, t, _, rest in lines[1:]), lines
     assert "Traceback" not in log and "No module named" not in log, log
     assert re.findall(r"^gpu_check: (?:error|warning): .*$", log, re.M) == [
         "gpu_check: error: the install failed (rc 1): no step after it is started"], log  # said once, and nothing else
-    assert "10 step(s) failed" in summary and "no machine name: the archive will not import (the install failed" in summary
+    assert "11 step(s) failed" in summary and "no machine name: the archive will not import (the install failed" in summary
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         steps = tar.extractfile("./steps.txt").read().decode()
         commit = tar.extractfile("./COMMIT").read().decode().strip()
