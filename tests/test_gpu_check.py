@@ -152,6 +152,10 @@ def test_every_step_passes_within_its_timeout_with_the_network_and_git_refused(r
     assert [s[0] for s in steps] == ["install", "config", "explain", "explain-txt", "suite", "nights", "fixes-batch",
                                       "map", "orders", "scan", "dense"]
     assert all(rc == "0" and int(t) <= int(limit) for _, rc, t, limit in steps)
+    # The real run explains the seed's every slice, so that 45999 and 46000 are compared (one
+    # --slice-n would measure that one alone: no pair).
+    script = (ROOT / "scripts/gpu_check.sh").read_text()
+    assert re.search(r"EXPLAIN=\(--case seed --dtype float16 --device cuda\)", script)
     # The real run's limits, as the script states them, sum to at most 8 minutes.
     limits = [int(n) for n in re.findall(r"^\s*(?:\S+=\S+ )*step \S+ (\d+) ", (ROOT / "scripts/gpu_check.sh").read_text(), re.M)]
     assert len(limits) == 11 and sum(limits) <= 480, limits

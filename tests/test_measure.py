@@ -342,16 +342,39 @@ def test_the_seeds_two_slices_are_compared_with_each_other_as_torch_computes_the
     case = Case("seed-like", "mv", Shape(1, 4096, 3000), Shape(1, 4096, 3000), layout="strided",
                 slice_n=(2999, 2048), compare_cols=2000, pairs=((2999, 2048),), forms=("as-is",))
     m = measure.measure(case, "float16", "cpu", repeat=1, timing=False)
-    (p,) = m.slice_pairs
+    p, full_a, full_b = m.slice_pairs  # the two slices, then each against the full product
     a_bits, b_bits, _ = measure.operand_bits(case, "float16", "cpu")
     a, b = measure.to_tensor(a_bits, "float16", "cpu"), measure.to_tensor(b_bits, "float16", "cpu")
     ya = (a @ b[:, :2999])[:2000].double().numpy()
     yb = (a @ b[:, :2048])[:2000].double().numpy()
-    differ = ya != yb
-    assert (p["a"], p["b"], p["cols"], p["entries"], p["differ"]) == (2999, 2048, 2000, 2000, int(differ.sum()))
-    mag = np.maximum(np.abs(ya), np.abs(yb))
-    for band in p["bands"]:
-        sel = differ & (mag >= band["lo"]) & (mag < band["hi"])
-        assert band["differ"] == int(sel.sum()) and band["max_abs"] == float(np.abs(ya - yb)[sel].max())
-        assert band["ulp"] == band["lo"] * 2.0**-10  # fp16 has 10 fraction bits
-    assert sum(b["differ"] for b in p["bands"]) == p["differ"]
+    yf = (a @ b)[:2000].double().numpy()
+    for got, x, y, ids in ((p, ya, yb, (2999, 2048)), (full_a, ya, yf, (2999, "full")), (full_b, yb, yf, (2048, "full"))):
+        differ = x != y
+        assert (got["a"], got["b"], got["cols"], got["entries"], got["differ"]) == (*ids, 2000, 2000, int(differ.sum()))
+        mag = np.maximum(np.abs(x), np.abs(y))
+        for band in got["bands"]:
+            sel = differ & (mag >= band["lo"]) & (mag < band["hi"])
+            assert band["differ"] == int(sel.sum()) and band["max_abs"] == float(np.abs(x - y)[sel].max())
+            assert band["ulp"] == band["lo"] * 2.0**-10  # fp16 has 10 fraction bits
+        assert sum(b["differ"] for b in got["bands"]) == got["differ"]
+
+
+def test_the_pair_words_name_each_band_and_say_plainly_where_nothing_differs():
+    """explain's words for the seed's comparisons, from by_magnitude's record of exact fp16
+    values: the 0.5 shows in [512, 1024) with its ulp, and the entries below the lowest band
+    are said to be alike; a slice against the full product is named so."""
+    from matmul_drift.probes import explain
+
+    x = np.array([1000.5, 2000.0, 3.0], dtype=np.float16)
+    y = np.array([1000.0, 2001.0, 3.0], dtype=np.float16)
+    rec = numerics.by_magnitude(x.view(np.uint16), y.view(np.uint16), x.astype(np.float64), y.astype(np.float64),
+                                "float16")
+    text = explain._pair_text({"a": 45999, "b": 46000, "form": "as-is", "cols": 3, **rec})
+    assert text.startswith("[:, :45999] against [:, :46000] on the first 3 columns: 2 of 3 entries differ; by magnitude")
+    rows = [line.split() for line in text.splitlines()[3:5]]
+    assert rows == [["[512,", "1024)", "0.5", "1", "0.5", "1"], ["[1024,", "2048)", "1", "1", "1", "1"]], text
+    assert text.endswith("No entry below 512 differs (1 entries there)."), text
+    same = numerics.by_magnitude(x.view(np.uint16), x.view(np.uint16), x.astype(np.float64), x.astype(np.float64),
+                                 "float16")
+    text = explain._pair_text({"a": 46000, "b": "full", "form": "2d", "cols": 3, **same})
+    assert text == "[:, :46000] against the full product (A 2-D) on the first 3 columns: 0 of 3 entries differ.", text

@@ -60,8 +60,8 @@ class Measurement:
     input_checksum: str = ""
     seconds: dict | None = None
     layout: dict = field(default_factory=dict)
-    # the case's pairs of slices compared with each other: numerics.by_magnitude, with "a", "b",
-    # "form" and "cols"
+    # the case's pairs of slices compared with each other, then each with the full product ("b":
+    # "full"): numerics.by_magnitude, with "a", "b", "form" and "cols"
     slice_pairs: list[dict] = field(default_factory=list)
     reference_seconds: float = 0.0  # wall seconds the exact reference took (the main job's cost)
 
@@ -346,6 +346,9 @@ def measure_operands(
                     (xa, va), (xb, vb) = held[na], held[nb]
                     pairs.append({"a": na, "b": nb, "form": form, "cols": cols,
                                   **numerics.by_magnitude(xa[cut], xb[cut], va[cut], vb[cut], dtype)})
+                    for n, (x, v) in ((na, held[na]), (nb, held[nb])):  # each against the full product
+                        pairs.append({"a": n, "b": "full", "form": form, "cols": cols,
+                                      **numerics.by_magnitude(x[cut], c_bits[cut], v[cut], c_val[cut], dtype)})
         slices_m = []
         for m in slice_m:
             a_m = ops.a[..., :m, :]

@@ -331,10 +331,12 @@ def render(r: dict) -> str:
 
 
 def _pair_text(p: dict) -> str:
-    """Two slices' products compared with each other (the seed's question): how many entries
-    differ, and by how much in each magnitude band, with the ulp there."""
+    """Two slices' products compared with each other (the seed's question), or one with the full
+    product ("b": "full"): how many entries differ, and by how much in each magnitude band, with
+    the ulp there."""
     form = " (A 2-D)" if p["form"] == "2d" else ""
-    head = (f"[:, :{p['a']}] against [:, :{p['b']}]{form} on the first {p['cols']} columns: "
+    other = "the full product" if p["b"] == "full" else f"[:, :{p['b']}]"
+    head = (f"[:, :{p['a']}] against {other}{form} on the first {p['cols']} columns: "
             f"{p['differ']} of {p['entries']} entries differ")
     if p["nonfinite_differ"]:
         head += f" ({p['nonfinite_differ']} finite on one side only)"
