@@ -61,6 +61,15 @@ class Drift:
     def track_cuda_seconds(self, cache, case, dtype, device):
         return self.values["cuda_seconds"]
 
+    def track_cuda_q20_seconds(self, cache, case, dtype, device):
+        return self.values["cuda_q20_seconds"]
+
+    def track_cuda_q80_seconds(self, cache, case, dtype, device):
+        return self.values["cuda_q80_seconds"]
+
+    def track_cuda_clock_fell(self, cache, case, dtype, device):
+        return self.values["cuda_clock_fell"]
+
     def track_fix_cost(self, cache, case, dtype, device):
         return suite.added(self.values, "fix_cost")  # NaN also where $MATMUL_DRIFT_FIXES=0
 

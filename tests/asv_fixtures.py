@@ -42,6 +42,9 @@ BENCHMARKS = {
     "drift.Drift.track_env_id": ("env-id", "track"),
     "drift.Drift.track_input_id": ("input-id", "track"),
     "drift.Drift.track_cuda_seconds": ("seconds", "track"),
+    "drift.Drift.track_cuda_q20_seconds": ("q20-seconds", "track"),
+    "drift.Drift.track_cuda_q80_seconds": ("q80-seconds", "track"),
+    "drift.Drift.track_cuda_clock_fell": ("clock-fell", "track"),
     "drift.Drift.track_fix_cost": ("ratio", "track"),
     "drift.Drift.track_fix_id": ("fix-id", "track"),
     "drift.Drift.track_order_id": ("order-id", "track"),
@@ -58,6 +61,9 @@ KERNEL = "drift.Drift.track_kernel_id"
 ENV = "drift.Drift.track_env_id"
 INPUT = "drift.Drift.track_input_id"
 CUDA_SECONDS = "drift.Drift.track_cuda_seconds"
+CUDA_Q20 = "drift.Drift.track_cuda_q20_seconds"
+CUDA_Q80 = "drift.Drift.track_cuda_q80_seconds"
+CLOCK_FELL = "drift.Drift.track_cuda_clock_fell"
 FIX_COST = "drift.Drift.track_fix_cost"
 FIX_ID = "drift.Drift.track_fix_id"
 ORDER_ID = "drift.Drift.track_order_id"
@@ -253,6 +259,9 @@ def write_tree(
         base[MAP_ID].append(nan if skipped else catalog.store(cat, "maps", map_entry(c["case"], dtype, device)))
         base[FIX_COST].append(nan if skipped else (1.25 if drifts else 1.0))
         base[CUDA_SECONDS].append(nan if device == "cpu" or skipped else 1e-4 * (1 + i % 5))
+        base[CUDA_Q20].append(base[CUDA_SECONDS][-1] * 0.99)  # NaN stays NaN
+        base[CUDA_Q80].append(base[CUDA_SECONDS][-1] * 1.01)
+        base[CLOCK_FELL].append(nan if device == "cpu" or skipped else 0.0)
         base[TIME].append(nan if skipped else 1e-3 * (1 + 0.1 * (i % 7)))
 
     for ei, t in enumerate(torch_versions):

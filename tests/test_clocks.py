@@ -78,3 +78,22 @@ def test_without_nvml_nvidia_smi_is_read_and_without_either_no_clocks(tmp_path, 
     assert clocks.read(0, nvml=broken) is None
     if not os.path.exists("/dev/nvidiactl"):  # the real pynvml on a machine without a GPU
         assert clocks.read(0) is None
+
+
+def test_the_suite_records_the_quantiles_and_whether_the_clock_fell():
+    """What track_cuda_* record from a CUDA timing (measure.time_call's dict), from the same
+    verdicts a fake clock source gives: the summary reads the quantiles as an interval and
+    never compares a run whose clock fell."""
+    import math
+
+    from matmul_drift.jobs import suite
+
+    timed = {"median": 2e-3, "quantiles": [1.9e-3, 2e-3, 2.2e-3]}
+    held = clocks.verdict({"sm_mhz": 1980, "reasons": []}, {"sm_mhz": 1975, "reasons": []})
+    fell = clocks.verdict({"sm_mhz": 1980, "reasons": []}, {"sm_mhz": 1410, "reasons": ["SwPowerCap"]})
+    assert suite.cuda_timing({**timed, "clocks": held}) == {
+        "cuda_seconds": 2e-3, "cuda_q20_seconds": 1.9e-3, "cuda_q80_seconds": 2.2e-3, "cuda_clock_fell": 0.0}
+    assert fell["fell"] and suite.cuda_timing({**timed, "clocks": fell})["cuda_clock_fell"] == 1.0
+    unread = suite.cuda_timing({**timed, "clocks": clocks.verdict(None, None)})
+    assert math.isnan(unread["cuda_clock_fell"]) and unread["cuda_q80_seconds"] == 2.2e-3
+    assert all(math.isnan(v) for v in suite.cuda_timing(None).values())

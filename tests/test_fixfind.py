@@ -705,3 +705,22 @@ def test_the_default_timer_answers_each_request_by_its_tag():
     server.join(60)
     os.close(rep_w)
     assert not server.is_alive() and all(0 < g < 1 for g in got[:2]) and got[2] is None, got
+
+
+def test_a_pad_is_said_to_compute_another_size_and_which_is_one_of_the_cases_slices():
+    """Padding 45999 to a multiple of 4, 8 or 16 computes 46000, the seed's other slice: the
+    closing line names each pad's size as that size's product, and says where that size is one
+    of the case's own slices (its drift is then that slice's, measured beside it)."""
+    spec = {"slice_n": [51000, 50000, 46000, 45999]}
+    assert fixfind.lands_on(spec, "pad:n:8") == {"45999": 46000}  # the others are multiples of 8
+    assert fixfind.lands_on(spec, "pad:n:32") == {"51000": 51008, "50000": 50016, "46000": 46016, "45999": 46016}
+    base = _result(slice_n=1)
+    rows = [{"name": f"pad n to a multiple of {k}", "code_change": f"pad n to {k}", "verdict": "removes",
+             "drift": _result()["drift"], "time_ratio": 1.1, "spread": 0.05, "error_u": None,
+             "lands_on": fixfind.lands_on(spec, f"pad:n:{k}"),
+             "lands_on_slices": sorted(set(fixfind.lands_on(spec, f"pad:n:{k}").values()) & {51000, 50000, 46000, 45999})}
+            for k in (4, 8)]
+    rep = {"baseline": base, "drifts": ["slice_n"], "candidates": rows, "cheapest": rows[0]["name"]}
+    last = fixfind.render(rep).strip().splitlines()[-1]
+    assert ("; pad n to a multiple of 4 and pad n to a multiple of 8 compute 45999 as 46000 (itself one of this "
+            "case's slices): the product of that size, whose kernel decides the drift, not a fix of the size's own") in last, last

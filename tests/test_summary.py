@@ -1134,6 +1134,8 @@ def test_timing_without_intervals_falls_back_on_iqr_then_on_the_ratio(capsys, tm
     devices = ("cpu", "cuda")
     iqr, one = _idx(dtype="float32", devices=devices), _idx(dtype="float64", devices=devices)
     cuda = _idx(dtype="float32", device="cuda", devices=devices)
+    apart, overlap = _idx(dtype="float64", device="cuda", devices=devices), _idx(dtype="float16", device="cuda", devices=devices)
+    fell = _idx(dtype="bfloat16", device="cuda", devices=devices)
     t = lambda i: 1e-3 * (1 + 0.1 * (i % 7))
 
     def change(data, cat):
@@ -1146,16 +1148,28 @@ def test_timing_without_intervals_falls_back_on_iqr_then_on_the_ratio(capsys, tm
         row[F.COL["stats_q_25"]][iqr], row[F.COL["stats_q_75"]][iqr] = t(iqr) * 1.29, t(iqr) * 1.31
         F.set_value(data, F.TIME, one, t(one) * 1.3)  # one sample: the ratio alone
         row[F.COL["stats_repeat"]][one] = 1
-        F.set_value(data, F.CUDA_SECONDS, cuda, F.get_value(data, F.CUDA_SECONDS, cuda) * 1.3)  # a track
+        for i, spread in ((cuda, 0.01), (apart, 0.01), (overlap, 0.3), (fell, 0.01)):  # CUDA tracks
+            t_new = F.get_value(data, F.CUDA_SECONDS, i) * 1.3
+            F.set_value(data, F.CUDA_SECONDS, i, t_new)
+            F.set_value(data, F.CUDA_Q20, i, t_new * (1 - spread))
+            F.set_value(data, F.CUDA_Q80, i, t_new * (1 + spread))
+        for q in (F.CUDA_Q20, F.CUDA_Q80):
+            F.set_value(data, q, cuda, None)  # no quantiles recorded (an older suite): the ratio alone
+        F.set_value(data, F.CLOCK_FELL, fell, 1.0)
         F.set_env(data, cat, "2.13.0", threads=1)
 
+    cuda_of = {cuda: "float32", apart: "float64", overlap: "float16", fell: "bfloat16"}
     tree = _tree_with(tmp_path, change, devices=devices)
-    rc, doc, _ = run_json(capsys, tree.root, "--across", "commits", "--timing", "suspects")
+    rc, doc, err = run_json(capsys, tree.root, "--across", "commits", "--timing", "suspects")
     got = {(f["benchmark"], f["params"]["dtype"], f["params"]["device"]): f["detail"].rsplit("; ", 1)[1]
            for f in doc["flags"]}
+    # 1.3x apart by quantiles (±1 %) is a suspect; within quantiles of ±30 % it is not; a run
+    # whose clock fell is never compared, and a note counts it
     assert got == {(F.TIME, "float32", "cpu"): "IQRs apart", (F.TIME, "float64", "cpu"): "one sample",
-                   (F.CUDA_SECONDS, "float32", "cuda"): "no stats"}
+                   (F.CUDA_SECONDS, cuda_of[cuda], "cuda"): "no stats",
+                   (F.CUDA_SECONDS, cuda_of[apart], "cuda"): "20-80% quantiles apart"}, got
     assert rc == 0
+    assert "1 timing difference where the GPU's SM clock fell while timed (not compared)" in " ".join(doc["timing_notes"]), doc["timing_notes"]
 
 
 # ---------------------------------------------------------------------------- hardware

@@ -15,6 +15,12 @@ UNITS = {
     "env_id": "env-id",
     "input_id": "input-id",
     "cuda_seconds": "seconds",
+    # do_bench's 20% and 80% quantiles of the same calls (seconds), which the summary's timing
+    # judgement reads as an interval, and whether the SM clock fell while they ran (1, 0; NaN:
+    # no clocks read): a timing from a run whose clocks fell is never compared
+    "cuda_q20_seconds": "q20-seconds",
+    "cuda_q80_seconds": "q80-seconds",
+    "cuda_clock_fell": "clock-fell",
     "fix_cost": "ratio",
     "fix_id": "fix-id",
     "order_id": "order-id",
@@ -29,7 +35,7 @@ UNITS = {
 METHOD = {
     "error_u": 1, "nonfinite": 2, "gamma_k_u": 1, "slice_n_ulp": 1, "slice_m_ulp": 1, "run_to_run_ulp": 1,
     "kernel_id": 5, "input_id": 1, "cuda_seconds": 2, "fix_cost": 1, "fix_id": 1, "order_id": 4, "time_matmul": 1,
-    "map_id": 1,
+    "map_id": 1, "cuda_q20_seconds": 1, "cuda_q80_seconds": 1, "cuda_clock_fell": 1,
 }
 
 # (series, the version it starts, the first commit that measured with it, what changed). A result

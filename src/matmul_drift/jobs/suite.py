@@ -158,8 +158,20 @@ def track_values(m, root) -> dict:
         "kernel_id": float(m.kernel_id),
         "env_id": float(m.env_id),
         "input_id": float(int(m.input_checksum[: ids.ID_HEX_DIGITS], 16)),
-        "cuda_seconds": NAN if m.seconds is None or m.device != "cuda" else m.seconds["median"],
+        **cuda_timing(m.seconds if m.device == "cuda" else None),
     }
+
+
+def cuda_timing(seconds: dict | None) -> dict:
+    """The CUDA timing's series from measure.time_call's dict (None: not timed): the median,
+    do_bench's 20% and 80% quantiles (seconds) and whether the SM clock fell (1.0, 0.0; NaN
+    where no clock was read)."""
+    if seconds is None:
+        return {"cuda_seconds": NAN, "cuda_q20_seconds": NAN, "cuda_q80_seconds": NAN, "cuda_clock_fell": NAN}
+    q20, _, q80 = seconds.get("quantiles") or (NAN, NAN, NAN)
+    clock = seconds.get("clocks")
+    return {"cuda_seconds": seconds["median"], "cuda_q20_seconds": q20, "cuda_q80_seconds": q80,
+            "cuda_clock_fell": NAN if not isinstance(clock, dict) or clock.get("fell") is None else float(clock["fell"])}
 
 
 def measure_all(case_ids=None, precisions=None, devices=None, root=None, log=sys.stderr) -> dict:

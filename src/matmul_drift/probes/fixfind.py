@@ -252,6 +252,9 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
                     row["note"] = note
             if c.compute and c.compute.startswith("pad:"):
                 row["lands_on"] = lands_on(specs[j], c.compute)
+                dim = c.compute.split(":")[1]
+                family = set(sizes(specs[j].get(f"slice_{dim}")))
+                row["lands_on_slices"] = sorted({to for to in row["lands_on"].values() if to in family})
             report["candidates"].append(row)
         removes = [r for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
         if removes:
@@ -337,8 +340,10 @@ def render(report: dict) -> str:
     for r in report["candidates"]:
         if r.get("lands_on") and r["verdict"] != "not applicable":
             landed.setdefault(tuple(r["lands_on"].items()), []).append(r["name"])
+    family = {to for r in report["candidates"] for to in r.get("lands_on_slices") or []}
     for sizes_, names in landed.items():
-        where = ", ".join(f"{s} as {to}" for s, to in sizes_)
+        where = ", ".join(f"{s} as {to}" + (" (itself one of this case's slices)" if to in family else "")
+                          for s, to in sizes_)
         last += (f"; {' and '.join(names)} comput{'e' if len(names) > 1 else 'es'} {where}: the product of "
                  "that size, whose kernel decides the drift, not a fix of the size's own")
     ignored = [f"{r['name']} ({r['note']})" for r in report["candidates"] if r.get("note")]

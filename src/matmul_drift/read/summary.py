@@ -965,7 +965,9 @@ def _accuracy(ctx: _Ctx, vb, va, both) -> list[Flag]:
 
 def _timing(ctx: _Ctx, vb, va, both) -> list[Flag]:
     """A timing change is first a suspect: beyond the factor, and apart by the 99% CIs where asv
-    recorded them. It is flagged only on evidence across runs (_Judge.timing_evidence)."""
+    recorded them (else its IQRs; for a CUDA track, do_bench's 20-80% quantiles). A run whose
+    GPU clock fell while timed is not compared (a note). It is flagged only on evidence across
+    runs (_Judge.timing_evidence)."""
     f = ctx.judge.o.time_factor
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = va / vb
@@ -985,8 +987,15 @@ def _timing(ctx: _Ctx, vb, va, both) -> list[Flag]:
             apart[have] = ((b[hi] < a[lo]) | (a[hi] < b[lo]))[have]
             how[have] = label
             judged &= ~have  # the IQR only where there is no CI
+    for i in np.nonzero(big & (how == "no stats"))[0]:  # a track (CUDA events): do_bench's quantiles
+        (b20, a20), (b80, a80) = ctx.ids("q20-seconds", i), ctx.ids("q80-seconds", i)
+        if all(math.isfinite(x) for x in (b20, a20, b80, a80)):
+            apart[i], how[i] = (b80 < a20) or (a80 < b20), "20-80% quantiles apart"
     flags = []
     for i in np.nonzero(big & apart)[0]:
+        if 1.0 in ctx.ids("clock-fell", i):  # the GPU slowed itself: that run's times say nothing of torch
+            ctx.judge._timing_note(ctx.pair.machine, "where the GPU's SM clock fell while timed (not compared)")
+            continue
         slower = bool(ratio[i] > 1)
         factor = ratio[i] if slower else 1 / ratio[i]
         detail = (f"{format_value(vb[i], 'seconds')} -> {format_value(va[i], 'seconds')} as recorded "
