@@ -361,3 +361,22 @@ def test_ends_are_each_runs_first_and_last_m_spread_where_many():
     periodic = [run(m, m) for m in range(1, 257)]  # a run every M: 256 ends
     got = mapruns.ends(periodic, 12)
     assert len(got) == 12 and got[0] == 1 and got[-1] == 256 and got == sorted(got)
+
+
+def test_the_suite_maps_only_to_64_where_the_cpu_runs_torchs_own_loop(tmp_path, monkeypatch):
+    """The suite's range on the CPU follows the route measured here, not a dtype: 1..64 where
+    the full product ran torch's own loop ("native": fp16 or bf16 without a vendor kernel on this
+    CPU), the case's whole range elsewhere."""
+    from matmul_drift.jobs import suite
+    from matmul_drift.store import catalog
+
+    monkeypatch.setenv(suite.ORDERS_VAR, "0")
+    monkeypatch.setenv(suite.FIXES_VAR, "0")
+    out = suite.measure_all(["linear"], ["float32", "float16", "bfloat16"], ["cpu"], root=tmp_path, log=open(os.devnull, "w"))
+    m = cases.get("linear").shape("cpu").m
+    for p in ("float32", "float16", "bfloat16"):
+        v = out[suite.key("linear", p, "cpu")]
+        full = catalog.load(tmp_path, "kernels", v["kernel_id"])["full"]
+        native = [k for k in full if not k.startswith("aten::")] == ["native"]
+        entry = catalog.load(tmp_path, "maps", v["map_id"])
+        assert entry["params"]["hi"] == (min(64, m) if native else min(256, m)), (p, full, entry["params"])

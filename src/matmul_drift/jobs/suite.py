@@ -27,11 +27,12 @@ ORDERS_VAR = "MATMUL_DRIFT_ORDERS"  # "0": no order probe (order_id NaN)
 MAPS_VAR = "MATMUL_DRIFT_MAPS"  # "0": no batch-invariance maps (map_id NaN)
 # the cases with a batch dimension to map (a row count M that A[:M] @ B slices); the others NaN
 MAP_CASES = ("skinny", "batch-invariance-2", "linear", "bmm")
-# The suite maps M = 1..min(the case's M, batchmap.DEFAULT_TOP), but these (device, precision)
-# only up to the M given here, for cost: float16 on a CPU without an fp16 kernel takes torch's
-# native loop (0.26 GFLOP/s on the AMD EPYC), and batch-invariance-2's map of 1..256 took 15.3 of
-# the 26 s all 16 CPU maps took there; 1..64 measures about a seventh of its rows.
-MAP_TOP = {("cpu", "float16"): 64}
+# The suite maps M = 1..min(the case's M, batchmap.DEFAULT_TOP), but only to NATIVE_TOP where the
+# full product ran torch's own loop (the route "native": no oneDNN or MKL kernel, as fp16 without
+# avx512_fp16, bf16 without avx512_bf16), for cost: on the AMD EPYC fp16's loop runs at 0.26
+# GFLOP/s, and batch-invariance-2's fp16 map of 1..256 took 15.3 of the 26 s all 16 CPU maps
+# took; under the AVX2 caps bf16's took 14.5 of 30.4 s. 1..64 measures about a seventh of its rows.
+NATIVE_TOP = 64
 BUDGET_VAR = "MATMUL_DRIFT_BUDGET"  # seconds: start no measurement after them (a GPU check's fixed slot)
 TORCH_VAR = "MATMUL_DRIFT_EXPECT_TORCH"  # the torch version an `existing` environment must hold
 # a file measure_all also writes its progress to: asv keeps a setup_cache's output only where it fails
@@ -358,7 +359,7 @@ def add_maps(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None = 
     """Adds ``map_id`` to every measured combination of a batched case (MAP_CASES): the id of the
     catalog "maps" entry (batchmap.entry: every M's state as runs, and the words) of the case's
     batch-invariance map over M = 1..min(the case's M, batchmap.DEFAULT_TOP: 256 on the CPU, 512
-    on CUDA; MAP_TOP where it names the device and precision), on the suite's own inputs,
+    on CUDA; NATIVE_TOP where the CPU's full product ran torch's own loop), on the suite's own inputs,
     against the case's full product. NaN where the map
     cannot run (out of memory; ``$MATMUL_DRIFT_MAPS=0``: none at all), a failure (``added``: asv
     null) where it broke. Where ``record`` (reuse.previous) has the combination's kernel,
@@ -376,7 +377,7 @@ def add_maps(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None = 
         c, p, d = k.split("|")
         why = None
         try:
-            top = MAP_TOP.get((d, p))
+            top = NATIVE_TOP if d == "cpu" and _native(out[k], root) else None
             rng = None if top is None else (1, min(top, cases.get(c).shape(d).m))
             mapper = batchmap_run.Mapper(batchmap_run.plan(c, None, None, rng, p, d))
             if int(mapper.checksum[: ids.ID_HEX_DIGITS], 16) != out[k]["input_id"]:
@@ -398,6 +399,17 @@ def add_maps(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None = 
         what += f"; {why}" if why else ""
         print(f"[maps {i}/{len(todo)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {what}", file=log, flush=True)
     return reused
+
+
+def _native(values: dict, root) -> bool:
+    """Whether the combination's full product ran torch's own loop (its catalog kernel entry's
+    route is "native"); False where the entry cannot be read."""
+    try:
+        entry = catalog.load(root, "kernels", values["kernel_id"])
+    except (catalog.MissingEntry, ValueError, KeyError):
+        return False
+    full = entry.get("full") if isinstance(entry, dict) else None
+    return isinstance(full, list) and [k for k in full if not str(k).startswith("aten::")] == ["native"]
 
 
 def _reused_map(mapper, k: str, values: dict, record: tuple[str, dict] | None, root) -> tuple[dict | None, str | None]:
