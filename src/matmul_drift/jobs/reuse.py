@@ -75,6 +75,26 @@ def matches(values: dict, record: dict | None, name: str) -> bool:
     return all(not math.isnan(x) for x in got) and all(values.get(k) == record[k] for k in SAME)
 
 
+def stored(values: dict, record: tuple[str, dict] | None, k: str, name: str, kind: str, root, what: str,
+           afresh: str = "measured afresh") -> tuple[str, float, object | None, str | None]:
+    """The catalog entry (kind ``kind``) that ``record`` (previous's) holds for combination
+    ``k``'s series ``name``, where it may stand for ``values``: (commit, its id, the entry, None).
+    Otherwise the entry is None and the last item says why in a log line's words ("measured
+    afresh: ..."; ``what`` names the entry, "{ident}" its 12 hex), or is None where nothing was
+    recorded for ``k``."""
+    from matmul_drift.store import catalog
+
+    if record is None or k not in record[1]:
+        return "", math.nan, None, None
+    commit, rec = record[0][:8], record[1][k]
+    if not matches(values, rec, name):
+        return commit, math.nan, None, f"{afresh}: {differs(values, rec, name)} at {commit}"
+    try:
+        return commit, rec[name], catalog.load(root, kind, rec[name]), None
+    except (catalog.MissingEntry, ValueError) as exc:
+        return commit, rec[name], None, f"{afresh}: {what.format(ident=_hex(rec[name]))} of {commit} cannot be read ({exc})"
+
+
 def differs(values: dict, record: dict, name: str) -> str:
     """Why ``record`` may not stand for ``values`` (matches is False): the first id that changed,
     or ``name`` not recorded."""

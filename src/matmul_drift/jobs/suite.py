@@ -331,16 +331,10 @@ def _reused_tree(t, k: str, values: dict, record: tuple[str, dict] | None, root)
     from matmul_drift.core import trees, words
     from matmul_drift.jobs import reuse
 
-    if record is None or k not in record[1]:
-        return None, None
-    commit, rec = record[0][:8], record[1][k]
-    if not reuse.matches(values, rec, "order_id"):
-        return None, f"measured afresh: {reuse.differs(values, rec, 'order_id')} at {commit}"
-    ident = ids.hex_id(rec["order_id"])
-    try:
-        entry = catalog.load(root, "orders", rec["order_id"])
-    except (catalog.MissingEntry, ValueError) as exc:
-        return None, f"measured afresh: the tree {ident} of {commit} cannot be read ({exc})"
+    commit, order_id, entry, why = reuse.stored(values, record, k, "order_id", "orders", root, "the tree {ident}")
+    if entry is None:
+        return None, why
+    ident = ids.hex_id(order_id)
     if entry.get("tree") is None or entry.get("k") != t.k:
         return None, f"measured afresh: {commit} recorded no tree of K = {t.k} ({ident})"
     seed = reuse.fresh_seed()
@@ -418,16 +412,11 @@ def _reused_map(mapper, k: str, values: dict, record: tuple[str, dict] | None, r
     from matmul_drift.jobs import reuse
     from matmul_drift.probes import batchmap, batchmap_run
 
-    if record is None or k not in record[1]:
-        return None, None
-    commit, rec = record[0][:8], record[1][k]
-    if not reuse.matches(values, rec, "map_id"):
-        return None, f"mapped afresh: {reuse.differs(values, rec, 'map_id')} at {commit}"
-    ident = ids.hex_id(rec["map_id"])
-    try:
-        entry = catalog.load(root, "maps", rec["map_id"])
-    except (catalog.MissingEntry, ValueError) as exc:
-        return None, f"mapped afresh: the map {ident} of {commit} cannot be read ({exc})"
+    commit, map_id, entry, why = reuse.stored(values, record, k, "map_id", "maps", root, "the map {ident}",
+                                              "mapped afresh")
+    if entry is None:
+        return None, why
+    ident = ids.hex_id(map_id)
     misfit = batchmap.entry_misfit(entry, mapper.plan.params)
     if misfit:
         return None, f"mapped afresh: the map {ident} of {commit} is {misfit}"
@@ -533,25 +522,17 @@ def _stored_fixes(todo: list[str], out: dict, record, root, log) -> dict[str, tu
 
     held = {}
     for k in todo if record else ():
-        rec = record[1].get(k)
-        if rec is None:
-            continue
-        if not reuse.matches(out[k], rec, "fix_id"):
-            print(f"fixes of {k}: measured afresh: {reuse.differs(out[k], rec, 'fix_id')} at {record[0][:8]}",
-                  file=log, flush=True)
-            continue
-        try:
-            entry = catalog.load(root, "fixes", rec["fix_id"])
-        except (catalog.MissingEntry, ValueError) as exc:
-            print(f"fixes of {k}: measured afresh: the verdicts of {record[0][:8]} cannot be read ({exc})",
-                  file=log, flush=True)
+        commit, fix_id, entry, why = reuse.stored(out[k], record, k, "fix_id", "fixes", root, "the verdicts")
+        if entry is None:
+            if why:
+                print(f"fixes of {k}: {why}", file=log, flush=True)
             continue
         names = reuse.removers(entry)
         if not names or entry.get("device") != k.split("|")[2]:
-            print(f"fixes of {k}: measured afresh: {record[0][:8]} recorded no fix that removes its drifts on "
+            print(f"fixes of {k}: measured afresh: {commit} recorded no fix that removes its drifts on "
                   f"{k.split('|')[2]}", file=log, flush=True)
             continue
-        held[k] = (rec["fix_id"], names, sorted(entry.get("drifts", [])))
+        held[k] = (fix_id, names, sorted(entry.get("drifts", [])))
     return held
 
 
