@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from matmul_drift.cli.main import main as cli_main
-from matmul_drift.core import cases
+from matmul_drift.core import cases, mapruns
 from matmul_drift.measure import batchpoint, kernels, measure
 from matmul_drift.probes import batchmap, scan
 
@@ -78,7 +78,7 @@ def test_map_states_the_dense_truth_at_every_m(dtype, capsys, tmp_path):
         truth = dense_truth(dtype, k, DENSE_N, DENSE_TOP)
         rec, text = run_map(capsys, tmp_path, "--k", k, "--n", DENSE_N, "--dtype", dtype, "--range", f"1:{DENSE_TOP}")
         names = {p["kernel_id"]: tuple(p["kernels"]) for p in rec["points"]}
-        stated = {m: (names[kid], row0, rows) for m, (kid, row0, rows) in batchmap.per_m(rec["verdicts"]).items()}
+        stated = {m: (names[kid], row0, rows) for m, (kid, row0, rows) in mapruns.per_m(rec["verdicts"]).items()}
         wrong = [m for m in truth if stated[m] != truth[m]]
         assert not wrong, (f"{dtype} k={k}: the map differs from the dense truth at M = {wrong} (the narrowest "
                            f"inner run of one state in a class here: {narrowest_run(truth, 1, DENSE_TOP)} members; "
@@ -288,7 +288,7 @@ def test_every_path_is_mapped_against_its_own_dense_truth_or_said_unavailable(ca
         truth = {int(m): (tuple(route), row0, rows) for m, (route, row0, rows) in json.loads(done.stdout).items()}
         rec = r["record"]
         names = {p["kernel_id"]: tuple(p["kernels"]) for p in rec["points"]}
-        stated = {m: (names[kid], row0, rows) for m, (kid, row0, rows) in batchmap.per_m(rec["verdicts"]).items()}
+        stated = {m: (names[kid], row0, rows) for m, (kid, row0, rows) in mapruns.per_m(rec["verdicts"]).items()}
         assert stated == truth, (r["name"], [m for m in truth if stated[m] != truth[m]])
         assert r["seconds"]["median"] > 0
 
@@ -319,7 +319,6 @@ def test_the_suites_map_is_the_clis_and_its_entry_is_confirmed_and_drawn(capsys,
     """The suite maps without a file or signals (batchmap_run.complete): the same record as the
     command's; its catalog entry (batchmap.entry) is confirmed on the same inputs by each run's
     first and last M, refuted where it states another state, and drawn by map_plot."""
-    from matmul_drift.core import mapruns
     from matmul_drift.probes import batchmap_run, map_plot
 
     rec, _ = run_map(capsys, tmp_path, "--case", "bmm", "--dtype", "float32", "--range", "1:40")
@@ -352,7 +351,6 @@ def test_the_suites_map_is_the_clis_and_its_entry_is_confirmed_and_drawn(capsys,
 
 
 def test_ends_are_each_runs_first_and_last_m_spread_where_many():
-    from matmul_drift.core import mapruns
 
     def run(lo, hi):
         return {"lo": lo, "hi": hi, "kernel_id": "a", "row0": True, "rows": lo % 2 == 0}

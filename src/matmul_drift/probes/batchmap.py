@@ -142,9 +142,6 @@ def verdicts(points: dict[int, dict], lo: int, hi: int) -> list[dict]:
     return out
 
 
-per_m = mapruns.per_m  # {M: (kernel-id, row 0 invariant?, rows invariant?)} from ``verdicts``'s runs
-
-
 # --- words ---------------------------------------------------------------------------------
 
 

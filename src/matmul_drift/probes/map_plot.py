@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 
+from matmul_drift.core import mapruns
 from matmul_drift.probes import batchmap, scan
 
 COLOURS = {True: "#1b9e77", False: "#d95f02", None: "0.85"}  # invariant, drifting, not measured
@@ -18,7 +19,7 @@ def cells(rec: dict) -> dict[int, tuple[str, bool, bool]]:
     all of its range once complete (the M its search did not measure take their class's
     state), only the measured M before."""
     if rec["complete"]:
-        return batchmap.per_m(rec["verdicts"])
+        return mapruns.per_m(rec["verdicts"])
     return {p["size"]: batchmap.state(p) for p in rec["points"]}
 
 
