@@ -36,7 +36,7 @@ def main() -> int:
     a = ap.parse_args()
     total, worst, memo, one_memo, spread_rows, one_total = 0.0, 0.0, {}, {}, order.spread_rows, 0.0
     print(f"{'case':<36} {'dtype':<9} {'K':>6} {'N':>6} {'calls':>5} {'2K/N+64':>7} {'bound':>6} {'s':>6}  "
-          + ("one row: calls, s, same tree  " if a.compare else "") + "order")
+          + ("one row: calls, s, same tree  " if a.compare else "") + "order-id      order")
     for c in a.cases.split(","):
         case = cases.get(c)
         for dtype, sn, sm in [(d, sn, sm) for d in a.dtypes.split(",") for sn, sm in
@@ -62,7 +62,7 @@ def main() -> int:
                 one_total += os_
                 one = f"{o['calls']:>5} {os_:>6.1f} {'same' if o['order_id'] == got['order_id'] else 'DIFFERENT'}  "
             print(f"{t.label:<36} {dtype:<9} {t.k:>6} {t.width:>6} {got['calls']:>5} {target:>7} {bound:>6} {s:>6.1f}  "
-                  f"{one}{words[:90]}", flush=True)
+                  f"{one}{got['order_id'] or '-':<12}  {words[:80]}", flush=True)
     print(f"total {total:.1f} s" + (f" (one row: {one_total:.1f} s)" if a.compare else "") +
           f"; slowest {worst:.1f} s (target under 60 s each); "
           f"chunk sizes: fp16 {order.chunk_size('float16')}, bf16 {order.chunk_size('bfloat16')}")

@@ -18,16 +18,24 @@ from matmul_drift.probes import order
 
 
 def simulated(tree):
-    """measure_pairs answering v(i, j) = |child holding i| + |child holding j| from ``tree``."""
-    parent, size = {}, {}
+    """measure_pairs answering from ``tree`` as an exact probe reads: v(i, j) = |child holding i| +
+    |child holding j|, of those products only the ones the probe holds (``within``, i and j always)."""
+    parent, span = {}, {}
+    pos = {leaf: n for n, leaf in enumerate(trees.leaves(tree))}  # every node's products: an interval of these
     stack = [(tree, None)]
     while stack:
         node, par = stack.pop()
         key = ("n", id(node)) if isinstance(node, list) else ("l", node)
         parent[key] = par
-        size[key] = len(trees.leaves(node)) if isinstance(node, list) else 1
         if isinstance(node, list):
             stack.extend((c, key) for c in node)
+    at = trees.fold(tree, lambda leaf: (pos[leaf], pos[leaf] + 1), lambda kids: (kids[0][0], kids[-1][1]))
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        span[("n", id(x)) if isinstance(x, list) else ("l", x)] = at(x)
+        if isinstance(x, list):
+            stack.extend(x)
 
     def up(key):
         out = [key]
@@ -35,14 +43,35 @@ def simulated(tree):
             out.append(parent[out[-1]])
         return out
 
-    def v(i, j):
+    def children(i, j):
         ci, cj = up(("l", i)), up(("l", j))
-        at = {key: b for b, key in enumerate(cj)}
+        at_ = {key: b for b, key in enumerate(cj)}
         for a, key in enumerate(ci):
-            if key in at:
-                return size[ci[a - 1]] + size[cj[at[key] - 1]]
+            if key in at_:
+                return ci[a - 1], cj[at_[key] - 1], key
 
-    return lambda pairs, within: [v(i, j) for i, j in pairs]
+    def held(pairs, within):
+        """per pair: a function counting the products the probe holds in an interval, less i and j
+        where it holds them (2 then for a pair's two children)"""
+        seen = {}
+        for (i, j), w in zip(pairs, within or [None] * len(pairs)):
+            if w is None:
+                yield lambda *spans: sum(hi - lo for lo, hi in spans) - 2
+                continue
+            ws = seen.setdefault(id(w), np.sort([pos[x] for x in w]))
+            inside = int(np.isin([pos[i], pos[j]], ws).sum())
+            yield lambda *spans, ws=ws, inside=inside: sum(
+                int(np.searchsorted(ws, hi) - np.searchsorted(ws, lo)) for lo, hi in spans) - inside
+
+    def measure(pairs, within):
+        out = []
+        for (i, j), count in zip(pairs, held(pairs, within)):
+            a, b, _ = children(i, j)
+            out.append(2 + count(span[a], span[b]))
+        return out
+
+    measure.children, measure.held, measure.span = children, held, span
+    return measure
 
 
 def seq(parts):
@@ -547,6 +576,10 @@ def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path, capsy
     k = 1500  # deeper than Python's recursion limit (and json.loads')
     got = order.tree_from_pairs(simulated(seq(list(range(k)))), k)
     assert got.rounds == 1 and describe(got.tree) == "sequential"
+    assert got.probes == k - 1  # seen from its first product alone, the deepest
+    # run backwards, the first product is added last: one group of k - 1 from it, so the last's view
+    back = order.tree_from_pairs(simulated((lambda t: [t, 0])(seq(list(range(k - 1, 0, -1))))), k)
+    assert back.rounds == 2 and back.probes == 2 * (k - 1) and describe(back.tree) == "sequential (out of index order)"
     text = trees.to_json(got.tree)
     assert text == "[" * (k - 1) + "0," + "],".join(str(i) for i in range(1, k)) + "]"
     oid = order.store(tmp_path, got.tree, k)
@@ -614,35 +647,16 @@ def truncating(tree):
     cuts every term to the largest one's bits) the pair takes the whole node with it, the
     products of it that the probe holds (``within``); elsewhere as ``simulated``."""
     exact = simulated(tree)
-    parent, below = {}, {}
-    stack = [(tree, None)]
-    while stack:
-        node, par = stack.pop()
-        parent[id(node) if isinstance(node, list) else ("l", node)] = par
-        if isinstance(node, list):
-            below[id(node)] = set(trees.leaves(node))
-            stack.extend((c, node) for c in node)
-
-    def meet(i, j):
-        seen, x = set(), parent[("l", i)]
-        while x is not None:
-            seen.add(id(x))
-            x = parent[id(x)]
-        x = parent[("l", j)]
-        while id(x) not in seen:
-            x = parent[id(x)]
-        return x
 
     def measure(pairs, within):
-        sets, out = {}, []
-        for (i, j), w in zip(pairs, within):
-            node = meet(i, j)
-            if len(node) > 2:
-                out.append(len(below[id(node)] & sets.setdefault(id(w), set(w))))
-            else:
-                out.append(exact([(i, j)], [w])[0])
+        out = []
+        for (i, j), count in zip(pairs, exact.held(pairs, within)):
+            a, b, node = exact.children(i, j)
+            fused = _arity[node[1]] > 2
+            out.append(2 + (count(exact.span[node]) if fused else count(exact.span[a], exact.span[b])))
         return out
 
+    _arity = {id(x): len(x) for x in trees.inner_nodes(tree)}
     return measure
 
 
@@ -679,6 +693,11 @@ def test_a_tensor_cores_fused_adds_are_found_by_one_more_pair_each(name):
     got, pairs, merged = order.fuse(chains, probe, k)
     assert got == trees.canonical(tree) and merged > 0
     assert pairs == k - 1 and trees.fused_nodes(chains) == 0  # one pair per two-child node; the input kept
+    # where a reading counts few products (fp16, bf16): one of the node's and one beside it tell a
+    # link from a rounded addition as well as all of them do; the top's pair holds every product
+    read = []
+    two, _, _ = order.fuse(chains, lambda pairs, within: read.extend(map(len, within)) or probe(pairs, within), k, 2)
+    assert two == got and sorted(read) == [2] * (k - 2) + [k]
     if words:
         assert describe(got) == words
 
@@ -719,6 +738,14 @@ def test_a_reading_that_fits_no_fused_node_is_not_revealed():
         order.fuse(chain, lambda pairs, within: [9] * len(pairs), 8)
     with pytest.raises(order.NotRevealed, match="counted 1"):
         order.fuse(chain, lambda pairs, within: [1] * len(pairs), 8)
+    # readings of 4 products (fp16, bf16): [[0..5], 6]'s pair (0, 6) holds 0, 1, 2 and 7 beside it: it
+    # counts 4 (0, 1, 2, 6: a rounded addition) or 5 (a link of a fused add)
+    with pytest.raises(order.NotRevealed, match=r"\(0, 6\) counted 3: neither the 4 .* nor 5, with the 1 beside"):
+        order.fuse(chain, lambda pairs, within: [3] * len(pairs), 8, 4)
+    # every reading of a link fits, but the top pair, every product present, counts 7 of 8: columns
+    # that add in other orders, read as one (linear fp64 over 1024 columns on an AMD EPYC)
+    with pytest.raises(order.NotRevealed, match="of the top node, every product present, counted 7 of 8"):
+        order.fuse(chain, lambda pairs, within: [7] if len(within[0]) == 8 else simulated(chain)(pairs, within), 8, 4)
 
 
 def _exponent(x: Fraction) -> int:

@@ -11,10 +11,11 @@ chunks, one probe each, and the counts added.
 
 From the counts ``v(i, j) = |child holding i| + |child holding j|`` (leaves), the tree is
 built top-down in rounds: each unresolved set of leaves gets the pairs of a pivot (its first
-and its last leaf) with every other leaf; the pivot's path to the top of the set groups the
-others by their count; each group is resolved in the next round. A reading that fits no tree
-is "order not revealed", never a guessed tree; ``replay`` checks a tree bit for bit against
-the kernel on random inputs whose products are exact.
+leaf; its last too where the first leaves a large group) with every other leaf; the pivot's
+path to the top of the set groups the others by their count; each group is resolved in the
+next round. A reading that fits no tree is "order not revealed", never a guessed tree;
+``replay`` checks a tree bit for bit against the kernel on random inputs whose products are
+exact.
 
 The probe runs one case's exact computation (shape, dtype, layout, device, slice) with A all
 ones and the probes in B's columns (``Target``, ``Prober``); trees are written in the format of
@@ -25,11 +26,12 @@ term to a fixed width below the largest exponent among them (Fasi et al., PeerJ 
 for bit, MMA-Sim's rule: Xie et al., arXiv 2511.10909, and ``FUSED``). M then takes the whole
 fused node with it, not only the two children holding i and j (FPRev's reading), and with the
 products outside a set left 0 such a node reads as a chain of two-child nodes: ``fuse`` tells
-them apart with one more pair per two-child node, every product present.
+them apart with one more pair per two-child node, the products beside it present.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -109,11 +111,13 @@ def chunks(k: int, size: int) -> list[tuple[int, int]]:
 
 @dataclass
 class _Hole:
-    """A set of leaves to resolve in a later round: ``count`` sibling subtrees of ``size``."""
+    """A set of leaves to resolve in a later round: ``count`` sibling subtrees of ``size``;
+    ``first``, the readings of its first leaf's pairs where they left too large a group."""
 
     leaves: list[int]
     count: int
     size: int
+    first: dict | None = None
 
 
 @dataclass
@@ -174,8 +178,12 @@ def tree_from_pairs(measure_pairs, k: int, max_rounds: int | None = None, progre
     pair; ``within[n]``, the leaves of the set pair n lies in, holds every product v counts, so a
     probe may leave the others 0: after the first round far fewer chunks of fp16/bf16 remain).
 
+    Each set is seen from its first leaf (the pivot), and only where that leaves a group of more
+    than half the set, from its last leaf too, in the next round: the better view is taken. A
+    loop's first product is usually its deepest, so a set costs one pivot's pairs, not two.
+
     NotRevealed when the counts fit no tree or the rounds run out (each round measures at
-    most 2(k - 1) pairs; a tree of height t needs at most t rounds, usually log2 k)."""
+    most 2(k - 1) pairs; a tree of height t needs at most 2t rounds, usually log2 k)."""
     max_rounds = max_rounds or 2 * k.bit_length() + 64
     holder: list = [_Hole(list(range(k)), 1, k)]  # the tree, its holes replaced in place as they resolve
     out = Reveal(tree=None, k=k)
@@ -192,18 +200,23 @@ def tree_from_pairs(measure_pairs, k: int, max_rounds: int | None = None, progre
             raise NotRevealed(f"not resolved after {max_rounds} rounds of probes")
         pairs, within = [], []
         for _, _, h in holes:
-            for p in dict.fromkeys((h.leaves[0], h.leaves[-1])):
-                pairs += [(p, j) for j in h.leaves if j != p]
+            p = h.leaves[0] if h.first is None else h.leaves[-1]
+            pairs += [(p, j) for j in h.leaves if j != p]
             within += [h.leaves] * (len(pairs) - len(within))
         got = dict(zip(pairs, measure_pairs(pairs, within)))
         out.probes += len(pairs)
         # Replace from the back of each parent, so that splices do not move the holes before them.
         for parent, i, h in sorted(holes, key=lambda t: (id(t[0]), -t[1])):
+            views = [h.leaves[0], h.leaves[-1]] if h.first is not None else [h.leaves[0]]
+            readings = {**(h.first or {}), **{(p, j): got[(p, j)] for p in views[-1:] for j in h.leaves if j != p}}
             best = None
-            for p in dict.fromkeys((h.leaves[0], h.leaves[-1])):
-                seen = _path(p, {j: got[(p, j)] for j in h.leaves if j != p}, len(h.leaves))
+            for p in views:
+                seen = _path(p, {j: readings[(p, j)] for j in h.leaves if j != p}, len(h.leaves))
                 if seen is not None and (best is None or seen[1] < best[1]):
                     best = seen
+            if h.first is None and len(h.leaves) > 2 and (best is None or 2 * best[1] > len(h.leaves)):
+                h.first = readings  # seen from the last leaf too, next round
+                continue
             if best is None:
                 raise NotRevealed(f"the counts over products {h.leaves[0]}..{h.leaves[-1]} ({len(h.leaves)} of "
                                   "them) fit no tree")
@@ -222,36 +235,50 @@ def tree_from_pairs(measure_pairs, k: int, max_rounds: int | None = None, progre
     return out
 
 
-def fuse(tree, measure_pairs, k: int):
+def fuse(tree, measure_pairs, k: int, sample: int | None = None):
     """The tree with every chain of two-child nodes that is one fused add of a tensor core
     merged into that node: (tree, pairs measured, links merged); the tree given is left as it
-    is. One pair per two-child node, a leaf of each child, with all k products present: it
-    counts the node's own leaves where the node is a rounded addition, and the whole fused
-    node's where it is a link of such a chain (M cut every term of it away). NotRevealed when
-    a reading fits neither."""
+    is. One pair per two-child node, a leaf of each child. Where one reading counts all k
+    products (``sample`` None or at least k), every product is present: the pair counts its
+    node's products where the node is a rounded addition, and the whole fused node's where it is
+    a link of such a chain (M cut every term of it away). Where a reading counts at most
+    ``sample`` (fp16, bf16), each pair holds some of its node's products and as many beside the
+    node in its parent: it absorbs the ones beside too only where the node is a link; and the top
+    node's pair, every product present, must absorb them all. NotRevealed when a reading fits
+    neither (as where columns that add in other orders were read as one)."""
     tree = trees.from_json(trees.to_json(tree))  # a copy, made without recursion
     if not isinstance(tree, list):
         return tree, 0, 0
     order_ = trees.inner_nodes(tree)  # parents before children
     parent: dict[int, list | None] = {id(tree): None}
     parent.update((id(c), x) for x in order_ for c in x if isinstance(c, list))
-    size, first = trees.fold(tree, lambda c: 1, sum), trees.fold(tree, int, min)  # products added, the smallest
+    first = trees.fold(tree, int, min)  # each node's smallest product
     links = [x for x in order_ if len(x) == 2]
+    pairs = [(first(x[0]), first(x[1])) for x in links]
     everything = list(range(k))  # one list: the probe fills its products once for all pairs
-    got = measure_pairs([(first(x[0]), first(x[1])) for x in links], [everything] * len(links)) if links else []
-    reading = {id(x): r for x, r in zip(links, got)}
-    merged = set()
-    for x in links:
-        r = reading[id(x)]
-        if r == size(x):
-            continue
-        top = parent[id(x)]
-        while top is not None and id(top) in reading and reading[id(top)] > size(top):
-            top = parent[id(top)]  # the chain goes on above
-        if r < size(x) or top is None or size(top) != r:
-            raise NotRevealed(f"the pair ({first(x[0])}, {first(x[1])}) with every product present counted {r}: "
-                              f"neither its node's {size(x)} products nor a fused node's above it")
-        merged.add(id(x))
+    if sample is None or sample >= k:
+        got = measure_pairs(pairs, [everything] * len(links)) if links else []
+        merged = _chains(links, pairs, got, parent, trees.fold(tree, lambda c: 1, sum))
+    else:
+        below = [(x, pair) for x, pair in zip(links, pairs) if parent[id(x)] is not None]
+        held = []  # per link below the top: (products of its own held, those beside it)
+        for x, _ in below:
+            beside = list(itertools.islice(_leaves(c for c in parent[id(x)] if c is not x), sample // 2))
+            held.append((list(itertools.islice(_leaves([x]), sample - len(beside))), beside))
+        got = measure_pairs([pair for _, pair in below], [own + beside for own, beside in held]) if below else []
+        merged = set()
+        for (x, (i, j)), (own, beside), r in zip(below, held, got):
+            mine = 2 + len(own) - (i in own) - (j in own)
+            if r == mine + len(beside):
+                merged.add(id(x))
+            elif r != mine:
+                raise NotRevealed(f"the pair ({i}, {j}) counted {r}: neither the {mine} products of its node it holds "
+                                  f"(a rounded addition) nor {mine + len(beside)}, with the {len(beside)} beside it "
+                                  "(a link of a fused add)")
+        if len(tree) == 2:  # apart: its k products take chunks of their own (spread where rows allow)
+            (r,) = measure_pairs([pairs[0]], [everything])
+            if r != k:
+                raise NotRevealed(f"the pair {pairs[0]} of the top node, every product present, counted {r} of {k}")
     for x in reversed(order_):  # children first: a link's children go up into its parent's place
         if id(x) in merged:
             up = parent[id(x)]
@@ -261,6 +288,36 @@ def fuse(tree, measure_pairs, k: int):
                 if isinstance(c, list):
                     parent[id(c)] = up
     return trees.canonical(tree), len(links), len(merged)
+
+
+def _chains(links, pairs, got, parent, size) -> set[int]:
+    """fuse's links merged, from readings with every product present: those that counted more
+    than their own node, all of the fused node at the top of their chain."""
+    reading = {id(x): r for x, r in zip(links, got)}
+    merged = set()
+    for x, (i, j), r in zip(links, pairs, got):
+        if r == size(x):
+            continue
+        top = parent[id(x)]
+        while top is not None and id(top) in reading and reading[id(top)] > size(top):
+            top = parent[id(top)]  # the chain goes on above
+        if r < size(x) or top is None or size(top) != r:
+            raise NotRevealed(f"the pair ({i}, {j}) with every product present counted {r}: "
+                              f"neither its node's {size(x)} products nor a fused node's above it")
+        merged.add(id(x))
+    return merged
+
+
+def _leaves(nodes):
+    """The products under ``nodes``, one at a time (a caller may stop early), without recursion."""
+    for node in nodes:
+        stack = [node]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, list):
+                stack.extend(reversed(x))
+            else:
+                yield x
 
 
 def store(root, tree, k: int) -> int:
@@ -467,6 +524,7 @@ class Prober:
         self.chunk = chunk_size(t.dtype)
         self._buf: np.ndarray | None = None
         self._loaded = 0  # columns (rows) of the operand the last call filled
+        self._masked = False  # whether _spread left masks in the other operand's rows (columns)
 
     def _buffer(self, cols: int) -> np.ndarray:
         """The probes of one call, (K, cols) in float32, zeroed. Kept between calls and only as wide
@@ -512,9 +570,13 @@ class Prober:
         leaves pair n can count (reveal); base products go there only, in pieces the output
         counts exactly (one piece unless the output is fp16 or bf16), one probe each, and the
         counts are added. With ``rows`` > 1, a call reads all the pieces of a probe at once, in
-        rows of the other operand (_spread)."""
-        if self.rows > 1:
+        rows of the other operand (_spread), unless each probe is one piece (as fuse's are)."""
+        if self.rows > 1 and (within is None or any(len(w) > self.chunk for w in within)):
             return self._spread(pairs, within, progress)
+        if self._masked:  # the entry's row (column) of the other operand back to all ones
+            at = self.t.col if self.t.by_rows else self.t.row
+            (self.b0[:, at] if self.t.by_rows else self.a0[at]).fill_(1)
+            self._masked = False
         sets: dict[int, tuple[list, list[int]]] = {}  # id(leaf list) -> (its pieces, pair numbers)
         within = within or [range(self.t.k)] * len(pairs)
         for n in range(len(pairs)):
@@ -636,6 +698,7 @@ class Prober:
             self.b0[:, at:at + rows].copy_(mask.t())
         else:
             self.a0[at:at + rows].copy_(mask)
+        self._masked = True
         y = self._output()
         self.calls += 1
         y = y[:cols, at:at + rows].t() if t.by_rows else y[at:at + rows, :cols]
@@ -715,9 +778,8 @@ def spread_rows(t: Target) -> int:
 
 
 def fuse_calls(t: Target, tree, width: int) -> int:
-    """Matmul calls fuse makes: a pair per two-child node, every chunk of k, ``width`` a call."""
-    binary = trees.arities(tree).count(2)
-    return -(-binary * len(chunks(t.k, chunk_size(t.dtype))) // width)
+    """Matmul calls fuse makes at most: a pair per two-child node, one reading each, ``width`` a call."""
+    return -(-trees.arities(tree).count(2) // width)
 
 
 def widths(t: Target) -> list[int]:
@@ -754,7 +816,7 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
     tree must also replay bit for bit on 100 draws in the columns (rows) its probes used, or
     the next width is tried: probes spread over columns the kernel adds in different orders
     may yet fit some tree, and the replay is what tells. Before the replay, ``verify`` also
-    reads one more pair per two-child node with every product present (fuse): a tensor
+    reads one more pair per two-child node, the products beside it present (fuse): a tensor
     core's fused add reads as a chain of them until then, and an fp16 or bf16 output's rounding
     can hide the difference from the replay."""
     t0 = time.perf_counter()
@@ -778,7 +840,7 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
             if verify and calls + p.calls + fuse_calls(t, out.tree, w) > max_calls:
                 out.notes.append("fused adds not looked for: beyond the call budget")
             elif verify:
-                out.tree, pairs, merged = fuse(out.tree, measured, t.k)
+                out.tree, pairs, merged = fuse(out.tree, measured, t.k, chunk_size(t.dtype))
                 out.probes += pairs
                 if merged:
                     out.notes.append(f"{trees.fused_nodes(out.tree)} fused adds, {merged} links of their chains merged")
