@@ -721,8 +721,12 @@ def test_random_trees_of_rounded_and_fused_adds_are_revealed_exactly():
             rng.shuffle(leaves)
         tree = _random_tree(leaves, rng)
         probe = truncating(tree)
-        got, _, _ = order.fuse(order.tree_from_pairs(probe, len(leaves)).tree, probe, len(leaves))
-        assert got == trees.canonical(trees.from_json(trees.to_json(tree))), (seed, trees.to_json(tree))
+        chains = order.tree_from_pairs(probe, len(leaves)).tree
+        want = trees.canonical(trees.from_json(trees.to_json(tree)))
+        # every product in each reading (fp32), or a few of the node's and beside it (fp16, bf16)
+        for sample in (None, 2 + seed % 7):
+            got, _, _ = order.fuse(chains, probe, len(leaves), sample)
+            assert got == want, (seed, sample, trees.to_json(tree))
 
 
 @pytest.mark.parametrize("name", list(TREES))
