@@ -960,6 +960,24 @@ def test_a_wrong_tree_fails_the_replay(dtype):
         assert v["matched"] < 100 and v["first_mismatch"] is not None, (describe(r.tree), v)
 
 
+@pytest.mark.parametrize("col", [0, 37])
+def test_the_replay_draws_lie_over_every_column_the_probes_used(col):
+    # a kernel may add a tail tile in another order: the first 100 of 512 columns would miss it
+    from matmul_drift.core import cases
+    from matmul_drift.probes import order
+
+    t = order.target(cases.adhoc(2, 64, 512), "float32", "cpu", col=col)
+    p = order.Prober(t, 512)
+    seq_tree = seq(list(range(64)))
+    v = order.replay(t, seq_tree, draws=100, width=512, prober=p)
+    written = np.flatnonzero(p.b0.abs().sum(0).numpy())
+    assert v["draws"] == len(written) == 100 and {0, col, 511} <= set(written.tolist())
+    assert np.diff(written).max() <= 6  # evenly: 511 / 99 apart, one moved onto the entry's column
+    few = order.Prober(t, 512)
+    assert order.replay(t, seq_tree, draws=100, width=40, prober=few)["draws"] == 100  # 40 a call, 3 calls
+    assert np.flatnonzero(few.b0.abs().sum(0).numpy()).tolist() == list(range(40))
+
+
 def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     """explain's question in orders: where A[:m] @ B differs from (A @ B)[:m] in bits, the
     entry's order differs; where it is bit-identical, the order is the same (on this CPU,

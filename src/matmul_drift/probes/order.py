@@ -889,9 +889,11 @@ def _products(rng: np.random.Generator, k: int, draws: int, dtype: str) -> np.nd
 def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, prober: Prober | None = None) -> dict:
     """The tree evaluated in numpy (evaluate, in the accumulator's precision, rounded once
     to the output dtype) against the kernel's own output, on ``draws`` random inputs whose
-    products are exact: each call draws the entry's row of A and the first ``width`` columns of
-    B (rows of A and the entry's column of B, by rows), the ones the probes shared, the entry's
-    own among them. Writes its draws into ``prober``'s operands (a new Prober's without).
+    products are exact: each call draws the entry's row of A and columns of B (rows of A and the
+    entry's column of B, by rows) among the first ``width``, the ones the probes shared: where
+    they are more than the draws, spread evenly over them, the entry's own among them (a tail
+    tile that adds in another order is replayed too). Writes its draws into ``prober``'s
+    operands (a new Prober's without).
     A tree with fused nodes is tried with each way of FUSED to round them (``match``), the
     tensor cores' with the exponents of the operands (product_exponents), not only their products.
     Returns draws, matched, the first mismatch and fused_add (the ways that matched every
@@ -904,31 +906,38 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     products, kernel = np.empty((t.k, draws)), []
     # a tensor core's fused add aligns each product by its operands' exponents
     exps = np.empty((t.k, draws), np.int16) if trees.fused_nodes(tree) and t.dtype in LEAST_NORMAL_EXPONENT else None
+    if width > draws:
+        spread = np.linspace(0, width - 1, draws).round().astype(np.int64)
+        own = t.row if t.by_rows else t.col
+        spread[np.argmin(np.abs(spread - own))] = own
+        calls = [np.unique(spread)]
+    else:
+        calls = [np.arange(min(width, draws - d)) for d in range(0, draws, width)]
     d = 0
-    while d < draws:
-        w = min(width, draws - d)
+    for cols in calls:
+        w, idx = len(cols), torch.from_numpy(cols)
         # the shared operand ±2^-2..2^2, the other the products over it: exact, and normal in fp16
         shared = rng.choice([-1.0, 1.0], t.k) * np.exp2(rng.integers(-2, 3, t.k))
         each = _products(rng, t.k, w, t.dtype)
         each /= shared[:, None]
         each = torch.from_numpy(each).to(dt)
         if t.by_rows:  # rows of A (each a draw) against the entry's column of B
-            p.a0[:w].copy_(each.t())
+            p.a0[idx] = each.t()
             p.b0[:, t.col].copy_(torch.from_numpy(shared).to(dt))
-            lhs, rhs = p.a0[:w].double(), p.b0[:, t.col].double()[None, :]
+            lhs, rhs = p.a0[idx].double(), p.b0[:, t.col].double()[None, :]
         else:  # the entry's row of A against columns of B
             a_row = p.a0[t.row] if p.a0.dim() == 2 else p.a0
             a_row.copy_(torch.from_numpy(shared).to(dt))
-            p.b0[:, :w].copy_(each)
-            lhs, rhs = a_row.double()[None, :], p.b0[:, :w].double().t()
-        got = p.product()[:w]
+            p.b0[:, idx] = each
+            lhs, rhs = a_row.double()[None, :], p.b0[:, idx].double().t()
+        got = p.product()[idx]
         bits = measure.tensor_bits(got)
         kernel += [(int(b), float(v)) for b, v in zip(bits, got.double().cpu().numpy())]
         products[:, d:d + w] = (lhs * rhs).cpu().numpy().T  # exact: 4 bits times a power of two
         if exps is not None:
             exps[:, d:d + w] = product_exponents(lhs.cpu().numpy(), rhs.cpu().numpy(), t.dtype).T
         d += w
-    return match(tree, products, kernel, t.dtype, exps)
+    return match(tree, products[:, :d], kernel, t.dtype, None if exps is None else exps[:, :d])
 
 
 def match(tree, products: np.ndarray, kernel: list[tuple[int, float]], dtype: str,
