@@ -22,20 +22,14 @@ def simulated(tree):
     |child holding j|, of those products only the ones the probe holds (``within``, i and j always)."""
     parent, span = {}, {}
     pos = {leaf: n for n, leaf in enumerate(trees.leaves(tree))}  # every node's products: an interval of these
+    at = trees.fold(tree, lambda leaf: (pos[leaf], pos[leaf] + 1), lambda kids: (kids[0][0], kids[-1][1]))
     stack = [(tree, None)]
     while stack:
         node, par = stack.pop()
         key = ("n", id(node)) if isinstance(node, list) else ("l", node)
-        parent[key] = par
+        parent[key], span[key] = par, at(node)
         if isinstance(node, list):
             stack.extend((c, key) for c in node)
-    at = trees.fold(tree, lambda leaf: (pos[leaf], pos[leaf] + 1), lambda kids: (kids[0][0], kids[-1][1]))
-    stack = [tree]
-    while stack:
-        x = stack.pop()
-        span[("n", id(x)) if isinstance(x, list) else ("l", x)] = at(x)
-        if isinstance(x, list):
-            stack.extend(x)
 
     def up(key):
         out = [key]

@@ -172,15 +172,20 @@ def order_id(tree, k: int) -> int:
     return ids.text_id(entry_text(tree, k))
 
 
-def leaves(node) -> list[int]:
-    out, stack = [], [node]
+def iter_leaves(node):
+    """The products under ``node`` in order, one at a time (a caller may stop early), without
+    recursion (trees can be thousands deep)."""
+    stack = [node]
     while stack:
         x = stack.pop()
         if isinstance(x, list):
             stack.extend(reversed(x))
         else:
-            out.append(x)
-    return out
+            yield x
+
+
+def leaves(node) -> list[int]:
+    return list(iter_leaves(node))
 
 
 def arities(tree) -> list[int]:

@@ -398,12 +398,14 @@ def add_maps(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None = 
 def _native(values: dict, root) -> bool:
     """Whether the combination's full product ran torch's own loop (its catalog kernel entry's
     route is "native"); False where the entry cannot be read."""
+    from matmul_drift.probes import batchmap
+
     try:
         entry = catalog.load(root, "kernels", values["kernel_id"])
     except (catalog.MissingEntry, ValueError, KeyError):
         return False
     full = entry.get("full") if isinstance(entry, dict) else None
-    return isinstance(full, list) and [k for k in full if not str(k).startswith("aten::")] == ["native"]
+    return isinstance(full, list) and all(isinstance(k, str) for k in full) and batchmap.route(full) == "native"
 
 
 def _reused_map(mapper, k: str, values: dict, record: tuple[str, dict] | None, root) -> tuple[dict | None, str | None]:

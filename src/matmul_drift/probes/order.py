@@ -263,8 +263,9 @@ def fuse(tree, measure_pairs, k: int, sample: int | None = None):
         below = [(x, pair) for x, pair in zip(links, pairs) if parent[id(x)] is not None]
         held = []  # per link below the top: (products of its own held, those beside it)
         for x, _ in below:
-            beside = list(itertools.islice(_leaves(c for c in parent[id(x)] if c is not x), sample // 2))
-            held.append((list(itertools.islice(_leaves([x]), sample - len(beside))), beside))
+            others = itertools.chain.from_iterable(trees.iter_leaves(c) for c in parent[id(x)] if c is not x)
+            beside = list(itertools.islice(others, sample // 2))
+            held.append((list(itertools.islice(trees.iter_leaves(x), sample - len(beside))), beside))
         got = measure_pairs([pair for _, pair in below], [own + beside for own, beside in held]) if below else []
         merged = set()
         for (x, (i, j)), (own, beside), r in zip(below, held, got):
@@ -306,18 +307,6 @@ def _chains(links, pairs, got, parent, size) -> set[int]:
                               f"neither its node's {size(x)} products nor a fused node's above it")
         merged.add(id(x))
     return merged
-
-
-def _leaves(nodes):
-    """The products under ``nodes``, one at a time (a caller may stop early), without recursion."""
-    for node in nodes:
-        stack = [node]
-        while stack:
-            x = stack.pop()
-            if isinstance(x, list):
-                stack.extend(reversed(x))
-            else:
-                yield x
 
 
 def store(root, tree, k: int) -> int:
@@ -909,8 +898,8 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     if width > draws:
         spread = np.linspace(0, width - 1, draws).round().astype(np.int64)
         own = t.row if t.by_rows else t.col
-        spread[np.argmin(np.abs(spread - own))] = own
-        calls = [np.unique(spread)]
+        spread[np.argmin(np.abs(spread - own))] = own  # over 1 apart: still distinct
+        calls = [spread]
     else:
         calls = [np.arange(min(width, draws - d)) for d in range(0, draws, width)]
     d = 0
@@ -937,7 +926,7 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
         if exps is not None:
             exps[:, d:d + w] = product_exponents(lhs.cpu().numpy(), rhs.cpu().numpy(), t.dtype).T
         d += w
-    return match(tree, products[:, :d], kernel, t.dtype, None if exps is None else exps[:, :d])
+    return match(tree, products, kernel, t.dtype, exps)
 
 
 def match(tree, products: np.ndarray, kernel: list[tuple[int, float]], dtype: str,

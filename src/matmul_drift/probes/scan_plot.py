@@ -7,15 +7,14 @@ from __future__ import annotations
 import io
 import math
 
-from matmul_drift.probes import scan
+from matmul_drift.probes import batchmap, scan
 
 _HATCH = "///"
 
 
 def _label(kernel_id: str, kernels: list[str], width: int = 90) -> str:
     # The route is what tells regions apart; the aten chain is the same in most of them.
-    route = [k for k in kernels if not k.startswith("aten::")] or kernels
-    text = f"{kernel_id}: {'; '.join(route)}"
+    text = f"{kernel_id}: {batchmap.route(kernels)}"
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
