@@ -51,7 +51,8 @@ def main() -> int:
             target = 2 * t.k // t.width + 64
             bound = order.expected_calls(t)
             words = got["summary"] if got["tree"] is not None else f"{got['summary']}: {got['reason']}"
-            words = f"as {got['same_as']}: {words}" if "same_as" in got else words
+            words = (f"as {got['same_as']}: {words}" if "same_as" in got else
+                     f"{got['adopted']}'s tree: {words}" if "adopted" in got else words)
             one = ""
             if a.compare:
                 order.spread_rows = lambda t: 1

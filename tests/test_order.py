@@ -1266,6 +1266,40 @@ def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reve
     assert got["slices"][0]["order_id"] == got["full"]["order_id"] and "same_as" not in got["slices"][1]
 
 
+@pytest.mark.parametrize("first, then", [
+    (("float32", 4, 512, 64), ("float32", 8, 512, 96)),
+    (("float16", 4, 512, 64), ("bfloat16", 4, 512, 64)),
+    (("bfloat16", 2, 1024, 32), ("bfloat16", 16, 1024, 48)),
+])
+def test_a_tree_of_the_same_k_is_adopted_where_it_replays_and_never_otherwise(first, then):
+    """A tree revealed earlier in the memo for the same K is replayed before the probe runs: it
+    is taken exactly where an independent probe of the target reveals the same tree (derived
+    here, on this CPU), in fewer calls; a wrong tree of that K is never taken."""
+    from matmul_drift.core import cases
+
+    def tgt(dtype, m, k, n):
+        return order.target(cases.adhoc(m, k, n), dtype, "cpu")
+
+    a, b = tgt(*first), tgt(*then)
+    alone = order.order_of(b)
+    assert alone["tree"] is not None and "adopted" not in alone
+    memo = {}
+    source = order.order_of(a, memo=memo)
+    got = order.order_of(b, memo=memo)
+    assert got["order_id"] == alone["order_id"], (source["summary"], got, alone)
+    if source["order_id"] == alone["order_id"]:
+        assert got["adopted"] == a.label and got["calls"] < alone["calls"], got
+    else:
+        assert "adopted" not in got and got["calls"] > alone["calls"], got  # + the replay that failed
+    wrong = pw(list(range(b.k))) if describe(alone["tree"]) != "pairwise" else seq(list(range(b.k)))
+    wrong = trees.canonical(wrong)
+    planted = {(a.computation(), order.MAX_CALLS, True): {
+        "probed": True, "tree": wrong, "order_id": ids.hex_id(trees.order_id(wrong, b.k)), "summary": describe(wrong),
+        "calls": 1, "reason": None, "same_as": "planted", "k": b.k}}
+    got = order.order_of(b, memo=planted)
+    assert "adopted" not in got and got["order_id"] == alone["order_id"] and got["calls"] > alone["calls"], got
+
+
 def test_a_probe_that_fits_no_tree_counts_the_calls_it_made(monkeypatch, capsys):
     """Each probe width makes one real call, then its readings fit no tree: the answer is "not
     revealed", with the calls spent (not 0), in order_of and in the command's line."""

@@ -302,7 +302,7 @@ def add_orders(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None 
             key = (t.computation(), order.MAX_CALLS, True) if record else None  # order_of's memo key
             got, why = (None, None) if key is None or key in memo else _reused_tree(t, k, out[k], record, root)
             if got is not None:  # the same computation later is "the same as" this one, not reused again
-                memo[key] = {**got, "confirmed": None, "same_as": t.label}
+                memo[key] = {**got, "confirmed": None, "same_as": t.label, "k": t.k}
             else:
                 got = order.order_of(t, memo=memo)
         except (order.ProbeError, Unavailable) as exc:
@@ -319,7 +319,9 @@ def add_orders(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None 
                 reused += 1
                 what += f": {got['confirmed']}"
             else:
-                what += f" (the same computation as {got['same_as']})" if "same_as" in got else f" ({got['calls']} calls)"
+                what += (f" (the same computation as {got['same_as']})" if "same_as" in got else
+                         f" ({got['adopted']}'s tree, replayed bit for bit: {got['calls']} calls)" if "adopted" in got
+                         else f" ({got['calls']} calls)")
         what += f"; {why}" if why else ""
         print(f"[orders {i}/{len(todo)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {what}", file=log, flush=True)
     return reused
