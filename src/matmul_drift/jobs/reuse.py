@@ -122,10 +122,10 @@ def confirm_tree(t, tree, seed: int) -> dict:
 
     width = min(16, t.width)
     got = order.replay(t, tree, draws=DRAWS, seed=seed, width=width)
-    calls = -(-DRAWS // width)
+    calls = order.replay_calls(DRAWS, width)
     if got["matched"] != got["draws"] and width > 1:
         got = order.replay(t, tree, draws=DRAWS // 2, seed=seed, width=1)
-        calls += DRAWS // 2
+        calls += order.replay_calls(DRAWS // 2, 1)
     return {**got, "calls": calls}
 
 

@@ -929,6 +929,12 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     return match(tree, products, kernel, t.dtype, exps)
 
 
+def replay_calls(draws: int, width: int) -> int:
+    """The matmul calls ``replay`` makes for ``draws`` over ``width`` columns (rows): one where
+    they are more than the draws (spread over them), else a call for every ``width`` draws."""
+    return 1 if width > draws else -(-draws // width)
+
+
 def match(tree, products: np.ndarray, kernel: list[tuple[int, float]], dtype: str,
           exps: np.ndarray | None = None) -> dict:
     """The tree's sums of ``products`` ((k, draws), exact in the accumulator; ``exps``, where
@@ -994,20 +1000,20 @@ def adopted(t: Target, memo: dict) -> tuple[dict | None, int]:
     """(order_of's dict for a tree revealed earlier in ``memo`` for the same K (nearest ``kin``
     first, ADOPT_TRIES of them) that replays bit for bit on 100 draws of ``t`` (the reveal's own
     test) across the widest prefix it would probe, with ``adopted``: that target's label, or None
-    where none does: the probe then reveals ``t``; the matmul calls the replays made). Skinny, slice-n-view and the seed share K = 4096;
-    on a CPU without native bf16 one replay costs 1 call where a reveal costs 20 to 40."""
+    where none does: the probe then reveals ``t``; the matmul calls the replays made). Skinny,
+    slice-n-view and the seed share K = 4096; on a CPU without native bf16 one replay costs 1
+    call where a reveal costs 20 to 40."""
     found, seen = [], set()
     for (comp, *_), got in memo.items():
         near = kin(t, comp)
         if near is None or got.get("k") != t.k or got.get("tree") is None or got["order_id"] in seen:
             continue
         seen.add(got["order_id"])
-        found.append((near, len(found), got))
-    calls = 0
-    for _, _, got in sorted(found)[:ADOPT_TRIES]:
-        w = widths(t)[0]
+        found.append((near, got))
+    calls, w = 0, widths(t)[0]
+    for _, got in sorted(found, key=lambda f: f[0])[:ADOPT_TRIES]:  # stable: the earliest first among equals
         r = replay(t, got["tree"], width=w)
-        calls += 1 if w > r["draws"] else -(-r["draws"] // w)
+        calls += replay_calls(r["draws"], w)
         if r["matched"] == r["draws"]:
             return {"probed": True, "tree": got["tree"], "order_id": got["order_id"], "summary": got["summary"],
                     "calls": calls, "reason": None, "adopted": got.get("adopted") or got["same_as"]}, calls
