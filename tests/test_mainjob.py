@@ -95,8 +95,11 @@ def test_both_builds_side_by_side_in_asvs_own_environments(project):
     assert sorted(files) == list(BUILDS)
     # the environment names plain `asv run` gives the project's matrix, one per build
     from asv import config, environment
+    from asv.plugin_manager import plugin_manager
 
     conf = config.Config.load(str(project.path / "asv.conf.json"))
+    for plugin in conf.plugins:  # as asv's commands load them: the environment type is one
+        plugin_manager.import_plugin(plugin)
     names = sorted(e.name for e in environment.get_environments(conf, None, verbose=False))
     assert sorted(json.loads(p.read_text())["env_name"] for p in files.values()) == names
     assert all(f"torch{b}" in json.loads(files[b].read_text())["env_name"] for b in BUILDS)

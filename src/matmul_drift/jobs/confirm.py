@@ -22,10 +22,22 @@ TIME = "timing.Time.time_matmul"  # the series asv times; CUDA's own timing has 
 
 
 def env_python(repo: Path, conf: dict, env_name: str) -> Path:
-    """The interpreter of asv's virtualenv ``env_name`` (asv names its folder by the md5 of the name)."""
+    """The interpreter of asv's environment ``env_name``: in the folder asv gives it under the
+    config's environment type, or where asv's plain virtualenv kept it (the md5 of the name)."""
     env_dir = Path(conf.get("env_dir") or ".asv/env")
     env_dir = env_dir if env_dir.is_absolute() else repo / env_dir
-    return env_dir / hashlib.md5(env_name.encode("utf-8")).hexdigest() / "bin" / "python"
+    folder = hashlib.md5(env_name.encode("utf-8")).hexdigest()
+    if conf.get("environment_type"):
+        from asv import config, environment, util
+
+        from matmul_drift.jobs import asvenv  # noqa: F401  the environment type asv.conf.json names
+        try:
+            envs = environment.get_environments(config.Config.from_json({**conf, "env_dir": str(env_dir)}), None,
+                                                verbose=False)
+            folder = next((e.dir_name for e in envs if e.name == env_name), folder)
+        except (RuntimeError, util.UserError, environment.EnvironmentUnavailable):
+            pass  # a config asv cannot read: the run that recorded the side could not have either
+    return env_dir / folder / "bin" / "python"
 
 
 def suspects(hist: history.History, machine: str, commit: str) -> list[summary.Flag]:

@@ -3,10 +3,11 @@
 For each build (torch version) of ``asv.conf.json``'s matrix, or those asked for:
 
 1. refuse it if this commit already has its results on this machine (unless ``force``);
-2. ``asv run <commit>^!`` in asv's own virtualenv for that build (asv creates it once and
-   reuses it; its name, ``virtualenv-py3.11-...-torch2.13.0-wheel``, is the name plain
-   ``asv run`` gives it, so the two compare), with a config whose matrix holds that build
-   only, into a staging directory;
+2. ``asv run <commit>^!`` in asv's virtualenv for that build (asv creates it once and
+   reuses it, its requirements installed by uv: asvenv.py; its name,
+   ``virtualenv-py3.11-...-torch2.13.0-wheel``, is the name plain ``asv run`` gives it, so
+   the two compare), with a config whose matrix holds that build only, into a staging
+   directory;
 3. copy the results into ``results/asv/<machine>/`` atomically (asvrun.import_results).
 
 A build that cannot be installed or run is one line naming it; the others go on. Then
@@ -151,6 +152,8 @@ def build_config(repo: Path, conf: dict, build: str, results_dir: Path) -> dict:
 def env_name(conf: dict) -> str:
     """The name asv gives the (single) environment of ``conf``."""
     from asv import config, environment, util
+
+    from matmul_drift.jobs import asvenv  # noqa: F401  its environment type, which asv.conf.json names
 
     c = config.Config.from_json(conf)
     try:
