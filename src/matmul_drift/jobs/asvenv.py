@@ -62,8 +62,11 @@ class UvVirtualenv(virtualenv.Virtualenv):
         reqs = os.path.join(self._path, "asv-uv-requirements.txt")
         with open(reqs, "w", encoding="utf-8") as f:
             f.write("".join(line + "\n" for line in lines))
-        p = subprocess.run([uv, "pip", "install", "--quiet", "--no-deps", "--python", python, "-r", reqs],
-                           env=env, capture_output=True, text=True, timeout=self._install_timeout)
+        try:
+            p = subprocess.run([uv, "pip", "install", "--quiet", "--no-deps", "--python", python, "-r", reqs],
+                               env=env, capture_output=True, text=True, timeout=self._install_timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UvFailed(f"uv pip install: {exc}") from None
         if p.returncode != 0:
             raise UvFailed(f"uv pip install: {(p.stderr.strip().splitlines() or ['exit status %d' % p.returncode])[-1]}")
         log.info(f"pip resolved {len(lines)} packages in {t1 - t0:.1f} s; uv installed them in "
