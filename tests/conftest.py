@@ -7,6 +7,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import browsing
 import pytest
 
 
@@ -29,3 +30,20 @@ def committed_results(tmp_path_factory) -> Path:
     conf = out / "asv.conf.json"
     conf.write_text(conf.read_text().replace('"repo": "."', f'"repo": "{root}"', 1))
     return out / "results"
+
+
+# Headless Chromium (browsing.py), one per test module that opens a site.
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = browsing._chromium(tmp_path_factory.mktemp("chromium"))
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def offline_browser(tmp_path_factory):
+    """Chromium that can reach 127.0.0.1 and nothing else: every other host name fails to resolve."""
+    driver = browsing._chromium(tmp_path_factory.mktemp("chromium-offline"),
+                                (*browsing.FLAGS, "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"))
+    yield driver
+    driver.quit()

@@ -3,10 +3,11 @@ in asv's own virtualenv, side by side, on a committed copy of this checkout (its
 results included, but for this machine's own, so the first run is this machine's first), with
 `MATMUL_DRIFT_CASES=square` and `--bench 'Drift\\.'` to keep it short.
 
-asv's environments live in this checkout's .asv/env (made on first use: two torch installs
-from the local wheel store, about two minutes; reused afterwards), shared by the copy, and by
-the copy that test_site_browser.py makes in another pytest-xdist worker: a lock lets one run
+asv's environments live in this checkout's .asv/env (made on first use: two torch installs,
+by uv, from the local wheel store; reused afterwards), shared by the copy: a lock lets one run
 at a time use them (asv re-checks out an environment's project folder under a running build).
+The end of this file opens the copy's site in a browser (browsing.py), so the main job runs
+once a session for both.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from checkout import ROOT, committed_copy, git
 
 from matmul_drift.cli import main as cli
 from matmul_drift.core import ids
-from matmul_drift.jobs import mainjob
+from matmul_drift.jobs import mainjob, site
 from matmul_drift.read import history
 from matmul_drift.store import catalog, machine
 
@@ -346,3 +347,81 @@ def test_a_run_killed_before_its_site_is_published_by_the_next(project):
     assert (project.path / "html/index.html").is_file() and not (project.path / mainjob.STATE / "unpublished").exists()
     p = project.run("--torch", "2.13.0")  # and then, nothing left to do: refused as before
     assert p.returncode == 2 and "already recorded" in p.stderr
+
+
+# ---------------------------------------------------------------------------- the main job's site in a browser
+
+
+from browsing import _errors, _serving, _wait  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served_main(tmp_path_factory):
+    """(project, base URL): the main job's own html/ (test_mainjob.py's copy) on 127.0.0.1."""
+    project = build_project(tmp_path_factory)
+    with _serving(project.path / "html") as url:
+        yield project, url
+
+
+def test_main_job_site_draws_both_builds_offline_and_names_kernels(offline_browser, served_main):
+    project, url = served_main
+    b = offline_browser
+    b.get(f"{url}/index.html#drift.Drift.track_error_u?machine={project.name}"
+          "&p-case=%27square%27&p-dtype=%27float32%27&p-device=%27cpu%27")
+    _wait(b, "return document.querySelectorAll('#main-graph canvas.flot-base').length")
+    series = _wait(b, "var p = $('#main-graph').data('plot'); return p && p.getData().map(s => s.data)")
+    runs = history.read_history(project.path / "results", machine=project.name).observations()
+    recorded = sorted(o.value for o in runs if o.benchmark == "drift.Drift.track_error_u"
+                      and o.params == {"case": "square", "dtype": "float32", "device": "cpu"})
+    # one line per torch build, holding every value recorded (test_mainjob.py may add commits)
+    assert len(series) == 2 and sorted(v for s in series for _, v in s) == pytest.approx(recorded)
+    assert "error.html" not in b.current_url
+    # nothing was loaded from anywhere but this server
+    hosts = b.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).host)")
+    assert hosts and set(hosts) == {url.split("//", 1)[1]}
+    assert _errors(b) == []
+
+    b.get(f"{url}/index.html")
+    _wait(b, "return document.querySelector('#nav-li-drift a')").click()
+    _wait(b, f"return location.pathname.endsWith('/{site.PAGE}')")
+    kernels = b.find_element("css selector", "table.kernels").text
+    assert "MKL SGEMM(N,N)" in kernels and "MKL DGEMM(N,N)" in kernels
+    assert f"{project.name}: square float32 cpu" in kernels
+    # each order-id in words: square in float32 as the suite's probe reveals it in the main job's
+    # environment (which leaves out this process's MKL_* settings: MKL_CBWR moves the route)
+    reveal = ("import json; from matmul_drift.core import cases; from matmul_drift.probes import order; "
+              "got = order.order_of(order.target(cases.get('square'), 'float32', 'cpu')); "
+              "print(json.dumps([got['order_id'], got['summary']]))")
+    p = subprocess.run([sys.executable, "-c", reveal], env=project.env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    order_id, words = json.loads(p.stdout)
+    row = b.find_element("id", f"o-{order_id}").text
+    assert words in row and f"{project.name}: square float32 cpu" in row and "order-id" in row
+    assert project.name in b.find_element("id", "nights").find_element("xpath", "following-sibling::ul").text
+    assert _errors(b) == []
+
+
+def test_the_graph_legend_sits_beside_the_plot_and_ids_say_what_they_are(offline_browser, served_main):
+    """asv drew the legend over the plot's corner, and kernel-ids as lines of numbers near 1e14
+    with nothing to say they are names: now the legend has a column of its own, and an id
+    series is named as an id above its graph."""
+    project, url = served_main
+    b = offline_browser
+    b.get(f"{url}/index.html#drift.Drift.track_error_u?machine={project.name}"
+          "&p-case=%27square%27&p-dtype=%27float32%27&p-device=%27cpu%27")
+    _wait(b, "return document.querySelectorAll('#main-graph canvas.flot-base').length")
+    box = _wait(b, f"""var l = document.querySelector('#{site.LEGEND_ID} table');
+        var c = document.querySelector('#main-graph canvas.flot-base');
+        if (!l || !c) return null;
+        var a = l.getBoundingClientRect(), p = c.getBoundingClientRect();
+        return [a.left, a.right, a.top, a.bottom, p.left, p.right, p.top, p.bottom, l.innerText];""")
+    ll, lr, lt, lb, pl, pr, pt, pb, text = box
+    assert lr - ll > 0 and lb - lt > 0 and text.count("torch") == 2  # both builds named
+    assert ll >= pr or lr <= pl or lt >= pb or lb <= pt, box  # no overlap with the plot
+    b.get(f"{url}/index.html")  # the benchmark grid: a small graph per benchmark, its name below
+    names = _wait(b, "var t = [...document.querySelectorAll('.benchmark-text')].map(e => e.innerText); "
+                     "return t.length ? t : null")
+    ids = [n for n in names if "an id, not a quantity" in n]
+    assert len(ids) == 6 and any(n.startswith("Drift.track_map_id: an id") for n in ids), names
+    assert "Drift.track_error_u" in names  # a quantity keeps its own name
+    assert _errors(b) == []

@@ -1,6 +1,6 @@
 """The nightly job on this CPU: real asv runs in an existing environment, real git, a real site.
 
-One shared world (built once, also used by test_site_browser.py): a bare remote and three
+One shared world (built once, also opened in a browser at the end of this file): a bare remote and three
 clones of a committed copy of this checkout. Machine box-a runs two nights, 2026-01-01 as is
 and 2026-01-02 under MKL_CBWR=COMPATIBLE (MKL's CNR mode: other bits, and MKL verbose then
 says CNR:COMPATIBLE instead of CNR:OFF); box-b runs 2026-01-02; a third clone merges both.
@@ -1490,3 +1490,84 @@ def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(tmp_path
     assert p.returncode == 2 and p.stderr.splitlines() == [
         f"matmul-drift: error: argument {option}: needs a folder, got an empty name"], p.stderr
     assert not (o.repo / "nightly").exists() and git(o.repo, "status", "--porcelain") == ""
+
+
+# ---------------------------------------------------------------------------- the site in a browser
+
+
+from browsing import _errors, _serving, _wait  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(world, base URL) with the merged tree's html/ served on 127.0.0.1."""
+    world = build_world(tmp_path_factory)
+    with _serving(world.tree("m") / "html") as url:
+        yield world, url
+
+
+
+def test_benchmark_list_and_a_drift_graph_render(browser, served):
+    world, url = served
+    browser.get(f"{url}/index.html#/summarylist")
+    rows = _wait(browser, "return document.querySelectorAll('#summarylist-body tbody tr').length")
+    assert rows > 100
+    assert "drift.Drift.track_error_u" in browser.find_element("id", "summarylist-body").text
+    assert _errors(browser) == []
+
+    h1, h2 = axis.commit("2026-01-01"), axis.commit("2026-01-02")  # asv's points for the two nights
+    # asv's parameter values are Python reprs: 'square', quotes included.
+    browser.get(f"{url}/index.html#drift.Drift.track_error_u?machine=box-a"
+                "&p-case=%27square%27&p-dtype=%27float32%27&p-device=%27cpu%27")
+    # The graph is drawn (flot's canvas) with one point per night, at the recorded values,
+    # and its commit range runs from the first night to the second.
+    _wait(browser, "return document.querySelectorAll('#main-graph canvas.flot-base').length")
+    series = _wait(browser, "var p = $('#main-graph').data('plot'); return p && p.getData().map(s => s.data)")
+    recorded = [o.value for o in history.read_history(world.tree("m") / "results", machine="box-a").observations()
+                if o.benchmark == "drift.Drift.track_error_u" and o.params == {"case": "square", "dtype": "float32",
+                                                                              "device": "cpu"}]
+    assert len(series) == 1 and [v for _, v in series[0]] == pytest.approx(recorded) and len(recorded) == 2
+    assert browser.execute_script("return document.getElementById('range').value") == f"{h1[:8]}..{h2[:8]}"
+    assert "error.html" not in browser.current_url  # asv sends a page whose scripts failed there
+    assert _errors(browser) == []
+
+
+def test_drift_page_shows_kernel_names_and_is_linked(browser, served):
+    world, url = served
+    browser.get(f"{url}/index.html")
+    link = _wait(browser, "return document.querySelector('#nav-li-drift a')")
+    link.click()
+    _wait(browser, f"return location.pathname.endsWith('/{site.PAGE}')")
+    kernels = browser.find_element("css selector", "table.kernels").text
+    assert "MKL SGEMM(N,N) CNR:OFF NThr:" in kernels and "MKL SGEMM(N,N) CNR:COMPATIBLE NThr:" in kernels
+    assert "kernel-id" in kernels and "box-b: square float32 cpu" in kernels
+    flags = browser.find_element("css selector", "table.flags").text
+    assert "Drift.track_kernel_id" in flags and "CNR:COMPATIBLE" in flags
+    assert "box-a" in browser.find_element("id", "nights").find_element("xpath", "following-sibling::ul").text
+    # A point's link (asv's show_commit_url + its commit) lands on that night's row.
+    main = json.loads((world.tree("m") / "html/index.json").read_text())
+    browser.get(f"{url}/{main['show_commit_url']}{axis.commit('2026-01-02')}")
+    row = _wait(browser, "return document.getElementById(location.hash.slice(1))")
+    assert "2026-01-02" in row.text and "machine box-a" in row.text
+    assert _errors(browser) == []
+
+
+def test_drift_page_leads_with_the_flags_and_folds_the_notes(browser, served):
+    """The nightly world's page: the flags before anything else, the notes below them folded,
+    and each kernel change listed per case with the ids linked to their names."""
+    world, url = served
+    browser.get(f"{url}/{site.PAGE}")
+    order = browser.execute_script("return [...document.querySelectorAll('h2')].map(h => h.id)")
+    assert order[0] == "flags" and order.index("flags") < order.index("nights") < order.index("kernels"), order
+    if "notes" in order:  # folded: closed until asked
+        assert order.index("notes") == 1
+        assert browser.execute_script("return [...document.querySelectorAll('details.notes')].every(d => !d.open)")
+    repro = browser.find_element("css selector", "table.flags").text
+    assert "matmul-drift explain --case square --dtype float32 --device cpu" in repro
+    changes = browser.find_element("css selector", "table.changes")
+    link = changes.find_element("css selector", "a")
+    target = link.get_attribute("href").split("#", 1)[1]
+    link.click()
+    row = _wait(browser, f"return document.getElementById('{target}')")
+    assert row.tag_name == "tr" and "MKL" in row.text
+    assert _errors(browser) == []
