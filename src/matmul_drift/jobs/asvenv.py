@@ -23,6 +23,14 @@ from asv.console import log
 from asv.plugins import virtualenv
 
 
+def environments(conf: dict) -> list:
+    """asv's environments for the config ``conf`` (a dict, paths absolute), this plugin's type
+    known to asv; asv's RuntimeError, UserError or EnvironmentUnavailable where it cannot."""
+    from asv import config
+
+    return list(environment.get_environments(config.Config.from_json(conf), None, verbose=False))
+
+
 class UvFailed(Exception):
     """uv could not install what pip resolved: one line."""
 

@@ -28,12 +28,11 @@ def env_python(repo: Path, conf: dict, env_name: str) -> Path:
     env_dir = env_dir if env_dir.is_absolute() else repo / env_dir
     folder = hashlib.md5(env_name.encode("utf-8")).hexdigest()
     if conf.get("environment_type"):
-        from asv import config, environment, util
+        from asv import environment, util
 
-        from matmul_drift.jobs import asvenv  # noqa: F401  the environment type asv.conf.json names
+        from matmul_drift.jobs import asvenv
         try:
-            envs = environment.get_environments(config.Config.from_json({**conf, "env_dir": str(env_dir)}), None,
-                                                verbose=False)
+            envs = asvenv.environments({**conf, "env_dir": str(env_dir)})
             folder = next((e.dir_name for e in envs if e.name == env_name), folder)
         except (RuntimeError, util.UserError, environment.EnvironmentUnavailable):
             pass  # a config asv cannot read: the run that recorded the side could not have either

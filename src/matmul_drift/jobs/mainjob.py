@@ -151,13 +151,12 @@ def build_config(repo: Path, conf: dict, build: str, results_dir: Path) -> dict:
 
 def env_name(conf: dict) -> str:
     """The name asv gives the (single) environment of ``conf``."""
-    from asv import config, environment, util
+    from asv import util
 
-    from matmul_drift.jobs import asvenv  # noqa: F401  its environment type, which asv.conf.json names
+    from matmul_drift.jobs import asvenv
 
-    c = config.Config.from_json(conf)
     try:
-        names = [e.name for e in environment.get_environments(c, None, verbose=False)]
+        names = [e.name for e in asvenv.environments(conf)]
     except (RuntimeError, util.UserError) as exc:  # "Environment type must be specified", ...
         raise UsageError(f"asv.conf.json: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
     if len(names) != 1:
