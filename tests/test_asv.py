@@ -159,6 +159,41 @@ def test_the_selection_regex_picks_exactly_the_selected_combinations_in_asvs_own
         assert chosen.benchmark_selection[name] == want, name
 
 
+def test_the_main_jobs_selection_runs_every_benchmark_at_the_combinations_this_machine_measures(monkeypatch):
+    # without a GPU driver, asv forks no process for a cuda combination nor for a CUDA-only
+    # precision on the CPU: 36 of each benchmark's 108, where the rest would only skip
+    import itertools
+    import os
+    import re
+    import types
+
+    from asv.benchmarks import Benchmarks
+
+    from matmul_drift.core import cases
+    from matmul_drift.jobs import suite
+
+    found = json.loads((ROOT / "results/asv/benchmarks.json").read_text())
+    found.pop("version", None)
+    conf = types.SimpleNamespace(benchmark_dir=str(ROOT / "benchmarks"))
+    combos = list(itertools.product(cases.CASE_IDS, cases.PRECISIONS, cases.DEVICES))
+    real_exists = os.path.exists
+    for driver, user, devices in ((False, [], ["cpu"]), (True, [], ["cpu", "cuda"]), (False, [r"Drift\.", "time_"], ["cpu"]),
+                                  (False, [r"track_error_u\('seed', 'float16'"], ["cpu"])):
+        monkeypatch.setattr(os.path, "exists", lambda p, d=driver: d if p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd") else real_exists(p))
+        assert suite.devices_here() == tuple(devices)
+        args, shown = suite.bench_args(user)
+        assert args[::2] == ["--bench"] * max(1, len(user)) and " and ".join(devices) + " combinations" in shown
+        chosen = Benchmarks(conf, list(found.values()), regex=args[1::2])
+        want = {name: [i for i, (c, p, d) in enumerate(combos) if d in devices and (d == "cuda" or p not in cases.CUDA_ONLY)
+                       and (not user or any(re.search(u, f"{name}({c!r}, {p!r}, {d!r})") for u in user))] for name in found}
+        assert sorted(chosen) == sorted(n for n in found if want[n]) and len(chosen) >= 1 + 12 * (not user), user
+        assert {n: chosen.benchmark_selection[n] for n in chosen} == {n: w for n, w in want.items() if w}
+        assert sum(map(len, want.values())) == len(chosen) * (1 if "seed" in "".join(user) else 36 + 54 * driver)
+    monkeypatch.setenv(suite.DEVICES_VAR, "cuda")  # asked for cuda where there is none: asv runs them, to skip
+    monkeypatch.setattr(os.path, "exists", lambda p: False if p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd") else real_exists(p))
+    assert suite.devices_here() == () and "the cuda combinations" in suite.bench_args([])[1]
+
+
 def _toy_project(dst: Path) -> str:
     """A git project whose one asv benchmark needs no torch; returns its commit."""
     from checkout import git

@@ -219,10 +219,11 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     logfile = state / f"asv-torch-{build}.log"
     logfile.unlink(missing_ok=True)
     args = ["run", f"{commit}^!", "--machine", name, "--show-stderr"]
-    args += [a for b in o.bench for a in ("--bench", b)]
+    bench, shown = suite.bench_args(o.bench)
     args += ["--quick"] if o.quick else []
     args += ["--launch-method", o.launch_method] if o.launch_method else []
-    log(f"torch {build}: asv {' '.join(args)} in {env} (log: {logfile.relative_to(o.repo)})")
+    log(f"torch {build}: asv {' '.join(args)} {shown} in {env} (log: {logfile.relative_to(o.repo)})")
+    args += bench
     envvars = {**os.environ, "MATMUL_DRIFT_CATALOG": str(o.repo / RESULTS / "catalog"),
                "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # forkserver: no CUDA before the fork
     if os.environ.get(reuse.REUSE_VAR, "").strip() != "0":  # 0: measure every tree and fix afresh

@@ -37,7 +37,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from matmul_drift.core.errors import UsageError
-from matmul_drift.jobs import asvrun, axis, resultsbranch, site
+from matmul_drift.jobs import asvrun, axis, resultsbranch, site, suite
 from matmul_drift.read import history, latest, render, summary
 from matmul_drift.store import atomic, scratch
 from matmul_drift.store import machine as hardware
@@ -573,11 +573,13 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
     except hardware.NotRegistered as exc:
         raise NightError(str(exc)) from None
     args = ["run", "-E", f"existing:{o.python}", f"--set-commit-hash={commit}", "--machine", o.machine,
-            "--show-stderr", *(a for b in o.bench for a in ("--bench", b))]
+            "--show-stderr"]
+    bench, shown = suite.bench_args(o.bench)
     args += ["--quick"] if o.quick else []
     args += ["--launch-method", o.launch_method] if o.launch_method else []
     asv_log = _asv_log(tree, o)
-    log(f"asv {' '.join(args)} (full output in {asv_log})")
+    log(f"asv {' '.join(args)} {shown} (full output in {asv_log})")
+    args += bench
     claim = scratch.claim(staging)  # a run killed from here on leaves it to the next run's sweep
     try:
         rc, tail = asvrun.run(conf, *args, cwd=tree, env=env, log=asv_log, hold=claim)

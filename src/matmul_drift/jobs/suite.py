@@ -63,19 +63,42 @@ def selected_cases() -> tuple[str, ...]:
     return _selected(SUBSET_VAR, cases.CASE_IDS, "cases")
 
 
-def selection_regex(benchmarks: str) -> str:
-    """An `asv run --bench` regex for the Drift benchmarks whose names match ``benchmarks``
-    (a regex), at the (case, dtype, device) combinations this selection measures. asv
-    names each combination ``name('case', 'dtype', 'device')`` and records the others as NaN
-    without a process for each: a skip still costs a fork, some 20 to 30 ms here, and a
-    run of the 13 Drift benchmarks has 108 combinations each."""
+def devices_here() -> tuple[str, ...]:
+    """The selected devices ($MATMUL_DRIFT_DEVICES) this machine can measure, known without
+    torch: cuda only where a GPU driver is loaded (/dev/nvidiactl, /proc/driver/nvidia, or
+    ROCm's /dev/kfd); without one no torch build sees a GPU, and every cuda combination skips."""
+    import os
+
+    driver = any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))
+    return tuple(d for d in selected_devices() if d != "cuda" or driver)
+
+
+def selection_regex(benchmarks: str, devices: tuple[str, ...] | None = None) -> str:
+    """An `asv run --bench` regex for the benchmarks whose dotted names ``benchmarks`` matches
+    from the start, at the (case, dtype, device) combinations this selection measures on
+    ``devices`` (default: the selected ones); a CUDA-only precision is left out on the CPU.
+    asv names each combination ``name('case', 'dtype', 'device')`` and records the others as
+    NaN, as a skip, but without a process for each: a skip costs a fork of asv's forkserver,
+    which holds torch, 12 to 18 ms on a 2-core AMD EPYC; without a GPU, 1296 of a build's 1944."""
     import re
 
     def any_of(names) -> str:
         return "|".join(re.escape(repr(n)) for n in names)
 
-    return (rf"^(?:{benchmarks})\(({any_of(selected_cases())}), ({any_of(selected_precisions())}), "
-            rf"({any_of(selected_devices())})\)$")
+    precisions = selected_precisions()
+    per_device = "|".join(f"(?:{any_of(p for p in precisions if d == 'cuda' or p not in cases.CUDA_ONLY)}), "
+                          f"{any_of([d])}" for d in (selected_devices() if devices is None else devices))
+    return rf"^(?:{benchmarks})\(({any_of(selected_cases())}), (?:{per_device})\)$"
+
+
+def bench_args(wanted: list[str]) -> tuple[list[str], str]:
+    """`asv run`'s --bench arguments for the benchmarks the regexes ``wanted`` name (as asv
+    searches a name with its parameters; none: all), at the combinations this machine measures
+    (``selection_regex`` on ``devices_here``), and the same in words for a log line."""
+    devices = devices_here() or selected_devices()  # none here: asv records them all as skips
+    dotted = r"\w+(?:\.\w+)+"
+    args = [a for w in wanted or [""] for a in ("--bench", selection_regex(rf"(?=.*?(?:{w})){dotted}", devices))]
+    return args, f"--bench <{' or '.join(wanted) or 'all'}, the {' and '.join(devices)} combinations>"
 
 
 def expected_torch(env: dict | None = None) -> str | None:

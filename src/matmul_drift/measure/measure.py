@@ -128,14 +128,14 @@ def check_device(device: str, precision: str = "float32") -> None:
     import torch
 
     if device == "cpu":
-        if precision in ("float32-tf32", "float32-high"):
+        if precision in cases.CUDA_ONLY:
             raise Unavailable(f"{precision} is a CUDA matmul mode; it does not apply on the CPU")
         return
     if device != "cuda":
         raise ValueError(f"unknown device {device!r}; expected cpu or cuda")
     if not torch.cuda.is_available():
         raise Unavailable("cuda requested but no CUDA GPU is available")
-    if precision in ("float32-tf32", "float32-high") and torch.cuda.get_device_capability()[0] < 8:
+    if precision in cases.CUDA_ONLY and torch.cuda.get_device_capability()[0] < 8:
         raise Unavailable(f"{precision} needs sm_80 or newer")
 
 
