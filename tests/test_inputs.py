@@ -53,6 +53,29 @@ def test_independent_of_chunking_and_threads(monkeypatch):
         assert np.array_equal(bits, inputs.round_bits(whole, dtype)), dtype
 
 
+@pytest.mark.parametrize("dist", inputs.DISTRIBUTIONS)
+def test_drawing_a_block_at_a_time_gives_the_bits_of_the_whole_draw_rounded(monkeypatch, dist):
+    # measure.operand_bits draws each block and rounds it at once, with no float32 copy of the
+    # operand; the bits are those of rounding the whole draw, in blocks of any size, on any core
+    shapes = [(0,), (1,), (3, 0), (1, 1), (17, 3), (2, 70_001)]  # 140002: past a _CHUNK, uneven
+    want = {(shape, dtype): inputs.round_bits(inputs.draw(9, "bb", shape, dist, int_range=5), dtype)
+            for shape in shapes for dtype in inputs.BITS_DTYPE}
+    for chunk, size, workers in ((None, None, None), (7, 13, 4), (1 << 16, 1 << 20, 1), (997, 100_000, 3)):
+        if chunk:
+            monkeypatch.setattr(inputs, "_CHUNK", chunk)
+            monkeypatch.setattr(blocks, "SIZE", size)
+            monkeypatch.setattr(blocks, "workers", lambda w=workers: w)
+        for (shape, dtype), bits in want.items():
+            if chunk == 7 and len(shape) > 1 and shape[1] > 1000:  # 10770 blocks of 13: slow, and no more telling
+                continue
+            got = inputs.draw_bits(9, "bb", shape, dtype, dist, int_range=5)
+            assert got.dtype == bits.dtype and got.shape == shape and np.array_equal(got, bits), (shape, dtype, chunk)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        inputs.draw_bits(9, "bb", (2,), "float8", dist)
+    with pytest.raises(ValueError, match="unknown distribution"):
+        inputs.draw_bits(9, "bb", (2,), "float32", "normal")
+
+
 def test_ranges():
     u = inputs.draw(1, "u", (10000,), "uniform")
     s = inputs.draw(1, "s", (10000,), "signed")

@@ -45,32 +45,57 @@ def _splitmix(counter: np.ndarray, key: np.uint64, tmp: np.ndarray | None = None
     return z
 
 
+def _fill(out: np.ndarray, start: int, key: np.uint64, dist: str, int_range: int) -> None:
+    """Entries start .. start + out.size of the stream ``key``, as exact float32, into ``out``."""
+    z, tmp = np.empty(_CHUNK, dtype=np.uint64), np.empty(_CHUNK, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for at in range(0, out.size, _CHUNK):
+            stop = min(out.size, at + _CHUNK)
+            k = z[: stop - at]
+            k[:] = np.arange(start + at, start + stop, dtype=np.uint64)
+            _splitmix(k, key, tmp)
+            np.right_shift(k, np.uint64(40), out=k)  # 24 bits
+            if dist == "uniform":
+                np.multiply(k, np.float32(2.0**-24), out=out[at:stop], casting="unsafe")
+            elif dist == "signed":
+                out[at:stop] = (k.astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(2.0**-23)
+            else:
+                out[at:stop] = (k % np.uint64(2 * int_range + 1)).astype(np.int64) - int_range
+
+
+def _check(dist: str | None = None, dtype: str | None = None) -> None:
+    if dist is not None and dist not in DISTRIBUTIONS:
+        raise ValueError(f"unknown distribution {dist!r}")
+    if dtype is not None and dtype not in BITS_DTYPE:
+        raise ValueError(f"unknown dtype {dtype!r}")
+
+
 def draw(seed: int, name: str, shape: tuple[int, ...], dist: str = "uniform", int_range: int = 2) -> np.ndarray:
     """Exact float32 values of ``shape``.
 
     dist: ``uniform`` k/2^24 in [0, 1); ``signed`` in [−1, 1) on a 2^-23 grid;
     ``int`` integers in [−int_range, int_range] (products and sums exact while small).
     """
-    if dist not in DISTRIBUTIONS:
-        raise ValueError(f"unknown distribution {dist!r}")
+    _check(dist)
     key = stream_key(seed, name)
     out = np.empty(int(np.prod(shape, dtype=np.int64)), dtype=np.float32)
+    blocks.map_blocks(out.size, lambda part: _fill(out[part], part.start, key, dist, int_range))
+    return out.reshape(shape)
+
+
+def draw_bits(seed: int, name: str, shape: tuple[int, ...], dtype: str, dist: str = "uniform",
+              int_range: int = 2) -> np.ndarray:
+    """``round_bits(draw(seed, name, shape, dist, int_range), dtype)``, a block at a time: no
+    float32 copy of the whole operand is made (the seed's B: 0.84 GB of fresh pages fewer, and
+    fresh pages are dear; docs/performance.md)."""
+    _check(dist, dtype)
+    key = stream_key(seed, name)
+    out = np.empty(int(np.prod(shape, dtype=np.int64)), dtype=BITS_DTYPE[dtype])
 
     def fill(part: slice) -> None:
-        z, tmp = np.empty(_CHUNK, dtype=np.uint64), np.empty(_CHUNK, dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            for start in range(part.start, part.stop, _CHUNK):
-                stop = min(part.stop, start + _CHUNK)
-                k = z[: stop - start]
-                k[:] = np.arange(start, stop, dtype=np.uint64)
-                _splitmix(k, key, tmp)
-                np.right_shift(k, np.uint64(40), out=k)  # 24 bits
-                if dist == "uniform":
-                    np.multiply(k, np.float32(2.0**-24), out=out[start:stop], casting="unsafe")
-                elif dist == "signed":
-                    out[start:stop] = (k.astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(2.0**-23)
-                else:
-                    out[start:stop] = (k % np.uint64(2 * int_range + 1)).astype(np.int64) - int_range
+        values = np.empty(part.stop - part.start, dtype=np.float32)
+        _fill(values, part.start, key, dist, int_range)
+        _round_into(values, out[part], dtype)
 
     blocks.map_blocks(out.size, fill)
     return out.reshape(shape)
@@ -80,25 +105,24 @@ def round_bits(values: np.ndarray, dtype: str) -> np.ndarray:
     """Round float32 or float64 ``values`` to ``dtype`` (nearest, ties to even, once) and return
     its bits. Once: torch takes float64 to float16 or bfloat16 through float32 on the CPU, so
     1 + 2^-11 + 2^-40 became 1 there, not 1 + 2^-10."""
-    if dtype not in BITS_DTYPE:
-        raise ValueError(f"unknown dtype {dtype!r}")
+    _check(dtype=dtype)
     v = np.ascontiguousarray(values, dtype=np.float64 if np.asarray(values).dtype == np.float64 else np.float32)
     out = np.empty(v.shape, dtype=BITS_DTYPE[dtype])
     src, dst = v.reshape(-1), out.reshape(-1)
-
-    def fill(part: slice) -> None:
-        x, bits = src[part], dst[part]
-        if dtype == "float64":
-            bits.view(np.float64)[:] = x
-        elif dtype in ("float32", "float16"):
-            with np.errstate(over="ignore"):  # a float64 beyond the range rounds to inf, as it should
-                bits.view(np.float32 if dtype == "float32" else np.float16)[:] = x  # numpy rounds once
-        else:  # bfloat16: finite float32 bits + 0x8000 stay below 2^32, so uint32 cannot wrap
-            b = _round_to_odd_float32(x).view(np.uint32) if x.dtype == np.float64 else x.view(np.uint32)
-            bits[:] = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-
-    blocks.map_blocks(src.size, fill)
+    blocks.map_blocks(src.size, lambda part: _round_into(src[part], dst[part], dtype))
     return out
+
+
+def _round_into(x: np.ndarray, bits: np.ndarray, dtype: str) -> None:
+    """The bits of float32 or float64 ``x`` rounded to ``dtype`` into ``bits`` (its width)."""
+    if dtype == "float64":
+        bits.view(np.float64)[:] = x
+    elif dtype in ("float32", "float16"):
+        with np.errstate(over="ignore"):  # a float64 beyond the range rounds to inf, as it should
+            bits.view(np.float32 if dtype == "float32" else np.float16)[:] = x  # numpy rounds once
+    else:  # bfloat16: finite float32 bits + 0x8000 stay below 2^32, so uint32 cannot wrap
+        b = _round_to_odd_float32(x).view(np.uint32) if x.dtype == np.float64 else x.view(np.uint32)
+        bits[:] = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
 
 
 def _round_to_odd_float32(x: np.ndarray) -> np.ndarray:

@@ -86,20 +86,12 @@ def operand_shapes(case: Case, device: str) -> tuple[tuple[int, ...], tuple[int,
     return (s.m, s.k), (s.k, s.n)
 
 
-@functools.lru_cache(maxsize=2)
-def _draw(seed: int, name: str, shape: tuple[int, ...], dist: str) -> np.ndarray:
-    # A suite measures each case in four dtypes: draw once, round four times.
-    values = inputs.draw(seed, name, shape, dist)
-    values.flags.writeable = False
-    return values
-
-
 def operand_bits(case: Case, dtype: str, device: str, seed: int = SEED,
                  with_checksum: bool = True) -> tuple[np.ndarray, np.ndarray, str]:
     """Bits of A and B (as stored) rounded to ``dtype``, and their checksum ("" without)."""
     a_shape, b_shape = operand_shapes(case, device)
-    a = inputs.round_bits(_draw(seed, f"{case.id}:A", a_shape, case.dist), dtype)
-    b = inputs.round_bits(_draw(seed, f"{case.id}:B", b_shape, case.dist), dtype)
+    a = inputs.draw_bits(seed, f"{case.id}:A", a_shape, dtype, case.dist)
+    b = inputs.draw_bits(seed, f"{case.id}:B", b_shape, dtype, case.dist)
     return a, b, inputs.checksum(a, b) if with_checksum else ""
 
 
