@@ -350,6 +350,37 @@ def test_the_suites_map_is_the_clis_and_its_entry_is_confirmed_and_drawn(capsys,
     assert map_plot.png([map_plot.from_entry(e)])[:8] == PNG
 
 
+def test_the_map_takes_the_row_slices_the_measurement_made_of_the_same_inputs(monkeypatch):
+    """measure makes skinny's A[:m] @ B for M = 1..7 and the full product (M = 8); the suite's map
+    of M = 1..8 after it, in the same process, makes none of them again (its anchors, M = 1 and
+    the full product, neither), and states what a map made from scratch states."""
+    from matmul_drift.probes import batchmap_run
+
+    def mapper():
+        return batchmap_run.Mapper(batchmap_run.plan("skinny", None, None, None, "float32", "cpu"))
+
+    monkeypatch.setattr(measure, "_ROWS", {})
+    fresh = batchmap_run.complete(mapper())
+    calls, real = [], measure.Operands.product
+    monkeypatch.setattr(measure.Operands, "product", lambda self, *a: (calls.append(a), real(self, *a))[1])
+    measure.measure(cases.get("skinny"), "float32", "cpu", timing=False)
+    made = len(calls)
+    m = mapper()
+    after = batchmap_run.complete(m)
+    # the one product the map makes: |A||B| (abs_product_pow2), of the operands' absolute values
+    assert sorted(m.made) == list(range(1, 9)) and after["measured"] == 8 and len(calls) == made + 1
+    for key in ("verdicts", "words", "measured", "points", "input_checksum", "anchor_checksum", "params"):
+        assert after[key] == fresh[key], key
+    assert measure.rows_made("skinny", m.checksum, "float64", "cpu") == {}  # another precision: its own products
+    assert measure.rows_made("skinny", "0" * 64, "float32", "cpu") == {}  # other inputs
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads - 1 if threads > 1 else 2)
+    try:
+        assert measure.rows_made("skinny", m.checksum, "float32", "cpu") == {}  # another thread count
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_ends_are_each_runs_first_and_last_m_spread_where_many():
 
     def run(lo, hi):

@@ -48,17 +48,23 @@ def check(device: str, precision: str) -> None:
             raise measure.Unavailable(f"this GPU ({torch.cuda.get_device_name()}) has no bfloat16 matmul")
 
 
-def anchors(ops: measure.Operands) -> Anchors:
-    """The two anchor products of ``ops`` and |A||B|, untraced (they are not map points)."""
-    one_bits, one_values = measure.on_host(ops.product(ops.a[..., :1, :]))
-    full_bits, full_values = measure.on_host(ops.product())
+def anchors(ops: measure.Operands, made: dict | None = None) -> Anchors:
+    """The two anchor products of ``ops`` and |A||B|, untraced (they are not map points), or
+    those ``made`` holds (as batch_point takes it; the full product at M = A's rows)."""
+    made = made or {}
+    one = made.get(1) or (ops.product(ops.a[..., :1, :]),)
+    full = made.get(int(ops.a.shape[-2])) or (ops.product(),)
+    one_bits, one_values = measure.on_host(one[0])
+    full_bits, full_values = measure.on_host(full[0])
     scaled, absexp = abs_product_pow2(ops.product, ops.a, ops.b)
     return Anchors(one_bits, one_values, full_bits, full_values, scaled, absexp,
                    inputs.checksum(one_bits, full_bits))
 
 
-def batch_point(ops: measure.Operands, size: int, anc: Anchors, *, dtype: str, device: str) -> dict:
-    """The map's point at M = ``size``: one traced product ``A[..., :size, :] @ B``.
+def batch_point(ops: measure.Operands, size: int, anc: Anchors, *, dtype: str, device: str,
+                made: dict | None = None) -> dict:
+    """The map's point at M = ``size``: one traced product ``A[..., :size, :] @ B``, or the one
+    ``made`` holds ({m: (output, kernel names)}: measure.rows_made, the same product made already).
 
     Returns ``size``, ``kernels`` (the normalised route), ``kernel_id`` (12 hex digits, as
     scan's), and for ``row0`` (its row 0 against ``anc.one``) and ``rows`` (its rows against
@@ -68,7 +74,7 @@ def batch_point(ops: measure.Operands, size: int, anc: Anchors, *, dtype: str, d
     fraction: bit-identical.
     """
     a_m = ops.a[..., :size, :]
-    out, names = kernels.traced(lambda: ops.product(a_m), device)
+    out, names = (made or {}).get(size) or kernels.traced(lambda: ops.product(a_m), device)
     y_bits, y = measure.on_host(out)
     point = {"size": size, "kernel_id": ids.hex_id(ids.object_id(measure.kernel_entry(device, {"full": names}))),
              "kernels": names}

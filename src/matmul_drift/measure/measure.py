@@ -86,6 +86,23 @@ def operand_shapes(case: Case, device: str) -> tuple[tuple[int, ...], tuple[int,
     return (s.m, s.k), (s.k, s.n)
 
 
+# Row-slice products A[..., :m, :] @ B as measure_operands made them (the output tensor and
+# its kernels; the full product at m = A's rows), by (case id, operands' checksum, precision,
+# device, threads, m): the batch-invariance map of the same inputs asks for them again
+# (batchpoint.py). Under the AVX2 caps skinny's M = 1..8 cost about 4 s a 16-bit dtype.
+# Outputs of at most ROWS_BYTES.
+_ROWS: dict[tuple, tuple] = {}
+ROWS_BYTES = 4 << 20
+
+
+def rows_made(case_id: str, checksum: str, precision: str, device: str) -> dict[int, tuple]:
+    """{m: (output, kernel names)} of the row slices measured on these operands in this process."""
+    import torch
+
+    key = (case_id, checksum, precision, device, torch.get_num_threads())
+    return {k[-1]: v for k, v in _ROWS.items() if k[:-1] == key}
+
+
 def operand_bits(case: Case, dtype: str, device: str, seed: int = SEED,
                  with_checksum: bool = True) -> tuple[np.ndarray, np.ndarray, str]:
     """Bits of A and B (as stored) rounded to ``dtype``, and their checksum ("" without)."""
@@ -294,7 +311,8 @@ def measure_operands(
     k = int(ops.a.shape[-1])
     with precision_flags(precision):
         full: list[str] | None = [] if with_kernels else None
-        top = top_product(ops, traced_call(ops.product, device, full))
+        y_full = traced_call(ops.product, device, full)
+        top = top_product(ops, y_full)
         kern = {"full": full} if with_kernels else {}
         c_bits, c_val, ref = top.bits, top.values, top.ref
         slack = ref.slack_or_relative()  # how far hi + lo may be from the exact value, per entry
@@ -342,9 +360,18 @@ def measure_operands(
                         pairs.append({"a": n, "b": "full", "form": form, "cols": cols,
                                       **numerics.by_magnitude(x[cut], c_bits[cut], v[cut], c_val[cut], dtype)})
         slices_m = []
+        def remember(m: int, y, names) -> None:
+            import torch
+
+            if checksum and names is not None and y.numel() * y.element_size() <= ROWS_BYTES:
+                _ROWS[(case.id, checksum, precision, device, torch.get_num_threads(), m)] = (y, names)
+
+        if ops.a.dim() > 1:
+            remember(int(ops.a.shape[-2]), y_full, full)
         for m in slice_m:
             a_m = ops.a[..., :m, :]
             y = traced(lambda a_m=a_m: ops.product(a_m), f"m={m}", routes_m)
+            remember(m, y, routes_m[-1][1] if with_kernels else None)
             d = compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)), k, precision)
             slices_m.append({"m": m, **d})
         if routes_n:

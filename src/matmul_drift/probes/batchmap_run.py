@@ -80,8 +80,9 @@ class Mapper:
         a_bits, b_bits, self.checksum = measure.operand_bits(planned.shape["case"], planned.dtype, p.device)
         self.ops = measure.make_operands(a_bits, b_bits, planned.dtype, p.device, planned.shape["case"])
         del a_bits, b_bits
+        self.made = measure.rows_made(planned.shape["case"].id, self.checksum, p.dtype, p.device)
         with measure.precision_flags(p.dtype):
-            self.anchors = batchpoint.anchors(self.ops)
+            self.anchors = batchpoint.anchors(self.ops, self.made)
 
     def point(self, m: int) -> dict:
         """batchpoint.batch_point at M = ``m``, under the precision's matmul flags."""
@@ -89,7 +90,8 @@ class Mapper:
 
         p = self.plan.params
         with measure.precision_flags(p.dtype):
-            return batchpoint.batch_point(self.ops, m, self.anchors, dtype=self.plan.dtype, device=p.device)
+            return batchpoint.batch_point(self.ops, m, self.anchors, dtype=self.plan.dtype, device=p.device,
+                                          made=self.made)
 
     def record(self, points: dict[int, dict], sessions: list[dict], complete: bool) -> dict:
         """batchmap.record of ``points`` on these inputs and anchors."""
