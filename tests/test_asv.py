@@ -169,7 +169,7 @@ def test_the_main_jobs_selection_runs_every_benchmark_at_the_combinations_this_m
 
     from asv.benchmarks import Benchmarks
 
-    from matmul_drift.core import cases
+    from matmul_drift.core import cases, numerics
     from matmul_drift.jobs import suite
 
     found = json.loads((ROOT / "results/asv/benchmarks.json").read_text())
@@ -179,18 +179,18 @@ def test_the_main_jobs_selection_runs_every_benchmark_at_the_combinations_this_m
     real_exists = os.path.exists
     for driver, user, devices in ((False, [], ["cpu"]), (True, [], ["cpu", "cuda"]), (False, [r"Drift\.", "time_"], ["cpu"]),
                                   (False, [r"track_error_u\('seed', 'float16'"], ["cpu"])):
-        monkeypatch.setattr(os.path, "exists", lambda p, d=driver: d if p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd") else real_exists(p))
+        monkeypatch.setattr(os.path, "exists", lambda p, d=driver: d if p in suite.GPU_DRIVERS else real_exists(p))
         assert suite.devices_here() == tuple(devices)
         args, shown = suite.bench_args(user)
         assert args[::2] == ["--bench"] * max(1, len(user)) and " and ".join(devices) + " combinations" in shown
         chosen = Benchmarks(conf, list(found.values()), regex=args[1::2])
-        want = {name: [i for i, (c, p, d) in enumerate(combos) if d in devices and (d == "cuda" or p not in cases.CUDA_ONLY)
+        want = {name: [i for i, (c, p, d) in enumerate(combos) if d in devices and (d == "cuda" or p not in numerics.TF32)
                        and (not user or any(re.search(u, f"{name}({c!r}, {p!r}, {d!r})") for u in user))] for name in found}
         assert sorted(chosen) == sorted(n for n in found if want[n]) and len(chosen) >= 1 + 12 * (not user), user
         assert {n: chosen.benchmark_selection[n] for n in chosen} == {n: w for n, w in want.items() if w}
         assert sum(map(len, want.values())) == len(chosen) * (1 if "seed" in "".join(user) else 36 + 54 * driver)
     monkeypatch.setenv(suite.DEVICES_VAR, "cuda")  # asked for cuda where there is none: asv runs them, to skip
-    monkeypatch.setattr(os.path, "exists", lambda p: False if p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd") else real_exists(p))
+    monkeypatch.setattr(os.path, "exists", lambda p: False if p in suite.GPU_DRIVERS else real_exists(p))
     assert suite.devices_here() == () and "the cuda combinations" in suite.bench_args([])[1]
 
 

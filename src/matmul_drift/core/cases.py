@@ -17,7 +17,6 @@ DEVICES = ("cpu", "cuda")
 # A precision is the storage dtype plus the matmul flags that go with it. The TF32 and
 # 'high' variants only mean something on CUDA (sm_80 and newer).
 PRECISIONS = ("float64", "float32", "float16", "bfloat16", "float32-tf32", "float32-high")
-CUDA_ONLY = ("float32-tf32", "float32-high")  # CUDA matmul modes: skipped on the CPU
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 OPS = ("mm", "mv", "bmm", "linear")
 LAYOUTS = ("contiguous", "strided", "copy")

@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 
-from matmul_drift.core import cases, ids
+from matmul_drift.core import cases, ids, numerics
 from matmul_drift.measure.measure import Unavailable, cpu_product, kernel_entry, measure
 from matmul_drift.store import catalog
 
@@ -63,13 +63,16 @@ def selected_cases() -> tuple[str, ...]:
     return _selected(SUBSET_VAR, cases.CASE_IDS, "cases")
 
 
+GPU_DRIVERS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")  # NVIDIA's and ROCm's
+
+
 def devices_here() -> tuple[str, ...]:
     """The selected devices ($MATMUL_DRIFT_DEVICES) this machine can measure, known without
-    torch: cuda only where a GPU driver is loaded (/dev/nvidiactl, /proc/driver/nvidia, or
-    ROCm's /dev/kfd); without one no torch build sees a GPU, and every cuda combination skips."""
+    torch: cuda only where a GPU driver is loaded (one of GPU_DRIVERS); without one no torch
+    build sees a GPU, and every cuda combination skips."""
     import os
 
-    driver = any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))
+    driver = any(os.path.exists(p) for p in GPU_DRIVERS)
     return tuple(d for d in selected_devices() if d != "cuda" or driver)
 
 
@@ -86,7 +89,7 @@ def selection_regex(benchmarks: str, devices: tuple[str, ...] | None = None) -> 
         return "|".join(re.escape(repr(n)) for n in names)
 
     precisions = selected_precisions()
-    per_device = "|".join(f"(?:{any_of(p for p in precisions if d == 'cuda' or p not in cases.CUDA_ONLY)}), "
+    per_device = "|".join(f"(?:{any_of(p for p in precisions if d == 'cuda' or p not in numerics.TF32)}), "
                           f"{any_of([d])}" for d in (selected_devices() if devices is None else devices))
     return rf"^(?:{benchmarks})\(({any_of(selected_cases())}), (?:{per_device})\)$"
 

@@ -137,14 +137,14 @@ def check_device(device: str, precision: str = "float32") -> None:
     import torch
 
     if device == "cpu":
-        if precision in cases.CUDA_ONLY:
+        if precision in numerics.TF32:
             raise Unavailable(f"{precision} is a CUDA matmul mode; it does not apply on the CPU")
         return
     if device != "cuda":
         raise ValueError(f"unknown device {device!r}; expected cpu or cuda")
     if not torch.cuda.is_available():
         raise Unavailable("cuda requested but no CUDA GPU is available")
-    if precision in cases.CUDA_ONLY and torch.cuda.get_device_capability()[0] < 8:
+    if precision in numerics.TF32 and torch.cuda.get_device_capability()[0] < 8:
         raise Unavailable(f"{precision} needs sm_80 or newer")
 
 
@@ -360,6 +360,7 @@ def measure_operands(
                         pairs.append({"a": n, "b": "full", "form": form, "cols": cols,
                                       **numerics.by_magnitude(x[cut], c_bits[cut], v[cut], c_val[cut], dtype)})
         slices_m = []
+
         def remember(m: int, y, names) -> None:
             import torch
 
