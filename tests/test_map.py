@@ -373,6 +373,10 @@ def test_the_map_takes_the_row_slices_the_measurement_made_of_the_same_inputs(mo
         assert after[key] == fresh[key], key
     assert measure.rows_made("skinny", m.checksum, "float64", "cpu") == {}  # another precision: its own products
     assert measure.rows_made("skinny", "0" * 64, "float32", "cpu") == {}  # other inputs
+    monkeypatch.setattr(measure, "_ROWS", {})
+    monkeypatch.setattr(measure, "ROWS_TOTAL", 9 * 4096 * 4)  # 9 rows of float32: the full product's 8, then M = 1
+    measure.measure(cases.get("skinny"), "float32", "cpu", timing=False)
+    assert sorted(measure.rows_made("skinny", m.checksum, "float32", "cpu")) == [1, 8]  # no more than it holds
     threads = torch.get_num_threads()
     torch.set_num_threads(threads - 1 if threads > 1 else 2)
     try:

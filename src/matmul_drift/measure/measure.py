@@ -90,9 +90,14 @@ def operand_shapes(case: Case, device: str) -> tuple[tuple[int, ...], tuple[int,
 # its kernels; the full product at m = A's rows), by (case id, operands' checksum, precision,
 # device, threads, m): the batch-invariance map of the same inputs asks for them again
 # (batchpoint.py). Under the AVX2 caps skinny's M = 1..8 cost about 4 s a 16-bit dtype.
-# Outputs of at most ROWS_BYTES.
+# Outputs of at most ROWS_BYTES each, ROWS_TOTAL in all: a process that measures on and on
+# (explain's fuzz tests, a long scan) keeps no more; the suite's batched CPU cases hold 10 MB.
 _ROWS: dict[tuple, tuple] = {}
-ROWS_BYTES = 4 << 20
+ROWS_BYTES, ROWS_TOTAL = 4 << 20, 64 << 20
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
 
 
 def rows_made(case_id: str, checksum: str, precision: str, device: str) -> dict[int, tuple]:
@@ -364,7 +369,8 @@ def measure_operands(
         def remember(m: int, y, names) -> None:
             import torch
 
-            if checksum and names is not None and y.numel() * y.element_size() <= ROWS_BYTES:
+            held = sum(_nbytes(t) for t, _ in _ROWS.values())
+            if checksum and names is not None and _nbytes(y) <= ROWS_BYTES and held + _nbytes(y) <= ROWS_TOTAL:
                 _ROWS[(case.id, checksum, precision, device, torch.get_num_threads(), m)] = (y, names)
 
         if ops.a.dim() > 1:
