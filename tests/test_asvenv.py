@@ -43,6 +43,9 @@ def test_uv_installs_what_pip_resolves_and_the_environment_keeps_virtualenvs_nam
     # the same distributions at the same versions as asv's own pip route, the matrix's pin held
     assert _installed(by_uv) == _installed(plain)
     assert _installed(by_uv)["tabulate"] == "0.9.0"
+    # compiled as pip's route compiles: under PYTHONDONTWRITEBYTECODE an import writes none
+    for e in (plain, by_uv):
+        assert list(Path(e._path).glob("lib/python*/site-packages/tabulate/__pycache__/__init__.*.pyc")), e._path
     lines = (Path(by_uv._path) / "asv-uv-requirements.txt").read_text().splitlines()
     assert any(ln.startswith("tabulate @ ") and "--hash=sha256:" in ln for ln in lines), lines
     # the timing-confirmation step finds the interpreter of this environment by its name

@@ -3,8 +3,9 @@
 asv.conf.json loads this plugin ("plugins") and names its environment type. pip, as asv would
 run it with this machine's pip config (wheel store, indexes, constraints), resolves the
 matrix's requirements into exact files (``pip install --dry-run --upgrade --report``); uv
-installs those files and nothing else (``--no-deps``), linked from its cache. Where uv is
-missing or fails, the environment is made again by asv's own pip route, and the log says why.
+installs those files and nothing else (``--no-deps``), linked from its cache, compiled to
+bytecode as pip would. Where uv is missing or fails, the environment is made again by asv's
+own pip route, and the log says why.
 docs/performance.md has the figures.
 
 The environment keeps the name asv's virtualenv gives it: results files and the history are
@@ -71,7 +72,10 @@ class UvVirtualenv(virtualenv.Virtualenv):
         with open(reqs, "w", encoding="utf-8") as f:
             f.write("".join(line + "\n" for line in lines))
         try:
-            p = subprocess.run([uv, "pip", "install", "--quiet", "--no-deps", "--python", python, "-r", reqs],
+            # bytecode as pip's route writes it: without it, under PYTHONDONTWRITEBYTECODE (set on
+            # this project's machines) every benchmark process compiled torch again, ~1 s each
+            p = subprocess.run([uv, "pip", "install", "--quiet", "--no-deps", "--compile-bytecode", "--python",
+                                python, "-r", reqs],
                                env=env, capture_output=True, text=True, timeout=self._install_timeout)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise UvFailed(f"uv pip install: {exc}") from None
