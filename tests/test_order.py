@@ -696,6 +696,24 @@ def test_a_tensor_cores_fused_adds_are_found_by_one_more_pair_each(name):
         assert describe(got) == words
 
 
+
+@pytest.mark.parametrize("width", [1, 16])
+def test_fuse_calls_counts_the_calls_fuse_makes_on_a_real_probe(width):
+    # bf16 holds 256 products a probe: at K = 600 the top node's pair takes 3 probes of its own,
+    # which the reveal's budget check must count (it counted one pair per two-child node)
+    from matmul_drift.core import cases
+    from matmul_drift.probes import order
+
+    t = order.target(cases.adhoc(2, 600, 512), "bfloat16", "cpu")
+    p = order.Prober(t, width)
+    measured = lambda pairs, within: p.counts(pairs, within)  # noqa: E731
+    tree = order.tree_from_pairs(measured, t.k).tree
+    assert p.chunk < t.k and isinstance(tree, list) and len(tree) == 2
+    before = p.calls
+    order.fuse(tree, measured, t.k, p.chunk)
+    assert p.calls - before == order.fuse_calls(tree, t.k, p.chunk, width)
+    assert order.fuse_calls(tree, t.k, t.k, width) == -(-trees.arities(tree).count(2) // width)  # one probe a pair
+
 def _random_tree(leaves: list[int], rng):
     """Two to five children a node (three or more: a fused add), over leaves in any order."""
     if len(leaves) == 1:

@@ -766,9 +766,14 @@ def spread_rows(t: Target) -> int:
     return rows if rows >= 3 and expected_calls(t, w, rows) < expected_calls(t, w) else 1
 
 
-def fuse_calls(t: Target, tree, width: int) -> int:
-    """Matmul calls fuse makes at most: a pair per two-child node, one reading each, ``width`` a call."""
-    return -(-trees.arities(tree).count(2) // width)
+def fuse_calls(tree, k: int, chunk: int, width: int) -> int:
+    """Matmul calls fuse makes at most, ``width`` probes a call: a pair per two-child node, one
+    probe each; where a probe holds fewer than the ``k`` products (``chunk``, fp16 and bf16), the
+    top node's pair again, every product present, one probe per chunk of them."""
+    links = trees.arities(tree).count(2) if isinstance(tree, list) else 0
+    if chunk >= k or not isinstance(tree, list) or len(tree) != 2:
+        return -(-links // width)
+    return -(-(links - 1) // width) + -(-len(chunks(k, chunk)) // width)
 
 
 def widths(t: Target) -> list[int]:
@@ -826,7 +831,7 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
         try:
             out = tree_from_pairs(measured, t.k)
             # a tensor core's fused add reads as a chain of two-child nodes: one more pair each
-            if verify and calls + p.calls + fuse_calls(t, out.tree, w) > max_calls:
+            if verify and calls + p.calls + fuse_calls(out.tree, t.k, p.chunk, w) > max_calls:
                 out.notes.append("fused adds not looked for: beyond the call budget")
             elif verify:
                 out.tree, pairs, merged = fuse(out.tree, measured, t.k, chunk_size(t.dtype))
