@@ -696,7 +696,6 @@ def test_a_tensor_cores_fused_adds_are_found_by_one_more_pair_each(name):
         assert describe(got) == words
 
 
-
 @pytest.mark.parametrize("width", [1, 16])
 def test_fuse_calls_counts_the_calls_fuse_makes_on_a_real_probe(width):
     # bf16 holds 256 products a probe: at K = 600 the top node's pair takes 3 probes of its own,
@@ -713,6 +712,7 @@ def test_fuse_calls_counts_the_calls_fuse_makes_on_a_real_probe(width):
     order.fuse(tree, measured, t.k, p.chunk)
     assert p.calls - before == order.fuse_calls(tree, t.k, p.chunk, width)
     assert order.fuse_calls(tree, t.k, t.k, width) == -(-trees.arities(tree).count(2) // width)  # one probe a pair
+
 
 def _random_tree(leaves: list[int], rng):
     """Two to five children a node (three or more: a fused add), over leaves in any order."""

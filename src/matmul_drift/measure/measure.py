@@ -100,11 +100,24 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
-def rows_made(case_id: str, checksum: str, precision: str, device: str) -> dict[int, tuple]:
-    """{m: (output, kernel names)} of the row slices measured on these operands in this process."""
+def _rows_key(case_id: str, checksum: str, precision: str, device: str) -> tuple:
+    """_ROWS's key, less m: the threads in force are part of it (they may change the route)."""
     import torch
 
-    key = (case_id, checksum, precision, device, torch.get_num_threads())
+    return case_id, checksum, precision, device, torch.get_num_threads()
+
+
+def _keep_rows(key: tuple, m: int, y, names: list[str] | None) -> None:
+    """Keeps ``y`` (with its kernel names) as the row slice m of ``key``'s operands, within
+    ROWS_BYTES and ROWS_TOTAL; nothing without a checksum or a trace."""
+    held = sum(_nbytes(t) for t, _ in _ROWS.values())
+    if key[1] and names is not None and _nbytes(y) <= ROWS_BYTES and held + _nbytes(y) <= ROWS_TOTAL:
+        _ROWS[(*key, m)] = (y, names)
+
+
+def rows_made(case_id: str, checksum: str, precision: str, device: str) -> dict[int, tuple]:
+    """{m: (output, kernel names)} of the row slices measured on these operands in this process."""
+    key = _rows_key(case_id, checksum, precision, device)
     return {k[-1]: v for k, v in _ROWS.items() if k[:-1] == key}
 
 
@@ -365,20 +378,13 @@ def measure_operands(
                         pairs.append({"a": n, "b": "full", "form": form, "cols": cols,
                                       **numerics.by_magnitude(x[cut], c_bits[cut], v[cut], c_val[cut], dtype)})
         slices_m = []
-
-        def remember(m: int, y, names) -> None:
-            import torch
-
-            held = sum(_nbytes(t) for t, _ in _ROWS.values())
-            if checksum and names is not None and _nbytes(y) <= ROWS_BYTES and held + _nbytes(y) <= ROWS_TOTAL:
-                _ROWS[(case.id, checksum, precision, device, torch.get_num_threads(), m)] = (y, names)
-
+        rows = _rows_key(case.id, checksum, precision, device)
         if ops.a.dim() > 1:
-            remember(int(ops.a.shape[-2]), y_full, full)
+            _keep_rows(rows, int(ops.a.shape[-2]), y_full, full)
         for m in slice_m:
             a_m = ops.a[..., :m, :]
             y = traced(lambda a_m=a_m: ops.product(a_m), f"m={m}", routes_m)
-            remember(m, y, routes_m[-1][1] if with_kernels else None)
+            _keep_rows(rows, m, y, routes_m[-1][1] if with_kernels else None)
             d = compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)), k, precision)
             slices_m.append({"m": m, **d})
         if routes_n:

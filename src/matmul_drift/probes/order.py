@@ -770,8 +770,10 @@ def fuse_calls(tree, k: int, chunk: int, width: int) -> int:
     """Matmul calls fuse makes at most, ``width`` probes a call: a pair per two-child node, one
     probe each; where a probe holds fewer than the ``k`` products (``chunk``, fp16 and bf16), the
     top node's pair again, every product present, one probe per chunk of them."""
-    links = trees.arities(tree).count(2) if isinstance(tree, list) else 0
-    if chunk >= k or not isinstance(tree, list) or len(tree) != 2:
+    if not isinstance(tree, list):
+        return 0
+    links = trees.arities(tree).count(2)
+    if chunk >= k or len(tree) != 2:
         return -(-links // width)
     return -(-(links - 1) // width) + -(-len(chunks(k, chunk)) // width)
 
@@ -834,7 +836,7 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
             if verify and calls + p.calls + fuse_calls(out.tree, t.k, p.chunk, w) > max_calls:
                 out.notes.append("fused adds not looked for: beyond the call budget")
             elif verify:
-                out.tree, pairs, merged = fuse(out.tree, measured, t.k, chunk_size(t.dtype))
+                out.tree, pairs, merged = fuse(out.tree, measured, t.k, p.chunk)
                 out.probes += pairs
                 if merged:
                     out.notes.append(f"{trees.fused_nodes(out.tree)} fused adds, {merged} links of their chains merged")
