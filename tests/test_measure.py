@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import kernel_names
 import numpy as np
@@ -106,6 +107,47 @@ def test_no_measurement_starts_once_the_budget_is_spent(monkeypatch, tmp_path):
     first, second = got[suite.key("bmm", "float32", "cpu")], got[suite.key("bmm", "float64", "cpu")]
     assert "skip" not in first and first["error_u"] >= 0
     assert second == {"skip": "not measured: the budget of 0.001 s ($MATMUL_DRIFT_BUDGET) was spent"}
+
+
+def _huge_kib(array) -> int:
+    """AnonHugePages (KiB) of the mappings that hold ``array``, from /proc/self/smaps (numpy's
+    advice splits one allocation into several)."""
+    start, stop, huge, inside = array.ctypes.data, array.ctypes.data + array.nbytes, 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and ":" not in head[0]:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = lo < stop and start < hi
+        elif inside and head[0] == "AnonHugePages:":
+            huge += int(head[1])
+    return huge
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_measuring_draws_its_operands_in_small_pages_and_restores_numpys_advice(monkeypatch, tmp_path):
+    from numpy._core.multiarray import _set_madvise_hugepage as advise
+
+    def advised() -> bool:
+        state = advise(True)
+        advise(state)
+        return state
+
+    seen = []
+    monkeypatch.setattr(suite, "_measure_one", lambda *a: (seen.append(advised()), ({"skip": "-"}, "skip"))[1])
+    for env in (suite.ORDERS_VAR, suite.FIXES_VAR, suite.MAPS_VAR):
+        monkeypatch.setenv(env, "0")
+    before = advise(True)
+    try:
+        suite.measure_all(case_ids=("bmm",), precisions=("float32", "float64"), devices=("cpu",), root=tmp_path)
+        assert seen == [False, False] and advised() is True  # off while measuring, on again after
+        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+        if thp.exists() and "[madvise]" in thp.read_text():  # huge pages where asked for only ("always": anywhere)
+            outside = np.ones(64 << 20, np.uint8)  # touched: its huge pages are in place
+            with measure.memory.small_pages():
+                inside = np.ones(64 << 20, np.uint8)
+            assert _huge_kib(inside) == 0 and _huge_kib(outside) > 0
+    finally:
+        advise(before)
 
 
 def test_fp32_route_names_what_mkl_itself_prints(cpu_suite):

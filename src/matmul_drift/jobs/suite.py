@@ -13,6 +13,7 @@ import time
 import traceback
 
 from matmul_drift.core import cases, ids, numerics
+from matmul_drift.measure import memory
 from matmul_drift.measure.measure import Unavailable, cpu_product, kernel_entry, measure
 from matmul_drift.store import catalog
 
@@ -245,13 +246,14 @@ def _measure_all(case_ids, precisions, devices, root, log) -> dict:
     record = _record(log)
     cost = {"reference": 0.0}
     t0 = time.monotonic()
-    for i, (c, p, d) in enumerate(combos, 1):
-        if budget is not None and time.monotonic() - t0 > budget:
-            out[key(c, p, d)] = {"skip": f"not measured: the budget of {budget:g} s (${BUDGET_VAR}) was spent"}
-            status = "skip (budget)"
-        else:
-            out[key(c, p, d)], status = _measure_one(c, p, d, root, cost)
-        print(f"[{i}/{len(combos)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {status}", file=log, flush=True)
+    with memory.small_pages():
+        for i, (c, p, d) in enumerate(combos, 1):
+            if budget is not None and time.monotonic() - t0 > budget:
+                out[key(c, p, d)] = {"skip": f"not measured: the budget of {budget:g} s (${BUDGET_VAR}) was spent"}
+                status = "skip (budget)"
+            else:
+                out[key(c, p, d)], status = _measure_one(c, p, d, root, cost)
+            print(f"[{i}/{len(combos)} {time.monotonic() - t0:6.1f}s] {c} {p} {d}: {status}", file=log, flush=True)
     cost["measuring"] = time.monotonic() - t0
     t1 = time.monotonic()
     cost["orders_reused"] = add_orders(out, root, log, record)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 
 from matmul_drift.core.numerics import WIDTH
 
@@ -188,3 +189,27 @@ def peak_bytes(args: list[str], env: dict | None = None) -> tuple[int, int, str]
             *children, own = ([int(kib) for kib in x.split("+")] for x in f.read().split())  # atexit: its own last
         err.seek(0)
         return p.returncode, max([own[0], tree] + [child + held for child, held in children]) * 1024, err.read()
+
+
+@contextmanager
+def small_pages():
+    """numpy's large arrays made without its huge-page advice for the duration, then as before.
+
+    Measuring only, where nothing is timed on the CPU: huge pages read faster (the seed's
+    float16 product 0.25 s against 0.32 s), so asv's timed operands keep them. Fresh huge pages
+    are what a ballooned guest serves slowest: one float64 draw of the seed's B took 4-5 s with
+    them, 0.6 s without (docs/performance.md). A numpy without the switch is left as it is.
+    """
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage as advise
+    except ImportError:  # numpy 1.x
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage as advise
+        except ImportError:
+            advise = None
+    before = advise(False) if advise else None
+    try:
+        yield
+    finally:
+        if advise:
+            advise(before)
