@@ -1,6 +1,7 @@
 """The exact reference against exact rational sums (fractions) and IEEE's rules for NaN/inf."""
 
 import math
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -436,6 +437,25 @@ def test_blocks_of_columns_give_the_same_bits(monkeypatch):
         assert np.array_equal(whole.hi, blocks.hi) and np.array_equal(whole.lo, blocks.lo)
         # |A||B| is an ordinary float64 GEMM (a normaliser, not exact): its bits may follow the route
         assert np.allclose(whole.absprod, blocks.absprod, rtol=8 * 2.0**-53, atol=0) and whole.hi.shape == blocks.hi.shape
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts page faults as Linux reports them")
+def test_blocks_of_columns_reuse_their_temporaries():
+    """A wide float64 B is done in blocks of columns; each block's scaled copy, |B| and slices
+    go into the same tensors, not fresh pages (1.4 M page faults on the seed before, with
+    blocks of 8 MB whose freed memory the C library handed back). Here a 128 MiB B in 16
+    blocks: fewer minor faults in all than B has pages (one block's tensors are made fresh;
+    7.2 times B's pages before, 0.63 times now, on the AMD EPYC)."""
+    import resource
+
+    a = torch.from_numpy(np.random.default_rng(6).standard_normal(4096))
+    b = torch.from_numpy(np.random.default_rng(7).standard_normal((4096, 4096)))
+    assert 4096 > reference.CHUNK_BYTES // (8 * 4096)  # several blocks
+    reference.exact_product(torch.matmul, a[:64], b[:64, :64])  # the library's own first-call pages
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    r = reference.exact_product(torch.matmul, a, b)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert r.exact and faults < b.numel() * 8 // 4096, faults
 
 
 def test_products_among_float64_subnormals_are_judged_with_the_references_own_error(tmp_path, capsys, monkeypatch):

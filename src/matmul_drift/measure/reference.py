@@ -127,10 +127,23 @@ def _pow2_scale(x, dim: int, mu=None):
     return torch.where(mu > 0, e, torch.zeros_like(e))
 
 
-def _split(x, dim: int, r: int) -> tuple[list, object, float]:
+def _scratch(ws: dict | None, name: str, like):
+    """``ws``'s tensor ``name`` of ``like``'s shape and dtype, made the first time it is asked
+    for (None without ``ws``): B's blocks reuse their temporaries, whose fresh pages cost more
+    than the arithmetic on them (the seed: 0.8-1.4 M page faults a float64 reference)."""
+    import torch
+
+    if ws is None:
+        return None
+    if name not in ws or ws[name].shape != like.shape:  # the last block may be narrower: one set at a time
+        ws[name] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    return ws[name]
+
+
+def _split(x, dim: int, r: int, ws: dict | None = None) -> tuple[list, object, float]:
     """Ozaki slices of x (already scaled per row/column) and the remainder, and the exponent
     of the smallest step any slice's entries are multiples of (σ·2^-53 of the smallest σ
-    used; an integer, or inf without slices)."""
+    used; an integer, or inf without slices). ``ws``: _scratch's tensors, which they are made in."""
     import torch
 
     out, rest, step = [], x, math.inf
@@ -141,10 +154,10 @@ def _split(x, dim: int, r: int) -> tuple[list, object, float]:
             break
         e = _pow2_scale(rest, dim, mu) + r
         sigma = torch.ldexp(one, e.to(x.dtype))
-        part = (rest + sigma).sub_(sigma)  # the leading 53 − ρ bits relative to the row's max
+        part = torch.add(rest, sigma, out=_scratch(ws, f"slice{len(out)}", rest)).sub_(sigma)  # the leading 53 − ρ bits
         out.append(part)
         step = min(step, int(e[mu > 0].min()) - 53)  # an exponent: 2^step may be below float64's range
-        rest = rest - part if rest is x else rest.sub_(part)  # exact; x itself is kept
+        rest = torch.sub(rest, part, out=_scratch(ws, "rest", rest)) if rest is x else rest.sub_(part)  # exact; x is kept
     return out, rest, step
 
 
@@ -154,26 +167,28 @@ def _two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
-def _ldexp(x, e):
-    """x · 2^e for an integer tensor e, in steps of at most 2^±1000 so no factor overflows."""
+def _ldexp(x, e, out=None):
+    """x · 2^e for an integer tensor e, in steps of at most 2^±1000 so no factor overflows;
+    into ``out`` where given (x's shape)."""
     import torch
 
     e = e.to(torch.float64)  # e is per row or column: small beside x
     for _ in range(4):  # |e| < 3100 always: exponents of two float64 row maxima less 2·HEADROOM
         step = e.clamp(-1000, 1000)
-        x = x * torch.exp2(step)
+        x = torch.mul(x, torch.exp2(step), out=out)
         e = e - step
         if not bool((e != 0).any()):
             break
     return x
 
 
-def _pow2_scaled(xf, dim: int) -> tuple:
+def _pow2_scaled(xf, dim: int, out=None) -> tuple:
     """(xf·2^-e, e): xf (finite, float64) scaled per row (dim=-1) or column (dim=-2) by a
     power of two to a maximum in [2^(HEADROOM-1), 2^HEADROOM), and e (integers, one per row
-    or column). Exact, but for entries scaled down among float64's subnormals."""
+    or column). Exact, but for entries scaled down among float64's subnormals. Into ``out``
+    where given."""
     e = _pow2_scale(xf, dim) - HEADROOM
-    return _ldexp(xf, -e), e
+    return _ldexp(xf, -e, out), e
 
 
 def _out_exponent(ea, eb, one_d: bool):
@@ -245,7 +260,8 @@ def exact_product(product, a, b) -> Reference:
     n, per_col = int(b.shape[-1]), 8 * max(1, b.numel() // max(1, int(b.shape[-1])))
     step = max(1, CHUNK_BYTES // per_col)
     if n > step:
-        parts = [_exact_block(product, sa, _sliced(b[..., j:j + step], -2, r)) for j in range(0, n, step)]
+        ws: dict = {}  # one block's temporaries, made once and filled again by every block
+        parts = [_exact_block(product, sa, _sliced(b[..., j:j + step], -2, r, ws)) for j in range(0, n, step)]
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=-1)  # noqa: E731
         slack = None if all(p.slack is None for p in parts) else np.concatenate(
             [p.slack_or_relative() for p in parts], axis=-1)
@@ -319,7 +335,9 @@ class _Sliced:
     step: float = math.inf  # an exponent
 
 
-def _sliced(x, dim: int, r: int) -> _Sliced:
+def _sliced(x, dim: int, r: int, ws: dict | None = None) -> _Sliced:
+    """x made ready for Ozaki's product; its scaled copy, |x| and slices in ``ws``'s tensors
+    where given (_scratch), so valid until the next call with the same ``ws``."""
     import torch
 
     x64 = x.double()
@@ -327,12 +345,12 @@ def _sliced(x, dim: int, r: int) -> _Sliced:
     xf = x64 if clean else torch.where(torch.isfinite(x64), x64, 0.0)
     # Rows of A and columns of B scaled to a maximum in [2^(HEADROOM-1), 2^HEADROOM) by powers
     # of two, so neither Ozaki's σ nor a slice product can overflow; undone on the result.
-    scaled, e = _pow2_scaled(xf, dim)
+    scaled, e = _pow2_scaled(xf, dim, _scratch(ws, "scaled", xf))
     # scaling down rounds the entries it pushes among the subnormals: rows beyond 2^HEADROOM only
     lost = bool((e > 0).any()) and bool((_ldexp(scaled, e) != xf).any())
-    absf = xf.abs()
+    absf = torch.abs(xf, out=_scratch(ws, "absf", xf))
     del xf  # before the slices: with NaN or inf in x, a copy of it (memory.bytes_needed)
-    slices, rest, step = _split(scaled, dim, r)
+    slices, rest, step = _split(scaled, dim, r, ws)
     whole = not bool((rest != 0).any())
     return _Sliced(x64, absf, scaled, e, slices, None if whole else rest, whole, clean, lost, step)
 
