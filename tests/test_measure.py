@@ -124,8 +124,9 @@ def _huge_kib(array) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+@pytest.mark.skipif(measure.memory.huge_page_switch() is None, reason="this numpy has no huge-page switch")
 def test_measuring_draws_its_operands_in_small_pages_and_restores_numpys_advice(monkeypatch, tmp_path):
-    from numpy._core.multiarray import _set_madvise_hugepage as advise
+    advise = measure.memory.huge_page_switch()
 
     def advised() -> bool:
         state = advise(True)

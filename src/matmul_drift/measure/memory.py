@@ -191,22 +191,30 @@ def peak_bytes(args: list[str], env: dict | None = None) -> tuple[int, int, str]
         return p.returncode, max([own[0], tree] + [child + held for child, held in children]) * 1024, err.read()
 
 
+def huge_page_switch():
+    """numpy's switch of its huge-page advice (on/off in, the previous setting out), or None
+    where this numpy has none."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy 1.x
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage
+        except ImportError:
+            return None
+    return _set_madvise_hugepage
+
+
 @contextmanager
 def small_pages():
     """numpy's large arrays made without its huge-page advice for the duration, then as before.
 
     Measuring only, where nothing is timed on the CPU: huge pages read faster (the seed's
-    float16 product 0.25 s against 0.32 s), so asv's timed operands keep them. Fresh huge pages
-    are what a ballooned guest serves slowest: one float64 draw of the seed's B took 4-5 s with
-    them, 0.6 s without (docs/performance.md). A numpy without the switch is left as it is.
+    float16 product 0.25 s against 0.32 s a call under the AVX2 caps), so asv's timed operands
+    keep them. Fresh huge pages are what a ballooned guest serves slowest: one float64 draw of
+    the seed's B took 4-5 s with them, 0.6 s without (docs/performance.md). A numpy without the
+    switch is left as it is.
     """
-    try:
-        from numpy._core.multiarray import _set_madvise_hugepage as advise
-    except ImportError:  # numpy 1.x
-        try:
-            from numpy.core.multiarray import _set_madvise_hugepage as advise
-        except ImportError:
-            advise = None
+    advise = huge_page_switch()
     before = advise(False) if advise else None
     try:
         yield
