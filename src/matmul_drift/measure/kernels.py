@@ -216,20 +216,22 @@ def cpu_route(fn) -> tuple[object, list[str]]:
     Where neither MKL nor oneDNN reports anything, the route is ``native``.
     """
     import torch
-    from torch.profiler import ProfilerActivity
+    from torch.autograd.profiler import profile
 
     with captured_fds() as box:
         with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON), torch.backends.mkldnn.verbose(
             torch.backends.mkldnn.VERBOSE_ON
         ):
-            with profiled(ProfilerActivity.CPU) as prof:
+            # the profiler under torch.profiler's: the same CPU events, without the import of
+            # torch._inductor that torch.profiler makes at its first start (1 s a process)
+            with profile(use_kineto=True) as prof:
                 result = fn()
     _pass_on_stderr(box[2])
     text = box[1]
     banner = mkl_banner(text)
     if banner and not _BANNER:
         _BANNER.append(banner)
-    ops = unique(e.name for e in prof.events() if e.name.startswith("aten::") and e.name not in VIEW_OPS)
+    ops = unique(e.name for e in prof.function_events if e.name.startswith("aten::") and e.name not in VIEW_OPS)
     route = unique(route_lines(text)) or ["native"]
     return result, ops + route
 
