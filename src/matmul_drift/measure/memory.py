@@ -20,8 +20,9 @@ from matmul_drift.core.numerics import WIDTH
 ANY_MACHINE = 1 << 60  # bytes: refused even with --no-host-memory-check
 # torch and its libraries, resident before any operand, by whether torch is a CUDA (or ROCm)
 # build, whose GPU libraries are mapped on a machine without a GPU too. Measured, explain of a
-# 2×8×8 float32 product: 306 MiB with 2.13.0+cpu, 794 MiB with 2.14.1+cu130 (no GPU).
-PROCESS_BYTES = {False: 512 << 20, True: 1 << 30}
+# 2×8×8 float32 product: 236 MiB with 2.13.0+cpu, 656 MiB with 2.14.1+cu130 (no GPU); 307 and
+# 750 MiB while the CPU's kernel routes still imported torch._inductor (docs/performance.md).
+PROCESS_BYTES = {False: 384 << 20, True: 1 << 30}
 # On CUDA, beyond the arrays: measure.time_call's L2 flush in each process that times, and a
 # CUDA context (cuBLAS's workspace with it) in each process but the one that checks, whose own
 # context asking the GPU's free memory has already made. Reasoned, not measured: a context
@@ -49,10 +50,11 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     (``prefix_a``: one more copy of A, for a scan along k). ``fixes``: explain --try-fixes,
     which then waits, holding about process_bytes(), while a process of its own measures the
     product under each candidate, one at a time, and another (fixfind's default timer) holds
-    the operands to time the default computation beside it (measured, peaks of explain while
-    waiting and of its candidate's process, MiB: 305 + 303 at 2x8x8 float32, 460 + 531 at
-    1024x2048x2048 float32, 365 + 1875 at 4096x256x4096 float64; estimates 512, 816 and 2138
-    for one; the three processes together, their resident sizes summed every 50 ms: 842 at
+    the operands to time the default computation beside it (measured at 19a5048, when each
+    process also held torch._inductor's ~70 MiB, peaks of explain while waiting and of its
+    candidate's process, MiB: 305 + 303 at 2x8x8 float32, 460 + 531 at 1024x2048x2048 float32,
+    365 + 1875 at 4096x256x4096 float64; estimates 512, 816 and 2138 for one then, 384, 688 and
+    2010 now; the three processes together, their resident sizes summed every 50 ms: 842 at
     64x512x256 float32, 1254 at 1024x2048x2048 float32).
 
     Inputs: the drawn float32 values and their bits. The reference: float64 copies of A and
