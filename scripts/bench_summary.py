@@ -22,7 +22,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 
 import asv_fixtures as F  # noqa: E402
 
-from matmul_drift.cli.main import main as cli_main
+from matmul_drift.cli.main import main as cli_main  # noqa: E402
 from matmul_drift.store import catalog  # noqa: E402
 
 CASES = tuple(f"case{k:02d}" for k in range(25))  # 25 cases x 6 dtypes x 2 devices = 300
