@@ -157,7 +157,9 @@ def profiled(*activities):
     """torch.profiler.profile over ``activities`` (ProfilerActivity values), as a context that
     yields the profiler. torch 2.11 warns at every profiler's start that it keeps one cycle's
     events ("set acc_events=True"), once per process, onto stderr: one cycle is all it runs
-    here, so that warning alone is silenced (torch 2.13 no longer gives it)."""
+    here, so that warning alone is silenced (torch 2.13 no longer gives it). The CPU's routes
+    read the autograd profiler instead (cpu_route): the CUDA path keeps this one, as the H200
+    check ran it."""
     import warnings
 
     from torch.profiler import profile

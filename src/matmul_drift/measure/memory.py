@@ -50,12 +50,12 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     (``prefix_a``: one more copy of A, for a scan along k). ``fixes``: explain --try-fixes,
     which then waits, holding about process_bytes(), while a process of its own measures the
     product under each candidate, one at a time, and another (fixfind's default timer) holds
-    the operands to time the default computation beside it (measured at 19a5048, when each
-    process also held torch._inductor's ~70 MiB, peaks of explain while waiting and of its
+    the operands to time the default computation beside it (measured before 171d8ea, when
+    each process also held torch._inductor's ~70 MiB, peaks of explain while waiting and of its
     candidate's process, MiB: 305 + 303 at 2x8x8 float32, 460 + 531 at 1024x2048x2048 float32,
-    365 + 1875 at 4096x256x4096 float64; estimates 512, 816 and 2138 for one then, 384, 688 and
-    2010 now; the three processes together, their resident sizes summed every 50 ms: 842 at
-    64x512x256 float32, 1254 at 1024x2048x2048 float32).
+    365 + 1875 at 4096x256x4096 float64; the estimates for one are now 384, 688 and 2522; the
+    three processes together, their resident sizes summed every 50 ms: 842 at 64x512x256
+    float32, 1254 at 1024x2048x2048 float32).
 
     Inputs: the drawn float32 values and their bits. The reference: float64 copies of A and
     B and of their absolute values for dtypes narrower than float64; for float64, Ozaki's
