@@ -9,8 +9,10 @@ both builds by default; extra arguments go to it) and prints, for each build, fr
 
 --twice: runs it first with nothing reused ($MATMUL_DRIFT_REUSE=0), then again reusing the
 first run's trees, verdicts and maps (what a night at a new commit with nothing changed does),
-and prints the second's wall time over the first's. $MATMUL_DRIFT_MAPS=0 (and the suite's other
-switches) reach the main job as they are: run it with and without to see what the maps cost.
+and prints the second's wall time over the first's; for each build, its orders, fixes and maps
+(what reuse spares) and the rest (what every night measures again), second over first.
+$MATMUL_DRIFT_MAPS=0 (and the suite's other switches) reach the main job as they are: run it
+with and without to see what the maps cost.
 --parameters: also measures setup_cache one parameter at a time in this Python (torch needed)
 and prints the most expensive ones.
 
@@ -48,8 +50,10 @@ def run_once(argv: list[str], reuse: bool) -> tuple[float, str] | None:
     return wall, p.stderr
 
 
-def report(title: str, wall: float, stderr: str) -> None:
+def report(title: str, wall: float, stderr: str) -> dict[str, tuple[float, float]]:
+    """Prints the run's costs; returns {build: (its seconds, its orders + fixes + maps seconds)}."""
     print(f"{title}: wall {wall:.1f} s")
+    parts = {}
     costs = {m.group(1): m for m in map(COST.search, stderr.splitlines()) if m}
     for m in filter(None, map(BUILD.search, stderr.splitlines())):
         build, files, seconds = m.group(1), m.group(2).split(", "), float(m.group(3))
@@ -65,10 +69,12 @@ def report(title: str, wall: float, stderr: str) -> None:
         measuring, reference, orders, fixes = (float(c.group(i)) for i in (2, 3, 4, 6))
         maps = float(c.group(8) or 0.0)
         setup = measuring + orders + fixes + maps
+        parts[build] = (seconds, orders + fixes + maps)
         print(f"  torch {build}: {seconds:.0f} s = setup_cache {setup:.1f} s (measuring {measuring:.1f} s, of it exact "
               f"reference {reference:.1f} s; orders {orders:.1f} s, {c.group(5)} reused; fixes {fixes:.1f} s, "
               f"{c.group(7)} reused; maps {maps:.1f} s, {c.group(9) or 0} reused, {100 * maps / seconds:.1f}% of the "
               f"build; {c.group(10)}) + benchmarks {benches:.1f} s + asv's own {seconds - setup - benches:.1f} s")
+    return parts
 
 
 def parameters() -> None:
@@ -103,13 +109,18 @@ def main() -> int:
     first = run_once(rest, reuse=not args.twice)
     if first is None:
         return 1
-    report("main job" + (" afresh ($MATMUL_DRIFT_REUSE=0)" if args.twice else ""), *first)
+    before = report("main job" + (" afresh ($MATMUL_DRIFT_REUSE=0)" if args.twice else ""), *first)
     if args.twice:
         second = run_once(rest, reuse=True)
         if second is None:
             return 1
-        report("main job again, reusing the first", *second)
+        after = report("main job again, reusing the first", *second)
         print(f"second / first wall time: {second[0] / first[0]:.2f}")
+        # What reuse can save (orders, fixes, maps) apart from what every night measures again.
+        for build in sorted(before.keys() & after.keys()):
+            (b, bp), (a, ap) = before[build], after[build]
+            print(f"  torch {build}: second / first {a / b:.2f}; orders, fixes and maps {ap:.1f} s / {bp:.1f} s = "
+                  f"{ap / bp if bp else float('nan'):.2f}; the rest {a - ap:.1f} s / {b - bp:.1f} s")
     if args.parameters:
         parameters()
     return 0
