@@ -21,7 +21,7 @@ import pytest
 
 from matmul_drift.core import ids
 from matmul_drift.jobs import reuse, suite
-from matmul_drift.probes import order
+from matmul_drift.probes import fixfind, order
 from matmul_drift.store import catalog
 
 CASES, PRECISIONS, DEVICES = ("bmm", "linear"), ("float32", "bfloat16"), ("cpu",)
@@ -90,6 +90,8 @@ def _set(data: dict, name: str, key: str, value) -> None:
 
 def test_a_second_measurement_reuses_every_tree_and_fix_and_confirms_them(first, tmp_path, monkeypatch):
     _, out, log1, _ = first
+    # the confirmation times nothing, so it starts no timer process for a setting's candidates
+    monkeypatch.setattr(fixfind, "_timer", lambda *a, **k: pytest.fail("a timer for an untimed confirmation"))
     got, log = again(first, tmp_path, monkeypatch)
     for k, v in out.items():
         assert got[k]["order_id"] == v["order_id"] and got[k]["fix_id"] == v["fix_id"], k
@@ -102,9 +104,10 @@ def test_a_second_measurement_reuses_every_tree_and_fix_and_confirms_them(first,
     drifting = _drifting(out)
     assert drifting, "bmm and linear in float32 drift along M here: the fixes have something to confirm"
     for k in drifting:
-        assert re.search(rf"^fixes of {re.escape(k)}: reused from c0ffee00, confirmed \(.+ still removes? slice_m in one run\)$",
-                         log, re.M), log
-        assert got[k]["fix_cost"] > 0 and not math.isnan(got[k]["fix_cost"])
+        assert re.search(rf"^fixes of {re.escape(k)}: reused from c0ffee00, confirmed \(.+ still removes? slice_m in "
+                         r"one run; fix cost as recorded\)$", log, re.M), log
+        # untimed: the recorded cost carried over exactly, never a second timing of it
+        assert got[k]["fix_cost"] == out[k]["fix_cost"] > 0
     # only the recorded removers were tried: no setting that removed nothing got a process
     entries = [catalog.load(first[0], "fixes", out[k]["fix_id"]) for k in drifting]
     removers = set().union(*(reuse.removers(e) for e in entries))
@@ -135,11 +138,12 @@ def test_a_tree_that_no_longer_replays_is_revealed_afresh(first, tmp_path, monke
     got, log = again(first, tmp_path, monkeypatch, edit=edit, MATMUL_DRIFT_FIXES="0")
     assert got[k]["order_id"] == out[k]["order_id"]
     line = next(ln for ln in log.splitlines() if ln.startswith("[orders") and "linear float32" in ln)
-    assert re.search(rf"matched \d+ of \d+ fresh draws \(seed \d+; first mismatch .*\): revealed afresh$", line), line
+    assert re.search(r"matched \d+ of \d+ fresh draws \(seed \d+; first mismatch .*\): revealed afresh$", line), line
     assert "(3 reused), fixes" in log
 
 
-@pytest.mark.parametrize("what", ["environment", "kernel", "missing tree", "no order id", "fix that no longer removes"])
+@pytest.mark.parametrize("what", ["environment", "kernel", "missing tree", "no order id", "fix that no longer removes",
+                                  "no fix cost"])
 def test_a_record_that_cannot_stand_is_measured_afresh_and_says_why(first, tmp_path, monkeypatch, what):
     _, out, _, _ = first
     k = "bmm|float32|cpu"
@@ -153,20 +157,26 @@ def test_a_record_that_cannot_stand_is_measured_afresh_and_says_why(first, tmp_p
             catalog.entry_path(root, "orders", out[k]["order_id"]).unlink()
         elif what == "no order id":
             _set(data, "order_id", k, None)
+        elif what == "no fix cost":  # nothing to carry over: the verdicts are measured afresh, and timed
+            _set(data, "fix_cost", k, None)
         else:  # a setting that does nothing recorded as removing: trying it refutes the record
             entry = catalog.load(root, "fixes", out[k]["fix_id"])
             nothing = next(n for n, v in entry["verdicts"].items() if v == "no effect")
             _set(data, "fix_id", k, float(catalog.store(root, "fixes", {**entry, "verdicts": {
                 **entry["verdicts"], nothing: "removes"}})))
 
-    fixes_too = what in ("environment", "fix that no longer removes")  # the fix finder takes seconds a run
+    fixes_too = what in ("environment", "fix that no longer removes", "no fix cost")  # the fix finder takes seconds a run
     got, log = again(first, tmp_path, monkeypatch, edit=edit, MATMUL_DRIFT_FIXES="1" if fixes_too else "0")
     assert got[k]["order_id"] == out[k]["order_id"] and got[k].get("fix_id") == (out[k]["fix_id"] if fixes_too else None)
     orders = next(ln for ln in log.splitlines() if ln.startswith("[orders") and "bmm float32" in ln)
     fixes = [ln for ln in log.splitlines() if ln.startswith(f"fixes of {k}:")]
     why = {"environment": "env id ", "kernel": "was 00000000007b", "missing tree": "cannot be read",
            "no order id": "no order id recorded"}.get(what)
-    if what == "fix that no longer removes":
+    if what == "no fix cost":
+        assert "reused from c0ffee00, confirmed" in orders
+        assert fixes == [f"fixes of {k}: measured afresh: no fix cost recorded at c0ffee00"], fixes
+        assert got[k]["fix_cost"] > 0
+    elif what == "fix that no longer removes":
         assert "reused from c0ffee00, confirmed" in orders
         assert len(fixes) == 1 and re.search(r"the verdicts of c0ffee00 did not hold \(still removing: .*\): measured afresh$",
                                              fixes[0]), fixes

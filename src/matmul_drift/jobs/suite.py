@@ -487,9 +487,10 @@ def add_fixes(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None =
     fix_id: the id of ``fix_entry``. The drifting combinations go through the fix finder
     together: one fresh process for the default and the code changes, one per setting. Where
     ``record`` (reuse.previous) has a drifting combination's kernel, environment and input ids
-    and a fix that removed its drifts, only the recorded removers are tried, in one such run
-    ("reused from <commit>, confirmed": the same drifts, each still removed; fix_cost from this
-    run); otherwise, or where that fails, every candidate is tried. Returns how many verdicts
+    and a fix that removed its drifts, only the recorded removers are tried, in one such run,
+    untimed ("reused from <commit>, confirmed": the same drifts, each still removed; fix_cost
+    the record's, a timing ratio nothing flags, timed again whenever the verdicts are measured
+    afresh); otherwise, or where that fails, every candidate is tried. Returns how many verdicts
     were reused."""
     from matmul_drift.probes import fixes
 
@@ -507,14 +508,15 @@ def add_fixes(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None =
     afresh = [k for k in todo if k not in held]
     if held:
         commit = record[0][:8]
-        reports = _try_fixes([{**_fix_spec(k), "only": held[k][1]} for k in held], isa, "confirming recorded fixes", log)
-        for (k, (fid, names, drifts)), report in zip(held.items(), reports):
+        reports = _try_fixes([{**_fix_spec(k), "only": held[k][1], "untimed": True} for k in held], isa,
+                             "confirming recorded fixes", log)
+        for (k, (fid, names, drifts, cost)), report in zip(held.items(), reports):
             kept = {r["name"] for r in report["candidates"] if r["verdict"] == "removes"}
-            if "failed" not in report and report["drifts"] == drifts and kept == set(names) and report["cheapest"]:
-                cheapest = next(r for r in report["candidates"] if r["name"] == report["cheapest"])
-                out[k].update(fix_cost=float(cheapest["time_ratio"]), fix_id=fid)
+            if "failed" not in report and report["drifts"] == drifts and kept == set(names):
+                out[k].update(fix_cost=cost, fix_id=fid)
                 print(f"fixes of {k}: reused from {commit}, confirmed ({', '.join(names)} still "
-                      f"{'removes' if len(names) == 1 else 'remove'} {', '.join(drifts)} in one run)", file=log, flush=True)
+                      f"{'removes' if len(names) == 1 else 'remove'} {', '.join(drifts)} in one run; fix cost as recorded)",
+                      file=log, flush=True)
             else:
                 why = report.get("failed") or (f"drifts now {', '.join(report['drifts']) or 'none'}, were {', '.join(drifts)}"
                                                if report["drifts"] != drifts else
@@ -547,9 +549,10 @@ def _try_fixes(specs: list[dict], isa, what: str, log) -> list[dict]:
     return fixfind.try_fixes_many(specs, isa, progress=progress, lean=True)
 
 
-def _stored_fixes(todo: list[str], out: dict, record, root, log) -> dict[str, tuple[float, list[str], list[str]]]:
-    """{key: (fix_id, the recorded removers, the recorded drifts)} of the drifting combinations
-    ``record`` may stand for; a line for each that has a record but cannot use it."""
+def _stored_fixes(todo: list[str], out: dict, record, root, log) -> dict[str, tuple[float, list[str], list[str], float]]:
+    """{key: (fix_id, the recorded removers, the recorded drifts, the recorded fix_cost)} of the
+    drifting combinations ``record`` may stand for; a line for each that has a record but cannot
+    use it."""
     from matmul_drift.jobs import reuse
 
     held = {}
@@ -564,7 +567,11 @@ def _stored_fixes(todo: list[str], out: dict, record, root, log) -> dict[str, tu
             print(f"fixes of {k}: measured afresh: {commit} recorded no fix that removes its drifts on "
                   f"{k.split('|')[2]}", file=log, flush=True)
             continue
-        held[k] = (fix_id, names, sorted(entry.get("drifts", [])))
+        cost = record[1][k].get("fix_cost", NAN)
+        if not cost > 0:  # NaN too: no cost to carry over (the removers went untimed that run)
+            print(f"fixes of {k}: measured afresh: no fix cost recorded at {commit}", file=log, flush=True)
+            continue
+        held[k] = (fix_id, names, sorted(entry.get("drifts", [])), cost)
     return held
 
 

@@ -180,7 +180,8 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     Processes: one for the default setting, measuring every spec as it is and under every
     code change its slices allow (each timed beside the default there), then one per setting,
     measuring every spec that setting applies to, timed beside the default computation of
-    _timer's process, which runs meanwhile. ``lean``: fixrun.py's lean mode, for the suite.
+    _timer's process, which runs meanwhile (not where every spec is ``untimed``: fixrun's, its
+    rows without time). ``lean``: fixrun.py's lean mode, for the suite.
     ``budget`` (seconds from the start): no setting's process starts after it; its rows say
     "not tried". ``timeout``: seconds each process may take. ``stopped``: signal numbers a
     handler appends to (interrupt.deferred); once one is there the process in hand is killed,
@@ -216,8 +217,10 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
                 else f"the budget of {budget:g} s was spent" if budget is not None and time.monotonic() - start > budget
                 else None)
 
-    # The timer only where a setting's process may still start: none starts once stopped or spent.
-    with _timer(stopped, timer_failed) if settings and not why_not() else contextlib.nullcontext() as peer:
+    # The timer only where a setting's process may still start (none starts once stopped or
+    # spent) and has something to time.
+    timed = settings and not all(s.get("untimed") for s in specs)
+    with _timer(stopped, timer_failed) if timed and not why_not() else contextlib.nullcontext() as peer:
         for i, c in enumerate(settings.values(), 1):
             idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
             why = why_not()

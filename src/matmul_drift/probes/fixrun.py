@@ -10,7 +10,8 @@ None for the computation as it is, "contiguous", "full", "pad:<dim>:<multiple>")
 ``lean``, the suite's mode: no exact reference (error_u None; max_u against |A||B| of
 reference.abs_product_pow2), no kernel trace, and only
 computations bit-identical in every kind (where ``drifts``, or the baseline's own drifts,
-has one) timed, with fewer samples, besides code None where ``baseline`` is set.
+has one) timed, with fewer samples, besides code None where ``baseline`` is set;
+``untimed``: nothing timed (a stored verdict confirmed: its drifts checked, its cost kept).
 Printed, one JSON line, a list with {code: result} per SPEC (or {"failed": why} when that
 SPEC raised); a result holds, for each drift kind, the worst drift over the slices of
 the computation under the candidate against the full product under the same setting
@@ -153,6 +154,8 @@ def run(spec: dict, peer=None) -> dict:
                 out["kernels"].update(kernels.merged(kind, per_call))
             out["drift"]["run_to_run"] = worst
             runs[str(code)] = out
+        if spec.get("untimed"):
+            return runs
         kinds = set(spec.get("drifts") or drifting(runs.get("None", {"drift": {}})))
         quick = {"min_runs": 3, "min_seconds": 0.05} if lean else {}  # the suite's time is a rough guide
         default = timed_calls(ops, case, spec, None, kinds)
