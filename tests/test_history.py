@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from matmul_drift.read import history, summary
+from matmul_drift.read import history, pairing, summary
 
 
 @pytest.fixture
@@ -144,7 +144,7 @@ def test_torch_versions_are_ordered_numerically_within_a_commit(tmp_path):
     h = history.read_history(tree.root)
     runs = h.runs["synthetic"]
     assert [r.torch for r in runs[:3]] == ["2.9.0+cpu", "2.10.1+cpu", "2.13.0+cpu"]
-    pairs = summary.make_pairs(h, summary.Options(across="envs"))
+    pairs = pairing.make_pairs(h, summary.Options(across="envs"))
     assert [(p.before.torch, p.after.torch) for p in pairs[:2]] == [
         ("2.9.0+cpu", "2.10.1+cpu"), ("2.10.1+cpu", "2.13.0+cpu")]
 

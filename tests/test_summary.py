@@ -22,7 +22,7 @@ import pytest
 from matmul_drift.cli.main import main as cli_main
 from matmul_drift.core import ids, series, trees
 from matmul_drift.probes import order
-from matmul_drift.read import history, latest, render, summary
+from matmul_drift.read import flags, history, latest, pairing, render, rules, summary
 from matmul_drift.store import catalog
 
 REPO = Path(__file__).resolve().parents[1]
@@ -327,32 +327,32 @@ def test_map_detail_from_two_catalog_entries():
     before = F.map_entry("bmm", "float32")
     # the same state at every M: the words that changed (a drift's size) are the detail
     wider = F.map_entry("bmm", "float32", words=before["words"].replace("max 2 ulp", "max 3 ulp"))
-    assert summary.map_detail(1, 2, before, wider, " under torch 2.14.1") == (
+    assert rules.map_detail(1, 2, before, wider, " under torch 2.14.1") == (
         "every M in the same state under torch 2.14.1; the words changed: row 0 as at M = 1: invariant at "
         "M = 1..3; drifts elsewhere (max 2 ulp) -> row 0 as at M = 1: invariant at M = 1..3; drifts elsewhere "
         "(max 3 ulp)")
     # another range: the M one map has alone, and the params that moved
     longer = F.map_entry("bmm", "float32", runs=[r(1, 3, True, True), r(4, 32, False, True)])
     longer["params"].update(hi=32, m_full=32)
-    assert summary.map_detail(1, 2, before, longer) == "M = 17..32 mapped now only\nmapped otherwise: hi 16 -> 32; m_full 16 -> 32"
+    assert rules.map_detail(1, 2, before, longer) == "M = 17..32 mapped now only\nmapped otherwise: hi 16 -> 32; m_full 16 -> 32"
     # a periodic change: the spans listed up to a count
     periodic = F.map_entry("bmm", "float32", runs=[r(m, m, m % 2 == 1 or m <= 3, True) for m in range(1, 41)])
     periodic["params"].update(hi=40, m_full=40)
-    line = summary.map_detail(1, 2, before, periodic).splitlines()[0]
+    line = rules.map_detail(1, 2, before, periodic).splitlines()[0]
     assert line == "M = 5, 7, 9, 11, 13, 15 became invariant (row 0 as at M = 1)"
     many = F.map_entry("bmm", "float32", runs=[r(m, m, m % 2 == 1, True) for m in range(1, 41)])
     many["params"].update(hi=40, m_full=40)
-    assert summary.map_detail(1, 2, periodic, many).splitlines()[0] == "M = 2 became drifting (row 0 as at M = 1)"
+    assert rules.map_detail(1, 2, periodic, many).splitlines()[0] == "M = 2 became drifting (row 0 as at M = 1)"
     flipped = F.map_entry("bmm", "float32", runs=[r(m, m, m % 2 == 0, True) for m in range(1, 41)])
     flipped["params"].update(hi=40, m_full=40)
-    assert summary.map_detail(1, 2, many, flipped).splitlines() == [
+    assert rules.map_detail(1, 2, many, flipped).splitlines() == [
         "M = 1, 3, 5, 7, 9, 11, 13, 15, ... (20 M in 20 runs) became drifting (row 0 as at M = 1)",
         "M = 2, 4, 6, 8, 10, 12, 14, 16, ... (20 M in 20 runs) became invariant (row 0 as at M = 1)"]
     # what a results tree may hold instead: one line, never an exception
     for bad, why in ((None, "no runs of M"), ({"verdicts": [{"lo": 3, "hi": 1}]}, "a malformed run: {'lo': 3, 'hi': 1}"),
                      ({"verdicts": [r(1, 1 << 20, True, True)]}, "more than 65536 M"),
                      ({"verdicts": [r(1, 4, True, True), r(3, 5, True, True)]}, "runs that overlap")):
-        assert summary.map_detail(0xABC, 2, before, bad) == (
+        assert rules.map_detail(0xABC, 2, before, bad) == (
             f"map-id 000000000abc -> 000000000002 (maps not in the catalog or unreadable: {why})")
 
 
@@ -593,9 +593,9 @@ def test_an_environment_nested_as_deep_as_json_reads_is_attributed_in_one_short_
     tree = _tree_with(tmp_path, _env_changed(env_vars={"MKL_CBWR": deep_list}, libs=deep_dict))
     rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")
     (f,) = doc["flags"]
-    assert f"env_vars.MKL_CBWR: none -> {'[' * summary.LEAF_CHARS}…" in f["attribution"]
+    assert f"env_vars.MKL_CBWR: none -> {'[' * flags.LEAF_CHARS}…" in f["attribution"]
     assert "libs." + ".".join(["a"] * 600) + ".v: none -> 1" in f["attribution"]
-    assert all(len(line.split(": ", 1)[1]) <= 2 * summary.LEAF_CHARS + 10 for line in f["attribution"])
+    assert all(len(line.split(": ", 1)[1]) <= 2 * flags.LEAF_CHARS + 10 for line in f["attribution"])
 
 
 def test_envs_axis_compares_torch_versions_at_one_commit(capsys, tmp_path):
@@ -1023,15 +1023,15 @@ def test_json_records_follow_the_documented_schema(capsys, tmp_path):
     # ... and every kind the summary can write, in the schema's list of kinds
     kind_doc = re.search(r'"kind": "kernel",\s*#([^"]*)"failing"', render.__doc__).group(1)
     documented = {k.strip(" #\n") for k in kind_doc.split("|")}
-    assert documented == set(summary.KINDS), documented ^ set(summary.KINDS)
+    assert documented == set(flags.KINDS), documented ^ set(flags.KINDS)
 
 
 def test_every_flag_kind_and_the_default_fail_on_are_documented():
     """docs/summary.md named neither `nonfinite` nor `failure`, and not which kinds fail by
     default (`fix` and `nonfinite` among them): a reader of --format json met kinds it never saw."""
     doc = " ".join((REPO / "docs" / "summary.md").read_text().split())
-    assert not [k for k in summary.KINDS if f"`{k}`" not in doc]
-    default = ",".join(k for k in summary.KINDS if k in summary.DEFAULT_FAIL_ON)
+    assert not [k for k in flags.KINDS if f"`{k}`" not in doc]
+    default = ",".join(k for k in flags.KINDS if k in summary.DEFAULT_FAIL_ON)
     assert f"`--fail-on`'s default is `{default}`" in doc
 
 
@@ -1226,7 +1226,7 @@ def test_the_sites_run_line_names_the_commit_compared_on_the_same_hardware(tmp_p
     root = tmp_path / "results"
     tree = F.write_tree(root, machine="vm", n_commits=3, adjust=lambda ci, ei, d: ci == other and _other_cpu(d))
     result, (run,) = latest.runs(history.read_history(root))
-    compared = {p.before.commit for p in summary.make_pairs(history.read_history(root), summary.Options(at=tree.commits[2]))
+    compared = {p.before.commit for p in pairing.make_pairs(history.read_history(root), summary.Options(at=tree.commits[2]))
                 if p.across == "commits"}
     if other == 1:  # commit 2 is judged against commit 0, on its hardware
         assert compared == {tree.commits[0]} and run["line"].endswith(f"; against {tree.commits[0][:8]}"), run["line"]
@@ -1251,7 +1251,7 @@ def test_at_keeps_what_one_commit_changed(tmp_path, capsys):
     root = tmp_path / "results"
     tree = F.write_tree(root, n_commits=3)
     h = history.read_history(root)
-    pairs = summary.make_pairs(h, summary.Options(at=tree.commits[2][:10]))
+    pairs = pairing.make_pairs(h, summary.Options(at=tree.commits[2][:10]))
     got = sorted((p.across, p.before.commit, p.after.commit, p.after.env_name) for p in pairs)
     assert got == sorted([("commits", tree.commits[1], tree.commits[2], e) for e in tree.env_names]
                          + [("envs", tree.commits[2], tree.commits[2], tree.env_names[1])])
@@ -1317,7 +1317,7 @@ def test_hardwares_described_alike_keep_their_runs(tmp_path, capsys, later):
     rc, doc, _ = run_json(capsys, root)
     assert rc == 1 and [f["kind"] for f in doc["flags"] if f["kind"] != "timing"].count("kernel") >= 1, doc["flags"]
     assert len(doc["different_hardware"]) == ("arch" in later)
-    groups = summary.hardware_groups(history.read_history(root))
+    groups = pairing.hardware_groups(history.read_history(root))
     assert sum(len(runs) for runs in groups.values()) == 3 * 2  # 3 commits x 2 torch builds, none dropped
 
 
@@ -1393,10 +1393,10 @@ def test_failing_flags_come_before_informational_ones_whatever_the_machine(tmp_p
 @pytest.mark.parametrize("case,dtype,device", [("x; rm -rf ~", "float32", "cpu"), ("square", "$(id)", "cpu"),
                                                ("tall", "float32", "cpu"), ("square", "float32", "cpu`")])
 def test_a_repro_is_built_only_from_names_the_case_catalog_knows(case, dtype, device):
-    side = summary.Side("c" * 40, "env", "2.13.0", 0)
-    flag = summary.Flag("kernel", "m", "commits", F.KERNEL, "kernel-id", {"case": case, "dtype": dtype, "device": device},
+    side = flags.Side("c" * 40, "env", "2.13.0", 0)
+    flag = flags.Flag("kernel", "m", "commits", F.KERNEL, "kernel-id", {"case": case, "dtype": dtype, "device": device},
                         side, side, "d")
-    assert summary.repro(flag) is None
-    ok = summary.Flag("kernel", "m", "commits", F.KERNEL, "kernel-id",
+    assert rules.repro(flag) is None
+    ok = flags.Flag("kernel", "m", "commits", F.KERNEL, "kernel-id",
                       {"case": "linear", "dtype": "float32-tf32", "device": "cuda"}, side, side, "d")
-    assert summary.repro(ok) == "matmul-drift explain --case linear --dtype float32-tf32 --device cuda"
+    assert rules.repro(ok) == "matmul-drift explain --case linear --dtype float32-tf32 --device cuda"

@@ -19,7 +19,7 @@ import pytest
 
 from matmul_drift.jobs import confirm as job
 from matmul_drift.probes import confirm
-from matmul_drift.read import history, summary
+from matmul_drift.read import flags, history, summary
 
 I = 1  # combination 1: square float32 cpu (write_tree's order: case, dtype, device)
 
@@ -37,7 +37,7 @@ def _summary(tree: F.Tree, **options) -> summary.Summary:
     return summary.summarise(history.read_history(tree.root), summary.Options(**options))
 
 
-def _timing(s: summary.Summary) -> list[summary.Flag]:
+def _timing(s: summary.Summary) -> list[flags.Flag]:
     return [f for f in s.flags if f.kind == "timing"]
 
 
@@ -251,4 +251,4 @@ def test_the_main_job_re_measures_what_its_run_suspects_and_keeps_the_verdict(tm
 @pytest.mark.parametrize("ratio", [math.inf, 0.0])
 def test_an_extreme_ratio_is_judged_without_a_warning(tmp_path, ratio):
     tree = F.write_tree(tmp_path / "results", n_commits=2, torch_versions=("2.13.0",))
-    assert summary._Judge(history.read_history(tree.root), summary.Options())._beyond(ratio, True) is math.isinf(ratio)
+    assert summary.Judge(history.read_history(tree.root), summary.Options())._beyond(ratio, True) is math.isinf(ratio)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from matmul_drift.cli.args import folder, say_error
-from matmul_drift.read import history, render, summary
+from matmul_drift.read import flags, history, render, summary
 from matmul_drift.store import atomic
 
 PROG = "matmul-drift summary"
@@ -38,8 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=render.FORMATS, default="plain",
                         help="plain tables (default), github Markdown, or json (schema: matmul_drift.read.render)")
     parser.add_argument("--fail-on", metavar="KINDS", default=None,
-                        help=f"comma list of {', '.join(summary.KINDS)}, or none, or all; "
-                             f"default: {','.join(k for k in summary.KINDS if k in summary.DEFAULT_FAIL_ON)}")
+                        help=f"comma list of {', '.join(flags.KINDS)}, or none, or all; "
+                             f"default: {','.join(k for k in flags.KINDS if k in summary.DEFAULT_FAIL_ON)}")
     parser.add_argument("--output", metavar="FILE", help="write the report to this new file (never over one that exists) instead of stdout")
     parser.add_argument("--catalog", metavar="DIR", help="catalog directory (default: beside the asv results)")
     parser.add_argument("--u-tolerance", type=float, default=summary.DEFAULT_U_TOLERANCE, metavar="F",

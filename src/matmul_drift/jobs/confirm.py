@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from matmul_drift.probes import confirm
-from matmul_drift.read import history, summary
+from matmul_drift.read import flags, history, rules, summary
 from matmul_drift.read.history import CONFIRM
 from matmul_drift.store import atomic
 
@@ -39,13 +39,13 @@ def env_python(repo: Path, conf: dict, env_name: str) -> Path:
     return env_dir / folder / "bin" / "python"
 
 
-def suspects(hist: history.History, machine: str, commit: str) -> list[summary.Flag]:
+def suspects(hist: history.History, machine: str, commit: str) -> list[flags.Flag]:
     """The CPU timing changes of ``machine``'s run at ``commit`` that no re-measurement has judged."""
     s = summary.summarise(hist.of(machine), summary.Options(at=commit, timing="suspects"))
     return [f for f in s.flags if f.kind == "timing" and f.benchmark == TIME and f.params.get("device") == "cpu"]
 
 
-def _setting(repo: Path, conf: dict, hist: history.History, machine: str, side: summary.Side,
+def _setting(repo: Path, conf: dict, hist: history.History, machine: str, side: flags.Side,
              params: dict) -> tuple[confirm.Setting | None, dict]:
     """The setting one side ran with (its interpreter, threads, route variables), as recorded."""
     run = next(r for r in hist.runs[machine] if r.commit == side.commit and r.env_name == side.env)
@@ -85,7 +85,7 @@ def run(repo: Path, conf: dict, machine: str, commit: str, hist: history.History
     records = [r if r.get("verdict") == "not measured" else {**r, **next(done)} for r in records]
     for r in records:
         p = r["params"]
-        log(f"  {p['case']} {p['dtype']}: {summary.confirmed_text(r)}; {r['verdict']}")
+        log(f"  {p['case']} {p['dtype']}: {rules.confirmed_text(r)}; {r['verdict']}")
     now = datetime.now(timezone.utc)
     doc = {"version": 1, "machine": machine, "commit": commit, "measured": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
            "load": list(os.getloadavg()), "checks": records}

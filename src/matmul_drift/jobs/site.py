@@ -27,7 +27,7 @@ from typing import Callable, TypeVar
 
 from matmul_drift.core import ids, mapruns
 from matmul_drift.core.series import method_key as series_key
-from matmul_drift.read import history, render, summary
+from matmul_drift.read import flags, history, render, rules, summary
 from matmul_drift.store import atomic, scratch
 from matmul_drift.store.lock import TreeLock
 
@@ -89,7 +89,7 @@ def explain_ids(index: dict) -> dict:
     """asv's index.json with each id-valued benchmark named for what it is (asv shows the name
     above its graph): a number that names a catalog entry, whose steps are changes."""
     for name, b in index.get("benchmarks", {}).items():
-        if isinstance(b, dict) and b.get("unit") in summary.ID_UNITS:
+        if isinstance(b, dict) and b.get("unit") in flags.ID_UNITS:
             b["pretty_name"] = (f"{name.split('.', 1)[-1]}: an id, not a quantity; a step is a change "
                                 f"({PAGE} names each)")
     return index
@@ -136,13 +136,13 @@ def _flag_tables(result: summary.Summary) -> list[str]:
     if not result.flags:
         return ["<p>No changes flagged.</p>"]
     out = []
-    for machine, kind, flags in render.groups(result, summary.DEFAULT_FAIL_ON):
+    for machine, kind, found in render.groups(result, summary.DEFAULT_FAIL_ON):
         status = "failing" if kind in summary.DEFAULT_FAIL_ON else "informational"
-        out.append(f'<h3 class="{status}">{_e(machine)}: {_e(kind)} ({len(flags)}, {status})</h3>')
+        out.append(f'<h3 class="{status}">{_e(machine)}: {_e(kind)} ({len(found)}, {status})</h3>')
         out.append('<table class="flags"><thead><tr>' + "".join(f"<th>{h}</th>" for h in render.HEADERS)
                    + "</tr></thead><tbody>")
         out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" if k != 6 else f"<td><code>{_e(c)}</code></td>"
-                                 for k, c in enumerate(render.row(f))) + "</tr>" for f in flags]
+                                 for k, c in enumerate(render.row(f))) + "</tr>" for f in found]
         out.append("</tbody></table>")
     return out
 
@@ -383,7 +383,7 @@ def page(hist: history.History, result: summary.Summary, runs: list[dict], recor
                 "<th>order</th><th>used in the latest run by</th></tr></thead><tbody>"]
         for ident, uses in sorted(orders.items()):
             entry = hist.catalog.get("orders", ident)
-            k, words = (entry["k"], summary.describe_order(entry)) if isinstance(entry, dict) else ("", "not in the catalog")
+            k, words = (entry["k"], rules.describe_order(entry)) if isinstance(entry, dict) else ("", "not in the catalog")
             out.append(_id_row("o", ident, "order-id", [_e(k), _e(words)], uses))
         out.append("</tbody></table>")
     out += [*(_all_nights(list(recorded)) if recorded else []), "</body></html>"]

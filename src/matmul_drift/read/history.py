@@ -186,7 +186,7 @@ class History:
     machines: dict[str, dict]
     runs: dict[str, list[Run]]
     warnings: list[str] = field(default_factory=list)
-    # re-measurements of suspected timing changes (results/confirm), by summary.confirmation_key
+    # re-measurements of suspected timing changes (results/confirm), by rules.confirmation_key
     confirmations: dict[tuple, dict] = field(default_factory=dict)
 
     def units(self) -> dict[str, str]:
@@ -414,7 +414,7 @@ CONFIRM = "confirm"  # beside asv's results dir: <confirm>/<machine>/<commit8>-<
 
 def read_confirmations(folder: Path, machines: set[str], warnings: list[str]) -> dict[tuple, dict]:
     """Every re-measurement under ``folder`` (jobs/confirm.py writes them), keyed as
-    summary.confirmation_key; of two for one pair, the later file's. A file that cannot be read
+    rules.confirmation_key; of two for one pair, the later file's. A file that cannot be read
     is a warning."""
     out: dict[tuple, dict] = {}
     for machine in sorted(machines):

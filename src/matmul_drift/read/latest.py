@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from matmul_drift.read import history, summary
+from matmul_drift.read import history, pairing, summary
 
 
 def night_date(ms: int) -> str:
@@ -21,12 +21,12 @@ def _commits(runs: list[history.Run]) -> list[str]:
 def night_pair(hist: history.History, machine: str, commit: str | None = None) -> tuple[str | None, str] | None:
     """(previous night's commit on the same hardware or None, the night's commit) for
     ``machine``: ``commit``, or its latest night when None. None if the machine has no
-    readable results. The summary never compares two hardwares (summary.hardware_key)."""
+    readable results. The summary never compares two hardwares (pairing.hardware_key)."""
     runs = hist.runs.get(machine, [])
     head = commit if commit is not None else runs[-1].commit if runs else None
     if head is None or all(r.commit != head for r in runs):
         return None
-    same, _ = summary.earlier_runs(runs, head)
+    same, _ = pairing.earlier_runs(runs, head)
     return (same.commit if same else None), head
 
 
@@ -82,7 +82,7 @@ def night_info(hist: history.History, machine: str, prev: str | None, head: str)
     run = next(r for r in hist.runs[machine] if r.commit == head)
     before = next((r for r in hist.runs[machine] if r.commit == prev), None)
     # with no previous night on its hardware, the latest earlier night on another, not compared
-    other = None if before else summary.earlier_runs(hist.runs[machine], head)[1]
+    other = None if before else pairing.earlier_runs(hist.runs[machine], head)[1]
     return {"machine": machine, "date": night_date(run.date), "commit": head, "torch": run.torch,
             "previous": None if before is None else {"commit": prev, "date": night_date(before.date),
                                                      "torch": before.torch},
@@ -139,7 +139,7 @@ def runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
         notes += s.different_hardware
         method += s.method_notes
         builds = [r.torch or r.env_name for r in machine_runs if r.commit == head]
-        same, other = summary.earlier_runs(machine_runs, head)
+        same, other = pairing.earlier_runs(machine_runs, head)
         against = (f"against {same.commit[:8]}" if same
                    else f"its first recorded commit on this hardware ({other.commit[:8]} ran on other hardware; "
                         "not compared)" if other else "its first recorded commit")
@@ -152,7 +152,7 @@ def runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
 def compared(hist: history.History, commit: str) -> str:
     """One line naming the comparisons ``summary --at commit`` makes on this machine."""
     builds, earlier = [], []
-    for p in summary.make_pairs(hist, summary.Options(at=commit)):
+    for p in pairing.make_pairs(hist, summary.Options(at=commit)):
         if p.across == "envs":
             builds.append(f"torch {p.before.torch} vs {p.after.torch}")
         else:

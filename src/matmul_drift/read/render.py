@@ -54,7 +54,9 @@ import json
 import math
 import re
 
-from matmul_drift.read.summary import DEFAULT_FAIL_ON, ID_UNITS, KINDS, Flag, Side, Summary, format_value, repro
+from matmul_drift.read.flags import ID_UNITS, KINDS, Flag, Side, format_value
+from matmul_drift.read.rules import repro
+from matmul_drift.read.summary import DEFAULT_FAIL_ON, Summary
 
 FORMATS = ("plain", "github", "json")
 JSON_SCHEMA_VERSION = 1
