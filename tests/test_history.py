@@ -107,8 +107,8 @@ def test_a_one_sample_timing_as_asv_writes_it_is_read_without_a_warning(tmp_path
     out, err = capsys.readouterr()
     flags = json.loads(out)["flags"]
     assert err == "" and [(f["kind"], f["params"]["dtype"], f["params"]["case"], f["detail"]) for f in flags] == [
-        ("timing", "float32", "square", f"{before[i] * 1e3:.3g} ms -> {before[i] * 1.5e3:.3g} ms as recorded (1.5x slower); "
-                                        "one sample")]
+        ("timing", "float32", "square", f"1.5x slower, suspected (one sample); as recorded {before[i] * 1e3:.3g} ms "
+                                        f"-> {before[i] * 1.5e3:.3g} ms (1.5x slower)")]
 
 
 def test_observations_are_keyed_by_machine_env_commit_benchmark_params(tree):

@@ -656,7 +656,8 @@ def test_a_change_across_a_night_without_the_value_is_flagged(tmp_path, middle):
     # The night line says "against" the second night; it must also say that this flag was judged
     # against the first, or "kernel changed" reads as a change since the second night.
     dates = {r.commit: latest.night_date(r.date) for r in hist.runs[tree.machine]}
-    (line,) = [ln for ln in (tmp_path / "summaries/2025-01-03-synthetic.md").read_text().splitlines() if ln.startswith("- ")]
+    (line,) = [ln for ln in (tmp_path / "summaries/2025-01-03-synthetic.md").read_text().splitlines()
+               if ln.startswith(f"- {tree.machine}: ")]
     assert line.endswith(f"; 1 flag against {dates[tree.commits[0]]} ({tree.commits[0][:8]}) instead, "
                          f"where {dates[tree.commits[1]]} had no value"), line
     assert doc["nights"][0]["bridged"] == [{"commit": tree.commits[0], "date": dates[tree.commits[0]], "flags": 1}]

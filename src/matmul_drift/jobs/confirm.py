@@ -71,7 +71,7 @@ def run(repo: Path, conf: dict, machine: str, commit: str, hist: history.History
     for f in found:
         (sb, rb), (sa, ra) = (_setting(repo, conf, hist, machine, s, f.params) for s in (f.before, f.after))
         rec = {"benchmark": f.benchmark, "params": dict(f.params), "before": rb, "after": ra, "factor": factor,
-               "slower": bool(f.after.value > f.before.value)}
+               "slower": f.direction == "slower"}
         if sb is None or sa is None:
             records.append({**rec, "verdict": "not measured", "ratios": [], "rounds": 0,
                             "errors": ["the environment of a side is gone"]})

@@ -28,6 +28,7 @@ from typing import Callable, TypeVar
 from matmul_drift.core import ids, mapruns
 from matmul_drift.core.series import method_key as series_key
 from matmul_drift.read import flags, history, render, rules, summary
+from matmul_drift.read.incidents import ordered
 from matmul_drift.store import atomic, scratch
 from matmul_drift.store.lock import TreeLock
 
@@ -133,17 +134,33 @@ def _e(text) -> str:
 
 
 def _flag_tables(result: summary.Summary) -> list[str]:
+    """An incident per block, failing ones first: its cause, where, the verdict, the cells'
+    table and a repro per side; its flags folded beneath it."""
     if not result.flags:
         return ["<p>No changes flagged.</p>"]
+    fail_on = summary.DEFAULT_FAIL_ON
     out = []
-    for machine, kind, found in render.groups(result, summary.DEFAULT_FAIL_ON):
-        status = "failing" if kind in summary.DEFAULT_FAIL_ON else "informational"
-        out.append(f'<h3 class="{status}">{_e(machine)}: {_e(kind)} ({len(found)}, {status})</h3>')
-        out.append('<table class="flags"><thead><tr>' + "".join(f"<th>{h}</th>" for h in render.HEADERS)
-                   + "</tr></thead><tbody>")
-        out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" if k != 6 else f"<td><code>{_e(c)}</code></td>"
-                                 for k, c in enumerate(render.row(f))) + "</tr>" for f in found]
-        out.append("</tbody></table>")
+    for k, inc in enumerate(ordered(result.incidents, fail_on), 1):
+        status = "failing" if inc.failing(fail_on) else "informational"
+        heads, rows = render.cell_table(inc)
+        out += [f'<section class="incident" id="incident-{inc.key}">',
+                f'<h3 class="{status}">{_e(render.incident_title(k, inc, fail_on))}</h3>',
+                f"<p>{_e(render.incident_where(inc))}</p>",
+                f'<p class="verdict"><b>Verdict:</b> {_e("; ".join(inc.verdict()))}</p>',
+                '<table class="cells"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in heads)
+                + "</tr></thead><tbody>",
+                *("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows),
+                "</tbody></table><ul>",
+                *(f"<li>{_e(line.split(': ', 1)[0])}: <code>{_e(r['command'])}</code></li>"
+                  for line, r in zip(render.repro_lines(inc), inc.repros)),
+                *(f"<li>{_e(n)}</li>" for n in inc.notes),
+                "</ul>", f'<details class="flags"><summary>{len(inc.flags)} flag'
+                f'{"s" * (len(inc.flags) != 1)}</summary>',
+                '<table class="flags"><thead><tr>' + "".join(f"<th>{h}</th>" for h in render.HEADERS)
+                + "</tr></thead><tbody>"]
+        out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" if j != 6 else f"<td><code>{_e(c)}</code></td>"
+                                 for j, c in enumerate(render.row(f))) + "</tr>" for f in inc.flags]
+        out.append("</tbody></table></details></section>")
     return out
 
 
@@ -342,7 +359,8 @@ def page(hist: history.History, result: summary.Summary, runs: list[dict], recor
         "<style>body{font-family:sans-serif;margin:1.5em;max-width:110em}table{border-collapse:collapse;"
         "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;vertical-align:top;text-align:left}"
         "th{background:#f3f3f3}code{font-size:90%}ol{margin:.2em 0 .4em 1.2em;padding:0}h3.failing{color:#a00}"
-        "details.notes{margin:.3em 0}details.notes summary{cursor:pointer}img.map{max-width:100%}"
+        "details.notes,details.flags{margin:.3em 0}details summary{cursor:pointer}"
+        "section.incident{border-left:3px solid #ccc;padding-left:.8em;margin-bottom:1.2em}img.map{max-width:100%}"
         "table.map-words pre{margin:0;white-space:pre-wrap}</style>",
         "</head><body>", '<p><a href="index.html">&larr; the asv benchmarks</a></p>',
         f"<h1>matmul-drift: {_e(title)}</h1>",

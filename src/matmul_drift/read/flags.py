@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from matmul_drift.core.ids import hex_id
 
-KINDS = ("kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input", "fix", "timing", "ulp-growth",
-         "failure")
-ID_UNITS = ("kernel-id", "env-id", "input-id", "fix-id", "order-id", "map-id")
+KINDS = ("bits", "kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input", "fix", "timing",
+         "ulp-growth", "failure")
+ID_UNITS = ("bits-id", "kernel-id", "env-id", "input-id", "fix-id", "order-id", "map-id")
 
 
 @dataclass
@@ -39,6 +39,20 @@ class Flag:
     after: Side
     detail: str
     attribution: list[str] = field(default_factory=list)
+    # Why a flag of a failing kind does not fail (docs/summary.md, "Severity"): "same output
+    # bits" for kernels renamed, "faster", "more accurate", "invariance regained" where the
+    # bits' own flag says the numbers changed. Empty: the flag fails when its kind does.
+    benign: str = ""
+    # The cell's env-ids and output-bits ids on the two sides (NaN: not recorded): the
+    # incident's cause, its repros and its bits verdict read them.
+    envs: tuple[float, float] = (math.nan, math.nan)
+    bits: tuple[float, float] = (math.nan, math.nan)
+    # A timing flag's direction against the baseline: "slower" or "faster" ("" otherwise).
+    direction: str = ""
+
+    def fails(self, fail_on) -> bool:
+        """Whether this flag fails a report that fails on the kinds ``fail_on``."""
+        return self.kind in fail_on and not self.benign
 
 
 def flatten(obj, prefix: str = "") -> dict[str, object]:

@@ -53,7 +53,7 @@ def _one_environment(hist: history.History, machine: str, commits: tuple[str, st
 
 def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> summary.Summary:
     """Each machine's night against its previous night, as one Summary over all of them."""
-    flags, npairs, method = [], 0, []
+    flags, npairs, method, incidents, bits = [], 0, [], [], []
     for machine, (prev, head) in sorted(pairs.items()):
         if prev is None:
             continue  # a machine's first night has nothing to compare with
@@ -68,7 +68,10 @@ def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> 
         flags += s.flags
         npairs += s.pairs
         method += s.method_notes
-    return summary.Summary(flags, npairs, sorted(pairs), list(dict.fromkeys(hist.warnings)), method_notes=method)
+        incidents += s.incidents
+        bits += s.bits_notes
+    return summary.Summary(flags, npairs, sorted(pairs), list(dict.fromkeys(hist.warnings)), method_notes=method,
+                           incidents=incidents, bits_notes=bits)
 
 
 def failed_in(hist: history.History, machine: str, commit: str) -> list[str]:
@@ -127,7 +130,7 @@ def nights(hist: history.History) -> tuple[dict[str, tuple[str | None, str]], li
 def runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
     """Every machine's latest commit: the Summary of what changed there (--at), and one
     plain dict per machine for the site (machine, commit, line, failed)."""
-    flags, pairs, notes, method, runs = [], 0, [], [], []
+    flags, pairs, notes, method, runs, incidents, bits = [], 0, [], [], [], [], []
     for name, machine_runs in sorted(hist.runs.items()):
         if not machine_runs:
             continue
@@ -138,6 +141,8 @@ def runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
         pairs += s.pairs
         notes += s.different_hardware
         method += s.method_notes
+        incidents += s.incidents
+        bits += s.bits_notes
         builds = [r.torch or r.env_name for r in machine_runs if r.commit == head]
         same, other = pairing.earlier_runs(machine_runs, head)
         against = (f"against {same.commit[:8]}" if same
@@ -146,7 +151,8 @@ def runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
         runs.append({"machine": name, "commit": head,
                      "line": f"{name}: {head[:8]}, torch {', '.join(builds)}; {against}",
                      "failed": failed_in(one, name, head)})
-    return summary.Summary(flags, pairs, sorted(hist.runs), list(dict.fromkeys(hist.warnings)), notes, method), runs
+    return summary.Summary(flags, pairs, sorted(hist.runs), list(dict.fromkeys(hist.warnings)), notes, method,
+                           incidents=incidents, bits_notes=bits), runs
 
 
 def compared(hist: history.History, commit: str) -> str:

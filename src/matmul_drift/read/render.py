@@ -3,16 +3,37 @@
 JSON schema (``--format json``), one document::
 
     {
-      "version": 1,                 # of this schema
+      "version": 2,                 # of this schema
       "fail_on": ["accuracy", ...], # kinds that make the exit status 1
-      "failing": 2,                 # number of flags whose kind is in fail_on
+      "failing": 2,                 # number of flags that fail (kind in fail_on, not benign)
       "pairs": 14,                  # number of (before, after) run pairs compared
       "machines": ["name", ...],
+      "incidents": [                # the flags grouped by cause, failing incidents first
+        {
+          "key": "0123456789ab",    # names the cause apart from the commit (a nightly's issue)
+          "machine": "name",
+          "across": "commits",      # as a flag's
+          "commit": "<full hash>",  # where it happened: the later side's commit
+          "cause": "threads 2 -> 1 (OMP_NUM_THREADS, MKL_NUM_THREADS) at 663e8023",
+          "changes": ["threads: 2 -> 1", ...],  # every recorded difference of the two sides
+          "failing": true,          # one of its flags fails
+          "verdict": ["slower (square float32)", "output bits unchanged", ...],
+          "cells": [{"case": "square", "dtype": "float32", "device": "cpu", "build": "2.13.0+cpu",
+                     "bits": "same", "kernel": "renamed", "timing": "1.6x slower"}],
+                                    # one per cell, a mark per column it fills
+          "repros": [{"side": "before", "torch": "2.13.0+cpu", "command": "env -u ... explain ..."},
+                     {"side": "after", ...}],   # one per side, with that side's settings
+          "notes": ["..."],
+          "flags": [0, 3]           # indices into "flags"
+        }
+      ],
       "flags": [                    # one record per flag, grouped by machine and kind
         {
-          "kind": "kernel",         # kernel | order | map | invariance | accuracy | nonfinite |
-                                    # input | fix | timing | ulp-growth | failure
-          "failing": true,          # kind is in fail_on
+          "kind": "kernel",         # bits | kernel | order | map | invariance | accuracy |
+                                    # nonfinite | input | fix | timing | ulp-growth | failure
+          "failing": true,          # kind is in fail_on and the flag is not benign
+          "benign": "",             # why a flag of a failing kind does not fail: same output
+                                    # bits, faster, more accurate, invariance regained
           "machine": "name",
           "across": "commits",      # commits: same env, neighbouring commits;
                                     # envs: same commit, neighbouring torch versions;
@@ -43,6 +64,7 @@ JSON schema (``--format json``), one document::
       "method_notes": ["..."]       # series not compared because this project changed how it
                                     # measures them (core/series.py METHOD, or asv's version)
       "timing_notes": ["..."]       # timing differences without evidence across runs, counted
+      "bits_notes": ["..."]         # results recorded before the output digest: judged as before
       "warnings": ["..."]           # what was not read or not compared (a corrupt file skipped,
                                     # params that differ, a value skipped now), each once
     }
@@ -54,12 +76,15 @@ import json
 import math
 import re
 
+from tabulate import tabulate
+
 from matmul_drift.read.flags import ID_UNITS, KINDS, Flag, Side, format_value
+from matmul_drift.read.incidents import COLUMNS, Incident, ordered
 from matmul_drift.read.rules import repro
 from matmul_drift.read.summary import DEFAULT_FAIL_ON, Summary
 
 FORMATS = ("plain", "github", "json")
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2
 HEADERS = ["benchmark", "params", "before", "after", "change", "attribution", "repro"]
 
 
@@ -83,8 +108,13 @@ def groups(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> list[tuple[str, str, li
     for f in summary.flags:
         out.setdefault((f.machine, f.kind), []).append(f)
     order = {k: i for i, k in enumerate(KINDS)}
-    return [(m, k, fl) for (m, k), fl in sorted(out.items(), key=lambda kv: (kv[0][1] not in fail_on, kv[0][0],
-                                                                             order[kv[0][1]]))]
+    return [(m, k, fl) for (m, k), fl in sorted(out.items(), key=lambda kv: (
+        not any(f.fails(fail_on) for f in kv[1]), kv[0][0], order[kv[0][1]]))]
+
+
+def group_status(flags: list[Flag], fail_on) -> str:
+    n = sum(f.fails(fail_on) for f in flags)
+    return "failing" if n == len(flags) else "informational" if not n else f"{n} failing"
 
 
 def notes(summary: Summary) -> list[tuple[str, list[str]]]:
@@ -93,6 +123,7 @@ def notes(summary: Summary) -> list[tuple[str, list[str]]]:
         (f"method changed ({len(summary.method_notes)}, not compared)", summary.method_notes),
         (f"timing differences without evidence ({len(summary.timing_notes)}, not flagged)", summary.timing_notes),
         (f"different hardware ({len(summary.different_hardware)}, not compared)", summary.different_hardware),
+        ("output bits not recorded (judged as before)", summary.bits_notes),
     ) if lines]
 
 
@@ -104,7 +135,34 @@ def headline(summary: Summary, fail_on) -> str:
         return f"no changes flagged in {where}"
     kinds = sorted({f.kind for f in failing}, key=KINDS.index)
     fails = f"{len(failing)} failing ({', '.join(kinds)})" if failing else "none failing"
-    return f"{len(summary.flags)} flag{'s' if len(summary.flags) != 1 else ''}, {fails}, in {where}"
+    n = len(summary.incidents)
+    bad = sum(i.failing(fail_on) for i in summary.incidents)
+    return (f"{n} incident{'s' * (n != 1)} ({bad} failing): "
+            f"{len(summary.flags)} flag{'s' if len(summary.flags) != 1 else ''}, {fails}, in {where}")
+
+
+def incident_title(k: int, inc: Incident, fail_on) -> str:
+    return f"incident {k} ({'failing' if inc.failing(fail_on) else 'informational'}): {inc.cause}"
+
+
+def incident_where(inc: Incident) -> str:
+    """The pair compared, on one line."""
+    side = lambda s: s.commit[:8] + (f" torch {s.torch}" if s.torch else f" {s.env}")  # noqa: E731
+    return f"{inc.machine}, {inc.across}: {side(inc.before)} -> {side(inc.after)}"
+
+
+def cell_table(inc: Incident) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of an incident's cells: case, dtype, device, build, then only the
+    columns some cell fills."""
+    rows = inc.cells()
+    cols = [c for c in COLUMNS if any(r.get(c) for r in rows)]
+    heads = ["case", "dtype", "device", "build", *cols]
+    return heads, [[str(r.get(h, "")) for h in heads] for r in rows]
+
+
+def repro_lines(inc: Incident) -> list[str]:
+    return [f"repro {r['side']}" + (f" (torch {r['torch']})" if r.get("torch") else "") + f": {r['command']}"
+            for r in inc.repros]
 
 
 def _short_bench(name: str) -> str:
@@ -178,9 +236,19 @@ def _block(f: Flag) -> list[str]:
 def render_plain(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
     """For a terminal: the failing flags, then the informational ones, then the notes."""
     out = [f"matmul-drift summary: {headline(summary, fail_on)}"]
+    for k, inc in enumerate(ordered(summary.incidents, fail_on), 1):
+        out += ["", f"== {cut(visible(incident_title(k, inc, fail_on)))} =="]
+        out.append(cut(visible(incident_where(inc))))
+        out.append(cut(visible("verdict: " + "; ".join(inc.verdict())), 2 * LINE))
+        heads, rows = cell_table(inc)
+        table = tabulate([[visible(c) for c in r] for r in rows], headers=heads, tablefmt="plain")
+        out += ["  " + line for line in table.split("\n")]
+        out += [visible(line) for line in repro_lines(inc)]
+        out += [cut("note: " + visible(n)) for n in inc.notes]
+    if summary.flags:
+        out += ["", "== the flags, by machine and kind =="]
     for machine, kind, flags in groups(summary, fail_on):
-        status = "failing" if kind in fail_on else "informational"
-        out += ["", f"== {visible(machine)}: {kind} ({len(flags)}, {status}) =="]
+        out += ["", f"== {visible(machine)}: {kind} ({len(flags)}, {group_status(flags, fail_on)}) =="]
         for f in flags:
             out += _block(f)
     for heading, lines in notes(summary):
@@ -231,20 +299,11 @@ def _md_code(line: str) -> str:
 
 
 def render_github(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
-    """Markdown for a job summary or an issue body (GitHub-flavoured tables): the failing
-    flags, then the informational ones, then the notes."""
+    """Markdown for a job summary or an issue body (GitHub-flavoured tables): a section per
+    incident, failing ones first, its flags folded beneath it; then the notes."""
     out = ["### matmul-drift summary", "", md_escape(headline(summary, fail_on)) + "."]
-    for machine, kind, flags in groups(summary, fail_on):
-        status = "failing" if kind in fail_on else "informational"
-        out += ["", f"#### {md_escape(machine)}: {md_escape(kind)} ({len(flags)}, {status})", ""]
-        out.append("| " + " | ".join(HEADERS) + " |")
-        out.append("|" + "---|" * len(HEADERS))
-        for f in flags:
-            cells = row(f)
-            cells[4] = "\n".join(cut(d) for d in cells[4].split("\n"))
-            cells[5] = cut(why(f))
-            cells[6] = _md_code(cells[6]) if cells[6] else ""
-            out.append("| " + " | ".join(md_escape(c) if k != 6 else c for k, c in enumerate(cells)) + " |")
+    for k, inc in enumerate(ordered(summary.incidents, fail_on), 1):
+        out += ["", *incident_markdown(k, inc, fail_on)]
     for heading, lines in notes(summary):
         out += ["", f"#### {md_escape(heading)}", ""]
         out += [f"- {md_escape(n)}" for n in lines]
@@ -253,6 +312,35 @@ def render_github(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         out += [f"- {md_escape(w)}" for w in summary.warnings]
         out += ["", "</details>"]
     return "\n".join(out) + "\n"
+
+
+INCIDENT_MARK = "<!-- matmul-drift incident {key} -->"  # how a nightly finds an incident's issue
+
+
+def incident_markdown(k: int, inc: Incident, fail_on=DEFAULT_FAIL_ON) -> list[str]:
+    """One incident as a Markdown section: its cause as the heading, where, the verdict, the
+    cells' table, a repro per side, and its flags in <details>."""
+    out = [f"#### {md_escape(incident_title(k, inc, fail_on))}", INCIDENT_MARK.format(key=inc.key), "",
+           md_escape(incident_where(inc)), "", "**Verdict:** " + md_escape("; ".join(inc.verdict())), ""]
+    heads, rows = cell_table(inc)
+    out.append("| " + " | ".join(heads) + " |")
+    out.append("|" + "---|" * len(heads))
+    out += ["| " + " | ".join(md_escape(c) for c in r) + " |" for r in rows]
+    out.append("")
+    for r in inc.repros:
+        label = f"repro {r['side']}" + (f" (torch {r['torch']})" if r.get("torch") else "")
+        out.append(f"- {md_escape(label)}: {_md_code(visible(r['command']))}")
+    out += [f"- {md_escape(n)}" for n in inc.notes]
+    out += ["", f"<details><summary>{len(inc.flags)} flag{'s' * (len(inc.flags) != 1)}</summary>", ""]
+    out.append("| " + " | ".join(HEADERS) + " |")
+    out.append("|" + "---|" * len(HEADERS))
+    for f in inc.flags:
+        cells = row(f)
+        cells[4] = "\n".join(cut(d) for d in cells[4].split("\n"))
+        cells[5] = cut(why(f))
+        cells[6] = _md_code(cells[6]) if cells[6] else ""
+        out.append("| " + " | ".join(md_escape(c) if k != 6 else c for k, c in enumerate(cells)) + " |")
+    return out + ["", "</details>"]
 
 
 # ---------------------------------------------------------------------------- json
@@ -277,7 +365,8 @@ def flag_record(f: Flag, fail_on=DEFAULT_FAIL_ON) -> dict:
     """One flag as a JSON-ready dict (schema in the module docstring)."""
     return {
         "kind": f.kind,
-        "failing": f.kind in fail_on,
+        "failing": f.fails(fail_on),
+        "benign": f.benign,
         "machine": f.machine,
         "across": f.across,
         "benchmark": f.benchmark,
@@ -291,17 +380,29 @@ def flag_record(f: Flag, fail_on=DEFAULT_FAIL_ON) -> dict:
     }
 
 
+def incident_record(inc: Incident, fail_on, index: dict[int, int]) -> dict:
+    """One incident as a JSON-ready dict; ``index`` maps a flag's id() to its place in "flags"."""
+    return {"key": inc.key, "machine": inc.machine, "across": inc.across, "commit": inc.commit,
+            "cause": inc.cause, "changes": list(inc.changes), "failing": inc.failing(fail_on),
+            "verdict": inc.verdict(), "cells": inc.cells(), "repros": [dict(r) for r in inc.repros],
+            "notes": list(inc.notes), "flags": [index[id(f)] for f in inc.flags]}
+
+
 def render_json(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
+    listed = [f for _, _, flags in groups(summary, fail_on) for f in flags]
+    index = {id(f): k for k, f in enumerate(listed)}
     doc = {
         "version": JSON_SCHEMA_VERSION,
         "fail_on": sorted(fail_on, key=KINDS.index),
         "failing": len(summary.failing(fail_on)),
         "pairs": summary.pairs,
         "machines": list(summary.machines),
-        "flags": [flag_record(f, fail_on) for _, _, flags in groups(summary, fail_on) for f in flags],
+        "incidents": [incident_record(inc, fail_on, index) for inc in ordered(summary.incidents, fail_on)],
+        "flags": [flag_record(f, fail_on) for f in listed],
         "different_hardware": list(summary.different_hardware),
         "method_notes": list(summary.method_notes),
         "timing_notes": list(summary.timing_notes),
+        "bits_notes": list(summary.bits_notes),
         "warnings": list(dict.fromkeys(summary.warnings)),  # a JSON reader learns what was left out too
     }
     text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"

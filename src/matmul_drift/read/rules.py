@@ -6,7 +6,10 @@ Each benchmark series is judged by its asv unit (docs/design.md, "Units and how 
 ==========  =========================================================================
 unit        flag kind and rule
 ==========  =========================================================================
-kernel-id   ``kernel``: the id differs (any change of the ordered kernel list).
+bits-id     ``bits``: the id differs: the output bits of the full product or a slice changed
+            on the recorded inputs; the detail names which, from the catalog "bits" entries.
+kernel-id   ``kernel``: the id differs (any change of the ordered kernel list); benign where
+            the cell's output bits stayed the same (a rename).
 ulp         ``invariance``: 0 -> non-zero (lost) or non-zero -> 0 (regained);
             ``ulp-growth`` (informational): non-zero and grew by more than ``ulp_growth``.
 u           ``accuracy``: max/min of the two values exceeds ``u_tolerance``, or the value
@@ -109,7 +112,13 @@ class Ctx:
         status = s.status(j)
         return (float(s.values[j]) if status == "ok" else None), status
 
-    def flag(self, kind: str, i: int, detail: str) -> Flag:
+    def same_bits(self, i: int) -> bool | None:
+        """Whether combination ``i`` gave the same output bits on both sides; None where a side
+        recorded no digest (results made before the digest)."""
+        b, a = self.ids("bits-id", i)
+        return b == a if math.isfinite(b) and math.isfinite(a) else None
+
+    def flag(self, kind: str, i: int, detail: str, benign: str = "") -> Flag:
         vb, stb = self.value(self.sb, self.jb(i))
         va, sta = self.value(self.sa, self.ja(i))
         before, after = _side(self.pair.before, vb, stb), _side(self.pair.after, va, sta)
@@ -117,8 +126,10 @@ class Ctx:
             before.id = None if vb is None else hex_id(vb)
             after.id = None if va is None else hex_id(va)
         params = self.judge.history.params_dict(self.name, self.sb.params, self.combo(i))
+        envs = self.ids("env-id", i)
         return Flag(kind, self.pair.machine, self.pair.across, self.name, self.unit, params,
-                    before, after, detail, self.judge.attribution(self.pair, *self.ids("env-id", i)))
+                    before, after, detail, self.judge.attribution(self.pair, *envs), benign=benign,
+                    envs=envs, bits=self.ids("bits-id", i))
 
 
 def _kernel(ctx: Ctx, vb, va, both) -> list[Flag]:
@@ -133,7 +144,10 @@ def _kernel(ctx: Ctx, vb, va, both) -> list[Flag]:
             entry = cat.get("orders", ob)
             if isinstance(entry, dict) and entry.get("tree") is not None:
                 detail += f"; renamed, same order: {describe_order(entry)} (order-id {hex_id(ob)})"
-        f = ctx.flag("kernel", i, detail)
+        same = ctx.same_bits(i)
+        if same is not None:
+            detail += "; same output bits" if same else "; output bits changed"
+        f = ctx.flag("kernel", i, detail, "same output bits" if same else "")
         f.before.kernels, f.after.kernels = kb, ka
         flags.append(f)
     return flags
@@ -263,7 +277,8 @@ def _ulp(ctx: Ctx, vb, va, both) -> list[Flag]:
         if lost[i]:
             flags.append(ctx.flag("invariance", i, f"invariance lost: {change}"))
         elif regained[i]:
-            flags.append(ctx.flag("invariance", i, f"invariance regained: {change}"))
+            flags.append(ctx.flag("invariance", i, f"invariance regained: {change}",
+                                  _better(ctx, i, "invariance regained")))
         else:
             flags.append(ctx.flag("ulp-growth", i, f"drift grew {va[i] / vb[i]:.3g}x: {change}"))
     return flags
@@ -290,25 +305,52 @@ def _accuracy(ctx: Ctx, vb, va, both) -> list[Flag]:
             g = numerics.bound_name(ctx.judge.history.params_dict(ctx.name, ctx.sb.params, ctx.combo(i)).get("dtype"))
             detail += (f"; now above the {g} bound {format_value(ga[i], 'u')}" if va[i] > ga[i]
                        else f"; back within the {g} bound {format_value(ga[i], 'u')}")
-        flags.append(ctx.flag("accuracy", i, detail))
+        worse = va[i] > vb[i] or (crossed[i] and va[i] > ga[i])
+        flags.append(ctx.flag("accuracy", i, detail, "" if worse else _better(ctx, i, "more accurate")))
     return flags
 
 
+def _better(ctx: Ctx, i: int, why: str) -> str:
+    """``why`` where a change for the better need not fail on its own: the cell's output bits
+    were recorded and changed, so their flag fails; "" where no digest says so."""
+    return why if ctx.same_bits(i) is False else ""
+
+
+def _bits(ctx: Ctx, vb, va, both) -> list[Flag]:
+    cat = ctx.judge.history.catalog
+    return [ctx.flag("bits", i, bits_detail(vb[i], va[i], cat.get("bits", vb[i]), cat.get("bits", va[i])))
+            for i in np.nonzero(both & (vb != va))[0]]
+
+
+def bits_detail(id_b: float, id_a: float, eb, ea) -> str:
+    """Which outputs' bits changed (the full product, each slice), from two catalog "bits"
+    entries (part -> digest); the ids alone where an entry is missing."""
+    pb, pa = (e.get("parts", e) if isinstance(e, dict) else None for e in (eb, ea))
+    if not isinstance(pb, dict) or not isinstance(pa, dict):
+        return f"output bits {hex_id(id_b)} -> {hex_id(id_a)} (digests not in the catalog)"
+    parts = list(dict.fromkeys([*pb, *pa]))
+    moved = [_inline(k) for k in parts if pb.get(k) != pa.get(k)]
+    kept = [_inline(k) for k in parts if pb.get(k) == pa.get(k)]
+    return (f"output bits changed: {', '.join(moved) or 'none by part'}"
+            + (f"; unchanged: {', '.join(kept)}" if kept else ""))
+
+
 def _timing(ctx: Ctx, vb, va, both) -> list[Flag]:
-    """A timing change is first a suspect: beyond the factor, and apart by the 99% CIs where asv
-    recorded them (else its IQRs; for a CUDA track, do_bench's 20-80% quantiles). A run whose
-    GPU clock fell while timed is not compared (a note). It is flagged only on evidence across
-    runs (Judge.timing_evidence)."""
+    """A timing change is first a suspect: beyond the factor against the recent baseline of its
+    build (Judge.baseline), and apart by the 99% CIs where asv recorded them (else its IQRs;
+    for a CUDA track, do_bench's 20-80% quantiles). A run whose GPU clock fell while timed is
+    not compared (a note). It is flagged only on evidence across runs (Judge.timing_evidence),
+    and its detail leads with the direction that evidence found."""
     f = ctx.judge.options.time_factor
+    base, b, where = ctx.judge.baseline(ctx, vb)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = va / vb
-    big = both & (vb > 0) & ((ratio > f) | (ratio < 1 / f))
+        ratio = va / base
+    big = both & (base > 0) & ((ratio > f) | (ratio < 1 / f))
     if not big.any():
         return []
     apart = np.ones(big.shape, dtype=bool)  # without stats the ratio alone decides
     how = np.full(big.shape, "no stats", dtype=object)
-    if ctx.sb.stats is not None and ctx.sa.stats is not None:
-        b = {k: ctx.take_b(v) for k, v in ctx.sb.stats.items()}
+    if b is not None and ctx.sa.stats is not None:
         a = {k: ctx.take_a(v) for k, v in ctx.sa.stats.items()}
         # As asv compare: one sample (repeat 1) has no interval, so the factor alone decides.
         judged = (b["repeat"] != 1) & (a["repeat"] != 1)
@@ -328,13 +370,30 @@ def _timing(ctx: Ctx, vb, va, both) -> list[Flag]:
             ctx.judge.timing_note(ctx.pair.machine, "where the GPU's SM clock fell while timed (not compared)")
             continue
         slower = bool(ratio[i] > 1)
-        factor = ratio[i] if slower else 1 / ratio[i]
-        detail = (f"{format_value(vb[i], 'seconds')} -> {format_value(va[i], 'seconds')} as recorded "
-                  f"({factor:.3g}x {'slower' if slower else 'faster'})")
-        evidence = ctx.judge.timing_evidence(ctx, i, slower, how[i])
-        if evidence is not None:
-            flags.append(ctx.flag("timing", i, f"{detail}; {evidence}"))
+        found = ctx.judge.timing_evidence(ctx, i, slower, how[i], float(base[i]))
+        if found is None:
+            continue
+        direction, evidence = found
+        recorded = f"as recorded {_seconds(vb[i])} -> {_seconds(va[i])} ({_times(va[i] / vb[i])})"
+        if where[i]:
+            recorded += f", against {_seconds(base[i])} {where[i]} ({_times(ratio[i])})"
+        suspect = ctx.judge.options.timing == "suspects"  # a list to re-measure, not an alarm
+        benign = "not confirmed yet" if suspect else "faster" if direction == "faster" else ""
+        flag = ctx.flag("timing", i, f"{evidence}; {recorded}", benign)
+        flag.direction = direction
+        flags.append(flag)
     return flags
+
+
+def _seconds(value: float) -> str:
+    return format_value(float(value), "seconds")
+
+
+def _times(ratio: float) -> str:
+    """A ratio after/before in words: "1.41x faster", "1.63x slower"."""
+    if not math.isfinite(ratio) or ratio <= 0:
+        return f"ratio {ratio:.3g}"
+    return f"{ratio:.3g}x slower" if ratio >= 1 else f"{1 / ratio:.3g}x faster"
 
 
 def bench_name(name: str) -> str:
@@ -360,14 +419,22 @@ def confirmation_key(machine: str, benchmark: str, params: dict, before: Run, af
 
 
 def confirmed_text(rec: dict) -> str:
-    """A re-measurement in words: "re-measured 3 times interleaved: 1.92x slower (range 1.85-1.97)"."""
+    """A re-measurement in words, its direction first: "1.92x slower, re-measured 3 times
+    interleaved (range 1.85-1.97)"."""
     ratios = [r for r in rec.get("ratios") or [] if isinstance(r, (int, float)) and r > 0]
     if not ratios:
         return f"re-measured: {rec.get('verdict')}"
     x = sorted(r if r >= 1 else 1 / r for r in ratios)
-    mid = sorted(ratios)[len(ratios) // 2]
-    return (f"re-measured {len(ratios)} time{'s' * (len(ratios) != 1)} interleaved: {x[len(x) // 2]:.3g}x "
-            f"{'slower' if mid >= 1 else 'faster'} (range {x[0]:.3g}-{x[-1]:.3g})")
+    return (f"{x[len(x) // 2]:.3g}x {confirmed_direction(rec)}, re-measured {len(ratios)} "
+            f"time{'s' * (len(ratios) != 1)} interleaved (range {x[0]:.3g}-{x[-1]:.3g})")
+
+
+def confirmed_direction(rec: dict) -> str:
+    """"slower" or "faster": what a re-measurement found (its median ratio after/before)."""
+    ratios = sorted(r for r in rec.get("ratios") or [] if isinstance(r, (int, float)) and r > 0)
+    if not ratios:
+        return str(rec.get("direction") or "")
+    return "slower" if ratios[len(ratios) // 2] >= 1 else "faster"
 
 
 def _count(ctx: Ctx, vb, va, both) -> list[Flag]:
@@ -375,7 +442,7 @@ def _count(ctx: Ctx, vb, va, both) -> list[Flag]:
             for i in np.nonzero(both & (vb != va))[0]]
 
 
-RULES = {"kernel-id": _kernel, "order-id": _order, "fix-id": _fix, "map-id": _map, "ulp": _ulp, "u": _accuracy,
+RULES = {"bits-id": _bits, "kernel-id": _kernel, "order-id": _order, "fix-id": _fix, "map-id": _map, "ulp": _ulp, "u": _accuracy,
           "seconds": _timing, "count": _count}
 
 

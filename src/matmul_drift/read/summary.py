@@ -15,12 +15,14 @@ from matmul_drift.core.errors import UsageError
 from matmul_drift.core.ids import hex_id
 from matmul_drift.read.flags import KINDS, Flag, diff_entries, flatten
 from matmul_drift.read.history import History, Run, Series, version_key
+from matmul_drift.read.incidents import Incident, group
 from matmul_drift.read.pairing import Pair, hardware_changes, hardware_key, make_pairs
-from matmul_drift.read.rules import (RULES, Ctx, bench_name, confirmation_key, confirmed_text, judged,
-                                     series_of_unit)
+from matmul_drift.read.rules import (RULES, Ctx, bench_name, confirmation_key, confirmed_direction,
+                                     confirmed_text, judged, series_of_unit)
 from matmul_drift.store import machine as hardware
 
-DEFAULT_FAIL_ON = frozenset({"kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input", "fix"})
+DEFAULT_FAIL_ON = frozenset({"bits", "kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input",
+                             "fix", "timing"})
 ACROSS = ("commits", "envs", "both", "machines")
 TIMING = ("evidence", "suspects")
 
@@ -32,6 +34,8 @@ DEFAULT_U_TOLERANCE = 2.0
 DEFAULT_ULP_GROWTH = 2.0
 # asv compare's default factor: a 10 % step, and only when the 99 % CIs are apart.
 DEFAULT_TIME_FACTOR = 1.1
+# A time is judged against at most this many recent runs of its build (Judge.baseline).
+BASELINE_RUNS = 5
 
 
 @dataclass
@@ -75,9 +79,11 @@ class Summary:
     different_hardware: list[str] = field(default_factory=list)  # neighbouring runs never judged
     method_notes: list[str] = field(default_factory=list)  # series not compared across a method change
     timing_notes: list[str] = field(default_factory=list)  # suspected timing changes without evidence
+    incidents: list[Incident] = field(default_factory=list)  # the flags grouped by cause
+    bits_notes: list[str] = field(default_factory=list)  # results without an output digest
 
     def failing(self, fail_on) -> list[Flag]:
-        return [f for f in self.flags if f.kind in fail_on]
+        return [f for f in self.flags if f.fails(fail_on)]
 
 
 def parse_fail_on(text: str | None) -> frozenset[str]:
@@ -120,8 +126,11 @@ def summarise(history: History, options: Options | None = None) -> Summary:
     rank = {r.commit: r.rank for runs in history.runs.values() for r in runs}
     flags.sort(key=lambda f: (f.machine, order[f.kind], f.benchmark, rank[f.before.commit], rank[f.after.commit],
                               version_key(f.after.torch), f.after.env))
+    by_time = sorted(flags, key=lambda f: (f.machine, rank[f.after.commit], f.across, version_key(f.after.torch),
+                                           f.after.env))
+    incidents = group(by_time, lambda e: history.catalog.get("env", e))
     return Summary(flags, len(pairs), sorted(history.runs), history.warnings, notes, judge.method_notes(),
-                   judge.timing_notes())
+                   judge.timing_notes(), incidents, judge.digest_notes())
 
 
 
@@ -138,6 +147,7 @@ class Judge:
         self._unknown: set[str] = set()
         self._method_notes: dict[tuple, str] = {}
         self._timing_counts: dict[tuple[str, str], int] = {}
+        self._no_digest: dict[str, None] = {}  # commits whose results record no output bits
         # error_u and its bound live in one class: "drift.Drift.track_error_u" pairs with
         # "drift.Drift.track_gamma_k_u". With one bound series in all, it serves every class.
         bounds = [n for n, u in self.units.items() if u == "u-bound"]
@@ -170,12 +180,7 @@ class Judge:
         """An auxiliary series' values laid out over ``params`` (NaN where it lacks a combination)."""
         if aux is None:
             return None
-        if aux.params is params:
-            return aux.values
-        idx = self.index_map(aux.params, params)
-        if not aux.values.size:
-            return np.full(idx.shape, np.nan)
-        return np.where(idx >= 0, aux.values[np.maximum(idx, 0)], np.nan)
+        return aux.values if aux.params is params else self.lay(aux, aux.values, params)
 
     def align(self, sb: Series, sa: Series):
         """(ib, ia): indices into before/after of the combinations both have (None: identical)."""
@@ -189,6 +194,9 @@ class Judge:
 
     def pair(self, pair: Pair) -> list[Flag]:
         B, A = pair.before, pair.after
+        for run in (B, A):  # results made before the digest: their bits are judged as before
+            if series_of_unit(run, self.units, "bits-id") is None:
+                self._no_digest.setdefault(run.commit, None)
         flags: list[Flag] = []
         unmatched = 0  # combinations of one run with no counterpart in the other (params changed)
         now_skipped: list[str] = []  # measured before, skipped (NaN) after: never compared, but said
@@ -298,9 +306,60 @@ class Judge:
 
     # -- timing: evidence across runs, never within one run
 
-    def timing_evidence(self, ctx: Ctx, i: int, slower: bool, within: str) -> str | None:
-        """Why a suspected timing change is a flag (the evidence, in words), or None when it is
-        not one (then counted in a note). In order: across commits, an environment (env-id)
+    def baseline(self, ctx: Ctx, vb: np.ndarray):
+        """(baseline, its asv stats or None, where it came from): what a time ``vb`` (the run
+        before, aligned as ``ctx`` aligns) is judged against. Across commits, the recent history
+        of the build: the last BASELINE_RUNS runs up to the run before that recorded the same
+        environment (env-id) and method; the median run of three or more, else the faster
+        (load only adds time, so one busy night neither raises a flag nor hides the next).
+        ``where`` is "" where the baseline is the run before's own value."""
+        pair = ctx.pair
+        stats = None if ctx.sb.stats is None else {k: ctx.take_b(v) for k, v in ctx.sb.stats.items()}
+        where = np.full(vb.shape, "", dtype=object)
+        if pair.across != "commits" or pair.at < 1 or stats is None:
+            return vb, stats, where
+        env_of = lambda run: ctx.take_b(self.on(series_of_unit(run, self.units, "env-id"),  # noqa: E731
+                                                 ctx.sb.params))
+        env_b = env_of(pair.before)
+        cols, runs = [(vb, stats)], [pair.before]
+        for run in pair.chain[max(0, pair.at - BASELINE_RUNS + 1):pair.at]:
+            s = run.series.get(ctx.name)
+            if s is None or s.version != ctx.sa.version or self._method_differs(run, pair.before, ctx.name):
+                continue
+            keep = env_of(run) == env_b
+            values = np.where(keep, ctx.take_b(self.on(s, ctx.sb.params)), np.nan)
+            laid = {k: ctx.take_b(self.lay(s, s.stats[k] if s.stats else None, ctx.sb.params))
+                    for k in stats}
+            cols.append((values, laid))
+            runs.append(run)
+        if len(cols) == 1:
+            return vb, stats, where
+        values = np.vstack([c[0] for c in cols])
+        valid = np.isfinite(values)
+        count = valid.sum(axis=0)
+        ranked = np.argsort(np.where(valid, values, np.inf), axis=0, kind="stable")
+        pick = ranked[np.where(count >= 3, (count - 1) // 2, 0), np.arange(values.shape[1])]
+        pick[count == 0] = 0
+        cols_at = np.arange(values.shape[1])
+        base = values[pick, cols_at]
+        picked = {k: np.vstack([c[1][k] for c in cols])[pick, cols_at] for k in stats}
+        for j in np.nonzero(pick != 0)[0]:
+            how = "the median" if count[j] >= 3 else "the faster"
+            where[j] = f"at {runs[pick[j]].commit[:8]}, {how} of {count[j]} runs in this environment"
+        return base, picked, where
+
+    def lay(self, s: Series, values: np.ndarray | None, params: tuple) -> np.ndarray:
+        """An array over ``s``'s combinations (its values, or one of its stats) laid out over
+        ``params``: NaN where ``s`` lacks a combination or ``values`` is None."""
+        idx = self.index_map(s.params, params)
+        if values is None or not np.size(values):
+            return np.full(idx.shape, np.nan)
+        return np.where(idx >= 0, np.asarray(values, dtype=float)[np.maximum(idx, 0)], np.nan)
+
+    def timing_evidence(self, ctx: Ctx, i: int, slower: bool, within: str, base: float):
+        """(direction, evidence in words, the direction's factor first) that makes a suspected
+        timing change a flag, or None when it is not one (then counted in a note). ``base`` is
+        the baseline the suspect was found against (seconds). In order: across commits, an environment (env-id)
         that did not change says the machine moved, not torch; a re-measurement recorded for this pair
         (results/confirm: confirmed or not); across builds, the same difference at the previous
         commit (as before: nothing changed); the change held at the next run, settings unchanged
@@ -323,22 +382,25 @@ class Judge:
             if self.options.timing == "suspects":
                 return None  # judged already: nothing to measure again
             if rec.get("verdict") == "confirmed":
-                return confirmed_text(rec)
+                return confirmed_direction(rec), confirmed_text(rec)
             self.timing_note(pair.machine, "re-measured and not confirmed (noise)")
             return None
         if prev is not None and self._beyond(prev[0], slower):
             self.timing_note(pair.machine, "between two builds as at the commit before (not a change)")
             return None
+        direction = "slower" if slower else "faster"
         if self.options.timing == "suspects":
-            return within
-        held = self._held(pair, ctx, i, slower)
+            ratio = self._value(pair.after, ctx, i) / base
+            return direction, f"{self._factor(ratio)}, suspected ({within})"
+        held = self._held(pair, ctx, i, slower, base)
         if held is None:
             self.timing_note(pair.machine, "suspected at the latest run, not confirmed yet (a re-measurement or "
                                             "the next run decides)")
         elif held is False:
             self.timing_note(pair.machine, "gone at the next run (transient)")
         else:
-            return held
+            ratio = self._value(pair.after, ctx, i) / base
+            return direction, f"{self._factor(ratio)}, {held}"
         return None
 
     def _env_same(self, env_b: float, env_a: float) -> bool:
@@ -369,11 +431,10 @@ class Judge:
         laid = self.on(s, ctx.sa.params)
         return math.nan if laid is None else float(laid[ctx.ja(i)])
 
-    def _held(self, pair: Pair, ctx: Ctx, i: int, slower: bool):
+    def _held(self, pair: Pair, ctx: Ctx, i: int, slower: bool, base: float):
         """Persistence: the text of the evidence when the next run (the next commit's, between the
         same builds, for envs) shows the change again with its settings unchanged; False when it
         shows none; None when there is no next run to ask."""
-        vb = self._value(pair.before, ctx, i)
         if pair.across == "envs":
             nxt = self._same_builds(pair, ctx, i, +1)
             if nxt is None:
@@ -390,7 +451,7 @@ class Judge:
         vn = self._value(run, ctx, i)
         if not env_same or not math.isfinite(vn) or self._method_differs(pair.after, run, ctx.name):
             return None
-        ratio = vn / vb
+        ratio = vn / base
         return (f"held at the next run: {self._factor(ratio)} at {run.commit[:8]}"
                 if self._beyond(ratio, slower) else False)
 
@@ -454,6 +515,15 @@ class Judge:
             f"{pair.machine}: {key}: method {vb} -> {va} between {B.commit[:8]} and {A.commit[:8]}"
             + (f" ({what})" if what else "")))
         return True
+
+    def digest_notes(self) -> list[str]:
+        """One note for every result without an output digest (recorded before it was)."""
+        found = list(self._no_digest)
+        if not found:
+            return []
+        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+        return [f"output bits: the results at {found[0][:8]}{more} record no digest (bits-id); their bits "
+                "are judged through kernels, orders and drifts, as before"]
 
     def method_notes(self) -> list[str]:
         return list(self._method_notes.values())
