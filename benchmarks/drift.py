@@ -52,6 +52,9 @@ class Drift:
     def track_kernel_id(self, cache, case, dtype, device):
         return self.values["kernel_id"]
 
+    def track_bits_id(self, cache, case, dtype, device):
+        return self.values["bits_id"]
+
     def track_env_id(self, cache, case, dtype, device):
         return self.values["env_id"]
 

@@ -36,6 +36,9 @@ def test_explain_json_contract():
     assert set(r["kernels"]) == {"full", "slice_n", "slice_m"}
     assert any("SGEMM" in k for k in r["kernels"]["full"])
     assert len(r["input_checksum"]) == 64
+    assert set(r["bits"]) == {"full", "slice_n=7", "slice_m=3"}
+    assert all(len(h) == 64 for h in r["bits"].values())
+    assert r["bits_id"] == ids.hex_id(ids.object_id(r["bits"]))
     assert r["environment"]["torch"]["version"] == torch.__version__
     assert r["verdict"]["kind"] in ("bit-identical", "rounding")
     t = r["seconds"]
@@ -58,6 +61,9 @@ def test_explain_files_1d_and_text(tmp_path):
     assert rc == 0, err
     assert "bit-identical" in out.splitlines()[-1]
     assert "error_u (u)" in out and "kernels (normalised)" in out
+    # the full product's digest beside its bits-id, the slice's in the drift table (12 hex each)
+    assert re.search(r"^bits-id +[0-9a-f]{12} \(full product's sha256 [0-9a-f]{12}\)$", out, re.M)
+    assert re.search(r"^slice_n +3 .* [0-9a-f]{12}$", out, re.M)
 
 
 @pytest.mark.parametrize(

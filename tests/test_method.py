@@ -30,6 +30,7 @@ SOURCES = {
     "slice_m_ulp": _ACCURACY, "run_to_run_ulp": _ACCURACY,
     "kernel_id": [*_VALUES, "measure/kernels.py"],
     "input_id": _VALUES,
+    "bits_id": _VALUES,  # the outputs measure_operands holds, hashed there
     "cuda_seconds": _VALUES, "cuda_q20_seconds": _VALUES, "cuda_q80_seconds": _VALUES, "cuda_clock_fell": _VALUES,
     "fix_cost": [*_VALUES, "probes/fixes.py", "probes/fixfind.py", "probes/fixrun.py"],
     "fix_id": [*_VALUES, "probes/fixes.py", "probes/fixfind.py", "probes/fixrun.py"],

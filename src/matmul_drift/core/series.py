@@ -12,6 +12,8 @@ UNITS = {
     "slice_m_ulp": "ulp",
     "run_to_run_ulp": "ulp",
     "kernel_id": "kernel-id",
+    # the id of the sha256 of each output's bits (full product, each slice): any change of bits
+    "bits_id": "bits-id",
     "env_id": "env-id",
     "input_id": "input-id",
     "cuda_seconds": "seconds",
@@ -35,7 +37,7 @@ UNITS = {
 METHOD = {
     "error_u": 1, "nonfinite": 2, "gamma_k_u": 1, "slice_n_ulp": 1, "slice_m_ulp": 1, "run_to_run_ulp": 1,
     "kernel_id": 5, "input_id": 1, "cuda_seconds": 2, "fix_cost": 1, "fix_id": 1, "order_id": 4, "time_matmul": 1,
-    "map_id": 1, "cuda_q20_seconds": 1, "cuda_q80_seconds": 1, "cuda_clock_fell": 1,
+    "map_id": 1, "cuda_q20_seconds": 1, "cuda_q80_seconds": 1, "cuda_clock_fell": 1, "bits_id": 1,
 }
 
 # (series, the version it starts, the first commit that measured with it, what changed). A result

@@ -175,7 +175,8 @@ def track_values(m, root) -> dict:
     """The numbers asv records for one Measurement; stores its catalog entries under ``root``."""
     kid = catalog.store(root, "kernels", kernel_entry(m.device, m.kernels))
     eid = catalog.store(root, "env", m.environment)
-    assert kid == m.kernel_id and eid == m.env_id
+    bid = catalog.store(root, "bits", m.bits)
+    assert kid == m.kernel_id and eid == m.env_id and bid == m.bits_id
     return {
         "error_u": NAN if m.error_u is None else m.error_u,
         "nonfinite": float(m.nonfinite["product"]),
@@ -184,6 +185,7 @@ def track_values(m, root) -> dict:
         "slice_m_ulp": _worst(m.slice_m),
         "run_to_run_ulp": float(m.run_to_run["max_ulp"]),
         "kernel_id": float(m.kernel_id),
+        "bits_id": float(m.bits_id),
         "env_id": float(m.env_id),
         "input_id": float(int(m.input_checksum[: ids.ID_HEX_DIGITS], 16)),
         **cuda_timing(m.seconds if m.device == "cuda" else None),

@@ -1,14 +1,15 @@
 """One case in, one Measurement out.
 
 Error against the exact product (reference.py) computed on the case's device, slice drift
-(``slice_n``, ``slice_m``), run-to-run drift, the kernels that ran, the environment
-and the time. Inputs come from inputs.py, so the same case gives the same bits
-everywhere; their checksum travels with the result.
+(``slice_n``, ``slice_m``), run-to-run drift, the kernels that ran, a digest of each
+output's bits, the environment and the time. Inputs come from inputs.py, so the same case
+gives the same bits everywhere; their checksum travels with the result.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -55,6 +56,10 @@ class Measurement:
     run_to_run: dict = field(default_factory=dict)
     kernels: dict = field(default_factory=dict)
     kernel_id: int = 0
+    # sha256 (hex) of each output's raw bits by part ("full", "slice_n=45999", "slice_m=3":
+    # bits_part) and the id of that dict: a change of bits shows under the same kernels and drifts
+    bits: dict = field(default_factory=dict)
+    bits_id: int = 0
     environment: dict = field(default_factory=dict)
     env_id: int = 0
     input_checksum: str = ""
@@ -264,10 +269,22 @@ def on_host(t) -> tuple[np.ndarray, np.ndarray]:
     return tensor_bits(t), t.double().cpu().numpy()
 
 
-def compare(x_bits, x, y_tensor, absprod: tuple, dtype, cut, k, precision=None) -> dict:
-    """numerics.drift of ``y_tensor`` against ``x`` over ``cut``; ``absprod``: (|A||B|·2^-e, e)
-    as Reference.absprod_pow2() gives it (e None where |A||B| overflows nowhere)."""
-    y_bits, y = on_host(y_tensor)
+def bits_digest(bits: np.ndarray) -> str:
+    """sha256 (64 hex digits) of an output's raw bits (tensor_bits) in C order: bit patterns, so
+    -0.0 and 0.0, or two NaN payloads, differ; shape and dtype are the cell's and left out."""
+    return hashlib.sha256(np.ascontiguousarray(bits)).hexdigest()
+
+
+def bits_part(kind: str, size: int, form: str = "as-is") -> str:
+    """The name of a slice's output in Measurement.bits: "slice_n=45999", "slice_n=45999 2d"."""
+    return f"{kind}={size}" + ("" if form == "as-is" else f" {form}")
+
+
+def compare(x_bits, x, y_host: tuple, absprod: tuple, dtype, cut, k, precision=None) -> dict:
+    """numerics.drift of ``y_host`` (on_host's pair) against ``x`` over ``cut``; ``absprod``:
+    (|A||B|·2^-e, e) as Reference.absprod_pow2() gives it (e None where |A||B| overflows
+    nowhere)."""
+    y_bits, y = y_host
     scaled, e = absprod
     return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], scaled[cut], dtype, k, precision,
                           None if e is None else e[cut])
@@ -352,6 +369,7 @@ def measure_operands(
             return y
 
         slices_n, pairs = [], []
+        bits = {"full": bits_digest(c_bits)}  # each output hashed where it is on the host anyway
         paired = {n for pair in case.pairs for n in pair}
         for form in case.forms:
             a_form = ops.a.unsqueeze(0) if form == "2d" else ops.a
@@ -363,10 +381,13 @@ def measure_operands(
                 if form == "2d":
                     y = y.squeeze(0)
                 cols = min(n, case.compare_cols or n)
-                d = compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, cols)), k, precision)
+                y_host = on_host(y)
+                bits[bits_part("slice_n", n, form)] = bits_digest(y_host[0])
+                cut = (Ellipsis, slice(0, cols))
+                d = compare(c_bits, c_val, y_host, absprod, dtype, cut, k, precision)
                 slices_n.append({"n": n, "form": form, "cols": cols, **d})
                 if n in paired:
-                    held[n] = on_host(y)
+                    held[n] = y_host
             for na, nb in case.pairs:
                 if na in held and nb in held:
                     cols = min(na, nb, case.compare_cols or na)
@@ -385,7 +406,10 @@ def measure_operands(
             a_m = ops.a[..., :m, :]
             y = traced(lambda a_m=a_m: ops.product(a_m), f"m={m}", routes_m)
             _keep_rows(rows, m, y, routes_m[-1][1] if with_kernels else None)
-            d = compare(c_bits, c_val, y, absprod, dtype, (Ellipsis, slice(0, m), slice(None)), k, precision)
+            y_host = on_host(y)
+            bits[bits_part("slice_m", m)] = bits_digest(y_host[0])
+            cut = (Ellipsis, slice(0, m), slice(None))
+            d = compare(c_bits, c_val, y_host, absprod, dtype, cut, k, precision)
             slices_m.append({"m": m, **d})
         if routes_n:
             kern.update(kernels.merged("slice_n", routes_n))
@@ -402,6 +426,7 @@ def measure_operands(
         error_u=err.pop("error_u"), gamma_k_u=numerics.bound_u(k, dtype, precision), error=err, nonfinite=nonfinite,
         reference=ref.describe(u), slice_n=slices_n, slice_m=slices_m,
         run_to_run=run_to_run, kernels=kern, kernel_id=ids.object_id(kernel_entry(device, kern)),
+        bits=bits, bits_id=ids.object_id(bits),
         environment=env, env_id=ids.object_id(env), input_checksum=checksum, seconds=seconds,
         layout={"a": describe_layout(ops.a), "b": describe_layout(ops.b)}, slice_pairs=pairs,
         reference_seconds=top.ref_seconds,
@@ -416,7 +441,8 @@ def repeat_drift(ops: Operands, c_bits, c_val, absprod: tuple, dtype: str, k: in
     worst = {"max_ulp": 0, "max_u": 0.0, "max_u_entries": 0, "frac_differ": 0.0, "nonfinite_differ": 0,
              "sign_changes": 0, "beyond_bound": 0}
     for _ in range(max(repeat - 1, 0)):
-        d = compare(c_bits, c_val, ops.product(), absprod, dtype, (Ellipsis,), k, precision)
+        d = compare(c_bits, c_val, on_host(ops.product()), absprod, dtype, (Ellipsis,), k,
+                    precision)
         if (d["frac_differ"], d["max_ulp"]) >= (worst["frac_differ"], worst["max_ulp"]):
             worst = {key: d[key] for key in worst}
     return worst

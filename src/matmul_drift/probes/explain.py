@@ -17,7 +17,7 @@ from tabulate import tabulate
 from matmul_drift.core import cases, ids, numerics
 from matmul_drift.core.errors import UsageError
 from matmul_drift.measure.kernels import unique
-from matmul_drift.measure.measure import Measurement
+from matmul_drift.measure.measure import Measurement, bits_part
 
 DRIFT_KEYS = ("max_u", "max_u_entries", "frac_differ", "max_ulp", "sign_changes", "nonfinite_differ", "beyond_bound")
 LEGEND = (
@@ -72,6 +72,8 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
         "run_to_run": dict(m.run_to_run),
         "kernels": _kernels(m.kernels),
         "kernel_id": f"{m.kernel_id:012x}",
+        "bits": m.bits,
+        "bits_id": f"{m.bits_id:012x}",
         "slices": {"n": m.slice_n, "m": m.slice_m},
         "slice_pairs": m.slice_pairs,
         "input_checksum": m.input_checksum,
@@ -305,6 +307,9 @@ def render(r: dict) -> str:
         ["seconds per product", _seconds(r["seconds"])], ["input checksum", r["input_checksum"][:16]],
         ["kernel-id", r["kernel_id"]], ["env-id", r["env_id"]],
     ]
+    bits = r.get("bits") or {}  # none in a report saved before outputs were hashed
+    if bits:
+        head.append(["bits-id", f"{r['bits_id']} (full product's sha256 {bits['full'][:12]})"])
     if r.get("layout"):
         head.insert(4, ["layout", ", ".join(f"{k} strides {v['strides']}" for k, v in r["layout"].items()
                                             if isinstance(v, dict))])
@@ -313,13 +318,17 @@ def render(r: dict) -> str:
         head.insert(5, ["non-finite", ", ".join(f"{k} {v}" for k, v in nf.items())])
     rows = []
     for row in r["slices"]["n"]:
-        rows.append(["slice_n", row["n"], row.get("form", ""), row.get("cols", row["n"]), *_drift_cells(row)])
+        digest = bits.get(bits_part("slice_n", row["n"], row.get("form", "as-is")), "")[:12]
+        rows.append(["slice_n", row["n"], row.get("form", ""), row.get("cols", row["n"]),
+                     *_drift_cells(row), digest])
     for row in r["slices"]["m"]:
-        rows.append(["slice_m", row["m"], "", "", *_drift_cells(row)])
+        digest = bits.get(bits_part("slice_m", row["m"]), "")[:12]
+        rows.append(["slice_m", row["m"], "", "", *_drift_cells(row), digest])
     parts = [tabulate(head, tablefmt="simple")]
     if rows:
-        parts.append(tabulate(rows, headers=["drift", "n/m", "A form", "cols", "max_u", "entries differ", "max ulp",
-                                             "sign changes", "non-finite", "max |diff|", "ulp there"]))
+        headers = ["drift", "n/m", "A form", "cols", "max_u", "entries differ", "max ulp",
+                   "sign changes", "non-finite", "max |diff|", "ulp there", "sha256"]
+        parts.append(tabulate(rows, headers=headers))
     parts += [_pair_text(p) for p in r.get("slice_pairs") or []]
     kern = [[name, "\n".join(names)] for name, names in r["kernels"].items() if names]
     parts.append(tabulate(kern, headers=["product", "kernels (normalised)"]))

@@ -147,7 +147,8 @@ def run(spec: dict, peer=None) -> dict:
             routes: dict[str, list] = {}  # kind: [(slice label, its kernels)], one per call
             for kind, label, call, cut in computations(ops, case, {**spec, "code": code}):
                 y, names = (call(), []) if lean else kernels.traced(call, device)
-                d = measure.compare(bits, values, y, absprod, dtype, cut, k, precision)
+                y_host = measure.on_host(y)
+                d = measure.compare(bits, values, y_host, absprod, dtype, cut, k, precision)
                 out["drift"][kind] = _worse(d, out["drift"].get(kind))
                 routes.setdefault(kind, []).append((label, names))
             for kind, per_call in routes.items():  # each call's own route where they differ, as explain's

@@ -1,4 +1,4 @@
-"""Content-addressed strings (kernel lists, environments) kept beside the asv results.
+"""Content-addressed texts (kernel lists, environments, output digests) beside the asv results.
 
 An id is 48 bits of the sha256 of a canonical JSON text (core/ids.py). Each text is
 stored once under ``<root>/<kind>/<12 hex>.json``. Writes go to a temporary file and
@@ -15,7 +15,7 @@ from matmul_drift.core import ids, trees
 from matmul_drift.core.ids import ID_HEX_DIGITS, hex_id
 from matmul_drift.store import atomic, bounded
 
-KINDS = ("kernels", "env", "fixes", "orders", "maps")
+KINDS = ("kernels", "env", "fixes", "orders", "maps", "bits")
 
 
 def default_root() -> Path:
