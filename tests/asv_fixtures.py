@@ -68,6 +68,7 @@ FIX_COST = "drift.Drift.track_fix_cost"
 FIX_ID = "drift.Drift.track_fix_id"
 ORDER_ID = "drift.Drift.track_order_id"
 MAP_ID = "drift.Drift.track_map_id"
+BITS = "drift.Drift.track_bits_id"  # only in trees written with bits=True (results with a digest)
 TIME = "timing.Time.time_matmul"
 
 DTYPES = ("float64", "float32", "float16", "bfloat16", "float32-tf32", "float32-high")
@@ -91,6 +92,7 @@ class Tree:
     params: list[list[str]]  # asv repr strings
     combos: list[dict[str, str]]  # display values, in asv's product order
     files: list[Path] = field(default_factory=list)
+    benchmarks: dict[str, tuple[str, str]] = field(default_factory=lambda: dict(BENCHMARKS))
 
     @property
     def asv_dir(self) -> Path:
@@ -178,6 +180,14 @@ def map_entry(case: str, dtype: str, device: str = "cpu", runs: list[dict] | Non
             "measured": sorted({m for r in runs for m in (r["lo"], r["hi"])}), "range_size": MAP_TOP}
 
 
+def bits_id(catalog_dir: Path, cell: str, moved: tuple[str, ...] = ()) -> int:
+    """The bits-id of a catalog "bits" entry (part -> sha256, as measure.bits_digest writes) for
+    ``cell``: the full product and one slice, each part in ``moved`` with other bits."""
+    parts = {p: hashlib.sha256(f"{cell} {p} {'moved' if p in moved else ''}".encode()).hexdigest()
+             for p in ("full", "slice_n=63")}
+    return catalog.store(catalog_dir, "bits", parts)
+
+
 def order_tree(how: str, k: int = 8):
     """A hand-built order over k products: "sequential" (left-deep) or "pairwise"."""
     parts = list(range(k))
@@ -206,9 +216,12 @@ def write_tree(
     devices: tuple[str, ...] = ("cpu",),
     kernel_names: list[str] | None = None,
     adjust: Callable[[int, int, dict], None] | None = None,
+    bits: bool = False,
 ) -> Tree:
     """Write benchmarks.json, machine.json, n_commits x len(torch_versions) results files and
-    the catalog entries they name, under ``root`` (RESULTS_DIR layout). Returns the Tree."""
+    the catalog entries they name, under ``root`` (RESULTS_DIR layout). Returns the Tree.
+    ``bits``: the results record each cell's output digest (track_bits_id), as results made
+    since the digest do; without it, as results made before."""
     root = Path(root)
     names = kernel_names or default_kernel_names()
     params = [_repr(cases), _repr(dtypes), _repr(devices)]
@@ -220,7 +233,8 @@ def write_tree(
     tree.machine_dir.mkdir(parents=True, exist_ok=True)
 
     benchmarks = {"version": 2}
-    for name, (unit, kind) in BENCHMARKS.items():
+    tree.benchmarks = {**BENCHMARKS, BITS: ("bits-id", "track")} if bits else BENCHMARKS
+    for name, (unit, kind) in tree.benchmarks.items():
         b = {"code": f"def {name.rsplit('.', 1)[1]}(self, case, dtype, device): ...", "name": name,
              "param_names": PARAM_NAMES, "params": params, "timeout": 600.0, "type": kind, "unit": unit,
              "version": bench_version(name)}
@@ -235,7 +249,7 @@ def write_tree(
 
     # Per-combination values that do not depend on commit or environment.
     kernel_ids: dict[tuple[str, str], int] = {}
-    base: dict[str, list] = {n: [] for n in BENCHMARKS}
+    base: dict[str, list] = {n: [] for n in tree.benchmarks}
     for i, c in enumerate(combos):
         dtype, device = c["dtype"], c["device"]
         skipped = dtype == "float32-tf32" and device == "cpu"  # TF32 exists on CUDA only
@@ -257,6 +271,8 @@ def write_tree(
         base[FIX_ID].append(nan if skipped else catalog.store(cat, "fixes", fix_entry(device, drifts)))
         base[ORDER_ID].append(nan if skipped else order.store(cat, order_tree("sequential"), 8))
         base[MAP_ID].append(nan if skipped else catalog.store(cat, "maps", map_entry(c["case"], dtype, device)))
+        if bits:
+            base[BITS].append(nan if skipped else bits_id(cat, f"{c['case']} {dtype} {device}"))
         base[FIX_COST].append(nan if skipped else (1.25 if drifts else 1.0))
         base[CUDA_SECONDS].append(nan if device == "cpu" or skipped else 1e-4 * (1 + i % 5))
         base[CUDA_Q20].append(base[CUDA_SECONDS][-1] * 0.99)  # NaN stays NaN
@@ -282,7 +298,7 @@ def _results_data(tree: Tree, ci: int, ei: int, base: dict, env_values: list) ->
     results = {}
     # Timing jitters by < 1 % from run to run: noise, never a flag at a 1.1 factor.
     jitter = 1 + ((ci * 7 + ei * 3) % 5 - 2) * 0.002
-    for name, (unit, kind) in BENCHMARKS.items():
+    for name, (unit, kind) in tree.benchmarks.items():
         values = env_values if name == ENV else base[name]
         row = [None] * len(RESULT_COLUMNS)
         row[COL["params"]] = tree.params
