@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -196,6 +198,9 @@ def test_the_issue_step_files_one_issue_when_every_machine_failed(wf, tmp_path, 
     (bin_dir / "gh").chmod(0o755)
     (tmp_path / "summary").mkdir()
     (tmp_path / "summary/summary.md").write_text("### matmul-drift summary\nold flags\n")
+    (tmp_path / "summary/incidents").mkdir()  # tonight's one failing incident
+    (tmp_path / "summary/incidents/0123456789ab.md").write_text("#### incident 1\nold flags\n")
+    (tmp_path / "summary/incidents/0123456789ab.title").write_text("matmul-drift: x [0123456789ab]")
     job = wf["jobs"]["issue"]
     assert "needs.merge.outputs.reported == ''" in job["if"]
     p = _run_step(job["steps"][-1], tmp_path, {"PATH": f"{bin_dir}:{os.environ['PATH']}", "REPORTED": reported,
@@ -208,3 +213,56 @@ def test_the_issue_step_files_one_issue_when_every_machine_failed(wf, tmp_path, 
         assert "old flags" not in log and "h100 a100" in log  # no flag re-filed; who failed is named
     else:
         assert "old flags" in log and "Did not report tonight: a100" in log
+
+
+def test_one_issue_per_failing_incident_updated_while_it_persists(wf, tmp_path):
+    """The merge's count step turns the night's summary into one body per failing incident; the
+    issue step files each once, and on a later night edits the open issue whose title ends in
+    the incident's key instead of filing another. `gh` is a stand-in that records its calls and
+    answers `issue list` from a file of open issues."""
+    import asv_fixtures as F
+
+    from matmul_drift.jobs import nightly
+    from matmul_drift.read import history, summary
+
+    def adjust(ci, ei, data):  # two causes at one commit: a torch build pair and, alone, nothing
+        if ei == 1:
+            F.set_value(data, F.ERROR_U, 1, 50.0)
+    tree = F.write_tree(tmp_path / "tree" / "results", n_commits=1, adjust=adjust)
+    result = summary.summarise(history.read_history(tree.root))
+    (inc,) = result.incidents
+    summaries = tmp_path / "nightly" / "summaries"
+    summaries.mkdir(parents=True)
+    doc = {"failing": 1, "issues": nightly.incident_issues(result, summary.DEFAULT_FAIL_ON)}
+    (summaries / "2026-01-02-all.json").write_text(json.dumps(doc))
+    (summaries / "2026-01-02-all.md").write_text("whole summary\n")
+    p = _run_step(_step(wf, "merge", "Count the failing flags"), tmp_path, {})
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "incidents" / f"{inc.key}.title").read_text().endswith(f"[{inc.key}]")
+    # what the artifact brings to the issue job
+    shutil.copytree(tmp_path / "incidents", tmp_path / "summary" / "incidents")
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gh").write_text(textwrap.dedent("""\
+        #!/usr/bin/env bash
+        printf '%s\\n' "$*" >> "$GH_CALLS"
+        if [ "$1 $2" = "issue list" ]; then cat "$GH_OPEN"; fi
+        """))
+    (bin_dir / "gh").chmod(0o755)
+    step = _step(wf, "issue", "Open or update the drift issue")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GH_CALLS": str(tmp_path / "calls"),
+           "GH_OPEN": str(tmp_path / "open"), "REPORTED": "h100", "MISSING": "", "RUN_URL": "https://x/run/1"}
+    (tmp_path / "open").write_text("")  # no issue open: the first night files one
+    assert _run_step(step, tmp_path, env).returncode == 0
+    calls = (tmp_path / "calls").read_text().splitlines()
+    created = [c for c in calls if c.startswith("issue create")]
+    assert len(created) == 1 and f"[{inc.key}]" in created[0] and not any(c.startswith("issue edit") for c in calls)
+    assert "matmul-drift incident " + inc.key in (tmp_path / "body.md").read_text()
+    (tmp_path / "calls").write_text("")
+    (tmp_path / "open").write_text("17\n")  # the next night: the same incident's issue is open
+    assert _run_step(step, tmp_path, env).returncode == 0
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[:3] for c in calls if c.startswith("issue ") and not c.startswith("issue list")] == [
+        ["issue", "edit", "17"], ["issue", "comment", "17"]]
+    assert any(inc.key in c for c in calls if c.startswith("issue list"))

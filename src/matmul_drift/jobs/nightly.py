@@ -39,6 +39,7 @@ from pathlib import Path
 from matmul_drift.core.errors import UsageError
 from matmul_drift.jobs import asvrun, axis, resultsbranch, site, suite
 from matmul_drift.read import history, latest, render, summary
+from matmul_drift.read.incidents import ordered
 from matmul_drift.store import atomic, scratch
 from matmul_drift.store import machine as hardware
 from matmul_drift.store.lock import Locked, TreeLock
@@ -305,6 +306,7 @@ def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[d
                     *_failed_md(nights)]) + "\n"
     doc = json.loads(render.render_json(result, fail_on))
     doc["nights"] = nights
+    doc["issues"] = incident_issues(result, fail_on)
     texts = {tree / SUMMARIES / f"{name}.md": md,
              tree / SUMMARIES / f"{name}.json": json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"}
     for path, text in texts.items():
@@ -321,6 +323,22 @@ def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[d
         with open(step, "a", encoding="utf-8") as fh:
             fh.write(md + "\n")
     return md_path, json_path, render.render_plain(result, fail_on)
+
+
+ISSUE_TITLE = 240  # characters of an issue title (GitHub takes 256)
+
+
+def incident_issues(result: summary.Summary, fail_on) -> list[dict]:
+    """One GitHub issue per incident, for the workflow: {"key", "failing", "title", "body"}.
+    The title ends in "[key]", by which the next night finds the issue of an incident that
+    persists and updates it instead of filing another."""
+    out = []
+    for k, inc in enumerate(ordered(result.incidents, fail_on), 1):
+        title = f"matmul-drift: {render.visible(inc.cause)}"
+        title = (title if len(title) <= ISSUE_TITLE else title[:ISSUE_TITLE - 1] + "…") + f" [{inc.key}]"
+        out.append({"key": inc.key, "failing": inc.failing(fail_on), "title": title,
+                    "body": "\n".join(render.incident_markdown(k, inc, fail_on)) + "\n"})
+    return out
 
 
 def read_tree(tree: Path) -> history.History:
