@@ -171,7 +171,7 @@ def _notes(result: summary.Summary) -> list[str]:
             for heading, lines in render.notes(result)]
 
 
-ID_SERIES = (("kernel-id", "k", "kernels"), ("order-id", "o", "orders"), ("fix-id", "f", "fixes"),
+ID_SERIES = (("bits-id", "b", "bits"), ("kernel-id", "k", "kernels"), ("order-id", "o", "orders"), ("fix-id", "f", "fixes"),
              ("map-id", "m", "maps"))
 LINKED = ("kernel-id", "order-id")  # the id series whose ids the page names in a table of their own
 
@@ -209,7 +209,7 @@ def changes(hist: history.History) -> list[dict]:
 
 def _changes_table(hist: history.History) -> list[str]:
     found = changes(hist)
-    out = ['<h2 id="changes">Kernel, order, fix and map changes per case</h2>',
+    out = ['<h2 id="changes">Output bits, kernel, order, fix and map changes per case</h2>',
            "<p>asv's graphs draw these ids as numbers near 1e14: a step there is a change here. Each "
            "id links to what it names below; a change across a method change (this project measuring "
            "otherwise) is marked and never flagged.</p>"]

@@ -342,7 +342,7 @@ def _timing(ctx: Ctx, vb, va, both) -> list[Flag]:
     not compared (a note). It is flagged only on evidence across runs (Judge.timing_evidence),
     and its detail leads with the direction that evidence found."""
     f = ctx.judge.options.time_factor
-    base, b, where = ctx.judge.baseline(ctx, vb)
+    base, base_stats, where = ctx.judge.baseline(ctx, vb)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = va / base
     big = both & (base > 0) & ((ratio > f) | (ratio < 1 / f))
@@ -350,6 +350,7 @@ def _timing(ctx: Ctx, vb, va, both) -> list[Flag]:
         return []
     apart = np.ones(big.shape, dtype=bool)  # without stats the ratio alone decides
     how = np.full(big.shape, "no stats", dtype=object)
+    b = base_stats()
     if b is not None and ctx.sa.stats is not None:
         a = {k: ctx.take_a(v) for k, v in ctx.sa.stats.items()}
         # As asv compare: one sample (repeat 1) has no interval, so the factor alone decides.
@@ -375,8 +376,8 @@ def _timing(ctx: Ctx, vb, va, both) -> list[Flag]:
             continue
         direction, evidence = found
         recorded = f"as recorded {_seconds(vb[i])} -> {_seconds(va[i])} ({_times(va[i] / vb[i])})"
-        if where[i]:
-            recorded += f", against {_seconds(base[i])} {where[i]} ({_times(ratio[i])})"
+        if where(i):
+            recorded += f", against {_seconds(base[i])} {where(i)} ({_times(ratio[i])})"
         suspect = ctx.judge.options.timing == "suspects"  # a list to re-measure, not an alarm
         benign = "not confirmed yet" if suspect else "faster" if direction == "faster" else ""
         flag = ctx.flag("timing", i, f"{evidence}; {recorded}", benign)

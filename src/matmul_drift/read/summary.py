@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -306,47 +307,51 @@ class Judge:
 
     # -- timing: evidence across runs, never within one run
 
-    def baseline(self, ctx: Ctx, vb: np.ndarray):
-        """(baseline, its asv stats or None, where it came from): what a time ``vb`` (the run
-        before, aligned as ``ctx`` aligns) is judged against. Across commits, the recent history
-        of the build: the last BASELINE_RUNS runs up to the run before that recorded the same
-        environment (env-id) and method; the median run of three or more, else the faster
-        (load only adds time, so one busy night neither raises a flag nor hides the next).
-        ``where`` is "" where the baseline is the run before's own value."""
+    def baseline(self, ctx: Ctx, vb: np.ndarray) -> tuple[np.ndarray, Callable, Callable]:
+        """(baseline, stats(), where(j)): what a time ``vb`` (the run before, aligned as ``ctx``
+        aligns) is judged against. Across commits, the recent history of the build: the last
+        BASELINE_RUNS runs up to the run before that recorded the same environment (env-id) and
+        method; the median run of three or more, else the faster (load only adds time, so one
+        busy night neither raises a flag nor hides the next). ``stats()`` gives the baseline
+        runs' asv stats (None without), asked for only when there is a suspect; ``where(j)``
+        names the run of combination ``j``, "" where it is the run before."""
         pair = ctx.pair
-        stats = None if ctx.sb.stats is None else {k: ctx.take_b(v) for k, v in ctx.sb.stats.items()}
-        where = np.full(vb.shape, "", dtype=object)
-        if pair.across != "commits" or pair.at < 1 or stats is None:
-            return vb, stats, where
+        before_stats = lambda: None if ctx.sb.stats is None else {  # noqa: E731
+            k: ctx.take_b(v) for k, v in ctx.sb.stats.items()}
+        if pair.across != "commits" or pair.at < 1 or ctx.sb.stats is None:
+            return vb, before_stats, lambda j: ""
         env_of = lambda run: ctx.take_b(self.on(series_of_unit(run, self.units, "env-id"),  # noqa: E731
                                                  ctx.sb.params))
         env_b = env_of(pair.before)
-        cols, runs = [(vb, stats)], [pair.before]
+        cols, runs = [vb], [(pair.before, ctx.sb)]
         for run in pair.chain[max(0, pair.at - BASELINE_RUNS + 1):pair.at]:
             s = run.series.get(ctx.name)
             if s is None or s.version != ctx.sa.version or self._method_differs(run, pair.before, ctx.name):
                 continue
-            keep = env_of(run) == env_b
-            values = np.where(keep, ctx.take_b(self.on(s, ctx.sb.params)), np.nan)
-            laid = {k: ctx.take_b(self.lay(s, s.stats[k] if s.stats else None, ctx.sb.params))
-                    for k in stats}
-            cols.append((values, laid))
-            runs.append(run)
+            cols.append(np.where(env_of(run) == env_b, ctx.take_b(self.on(s, ctx.sb.params)), np.nan))
+            runs.append((run, s))
         if len(cols) == 1:
-            return vb, stats, where
-        values = np.vstack([c[0] for c in cols])
+            return vb, before_stats, lambda j: ""
+        values = np.vstack(cols)
         valid = np.isfinite(values)
         count = valid.sum(axis=0)
+        at = np.arange(values.shape[1])
         ranked = np.argsort(np.where(valid, values, np.inf), axis=0, kind="stable")
-        pick = ranked[np.where(count >= 3, (count - 1) // 2, 0), np.arange(values.shape[1])]
+        pick = ranked[np.where(count >= 3, (count - 1) // 2, 0), at]
         pick[count == 0] = 0
-        cols_at = np.arange(values.shape[1])
-        base = values[pick, cols_at]
-        picked = {k: np.vstack([c[1][k] for c in cols])[pick, cols_at] for k in stats}
-        for j in np.nonzero(pick != 0)[0]:
+
+        def stats() -> dict[str, np.ndarray]:
+            laid = [{k: ctx.take_b(self.lay(s, (s.stats or {}).get(k), ctx.sb.params)) for k in ctx.sb.stats}
+                    for _, s in runs]
+            return {k: np.vstack([x[k] for x in laid])[pick, at] for k in ctx.sb.stats}
+
+        def where(j: int) -> str:
+            if pick[j] == 0:
+                return ""
             how = "the median" if count[j] >= 3 else "the faster"
-            where[j] = f"at {runs[pick[j]].commit[:8]}, {how} of {count[j]} runs in this environment"
-        return base, picked, where
+            return f"at {runs[pick[j]][0].commit[:8]}, {how} of {count[j]} runs in this environment"
+
+        return values[pick, at], stats, where
 
     def lay(self, s: Series, values: np.ndarray | None, params: tuple) -> np.ndarray:
         """An array over ``s``'s combinations (its values, or one of its stats) laid out over
