@@ -214,7 +214,7 @@ def test_every_format_leads_with_incidents(tmp_path, capsys):
     assert [r["side"] for r in inc["repros"]] == ["before", "after"]
     assert cli_main(["summary", str(tree.root), "--at", tree.commits[2][:8], "--format", "github"]) == 1
     md = capsys.readouterr().out
-    assert md.index("#### incident 1 (failing): threads 2 -> 1") < md.index("<details><summary>5 flags</summary>")
+    assert md.index("#### incident 1 (failing): threads 2 -> 1") < md.index("<details><summary>4 cells, 5 flags</summary>")
     assert f"<!-- matmul-drift incident {inc['key']} -->" in md
     assert cli_main(["summary", str(tree.root), "--at", tree.commits[2][:8]]) == 1
     plain = capsys.readouterr().out

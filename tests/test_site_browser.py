@@ -74,6 +74,12 @@ def test_drift_page_shows_each_builds_map_picture_and_words(browser, served_maps
         assert "box-m: bmm on cpu" in fig.text
         for dtype, e in entries.items():
             assert e["words"].splitlines()[0] in fig.text, (dtype, fig.text)  # each dtype's words, in a row of its own
+    # an incident per block, its cells and flags folded: a click on its summary opens them
+    incident = browser.find_element("css selector", "section.incident")
+    assert "incident 1 (failing): torch 2.13.0+cpu -> 2.14.1+cpu" in incident.text, incident.text
+    assert browser.find_element("css selector", "table.flags").text == ""  # folded
+    incident.find_element("css selector", "details.flags summary").click()
+    assert "bmm float32 cpu 2.14.1+cpu changed" in incident.find_element("css selector", "table.cells").text
     flags = browser.find_element("css selector", "table.flags").text
     first = entries["float32"]["verdicts"][0]
     span = f"{first['lo']}" if first["lo"] == first["hi"] else f"{first['lo']}..{first['hi']}"

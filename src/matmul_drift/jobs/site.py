@@ -134,8 +134,8 @@ def _e(text) -> str:
 
 
 def _flag_tables(result: summary.Summary) -> list[str]:
-    """An incident per block, failing ones first: its cause, where, the verdict, the cells'
-    table and a repro per side; its flags folded beneath it."""
+    """An incident per block, failing ones first: its cause, where, the verdict and a repro per
+    side; its cells' table and its flags folded beneath it."""
     if not result.flags:
         return ["<p>No changes flagged.</p>"]
     fail_on = summary.DEFAULT_FAIL_ON
@@ -147,15 +147,15 @@ def _flag_tables(result: summary.Summary) -> list[str]:
                 f'<h3 class="{status}">{_e(render.incident_title(k, inc, fail_on))}</h3>',
                 f"<p>{_e(render.incident_where(inc))}</p>",
                 f'<p class="verdict"><b>Verdict:</b> {_e("; ".join(inc.verdict()))}</p>',
-                '<table class="cells"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in heads)
-                + "</tr></thead><tbody>",
-                *("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows),
-                "</tbody></table><ul>",
+                "<ul>",
                 *(f"<li>{_e(line.split(': ', 1)[0])}: <code>{_e(r['command'])}</code></li>"
                   for line, r in zip(render.repro_lines(inc), inc.repros)),
                 *(f"<li>{_e(n)}</li>" for n in inc.notes),
-                "</ul>", f'<details class="flags"><summary>{len(inc.flags)} flag'
-                f'{"s" * (len(inc.flags) != 1)}</summary>',
+                "</ul>", f'<details class="flags"><summary>{_e(render.cells_and_flags(inc))}</summary>',
+                '<table class="cells"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in heads)
+                + "</tr></thead><tbody>",
+                *("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows),
+                "</tbody></table>",
                 '<table class="flags"><thead><tr>' + "".join(f"<th>{h}</th>" for h in render.HEADERS)
                 + "</tr></thead><tbody>"]
         out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" if j != 6 else f"<td><code>{_e(c)}</code></td>"

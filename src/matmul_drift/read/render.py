@@ -160,6 +160,11 @@ def cell_table(inc: Incident) -> tuple[list[str], list[list[str]]]:
     return heads, [[str(r.get(h, "")) for h in heads] for r in rows]
 
 
+def cells_and_flags(inc: Incident) -> str:
+    n, k = len(inc.cells()), len(inc.flags)
+    return f"{n} cell{'s' * (n != 1)}, {k} flag{'s' * (k != 1)}"
+
+
 def repro_lines(inc: Incident) -> list[str]:
     return [f"repro {r['side']}" + (f" (torch {r['torch']})" if r.get("torch") else "") + f": {r['command']}"
             for r in inc.repros]
@@ -318,20 +323,20 @@ INCIDENT_MARK = "<!-- matmul-drift incident {key} -->"  # how a nightly finds an
 
 
 def incident_markdown(k: int, inc: Incident, fail_on=DEFAULT_FAIL_ON) -> list[str]:
-    """One incident as a Markdown section: its cause as the heading, where, the verdict, the
-    cells' table, a repro per side, and its flags in <details>."""
+    """One incident as a Markdown section: its cause as the heading, where, the verdict, a
+    repro per side, then its cells' table and its flags folded in <details>."""
     out = [f"#### {md_escape(incident_title(k, inc, fail_on))}", INCIDENT_MARK.format(key=inc.key), "",
            md_escape(incident_where(inc)), "", "**Verdict:** " + md_escape("; ".join(inc.verdict())), ""]
-    heads, rows = cell_table(inc)
-    out.append("| " + " | ".join(heads) + " |")
-    out.append("|" + "---|" * len(heads))
-    out += ["| " + " | ".join(md_escape(c) for c in r) + " |" for r in rows]
-    out.append("")
     for r in inc.repros:
         label = f"repro {r['side']}" + (f" (torch {r['torch']})" if r.get("torch") else "")
         out.append(f"- {md_escape(label)}: {_md_code(visible(r['command']))}")
     out += [f"- {md_escape(n)}" for n in inc.notes]
-    out += ["", f"<details><summary>{len(inc.flags)} flag{'s' * (len(inc.flags) != 1)}</summary>", ""]
+    heads, rows = cell_table(inc)
+    out += ["", f"<details><summary>{cells_and_flags(inc)}</summary>", ""]
+    out.append("| " + " | ".join(heads) + " |")
+    out.append("|" + "---|" * len(heads))
+    out += ["| " + " | ".join(md_escape(c) for c in r) + " |" for r in rows]
+    out.append("")
     out.append("| " + " | ".join(HEADERS) + " |")
     out.append("|" + "---|" * len(HEADERS))
     for f in inc.flags:
