@@ -372,6 +372,15 @@ def set_value(data: dict, bench: str, i: int, value) -> None:
     result[i] = value
 
 
+def scale_time(data: dict, i: int, factor: float) -> None:
+    """Combination ``i``'s time ``factor`` times its own, its 99% CI within 3 % of it."""
+    row = data["results"][TIME] = list(data["results"][TIME])
+    for k in ("result", "stats_ci_99_a", "stats_ci_99_b"):
+        row[COL[k]] = list(row[COL[k]])
+    v = row[COL["result"]][i] * factor
+    row[COL["result"]][i], row[COL["stats_ci_99_a"]][i], row[COL["stats_ci_99_b"]][i] = v, v * 0.97, v * 1.03
+
+
 def set_version(data: dict, bench: str, version: str) -> None:
     row = data["results"][bench] = list(data["results"][bench])
     row[COL["version"]] = version

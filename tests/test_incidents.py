@@ -22,13 +22,6 @@ from matmul_drift.store import catalog
 SQUARE32, SQUARE64, TALL32 = 1, 0, 7  # write_tree's order: case, dtype, device
 
 
-def _time(data: dict, i: int, factor: float) -> None:
-    """Combination ``i``'s time ``factor`` times the tree's own, its 99% CI within 3 % of it."""
-    row = data["results"][F.TIME]
-    for k in ("result", "stats_ci_99_a", "stats_ci_99_b"):
-        row[F.COL[k]] = list(row[F.COL[k]])
-    v = row[F.COL["result"]][i] * factor
-    row[F.COL["result"]][i], row[F.COL["stats_ci_99_a"]][i], row[F.COL["stats_ci_99_b"]][i] = v, v * 0.97, v * 1.03
 
 
 def _one_thread(data: dict, cat, torch: str) -> None:
@@ -52,11 +45,11 @@ def _three_nights(root, bits=True):
         if ci == 1:
             for i in range(len(data["results"][F.TIME][F.COL["result"]])):
                 if data["results"][F.TIME][F.COL["result"]][i] == data["results"][F.TIME][F.COL["result"]][i]:
-                    _time(data, i, 3.0)
+                    F.scale_time(data, i, 3.0)
         if ci == 2:
             _one_thread(data, cat, torch)
             for i in (SQUARE32, SQUARE64):
-                _time(data, i, 1.6)
+                F.scale_time(data, i, 1.6)
                 _renamed(data, cat, i)
 
     return F.write_tree(root, n_commits=3, adjust=adjust, bits=bits)

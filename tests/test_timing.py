@@ -24,13 +24,6 @@ from matmul_drift.read import flags, history, summary
 I = 1  # combination 1: square float32 cpu (write_tree's order: case, dtype, device)
 
 
-def _time(data: dict, i: int, factor: float) -> None:
-    """Combination ``i``'s time ``factor`` times the tree's own, its 99% CI within 3 % of it."""
-    row = data["results"][F.TIME]
-    for k in ("result", "stats_ci_99_a", "stats_ci_99_b"):
-        row[F.COL[k]] = list(row[F.COL[k]])
-    v = row[F.COL["result"]][i] * factor
-    row[F.COL["result"]][i], row[F.COL["stats_ci_99_a"]][i], row[F.COL["stats_ci_99_b"]][i] = v, v * 0.97, v * 1.03
 
 
 def _summary(tree: F.Tree, **options) -> summary.Summary:
@@ -49,7 +42,7 @@ def test_the_combination_is_square_float32_on_the_cpu(tmp_path):
 def test_a_slower_run_in_one_recorded_environment_is_never_a_flag(tmp_path):
     """The busy-machine run: 2x slower at the second commit, the same torch, libraries and settings."""
     tree = F.write_tree(tmp_path / "results", n_commits=3, torch_versions=("2.13.0",),
-                        adjust=lambda ci, ei, d: ci >= 1 and _time(d, I, 2.0))
+                        adjust=lambda ci, ei, d: ci >= 1 and F.scale_time(d, I, 2.0))
     s = _summary(tree)
     assert not _timing(s)
     # both busy runs against the recent baseline (commit 0): neither is a flag
@@ -65,7 +58,7 @@ def _threads_from(ci0: int, factors: dict[int, float], cat: Path):
         if ci >= ci0:
             F.set_env(d, cat, "2.13.0", threads=1, env_vars={"OMP_NUM_THREADS": "1"})
         if ci in factors:
-            _time(d, I, factors[ci])
+            F.scale_time(d, I, factors[ci])
     return adjust
 
 
@@ -129,7 +122,7 @@ def test_a_confirmed_re_measurement_is_the_evidence_and_a_refuted_one_is_a_note(
 def test_two_builds_that_differ_as_they_did_before_are_not_a_change(tmp_path):
     """torch 2.14.1 1.5x slower than 2.13.0 at every commit: a flag at the first, held at the
     second (the evidence), and at the second and third, as before: notes."""
-    tree = F.write_tree(tmp_path / "results", n_commits=3, adjust=lambda ci, ei, d: ei == 1 and _time(d, I, 1.5))
+    tree = F.write_tree(tmp_path / "results", n_commits=3, adjust=lambda ci, ei, d: ei == 1 and F.scale_time(d, I, 1.5))
     s = _summary(tree)
     (f,) = _timing(s)
     assert (f.across, f.before.env, f.after.env, f.after.commit) == ("envs", *tree.env_names, tree.commits[0])
@@ -156,7 +149,7 @@ def test_two_unchanged_builds_that_part_under_load_are_the_machine_not_torch(tmp
     re-measurement under the same load confirms it (one build bears a busy core worse), though
     neither build changed since the first commit, where they did not differ: a note, not a flag.
     Where 2.14.1's environment did change (another MKL_CBWR), the same evidence is a flag."""
-    adjust = lambda ci, ei, d: ci == 1 and ei == 1 and _time(d, I, 2.1)  # noqa: E731
+    adjust = lambda ci, ei, d: ci == 1 and ei == 1 and F.scale_time(d, I, 2.1)  # noqa: E731
     tree = F.write_tree(tmp_path / "results", n_commits=2, adjust=adjust)
     _envs_record(tree, 1, [1.31, 2.37, 2.05])
     s = _summary(tree)
@@ -172,7 +165,7 @@ def test_two_unchanged_builds_that_part_under_load_are_the_machine_not_torch(tmp
     def changed(ci, ei, d):
         if ci == 1 and ei == 1:
             F.set_env(d, cat, "2.14.1", env_vars={"MKL_CBWR": "AVX2"})
-            _time(d, I, 2.1)
+            F.scale_time(d, I, 2.1)
     tree = F.write_tree(tmp_path / "changed" / "results", n_commits=2, adjust=changed)
     _envs_record(tree, 1, [1.31, 2.37, 2.05])
     (f,) = _timing(_summary(tree))

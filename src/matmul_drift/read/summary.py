@@ -1,6 +1,6 @@
 """Observations in, flags out: what changed between neighbouring runs (read/pairing.py pairs
 them, read/rules.py holds one rule per unit, read/incidents.py groups the flags by cause).
-Never imports torch."""
+Which flags fail is stated once, in docs/summary.md, "Severity". Never imports torch."""
 
 from __future__ import annotations
 
