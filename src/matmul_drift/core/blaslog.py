@@ -15,8 +15,10 @@ cublasGemmEx(..) called:``, one ``i!  name: type=T; val=V`` line per argument, a
 ``i!Process=..; ..; StreamId=..; MathMode=..``. Only the product's own calls make a recipe (the
 GEMM and GEMV calls, the matmul Trace lines): torch sets up its handle before every product
 (cublasSetStream, cublasSetWorkspace, cublasSetMathMode; cublasCreate and cublasDestroy where
-it makes one), and that set-up, with the workspace size, math mode and stream the product ran
-under, is the handle's state (``handle_state``), which the environment records. A recipe line
+it makes one) is no part of the recipe, and the workspace size, math mode and stream the
+product ran under are the handle's state (``handle_state``), which the environment records.
+Which set-up calls a product's log holds depends on what the process made before it (a handle
+is made once), so their names are recorded nowhere. A recipe line
 keeps what picks the arithmetic (the function, types and layouts, transposes, compute type,
 algorithm and its configuration: tile, stages, split-K, reduction scheme, custom option,
 cluster shape) and drops what only places it (pointers, streams, handles) and the problem's
@@ -180,7 +182,6 @@ def read_logs(lt_text: str, legacy_text: str) -> tuple[list[str], dict]:
                  if c["function"].startswith("cublasSetWorkspace")]
     unread = list(dict.fromkeys(lt_unread + legacy_unread))
     state = {
-        "set_up": sorted({c["function"] for c in legacy if not is_product(c)}),
         "workspace_bytes": sorted({int(w) for w in workspace if w and w.isdigit()}),
         "lt_workspace_bytes": sorted({c["workspace"] for c in lt if c["workspace"] is not None}),
         "math_modes": sorted({c["math_mode"] for c in products if c["math_mode"]}),
@@ -197,8 +198,8 @@ def recipe_lines(lt_text: str, legacy_text: str) -> list[str]:
 
 
 def handle_state(lt_text: str, legacy_text: str) -> dict:
-    """The handle's state that one call's logs give, outside its recipe: ``set_up`` (the
-    set-up calls' names), ``workspace_bytes`` (cublasSetWorkspace's sizes),
+    """The handle's state that one call's logs give, outside its recipe: ``workspace_bytes``
+    (cublasSetWorkspace's sizes),
     ``lt_workspace_bytes`` (cuBLASLt's, per matmul), ``math_modes`` and ``streams``
     ("default", "other") the products ran under, ``unread_lines`` (how many lines could not
     be read) and ``unread`` (the first UNREAD_KEPT of them, verbatim)."""
