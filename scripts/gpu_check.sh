@@ -11,9 +11,11 @@
 # of a batch-invariance case in bf16, maps which of its batch sizes M = 1..512 give the same
 # bits (matmul-drift map), reveals the summation orders of the seed's 45999 and
 # 46000 columns in fp16 and of batch-invariance in bf16 (full and A[:1]), and scans the
-# seed's columns. Every step has a timeout (together under 8 min) and prints its time, and the archive is
-# packed again after each, so a check stopped from outside keeps what it finished. The whole
-# check ends by its deadline (GPU_CHECK_SECONDS, 480 s: run it under a limit of 600 s), whatever
+# seed's columns. Every step has a timeout (together 431 s, planned from the H200's recorded
+# step times: the plan below) and prints its time, and the archive is packed again after
+# each, so a check stopped from outside keeps what it finished. Before the first step it says
+# what this machine has and which steps it can run; without git the nights are skipped, and
+# said to be. The whole check ends by its deadline (GPU_CHECK_SECONDS, 480 s: run it under a limit of 600 s), whatever
 # the commands between the steps take: a step cut short by it says so, one with no time left is
 # not started, and the summary is still written. After a failed install no later step starts
 # (each would fail at its import), and the summary says the archive will not import. OUT receives three
@@ -21,6 +23,8 @@
 # trees, scan output, the second night's summary and both nights' log, torch's build and on CUDA the GPU
 # memory a CUDA context takes), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
+# GPU_CHECK_PACE="NAME=SECONDS ..." makes each named step last at least that long (never past its
+# limit): a rehearsal at a GPU's pace, as the test injects the H200's step times.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR [--rehearse]}
 MODE=${2:-}
@@ -42,6 +46,25 @@ STEPS=$PACK/steps.txt
 failed=0
 DEADLINE=${GPU_CHECK_SECONDS:-480}
 RESERVE=15  # kept for the summary at the end
+# The plan: each step's limit (its `step` line's) against what it took on the H200, the one GPU
+# that ran the check (results/gpu-check/intel-xeon-amx-16c-1x-h200-c96efa/8b6c2946/steps.txt;
+# docs/performance.md). Its suite took 102 s under a budget of 80 s, now 40; its fixes-seed
+# step (44 s) stands in for each night; map, which it did not run, is taken as its scan (11 s).
+# The limits add up to 431 s, 34 s under the 465 s the deadline leaves the steps, which holds
+# the commands between them (nvidia-smi, the machine name, torch's import: seconds each). A
+# step under 8 s is never started (`step`), and the CPU rehearsal's order probes need 40 s.
+#   step         H200 s  limit s
+#   install           1       10
+#   config            0        8
+#   explain          12       20
+#   explain-txt       0        8
+#   suite           102      125
+#   nights       2 x 44      120
+#   fixes-batch      25       50
+#   map            (11)       20
+#   orders           26       40
+#   scan             11       15
+#   dense            10       15
 # capped SECONDS: SECONDS, or less where the deadline (less the summary's reserve) comes first; at least 1
 capped() {
   local left=$((DEADLINE - RESERVE - SECONDS))
@@ -77,10 +100,28 @@ step() {
   export STEP_LIMIT=$((limit - 4))
   if [ -n "${STEP_OUT:-}" ]; then timeout -k 2 "$STEP_LIMIT" "$@" > "$STEP_OUT"; else timeout -k 2 "$STEP_LIMIT" "$@"; fi
   rc=$?
+  pace "$name" "$t0" "$limit"
   printf '%-12s rc %3d  %4d s of %4d s\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" | tee -a "$STEPS"
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
   pack
   return 0
+}
+
+# skip NAME WHY: a step this machine cannot run, said and recorded; not a failure.
+skipped=0
+skip() {
+  printf '%-12s rc   -  %4d s of %4d s  skipped: %s\n' "$1" 0 0 "$2" | tee -a "$STEPS"
+  skipped=$((skipped + 1))
+}
+
+# pace NAME T0 LIMIT: with GPU_CHECK_PACE naming NAME, wait until the step has lasted its paced
+# seconds; one paced past its limit ends there, timed out (rc 124), as the real one would.
+pace() {
+  local want
+  want=$(tr ' ' '\n' <<< "${GPU_CHECK_PACE:-}" | sed -n "s/^$1=\([0-9]*\)$/\1/p")
+  [ -n "$want" ] || return 0
+  if [ "$want" -ge "$3" ]; then want=$3; rc=124; fi
+  [ $((SECONDS - $2)) -ge "$want" ] || sleep $((want - (SECONDS - $2)))
 }
 
 # pack: everything the steps made so far into $OUT/gpu-check.tar.gz, whole (by a rename), so
@@ -139,14 +180,37 @@ install_wheels() {
 }
 export PY WHL WORK ROOT
 export -f install_wheels
+# What this machine can run, said before the first step: the Python and the torch it finds
+# (every step needs both), the disk space the install and the results take, and git, which
+# the nights alone need (the tree travels without its history). torch is found, not imported:
+# its import comes later, timed.
+MIN_FREE_MIB=512
+git_found=$(git --version 2>/dev/null) || git_found=
+free_mib=$(df -Pm "$WORK" 2>/dev/null | awk 'NR == 2 {print $4}')
+py_found=$(timeout "$(capped 10)" "$PY" -c 'import sys; print(sys.version.split()[0], "at", sys.executable)' 2>/dev/null)
+torch_found=
+[ -z "$py_found" ] || torch_found=$(timeout "$(capped 10)" "$PY" -c \
+  'import importlib.util as u; s = u.find_spec("torch"); print(s.origin if s else "")' 2>/dev/null)
+echo "gpu_check: this machine: Python ${py_found:-not found ($PY)}; torch ${torch_found:+at }${torch_found:-not found};" \
+  "${git_found:-no git}; ${free_mib:-?} MiB free in $WORK"
+if [ -z "$py_found" ]; then NOT_STARTED="no Python ($PY)"
+elif [ -z "$torch_found" ]; then NOT_STARTED="no torch for $PY"
+elif [ "${free_mib:-0}" -lt "$MIN_FREE_MIB" ]; then NOT_STARTED="${free_mib:-no} MiB free in $WORK, under $MIN_FREE_MIB"
+fi
+NO_NIGHTS=
+[ -n "$git_found" ] || NO_NIGHTS="no git on this machine: the nightly path clones the project's history and commits each night"
+STEP_NAMES="install config explain explain-txt suite nights fixes-batch map orders scan dense"
+if [ -n "$NOT_STARTED" ]; then echo "gpu_check: this machine can run no step: $NOT_STARTED"
+elif [ -n "$NO_NIGHTS" ]; then echo "gpu_check: this machine can run every step but the nights (${STEP_NAMES/ nights/}): $NO_NIGHTS"
+else echo "gpu_check: this machine can run every step: $STEP_NAMES"; fi
 # The commit the import files everything under (asv's, below), read first: the deadline may
 # leave the commands after the install a second each.
 COMMIT=$(timeout "$(capped 10)" "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["commit"])' "$WHL/commit.json" 2>/dev/null)
 printf '%s\n' "$COMMIT" > "$PACK/COMMIT"
-step install 20 install_wheels
+step install 10 install_wheels
 # Without asv and this project every later step and snippet would only print an import's
 # traceback: none is started, and the archive has no machine name (its import needs one).
-if [ "$rc" -ne 0 ]; then
+if [ -z "$NOT_STARTED" ] && [ "$rc" -ne 0 ]; then
   NOT_STARTED="install failed"
   echo "gpu_check: error: the install failed (rc $rc): no step after it is started"
 fi
@@ -212,7 +276,7 @@ PYEOF
 }
 export COMMIT
 export -f write_config
-step config 10 write_config
+step config 8 write_config
 export MATMUL_DRIFT_DEVICES=$DEVICE MATMUL_DRIFT_CATALOG=$PACK/results/catalog MATMUL_DRIFT_CASES=$CASES
 # float32-high is left to the nightly: on CUDA it sets the cuBLAS mode float32-tf32 sets
 export MATMUL_DRIFT_PRECISIONS=float16,bfloat16,float32,float32-tf32,float64
@@ -225,7 +289,7 @@ export MATMUL_DRIFT_PROFILER_NOTES=$PACK/profiler-notes.txt
 # and each against the full product by magnitude band (no --slice-n: it would measure one). Its fixes come later, in a step of their own, so that the answer
 # survives them. Every explain and scan skips the host's memory check: the GPU machine's
 # memory grows as it is used, so MemAvailable reads too little there.
-STEP_OUT=$PACK/seed-float16.json step explain 30 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --no-host-memory-check --json
+STEP_OUT=$PACK/seed-float16.json step explain 20 "$PY" -m matmul_drift.cli explain "${EXPLAIN[@]}" --no-host-memory-check --json
 STEP_OUT=$PACK/seed-float16.txt step explain-txt 8 "$PY" -m matmul_drift.cli explain --render "$PACK/seed-float16.json"
 # The suite: one setup_cache measures the cases on this device, most telling first, and
 # starts none after 40 s (MATMUL_DRIFT_BUDGET; the rest are skipped and say so), so asv
@@ -237,14 +301,15 @@ STEP_OUT=$PACK/seed-float16.txt step explain-txt 8 "$PY" -m matmul_drift.cli exp
 # timeout does not reach: they are ended after the step. asv also starts a process for each
 # of a benchmark's 108 combinations, a skipped one too (about 30 ms each on a 2-core EPYC,
 # 45 s for the 13 benchmarks): --bench names only the 40 measured here (16 s). The step's
-# 86 s then hold asv's discovery and import of torch (about 10 s here), the budget, the
-# combination running when it is spent and those 520 processes (the H200 ran it all in
-# 102 s with a budget of 80 s: 8b6c2946's steps.txt).
+# 121 s (its limit less the 4 s the step keeps) then hold asv's discovery and import of torch
+# (about 10 s here), the budget, the combination running when it is spent and those 520
+# processes: the H200 ran it all in 102 s with a budget of 80 s, 40 s more than now
+# (8b6c2946's steps.txt).
 BENCH=
 [ -n "$NOT_STARTED" ] || BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift.jobs import suite; print(suite.selection_regex(sys.argv[1]))' \
   'drift\.Drift\.track_\w+') ||
   { BENCH='drift\.Drift'; echo "gpu_check: warning: no selection of the suite's combinations; asv starts all 108 of each"; }
-MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_MAPS=0 MATMUL_DRIFT_BUDGET=40 step suite 80 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
+MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_MAPS=0 MATMUL_DRIFT_BUDGET=40 step suite 125 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench "$BENCH" --launch-method forkserver --show-stderr
 # asvrun.reap_orphans, as the nightly's: the image need not have pkill
 [ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" -c 'import sys; from pathlib import Path; from matmul_drift.jobs import asvrun
@@ -252,7 +317,7 @@ for line in asvrun.reap_orphans(Path(sys.argv[1])): print("gpu_check:", line)' "
 # The nightly path itself, as a nightly cron job runs it: two nights (yesterday's and
 # today's, UTC) on a results branch of their own, in a clone of the project's history that
 # fetch_gpu_wheels.sh bundled (.whl/project.bundle; it needs git, which the image may lack:
-# then this step alone fails, and says so). Each night runs the suite on NIGHT_CASES with
+# then this step is skipped, and the check says so before its first step and in its summary). Each night runs the suite on NIGHT_CASES with
 # the order probe and the fix finder (the seed's fixes, a fresh process per setting), commits
 # to the branch, summarises against the night before and publishes; the second night has
 # NIGHT_SETTING set. Its summary, and both nights' output with the branch's log, travel in
@@ -261,7 +326,6 @@ two_nights() {
   local dir=$WORK/nights bundle=$WHL/project.bundle rc=0 t0=$SECONDS i night bench setting share
   [ "${bundle#/}" != "$bundle" ] || bundle=$ROOT/$bundle
   mkdir -p "$dir" && cd "$dir" || return 1
-  git --version > /dev/null 2>&1 || { echo "gpu_check: error: no git on this machine: the nightly path cannot run here"; return 3; }
   git -c advice.detachedHead=false clone --quiet "$bundle" repo || return 1
   [ "$(git -C repo rev-parse HEAD)" = "$COMMIT" ] ||
     { echo "gpu_check: error: the bundle's HEAD is not $COMMIT: run scripts/fetch_gpu_wheels.sh again"; return 1; }
@@ -271,7 +335,9 @@ two_nights() {
     night=$(date -u -d "$((i - 2)) days" +%F)
     setting=  # the second night's
     [ "$i" -eq 1 ] || setting=$NIGHT_SETTING
-    share=$(((STEP_LIMIT - 4 - (SECONDS - t0)) / (3 - i)))  # an even share of what is left, the summary's 4 s kept
+    # the first night two thirds of what is left (it pays for the clone and cold caches: twice
+    # the second's time in the rehearsal), the second the rest; the summary's 4 s kept
+    share=$(((STEP_LIMIT - 4 - (SECONDS - t0)) * (i == 1 ? 2 : 3) / 3))
     [ "$share" -ge 1 ] || share=1
     echo "== night $i of 2, $night${setting:+, with $setting} (limit $share s)" | tee -a "$PACK/nights.txt"
     # shellcheck disable=SC2086  # an empty setting is no word
@@ -288,17 +354,17 @@ two_nights() {
 }
 export machine PACK NIGHT_CASES NIGHT_PRECISIONS NIGHT_SETTING
 export -f two_nights
-step nights 165 two_nights
+if [ -n "$NO_NIGHTS" ] && [ -z "$NOT_STARTED" ]; then skip nights "$NO_NIGHTS"; else step nights 120 two_nights; fi
 # The fixes of batch-invariance in bf16 (a fresh process per setting). Each process has its
 # timeout and none starts after the budget (those rows say "not tried"), so explain prints its
 # report inside the step's limit: measuring + budget + timeout < limit. If the limit's SIGTERM
 # comes while it tries fixes, it still prints what it has at once (exit 143). Its default
 # computation (8192x4096x4096 and its exact reference) took over 12 s on the H200 (8b6c2946).
-STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 70 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
-  --no-host-memory-check --try-fixes --fix-timeout 25 --fix-budget 28 --json
+STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 50 "$PY" -m matmul_drift.cli explain "${BATCH[@]}" \
+  --no-host-memory-check --try-fixes --fix-timeout 16 --fix-budget 16 --json
 # The batch-invariance map (matmul-drift map): a map cut short by its limit writes what it
 # measured (SIGTERM), and its words and picture travel in the archive.
-STEP_OUT=$PACK/map-batch-bfloat16.txt step map 25 "$PY" -m matmul_drift.cli map "${MAP[@]}" --no-host-memory-check \
+STEP_OUT=$PACK/map-batch-bfloat16.txt step map 20 "$PY" -m matmul_drift.cli map "${MAP[@]}" --no-host-memory-check \
   --json "$PACK/map-batch-bfloat16.json" --plot "$PACK/map-batch-bfloat16.png"
 # The summation orders (matmul-drift order, replayed on 100 draws): one tree per file,
 # order-NAME.json. Each probe may take an equal share of the time left (of 39 s), so that a
@@ -326,11 +392,13 @@ step dense 15 "$PY" -m matmul_drift.cli scan "${DENSE[@]}" --no-host-memory-chec
 
 # Three files come back: the archive (packed after every step), a one-page summary, the log.
 RESERVE=0  # the summary's own time, kept for it until now
+said=
+[ "$skipped" -eq 0 ] || said=", $skipped skipped ($NO_NIGHTS)"
 # MACHINE and COMMIT are written between the steps, and a step not started packs nothing: a
 # slow start that left no step after the install its 8 s brought back an archive without them.
 pack
 {
-  echo "gpu_check on $machine at ${COMMIT:0:12}${MODE:+ ($MODE)}: $failed step(s) failed"
+  echo "gpu_check on $machine at ${COMMIT:0:12}${MODE:+ ($MODE)}: $failed step(s) failed$said"
   [ -n "$machine" ] || echo "no machine name: the archive will not import (${NOT_STARTED:+the install failed, and the project it installs names the machine; }log.txt says why)"
   cat "$PACK/torch.txt"  # as printed at the start: no second import of torch, no second nvidia-smi
   tail -n +2 "$WORK/gpu.txt" 2>/dev/null | grep . || echo "no GPU"
@@ -358,5 +426,5 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("order-*.json")):
 PYEOF
 } > "$OUT/summary.txt"
 rm -rf "$WORK"
-echo "gpu_check: done, $failed step(s) failed; in $OUT: $(cd "$OUT" && echo *)"
+echo "gpu_check: done, $failed step(s) failed$said; in $OUT: $(cd "$OUT" && echo *)"
 [ "$failed" -eq 0 ]

@@ -288,7 +288,7 @@ class FakeBlas:
 
 
 def recipe(splits: int) -> str:
-    return f"cuBLASLt cublasLtMatmul R_16F,?,?,? algoId=66 numSplitsK={splits} workspace=0"
+    return f"cuBLASLt cublasLtMatmul R_16F,?,?,? algoId=66 numSplitsK={splits}"
 
 
 class FakeCuda:

@@ -36,8 +36,8 @@ UNITS = {
 # code changes until the version moves (or the change is recorded as keeping the method).
 METHOD = {
     "error_u": 1, "nonfinite": 2, "gamma_k_u": 1, "slice_n_ulp": 1, "slice_m_ulp": 1, "run_to_run_ulp": 1,
-    "kernel_id": 5, "input_id": 1, "cuda_seconds": 2, "fix_cost": 1, "fix_id": 1, "order_id": 4, "time_matmul": 1,
-    "map_id": 1, "cuda_q20_seconds": 1, "cuda_q80_seconds": 1, "cuda_clock_fell": 1, "bits_id": 1,
+    "kernel_id": 6, "input_id": 1, "cuda_seconds": 3, "fix_cost": 1, "fix_id": 1, "order_id": 4, "time_matmul": 1,
+    "map_id": 2, "cuda_q20_seconds": 2, "cuda_q80_seconds": 2, "cuda_clock_fell": 2, "bits_id": 1,
 }
 
 # (series, the version it starts, the first commit that measured with it, what changed). A result
@@ -52,6 +52,19 @@ METHOD_CHANGES = (
     ("order_id", 2, "58b7dc6ffbc1f9de4e7944395dad7babaeb87381", "the probe tries the first tiles before the entry's column; a verified tree must replay"),
     ("order_id", 3, "c2d87faae535035d9fc782b23ae54af555b97ca4", "the replay no longer passes any tree on an fp16 or bf16 kernel"),
     ("order_id", 4, "a33612ce21c09ade9ac9b0883f6b672ab924fe69", "one tree has one order-id, however its children are written"),
+    ("kernel_id", 6, "cebdce9f3d3fa096ccca2a952cf15c4edae468df",
+     "a CUDA recipe is the product's own calls; the handle's set-up, workspace and math mode "
+     "are the environment's"),
+    ("map_id", 2, "cebdce9f3d3fa096ccca2a952cf15c4edae468df",
+     "a CUDA map's kernel-ids are method 6's"),
+    ("cuda_seconds", 3, "cebdce9f3d3fa096ccca2a952cf15c4edae468df",
+     "runs sized on the flushed call, as do_bench sizes them"),
+    ("cuda_q20_seconds", 2, "cebdce9f3d3fa096ccca2a952cf15c4edae468df",
+     "runs sized on the flushed call, as do_bench sizes them"),
+    ("cuda_q80_seconds", 2, "cebdce9f3d3fa096ccca2a952cf15c4edae468df",
+     "runs sized on the flushed call, as do_bench sizes them"),
+    ("cuda_clock_fell", 2, "cebdce9f3d3fa096ccca2a952cf15c4edae468df",
+     "NVML's slowdown counters over the timed window, the GPU found by UUID"),
 )
 
 

@@ -301,7 +301,9 @@ def _measure_one(c: str, p: str, d: str, root, cost: dict) -> tuple[dict, str]:
         m = measure(cases.get(c), p, d, timing=(d == "cuda"))
         cost["reference"] += m.reference_seconds
         clock = (m.seconds or {}).get("clocks") or {}
-        return track_values(m, root), "ok" + (f"; the GPU's clocks fell while timed: {clock['why']}" if clock.get("fell") else "")
+        said = {True: f"; the GPU's clocks fell while timed: {clock.get('why')}",
+                None: f"; note: {clock.get('why')}"}.get(clock.get("fell"), "") if clock else ""
+        return track_values(m, root), "ok" + said
     except Unavailable as exc:
         return {"skip": str(exc)}, "skip"
     except Exception as exc:  # one broken case must not lose the others

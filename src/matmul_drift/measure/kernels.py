@@ -416,6 +416,7 @@ class BlasLog:
         self.lt_text: list[str] = []
         self.legacy_text: list[str] = []
         self.notes: list[str] = []
+        self.states: list[dict] = []  # the handle's state of each block read (read_logs)
         # kept on self: ctypes frees a callback nothing refers to, and the library would call freed memory
         self._lt_cb = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p)(self._on_lt)
         self._blas_cb = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(self._on_blas)
@@ -464,13 +465,24 @@ class BlasLog:
             self.on = False
 
     def recipes(self, stdout_text: str = "") -> list[str]:
-        """The recipe lines of the last ``logging()`` block. A library that printed its log to
-        stdout rather than to the callback (captured as ``stdout_text``) is read there."""
+        """The recipe lines of the last ``logging()`` block; its handle's state is kept for
+        ``handle_state``. A library that printed its log to stdout rather than to the callback
+        (captured as ``stdout_text``) is read there."""
         from matmul_drift.core import blaslog
 
         lt = "\n".join(self.lt_text) or stdout_text
         legacy = "\n".join(self.legacy_text) or stdout_text
-        return blaslog.recipe_lines(lt, legacy)
+        lines, state = blaslog.read_logs(lt, legacy)
+        self.states.append(state)
+        return lines
+
+    def handle_state(self) -> dict | None:
+        """The cuBLAS handle's state over the blocks read since the last call
+        (blaslog.merge_states), then forgotten; None where none was read."""
+        from matmul_drift.core import blaslog
+
+        out, self.states = blaslog.merge_states(self.states), []
+        return out
 
 
 def _blas_log() -> BlasLog:
@@ -548,6 +560,13 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
 
 
 _BLAS_LOG: list[BlasLog] = []
+
+
+def handle_state() -> dict | None:
+    """The cuBLAS handle's state (workspace, math mode, stream, set-up calls, unread log
+    lines: core/blaslog.py) over the CUDA calls traced since the last call; None where none
+    was logged. It is the environment's, not the kernel-id's."""
+    return _BLAS_LOG[0].handle_state() if _BLAS_LOG else None
 
 
 def traced(fn, device: str) -> tuple[object, list[str]]:

@@ -345,6 +345,7 @@ def measure_operands(
     u = numerics.unit_roundoff(dtype)
     k = int(ops.a.shape[-1])
     with precision_flags(precision):
+        kernels.handle_state()  # what earlier calls left: this measurement's state is its own
         full: list[str] | None = [] if with_kernels else None
         y_full = traced_call(ops.product, device, full)
         top = top_product(ops, y_full)
@@ -419,6 +420,8 @@ def measure_operands(
         run_to_run = {"repeat": repeat, **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat, precision)}
         seconds = time_call(ops.product, device) if timing else None
         env = environment.describe(device, kernels.mkl_code_path() if device == "cpu" else None)
+        if device == "cuda":  # the handle's set-up is no part of the kernel-id (core/blaslog.py)
+            env["cublas_handle"] = kernels.handle_state()
 
     s = case.shape(device)
     return Measurement(
@@ -487,11 +490,12 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_B
     of about ``block_seconds`` (20 ms; as blocked_autorange, but never fewer
     than ``min_runs`` blocks (5), so the IQR means something, and ``min_seconds`` (0.2 s) in
     all; blocked_autorange may take one). On CUDA as
-    triton.testing.do_bench does: 5 calls estimate one, then about 25 ms of warm-up and 100
-    ms of timed calls (``reps`` at least), an L2 flush (a 256 MiB write) before every call,
-    CUDA events around the call alone; also ``quantiles`` (the 0.2, 0.5 and 0.8 quantiles,
-    seconds) and ``clocks`` (clocks.verdict: the SM clock and throttle reasons before and
-    after, and whether they fell).
+    triton.testing.do_bench does: 5 calls, each after its L2 flush (a 256 MiB write), estimate
+    one flushed call, then about 25 ms of warm-up and 100 ms of flushed calls (``reps`` at
+    least where they fit in clocks.CELL_SECONDS), CUDA events around the call alone; also
+    ``quantiles`` (the 0.2, 0.5 and 0.8 quantiles, seconds) and ``clocks`` (clocks.verdict:
+    the GPU's slowdown counters, SM clock and throttle reasons around the timed calls, and
+    whether they fell).
     """
     import torch
 
@@ -526,20 +530,35 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_B
             torch.cuda.synchronize()
             return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
 
+        def flushed() -> float:
+            """Seconds of one call with its flush: do_bench's estimate, events around
+            ESTIMATE_CALLS of ``cache.zero_(); fn()``, which sizes the runs."""
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(clocks.ESTIMATE_CALLS):
+                cache.zero_()
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1e3 / clocks.ESTIMATE_CALLS
+
         fn()
         torch.cuda.synchronize()
-        warmup, n = clocks.counts(float(np.median(timed(clocks.ESTIMATE_CALLS))))
+        warmup, n = clocks.counts(flushed(), least=reps)
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
-        before = clocks.read(torch.cuda.current_device())  # after the warm-up: an idle GPU reads its idle clock
-        samples = timed(max(n, reps))
+        uuid = clocks.nvml_uuid(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        before, t0 = clocks.read(uuid), time.perf_counter()
+        samples = timed(n)
+        window = time.perf_counter() - t0
         per_run, method = 1, ("CUDA events, L2 flushed before each call; about 25 ms of warm-up and 100 ms of "
-                              "calls, sized on 5 (triton.testing.do_bench)")
+                              "flushed calls, sized on 5 flushed calls (triton.testing.do_bench)")
         out = spread(samples, per_run, threads, method)
         q = np.quantile(np.asarray(samples, dtype=np.float64), clocks.QUANTILES)
+        # the GPU's slowdown counters over the timed window: a cap that lifted at the end shows
         return {**out, "quantiles": [float(x) for x in q],
-                "clocks": clocks.verdict(before, clocks.read(torch.cuda.current_device()))}
+                "clocks": clocks.verdict(before, clocks.read(uuid), window)}
     return spread(samples, per_run, threads, method)
 
 
