@@ -422,6 +422,7 @@ def test_the_graph_legend_sits_beside_the_plot_and_ids_say_what_they_are(offline
     names = _wait(b, "var t = [...document.querySelectorAll('.benchmark-text')].map(e => e.innerText); "
                      "return t.length ? t : null")
     ids = [n for n in names if "an id, not a quantity" in n]
-    assert len(ids) == 6 and any(n.startswith("Drift.track_map_id: an id") for n in ids), names
+    assert len(ids) == 7 and any(n.startswith("Drift.track_map_id: an id") for n in ids), names
+    assert any(n.startswith("Drift.track_bits_id: an id") for n in ids), names
     assert "Drift.track_error_u" in names  # a quantity keeps its own name
     assert _errors(b) == []

@@ -1542,6 +1542,8 @@ def test_drift_page_shows_kernel_names_and_is_linked(browser, served):
     kernels = browser.find_element("css selector", "table.kernels").text
     assert "MKL SGEMM(N,N) CNR:OFF NThr:" in kernels and "MKL SGEMM(N,N) CNR:COMPATIBLE NThr:" in kernels
     assert "kernel-id" in kernels and "box-b: square float32 cpu" in kernels
+    # the incident's block, its flags folded beneath it until a click opens them
+    browser.find_element("css selector", "section.incident details.flags summary").click()
     flags = browser.find_element("css selector", "table.flags").text
     assert "Drift.track_kernel_id" in flags and "CNR:COMPATIBLE" in flags
     assert "box-a" in browser.find_element("id", "nights").find_element("xpath", "following-sibling::ul").text
@@ -1563,6 +1565,10 @@ def test_drift_page_leads_with_the_flags_and_folds_the_notes(browser, served):
     if "notes" in order:  # folded: closed until asked
         assert order.index("notes") == 1
         assert browser.execute_script("return [...document.querySelectorAll('details.notes')].every(d => !d.open)")
+    incident = browser.find_element("css selector", "section.incident")
+    assert "MKL_CBWR=COMPATIBLE" in incident.text  # the cause, and the repro of the side that set it
+    assert browser.execute_script("return [...document.querySelectorAll('details.flags')].every(d => !d.open)")
+    incident.find_element("css selector", "details.flags summary").click()
     repro = browser.find_element("css selector", "table.flags").text
     assert "matmul-drift explain --case square --dtype float32 --device cpu" in repro
     changes = browser.find_element("css selector", "table.changes")
