@@ -35,7 +35,7 @@ UNITS = {
 METHOD = {
     "error_u": 1, "nonfinite": 2, "gamma_k_u": 1, "slice_n_ulp": 1, "slice_m_ulp": 1, "run_to_run_ulp": 1,
     "kernel_id": 5, "input_id": 1, "cuda_seconds": 2, "fix_cost": 1, "fix_id": 1, "order_id": 4, "time_matmul": 1,
-    "map_id": 1, "cuda_q20_seconds": 1, "cuda_q80_seconds": 1, "cuda_clock_fell": 1,
+    "map_id": 2, "cuda_q20_seconds": 1, "cuda_q80_seconds": 1, "cuda_clock_fell": 1,
 }
 
 # (series, the version it starts, the first commit that measured with it, what changed). A result
