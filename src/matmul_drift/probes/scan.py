@@ -310,16 +310,16 @@ def class_regions(points: dict[int, dict], period: int = 1) -> list[dict]:
 # Kernels block rows by 6, 12, 14, 24 or 28 as well as by powers of two, and such a route
 # is no pattern of the power classes. So the search measures a dense prefix of the range and
 # takes the period (of PERIODS) whose classes change least along it; searches the classes of
-# that period; and checks what it inferred with spot checks: in each round SPOT_CHECKS sizes
-# not measured, drawn at random (CHECK_SEED), are measured and compared with the state their
-# class gives them. Where one differs, the stretch between its class's measured neighbours is
+# that period; and checks what it inferred with spot checks: in each round one size not
+# measured of every state inferred in every class, and more up to SPOT_CHECKS, drawn at random
+# (CHECK_SEED), are measured and compared with the state their class gives them. Where one differs, the stretch between its class's measured neighbours is
 # measured densely, every class bisected again, and another round drawn; where the last round
 # still finds one, every size left is measured. Every choice rests only on the sizes the
 # search asked for, in order, so it replays over a record's points to resume.
 
 PREFIX = 56  # sizes measured densely at the range's start: each period of PERIODS shows twice
 PERIODS = (1, 2, 4, 6, 8, 12, 14, 16, 24, 28)  # in sizes: powers of two and the blocks kernels use
-SPOT_CHECKS = 12  # sizes not measured that one round of checks measures
+SPOT_CHECKS = 12  # sizes not measured that one round of checks measures at least
 CHECK_ROUNDS = 3  # rounds of checks; a failure in the last measures every size left
 CHECK_SEED = 68  # the seed of the spot checks' draw
 
@@ -373,8 +373,13 @@ def checked_search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = N
         if not unmeasured:
             break
         by_class = _by_class(points, period)
-        picks = sorted(rng.sample(unmeasured, min(SPOT_CHECKS, len(unmeasured))))
-        stated = {s: state_at(points, s, by_class, period) for s in picks}
+        stated = {s: state_at(points, s, by_class, period) for s in unmeasured}
+        inferred: dict[tuple, list[int]] = {}  # each class's states as inferred, with their sizes
+        for s in unmeasured:
+            inferred.setdefault((size_class(s, period), stated[s]), []).append(s)
+        picks = {rng.choice(sizes) for sizes in inferred.values()}
+        rest = [s for s in unmeasured if s not in picks]
+        picks = sorted(picks | set(rng.sample(rest, max(0, min(SPOT_CHECKS - len(picks), len(rest))))))
         wrong = [s for s in picks if region_key(at(s)) != stated[s]]
         report["checked"] += picks
         report["failed"] += wrong
