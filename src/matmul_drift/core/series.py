@@ -50,7 +50,7 @@ METHOD_CHANGES = (
     ("order_id", 2, "58b7dc6ffbc1f9de4e7944395dad7babaeb87381", "the probe tries the first tiles before the entry's column; a verified tree must replay"),
     ("order_id", 3, "c2d87faae535035d9fc782b23ae54af555b97ca4", "the replay no longer passes any tree on an fp16 or bf16 kernel"),
     ("order_id", 4, "a33612ce21c09ade9ac9b0883f6b672ab924fe69", "one tree has one order-id, however its children are written"),
-    ("map_id", 2, "e59e2a7706b89b014db5aab7940e2f5cd352d531",
+    ("map_id", 2, "ec050adea99287cfd4b7e347262e3c39ddf30618",
      "the map finds periods that are no power of two and spot-checks the M it infers"),
 )
 
