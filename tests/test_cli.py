@@ -990,16 +990,24 @@ def test_the_worst_slice_n_names_the_form_of_a_1d_a_it_was_measured_with():
 
 def test_the_catalog_is_found_in_the_checkout_where_the_command_runs_not_beside_the_package(tmp_path):
     """A plain `pip install .` puts the package in site-packages: its catalog is the checkout's
-    where the command runs (results/catalog), and a command elsewhere says where it looked."""
+    where the command runs (results/catalog), and a command elsewhere says where it looked. The
+    checkout is one made here with a catalog of one known entry: the project's own catalog grows
+    with every main job run in it, and 1.71e+14 may then name more than one entry."""
     site = tmp_path / "site-packages"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "src" / "matmul_drift", site / "matmul_drift",
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "src" / "matmul_drift", site / "matmul_drift",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    checkout = tmp_path / "checkout"
+    kernels = Path("results", "catalog", "kernels")
+    (checkout / kernels).mkdir(parents=True)
+    (checkout / "docs").mkdir()
+    shutil.copy(repo / "asv.conf.json", checkout)
+    shutil.copy(repo / kernels / "9b9327e25992.json", checkout / kernels)
     env = {k: v for k, v in os.environ.items() if k != "MATMUL_DRIFT_CATALOG"}
     env["PYTHONPATH"] = str(site)
-    repo = Path(__file__).resolve().parents[1]
     run = lambda cwd: subprocess.run([sys.executable, "-m", "matmul_drift.cli", "catalog", "1.71e+14"],  # noqa: E731
                                      cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-    p = run(repo / "docs")  # in the checkout, below its root
+    p = run(checkout / "docs")  # in the checkout, below its root
     assert p.returncode == 0 and p.stdout.startswith("kernels 9b9327e25992"), p.stdout + p.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -413,3 +413,91 @@ def test_the_suite_maps_only_to_64_where_the_cpu_runs_torchs_own_loop(tmp_path, 
         native = [k for k in full if not k.startswith("aten::")] == ["native"]
         entry = catalog.load(tmp_path, "maps", v["map_id"])
         assert entry["params"]["hi"] == (min(64, m) if native else min(256, m)), (p, full, entry["params"])
+
+
+# --- the search on synthetic routes (no torch) ------------------------------------------------
+# Routes whose invariance has a period that is no power of two, as kernels that block M by 6 or
+# 14 give it, and runs that change and change back inside one class: the search must state
+# every M as the route has it, or say that it did not see a run (no spot check on it, narrower
+# than the grid), or fall back to measuring densely and say so.
+
+
+def synthetic(rows_invariant, kernel=lambda m: "aaa"):
+    """An evaluate(M) for batchmap.search and its truth: row 0 drifts above M = 1, the rows are
+    invariant where ``rows_invariant(M)``."""
+    def evaluate(m):
+        return point(m, kernel(m), 0 if m == 1 else 1, 0 if rows_invariant(m) else 2)
+    return evaluate, lambda m: batchmap.state(evaluate(m))
+
+
+def mapped(evaluate, lo=1, hi=256):
+    calls = []
+    points, found = batchmap.search(lo, hi, lambda m: calls.append(m) or evaluate(m))
+    assert len(calls) == len(set(calls)) == len(points)  # nothing measured twice
+    params = batchmap.Params(None, "mm", lo, hi, hi, "range", 64, 48, None, "float32", "cpu", 0,
+                             "0" * 12)
+    rec = batchmap.record(params, points, input_checksum="x", anchor_checksum="y", environment={},
+                          sessions=[], complete=True, search=found)
+    stated = mapruns.per_m(rec["verdicts"])
+    return rec, stated, found
+
+
+@pytest.mark.parametrize("period, holds", [(6, (0, 4, 5)), (14, (0, 1, 2, 3, 4, 5, 6, 7)),
+                                           (12, (8, 9, 10, 11, 0))])
+def test_a_route_with_a_period_of_6_or_14_is_stated_exactly(period, holds):
+    evaluate, truth = synthetic(lambda m: m % period in holds)
+    rec, stated, found = mapped(evaluate)
+    assert [m for m in range(1, 257) if stated[m] != truth(m)] == []
+    assert found["period"] % period == 0 and found["prefix"] == [1, scan.PREFIX]
+    assert not found["failed"] and all(m not in found["checked"] for m in range(1, scan.PREFIX + 1))
+    text = batchmap.render(rec)
+    assert f"measured {rec['measured']} of 256 batch sizes" in text
+    assert f"by the batch size modulo {found['period']}" in text
+    if found["checked"]:
+        checks = f"{len(found['checked'])} batch sizes not measured were spot-checked"
+        assert f"{checks} (seed {scan.CHECK_SEED}" in text
+    # the same route under the search by powers of two alone states it wrongly: what #68 found
+    views = {m: batchmap._view(evaluate(m)) for m in range(1, 257)}
+    alone = scan.class_search(1, 256, lambda m: views[m])
+    assert any(scan.state_at(alone, m)[0] != batchmap.state(evaluate(m)) for m in range(1, 257))
+    # the same route after a change of period part-way (6, then 12 above M = 36), as MKL's AVX2 gave
+    evaluate, truth = synthetic(lambda m: m % 6 in (0, 4, 5) if m <= 36
+                                else m % 12 in (8, 9, 10, 11, 0))
+    rec, stated, found = mapped(evaluate)
+    assert [m for m in range(1, 257) if stated[m] != truth(m)] == []
+
+
+@pytest.mark.parametrize("width", [1, 3, 7, 15])
+def test_a_run_that_changes_back_inside_one_class_is_stated_or_said_unseen(width):
+    """A run of odd M alone in another state, at each place of the range beyond the prefix: where
+    a spot check lands on it, the search measures its stretch densely and says so; where none
+    does, and it is narrower than the grid, the map says that such runs can go unseen."""
+    caught = missed = 0
+    for start in range(scan.PREFIX + 1, 256 - 2 * width, 2):
+        run = range(start | 1, (start | 1) + 2 * width, 2)  # `width` odd M
+        evaluate, truth = synthetic(lambda m, run=run: m not in run)
+        rec, stated, found = mapped(evaluate)
+        wrong = [m for m in range(1, 257) if stated[m] != truth(m)]
+        hit = [m for m in found["checked"] if m in run]
+        if hit:  # a check on the run: stated exactly; where the check failed, its stretch measured
+            assert wrong == [], (start, found)
+            failed = [m for m in hit if m in found["failed"]]
+            caught += bool(failed)
+            assert all(any(a <= m <= b for a, b in found["dense"]) for m in failed)
+            assert not failed or "were measured densely" in batchmap.render(rec)
+        elif wrong:
+            missed += 1
+            assert set(wrong) <= set(run) and 2 * width < rec["grid_gap"], (start, wrong)
+            assert f"a run of fewer than {rec['grid_gap']} batch sizes" in batchmap.render(rec)
+    assert caught or (width > 3 and not missed), "no spot check caught a run the grid missed"
+
+
+def test_a_route_with_no_pattern_falls_back_to_dense_and_says_so():
+    """Beyond a regular prefix, M that drift follow no period (a hash of M picks one in five): the
+    spot checks keep failing, and the last round measures every M left; the map is then exact
+    at every M and says how it got there."""
+    evaluate, truth = synthetic(lambda m: m <= scan.PREFIX or (m * 2654435761) % 1021 % 5)
+    rec, stated, found = mapped(evaluate)
+    assert [m for m in range(1, 257) if stated[m] != truth(m)] == []
+    assert found["period"] == 1 and found["failed"] and found["rest"] and rec["measured"] == 256
+    assert "every size left was measured (a dense sweep)" in batchmap.render(rec)

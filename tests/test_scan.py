@@ -232,7 +232,8 @@ def sweep_with(kind):
 def scan_state(rec, size):
     """(kernels, drift non-zero?) that a complete scan record states for ``size``, from the
     region of its alignment class that holds it."""
-    label = scan.class_label(scan.size_class(size))
+    period = rec["search"]["period"]
+    label = scan.class_label(scan.size_class(size, period), period)
     r = next(r for r in rec["regions"] if r["class"] == label and r["lo"] <= size <= r["hi"])
     return tuple(r["kernels"]), r["drift"] == "non-zero"
 
@@ -485,7 +486,7 @@ def test_records_are_never_overwritten_and_resume_checks_parameters(capsys, tmp_
     old["schema"] = "matmul-drift-scan/1"  # a record from the single-grid search
     (tmp_path / "old.json").write_text(json.dumps(old))
     rc, _, err = scan_cli(capsys, *BASE, "--resume", tmp_path / "old.json")
-    assert rc == 2 and "before alignment classes" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "from an older search (matmul-drift-scan/1)" in err and len(err.strip().splitlines()) == 1
     (tmp_path / "junk.json").write_text("{not json")
     rc, _, err = scan_cli(capsys, *BASE, "--resume", tmp_path / "junk.json")
     assert rc == 2 and "not JSON" in err

@@ -37,7 +37,7 @@ UNITS = {
 METHOD = {
     "error_u": 1, "nonfinite": 2, "gamma_k_u": 1, "slice_n_ulp": 1, "slice_m_ulp": 1, "run_to_run_ulp": 1,
     "kernel_id": 6, "input_id": 1, "cuda_seconds": 3, "fix_cost": 1, "fix_id": 1, "order_id": 4, "time_matmul": 1,
-    "map_id": 2, "cuda_q20_seconds": 2, "cuda_q80_seconds": 2, "cuda_clock_fell": 2, "bits_id": 1,
+    "map_id": 3, "cuda_q20_seconds": 2, "cuda_q80_seconds": 2, "cuda_clock_fell": 2, "bits_id": 1,
 }
 
 # (series, the version it starts, the first commit that measured with it, what changed). A result
@@ -65,6 +65,8 @@ METHOD_CHANGES = (
      "runs sized on the flushed call, as do_bench sizes them"),
     ("cuda_clock_fell", 2, "cebdce9f3d3fa096ccca2a952cf15c4edae468df",
      "NVML's slowdown counters over the timed window, the GPU found by UUID"),
+    ("map_id", 3, "ec050adea99287cfd4b7e347262e3c39ddf30618",
+     "the map finds periods that are no power of two and spot-checks the M it infers"),
 )
 
 

@@ -6,10 +6,11 @@ product ``A[:M_full] @ B`` (``rows``; M_full is the range's top, or the case's M
 kernel-id that ran. A point is measure/batchpoint.py's plain dict: ``size``, ``kernel_id``,
 ``kernels`` and ``row0_``/``rows_`` ``max_ulp``, ``frac_differ`` and ``max_u``.
 
-It measures only some M: scan's alignment-class search (probes/scan.py) runs on the state
-(kernel-id, row 0 invariant?, rows invariant?), so every M is stated exactly within its class,
-with scan's limit: a state that changes and changes back between two grid points of a class is
-not seen. No torch here: measuring is batchpoint's, driving batchmap_run's, drawing map_plot's.
+It measures only some M: scan's checked search (probes/scan.py: a dense prefix that shows the
+period, the alignment classes of that period, spot checks of M not measured, dense stretches
+where a check fails) runs on the state (kernel-id, row 0 invariant?, rows invariant?), so every
+M is measured, or inferred within its class and the inference checked at random M. No torch
+here: measuring is batchpoint's, driving batchmap_run's, drawing map_plot's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass
 from matmul_drift.core import cases, mapruns
 from matmul_drift.probes import scan
 
-SCHEMA = "matmul-drift-map/1"
+SCHEMA = "matmul-drift-map/2"  # /1: classes by powers of two only, unchecked
 DEFAULT_TOP = {"cpu": 256, "cuda": 512}  # the default range's top M, by device
 MAX_SPANS = 8  # beyond this many runs of M, a property is stated by alignment class instead
 FULL_WORDS = {"range": "the range's top", "case": "the case's M"}
@@ -112,28 +113,32 @@ def _view(point: dict) -> dict:
     return {"kernel_id": state(point)}
 
 
-def search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = None) -> dict[int, dict]:
-    """scan.class_search over M = lo..hi on the map's state. ``evaluate(M) -> point`` is called
-    once per M not in ``known``; returns every measured point by M. Deterministic given the
-    points, so a map resumes by replaying it over the points recorded."""
-    points = dict(known or {})
+def search(lo: int, hi: int, evaluate,
+           known: dict[int, dict] | None = None) -> tuple[dict[int, dict], dict]:
+    """scan.checked_search over M = lo..hi on the map's state. ``evaluate(M) -> point`` is
+    called once per M asked for that is not in ``known``; returns every point asked for by M,
+    and the search's report (scan.checked_search's). Deterministic given the points, so a map
+    resumes by replaying it over the points recorded."""
+    cache = dict(known or {})
+    points: dict[int, dict] = {}
 
     def at(m: int) -> dict:
-        points[m] = evaluate(m)
+        points[m] = cache[m] if m in cache else evaluate(m)
         return _view(points[m])
 
-    scan.class_search(lo, hi, at, known={m: _view(p) for m, p in points.items()})
-    return points
+    _, report = scan.checked_search(lo, hi, at)
+    return points, report
 
 
-def verdicts(points: dict[int, dict], lo: int, hi: int) -> list[dict]:
+def verdicts(points: dict[int, dict], lo: int, hi: int, period: int = 1) -> list[dict]:
     """Every M of lo..hi as runs of one state: ``lo``, ``hi``, ``kernel_id``, ``row0``, ``rows``
     (True: bit-identical) and ``measured`` (how many M of the run were measured; the others
-    take their class's state, exact within the class as scan's are)."""
+    take the state of their class, of ``period``, as the search inferred and checked it)."""
     views = {m: _view(p) for m, p in points.items()}
+    by_class = scan._by_class(views, period)
     out: list[dict] = []
     for m in range(lo, hi + 1):
-        kernel_id, row0, rows = scan.state_at(views, m)[0]
+        kernel_id, row0, rows = scan.state_at(views, m, by_class, period)[0]
         if out and (out[-1]["kernel_id"], out[-1]["row0"], out[-1]["rows"]) == (kernel_id, row0, rows):
             out[-1]["hi"] = m
         else:
@@ -145,11 +150,11 @@ def verdicts(points: dict[int, dict], lo: int, hi: int) -> list[dict]:
 # --- words ---------------------------------------------------------------------------------
 
 
-def _pattern_text(points: dict[int, dict], lo: int, hi: int, key) -> str:
+def _pattern_text(points: dict[int, dict], lo: int, hi: int, key, period: int = 1) -> str:
     """scan.pattern's segments ("1..11: drift, except multiples of 4: no drift") for one
     part of the state: ``key(point)`` is the (kernel-id, drift) pair scan's words read."""
     views = {m: dict(zip(("kernel_id", "max_ulp"), key(p)), frac_differ=0.0) for m, p in points.items()}
-    return "; ".join(seg["text"] for seg in scan.pattern(views, lo, hi))
+    return "; ".join(seg["text"] for seg in scan.pattern(views, lo, hi, period))
 
 
 def _worst(points: dict[int, dict], which: str) -> str:
@@ -159,9 +164,11 @@ def _worst(points: dict[int, dict], which: str) -> str:
     return f"max {ulp} ulp" if ulp else "entries differ between finite and NaN/inf only"
 
 
-def property_words(points: dict[int, dict], runs: list[dict], which: str, lo: int, hi: int) -> str:
+def property_words(points: dict[int, dict], runs: list[dict], which: str, lo: int, hi: int,
+                   period: int = 1) -> str:
     """Where ``which`` ("row0" or "rows") holds, in words: 'invariant at M = 1..3, 8..15;
-    drifts elsewhere (max 2 ulp)'; by alignment class where more than MAX_SPANS runs."""
+    drifts elsewhere (max 2 ulp)'; where more than MAX_SPANS runs, by alignment class (period
+    1), or the first MAX_SPANS runs and a count (a period found: its classes are many)."""
     spans = mapruns.spans([(r["lo"], r["hi"]) for r in runs if r[which]])
     if not spans:
         return f"drifts at every M ({_worst(points, which)})"
@@ -169,6 +176,10 @@ def property_words(points: dict[int, dict], runs: list[dict], which: str, lo: in
         return f"invariant at every M, {lo}..{hi}"
     if len(spans) > MAX_SPANS:
         count = sum(b - a + 1 for a, b in spans)
+        if period > 1:
+            return (f"invariant at {count} of {hi - lo + 1} M (period {period}): "
+                    f"{mapruns.spans_text(spans, MAX_SPANS)}; "
+                    f"drifts elsewhere ({_worst(points, which)})")
         return (f"invariant at {count} of {hi - lo + 1} M, by alignment: "
                 f"{_pattern_text(points, lo, hi, lambda p: ('', int(not invariant(p, which))))} ({_worst(points, which)})")
     return f"invariant at M = {mapruns.spans_text(spans)}; drifts elsewhere ({_worst(points, which)})"
@@ -179,7 +190,8 @@ def route(kernels: list[str]) -> str:
     return "; ".join([k for k in kernels if not k.startswith("aten::")] or kernels)
 
 
-def kernel_words(points: dict[int, dict], runs: list[dict], lo: int, hi: int) -> str:
+def kernel_words(points: dict[int, dict], runs: list[dict], lo: int, hi: int,
+                 period: int = 1) -> str:
     """Which kernels ran where: 'one route at every M (…)', the M of each kernel-id, or by
     alignment class where more than MAX_SPANS runs."""
     names = {p["kernel_id"]: route(p["kernels"]) for p in points.values()}
@@ -190,27 +202,32 @@ def kernel_words(points: dict[int, dict], runs: list[dict], lo: int, hi: int) ->
         (kid,) = where
         return f"one route at every M: {kid} ({names[kid]})"
     spans = {kid: mapruns.spans(w) for kid, w in where.items()}
-    if sum(map(len, spans.values())) > MAX_SPANS:
+    if sum(map(len, spans.values())) > MAX_SPANS and period == 1:
         text = _pattern_text(points, lo, hi, lambda p: (p["kernel_id"], None))
+    elif sum(map(len, spans.values())) > MAX_SPANS:
+        text = "; ".join(f"{kid} at M = {mapruns.spans_text(s, MAX_SPANS)}"
+                         for kid, s in sorted(spans.items(), key=lambda x: x[1][0]))
     else:
         text = "; ".join(f"{kid} at M = {mapruns.spans_text(s)}" for kid, s in sorted(spans.items(), key=lambda x: x[1][0]))
     return text + "".join(f"\n    {kid}: {names[kid]}" for kid in sorted(where, key=lambda k: spans[k][0]))
 
 
-def words(points: dict[int, dict], lo: int, hi: int, m_full: int) -> str:
+def words(points: dict[int, dict], lo: int, hi: int, m_full: int, period: int = 1) -> str:
     """The map in words: one line for row 0, one for the rows, then the kernels."""
-    runs = verdicts(points, lo, hi)
+    runs = verdicts(points, lo, hi, period)
     return "\n".join([
-        f"row 0 as at M = 1: {property_words(points, runs, 'row0', lo, hi)}",
-        f"rows as in the full product (M = {m_full}): {property_words(points, runs, 'rows', lo, hi)}",
-        f"kernels: {kernel_words(points, runs, lo, hi)}",
+        f"row 0 as at M = 1: {property_words(points, runs, 'row0', lo, hi, period)}",
+        f"rows as in the full product (M = {m_full}): "
+        f"{property_words(points, runs, 'rows', lo, hi, period)}",
+        f"kernels: {kernel_words(points, runs, lo, hi, period)}",
     ])
 
 
 def measured_words(rec: dict) -> str:
-    """'measured 61 of 256 batch sizes (23.8%)'."""
+    """'measured 61 of 256 batch sizes (23.8%), 12 of them spot checks'."""
     n, size = rec["measured"], rec["range_size"]
-    return f"measured {n} of {size} batch sizes ({n / size:.1%})"
+    checks = len((rec.get("search") or {}).get("checked", []))
+    return f"measured {n} of {size} batch sizes ({n / size:.1%}), {checks} of them spot checks"
 
 
 def render(rec: dict) -> str:
@@ -224,27 +241,35 @@ def render(rec: dict) -> str:
             f"(M = {p['m_full']}, {FULL_WORDS[p['full']]}), each made once")
     body = "\n".join("  " + line for line in rec["words"].splitlines())
     gap = rec["grid_gap"]
-    if not gap:
-        note = "Every M was measured (each alignment class in full): this is what holds at every M of the range."
+    how = rec.get("search") and scan.search_words(rec["search"], rec["measured"], rec["range_size"],
+                                                  "batch size")
+    how = f"How: {how}.\n" if how else ""
+    if not gap or rec["measured"] == rec["range_size"]:
+        note = "Every M was measured: this is what holds at every M of the range."
     else:
         note = (f"The M not measured take their alignment class's state: each class ({', '.join(rec['classes'])}) "
                 f"was searched on its own grid (points up to {gap} batch sizes apart) and bisected to adjacent "
-                "members, so every change is exact within its class (as scan's). Not seen: a state that changes "
-                f"and changes back between two grid points of a class (a run of fewer than {gap} batch sizes), or "
-                "an M whose drift vanishes only because these inputs round alike there. Ulps are the largest "
-                "among the measured M.")
-    return f"{head}\n\n{body}\n\n{note}"
+                "members, so every change is exact within its class (as scan's), and the spot checks "
+                "test that inference at M drawn at random. Not seen but for them: a state that changes "
+                "and changes back between two grid points of a class (a run of fewer than "
+                f"{gap} batch sizes), or an M whose drift vanishes only because these inputs round "
+                "alike there. Ulps are the largest among the measured M.")
+    return f"{head}\n\n{body}\n\n{how}{note}"
 
 
 # --- the record ----------------------------------------------------------------------------
 
 
 def record(params: Params, points: dict[int, dict], *, input_checksum: str, anchor_checksum: str,
-           environment: dict, sessions: list[dict], complete: bool) -> dict:
+           environment: dict, sessions: list[dict], complete: bool,
+           search: dict | None = None) -> dict:
     """The map's JSON object. ``measured`` counts the M measured over every session (each one
     product), ``products`` adds the two anchors, ``range_size`` is hi − lo + 1; ``grid_gap``
-    (batch sizes) is scan.grid_gap's. Once complete: ``verdicts`` (every M, as runs of one
-    state) and ``words``. ``sessions`` as scan's: ``evaluated``, ``seconds``, ``complete``."""
+    (batch sizes) is scan.grid_gap's in the classes of the period found. Once complete:
+    ``search`` (scan.checked_search's report: the period, the prefix, the spot checks, where
+    it fell back to dense), ``verdicts`` (every M, as runs of one state) and ``words``.
+    ``sessions`` as scan's: ``evaluated``, ``seconds``, ``complete``."""
+    period = search["period"] if search else 1
     return {
         "schema": SCHEMA,
         "params": params.to_dict(),
@@ -254,10 +279,12 @@ def record(params: Params, points: dict[int, dict], *, input_checksum: str, anch
         "range_size": params.hi - params.lo + 1,
         "input_checksum": input_checksum,
         "anchor_checksum": anchor_checksum,
-        "classes": [scan.class_label(c) for c in range(scan.CLASS_TOP + 1)],
-        "grid_gap": scan.grid_gap(params.lo, params.hi, None),
-        "verdicts": verdicts(points, params.lo, params.hi) if complete else [],
-        "words": words(points, params.lo, params.hi, params.m_full) if complete else "",
+        "classes": [scan.class_label(c, period)
+                    for c in scan.classes_in(params.lo, params.hi, period)],
+        "grid_gap": scan.grid_gap(params.lo, params.hi, None, period=period),
+        "search": search if complete else None,
+        "verdicts": verdicts(points, params.lo, params.hi, period) if complete else [],
+        "words": words(points, params.lo, params.hi, params.m_full, period) if complete else "",
         "points": [points[m] for m in sorted(points)],
         "sessions": sessions,
         "environment": environment,

@@ -93,11 +93,12 @@ class Mapper:
             return batchpoint.batch_point(self.ops, m, self.anchors, dtype=self.plan.dtype, device=p.device,
                                           made=self.made)
 
-    def record(self, points: dict[int, dict], sessions: list[dict], complete: bool) -> dict:
-        """batchmap.record of ``points`` on these inputs and anchors."""
+    def record(self, points: dict[int, dict], sessions: list[dict], complete: bool,
+               search: dict | None = None) -> dict:
+        """batchmap.record of ``points`` on these inputs and anchors (``search``: the report)."""
         return batchmap.record(self.plan.params, points, input_checksum=self.checksum,
                                anchor_checksum=self.anchors.checksum, environment=self.plan.environment,
-                               sessions=sessions, complete=complete)
+                               sessions=sessions, complete=complete, search=search)
 
 
 def complete(mapper: Mapper) -> dict:
@@ -105,9 +106,9 @@ def complete(mapper: Mapper) -> dict:
     stops its setup_cache as a whole): the complete record, one session (seconds)."""
     t0 = time.monotonic()
     p = mapper.plan.params
-    points = batchmap.search(p.lo, p.hi, mapper.point)
+    points, found = batchmap.search(p.lo, p.hi, mapper.point)
     return mapper.record(points, [{"evaluated": len(points), "seconds": round(time.monotonic() - t0, 3),
-                                   "complete": True}], complete=True)
+                                   "complete": True}], complete=True, search=found)
 
 
 def confirm(mapper: Mapper, runs: list[dict], most: int = CONFIRM_MOST) -> dict:
@@ -158,11 +159,12 @@ def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] 
         t0 = time.monotonic()
         claimed = [resume]  # the record's file is ours: resumed, or created by the first write
 
-        def save(all_points: dict, complete: bool) -> None:
+        def save(all_points: dict, complete: bool, search: dict | None = None) -> None:
             session["seconds"] = round(time.monotonic() - t0, 3)
             session["complete"] = complete
             if path:  # the first write must not replace a file made since --json was checked absent
-                batchmap.write_atomic(path, mapper.record(all_points, sessions, complete), new=not claimed[0])
+                batchmap.write_atomic(path, mapper.record(all_points, sessions, complete, search),
+                                      new=not claimed[0])
                 claimed[0] = True
 
         live = dict(points)
@@ -186,7 +188,7 @@ def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] 
         # Ctrl-C (or SIGTERM) lets the M in hand finish and be recorded; a second one stops at once.
         with interrupt.deferred(stopped):
             try:
-                points = batchmap.search(s["lo"], s["hi"], evaluate, known=points)
+                points, found = batchmap.search(s["lo"], s["hi"], evaluate, known=points)
             except (KeyboardInterrupt, kernels.ProfilerLost) as exc:
                 bar.close()
                 if path and session["evaluated"]:
@@ -200,7 +202,7 @@ def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] 
                                f"interrupted after {session['evaluated']} batch sizes; {where}")
         bar.close()
     if session["evaluated"] or (rec and not rec.get("complete")):
-        save(points, complete=True)
-    result = mapper.record(points, sessions, complete=True)
+        save(points, complete=True, search=found)
+    result = mapper.record(points, sessions, complete=True, search=found)
     return Outcome(0, result, f"{session['evaluated']} batch sizes measured here, {result['measured']} in all, "
                               f"for {result['range_size']}" + (f"; record in {path}" if path else ""))

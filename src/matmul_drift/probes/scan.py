@@ -6,13 +6,15 @@ belong to the same region when their kernel-ids are equal and their drift is zer
 both or non-zero on both (for k, where nothing is compared, the kernel-id alone).
 
 Sizes are split into alignment classes by the largest power of two dividing them (odd,
-2 mod 4, 4 mod 8, 8 mod 16, 16 mod 32, 0 mod 32). Within each class the search samples a
-coarse grid, then bisects every grid interval whose ends differ down to adjacent members
-of the class, so every boundary is exact within its class, and a route that depends on the
-size modulo 2, 4, 8, 16 or 32 is seen as a pattern across classes. Its limit: kernels or
-drift that change and change back between two grid points of a class (A → B → A, a run
-narrower than ``grid_gap``: up to 607 sizes of 12,000 on the default grid) are not seen
-there; a smaller ``step`` (1 is a dense sweep) tightens it.
+2 mod 4, 4 mod 8, 8 mod 16, 16 mod 32, 0 mod 32), and each of those by the size modulo a
+period that a dense prefix of the range shows (kernels block by 6, 12, 14, 24 or 28 as well
+as by powers of two; period 1 where none shows). Within each class the search samples a
+coarse grid, then bisects every interval whose ends differ down to adjacent members of the
+class, so every boundary is exact within its class. What it inferred is then checked: sizes
+not measured, drawn at random from a fixed seed, are measured and compared with the state
+their class gives them; where one differs, that stretch is measured densely (and where the
+last round of checks still finds one, every size left is). The record says how many sizes
+were measured, which were spot checks, and where the search fell back to dense.
 The search is deterministic given the points, so a scan resumes by replaying it over the
 points already recorded. No torch here: measuring is measure/measure.py's, drawing scan_plot's.
 """
@@ -22,12 +24,14 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import random
 from dataclasses import asdict, dataclass
 
 from matmul_drift.core import ids
 from matmul_drift.store import atomic
 
-SCHEMA = "matmul-drift-scan/2"  # /1: one grid over all sizes, before alignment classes
+# /1: one grid over all sizes; /2: classes by powers of two only, unchecked
+SCHEMA = "matmul-drift-scan/3"
 DIMS = ("m", "k", "n")
 
 
@@ -121,37 +125,51 @@ def search(lo: int, hi: int, step: int, evaluate, known: dict[int, dict] | None 
 # small-m paths differ with m mod 4), so a route can depend on a size modulo a power of two
 # and never hold over a contiguous range. The search therefore runs once per class of sizes,
 # by the largest power of two dividing the size (up to 2^CLASS_TOP): odd, 2 mod 4, 4 mod 8,
-# 8 mod 16, 16 mod 32 and 0 mod 32. Each class is an arithmetic progression, searched and
-# bisected on its own, so each boundary is exact within its class.
+# 8 mod 16, 16 mod 32 and 0 mod 32; with a period p > 1, each of those is split by the size
+# modulo p, and class c is power class c // p with residue c % p. Each class is an arithmetic
+# progression, searched and bisected on its own, so each boundary is exact within its class.
 
 CLASS_TOP = 5
 CLASS_INTERVALS = 20  # coarse grid intervals per class when no --step is given
 
 
-def size_class(size: int) -> int:
-    """0 for odd sizes, c for sizes ≡ 2^c mod 2^(c+1), CLASS_TOP for multiples of 2^CLASS_TOP."""
-    return min((size & -size).bit_length() - 1, CLASS_TOP)
+def size_class(size: int, period: int = 1) -> int:
+    """The class of ``size``: its power class (0 for odd sizes, c for sizes ≡ 2^c mod 2^(c+1),
+    CLASS_TOP for multiples of 2^CLASS_TOP) times ``period``, plus the size modulo ``period``."""
+    return min((size & -size).bit_length() - 1, CLASS_TOP) * period + size % period
 
 
-def class_label(c: int) -> str:
-    """'odd', '≡ 2 mod 4', ..., '≡ 0 mod 32'."""
-    if c == 0:
-        return "odd"
-    if c == CLASS_TOP:
-        return f"≡ 0 mod {2 ** CLASS_TOP}"
-    return f"≡ {2 ** c} mod {2 ** (c + 1)}"
+def class_count(period: int = 1) -> int:
+    """How many classes there are with ``period`` (some hold no size: odd sizes ≡ 2 mod 4)."""
+    return (CLASS_TOP + 1) * period
 
 
-def class_members(lo: int, hi: int, c: int) -> range:
-    """The sizes of class ``c`` in lo..hi (both included), ascending."""
-    spacing = 2 ** (c + 1) if c < CLASS_TOP else 2 ** CLASS_TOP
-    offset = 2 ** c if c < CLASS_TOP else 0
-    first = lo + (offset - lo) % spacing
-    return range(first, hi + 1, spacing)
+def class_label(c: int, period: int = 1) -> str:
+    """'odd', '≡ 2 mod 4', ..., '≡ 0 mod 32'; with a period, ', ≡ r mod p' after it."""
+    base = c // period
+    words = ("odd" if base == 0 else f"≡ 0 mod {2 ** CLASS_TOP}" if base == CLASS_TOP
+             else f"≡ {2 ** base} mod {2 ** (base + 1)}")
+    return words if period == 1 else f"{words}, ≡ {c % period} mod {period}"
+
+
+def class_members(lo: int, hi: int, c: int, period: int = 1) -> range:
+    """The sizes of class ``c`` in lo..hi (both included), ascending (empty where none)."""
+    base = c // period
+    spacing = 2 ** (base + 1) if base < CLASS_TOP else 2 ** CLASS_TOP
+    offset = 2 ** base if base < CLASS_TOP else 0
+    step = math.lcm(spacing, period)
+    first = next((s for s in range(lo, lo + step) if s % spacing == offset and s % period == c % period),
+                 hi + 1)
+    return range(first, hi + 1, step)
+
+
+def classes_in(lo: int, hi: int, period: int = 1) -> list[int]:
+    """The classes that hold a size of lo..hi, in order."""
+    return [c for c in range(class_count(period)) if class_members(lo, hi, c, period)]
 
 
 def class_search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = None, step: int | None = None,
-                 intervals: int = CLASS_INTERVALS) -> dict[int, dict]:
+                 intervals: int = CLASS_INTERVALS, period: int = 1) -> dict[int, dict]:
     """``search`` once per alignment class. Within a class the coarse grid takes every
     ``step // spacing``-th member (``step`` in sizes; 1 is a dense sweep), or by default cuts
     the class into ``intervals`` pieces; differing neighbours are bisected down to adjacent
@@ -163,11 +181,10 @@ def class_search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = Non
             points[size] = evaluate(size)
         return points[size]
 
-    for c in range(CLASS_TOP + 1):
-        members = class_members(lo, hi, c)
-        if members:
-            search(0, len(members) - 1, _index_step(members, step, intervals),
-                   lambda i, members=members: at(members[i]))  # `at` caches by size
+    for c in classes_in(lo, hi, period):
+        members = class_members(lo, hi, c, period)
+        search(0, len(members) - 1, _index_step(members, step, intervals),
+               lambda i, members=members: at(members[i]))  # `at` caches by size
     return points
 
 
@@ -176,51 +193,53 @@ def _index_step(members: range, step: int | None, intervals: int) -> int:
     return max(1, step // members.step) if step else max(1, math.ceil((len(members) - 1) / intervals))
 
 
-def grid_gap(lo: int, hi: int, step: int | None, intervals: int = CLASS_INTERVALS) -> int:
+def grid_gap(lo: int, hi: int, step: int | None, intervals: int = CLASS_INTERVALS,
+             period: int = 1) -> int:
     """The widest distance between neighbouring grid points of a class that skips members,
     in sizes; 0 when every size is evaluated (a dense sweep). Kernels or drift that change
     and change back over a run of sizes narrower than this can lie between two grid points
-    and go unseen in that class."""
-    classes = [m for m in (class_members(lo, hi, c) for c in range(CLASS_TOP + 1)) if m]
+    and go unseen in that class (but for the spot checks)."""
+    classes = [class_members(lo, hi, c, period) for c in classes_in(lo, hi, period)]
     widest = [(min(_index_step(m, step, intervals), len(m) - 1), m.step) for m in classes]  # in members
     return max([i * spacing for i, spacing in widest if i > 1], default=0)
 
 
-def state_at(points: dict[int, dict], size: int, by_class: dict[int, list[int]] | None = None) -> tuple:
+def state_at(points: dict[int, dict], size: int, by_class: dict[int, list[int]] | None = None,
+             period: int = 1) -> tuple:
     """The region_key the search implies at ``size``: that of its class's evaluated neighbours
     (after class_search, neighbours that differ are adjacent members, so they agree here)."""
-    by_class = by_class or _by_class(points)
-    sizes = by_class[size_class(size)]
+    by_class = by_class or _by_class(points, period)
+    sizes = by_class[size_class(size, period)]
     i = bisect.bisect_left(sizes, size)
     return region_key(points[sizes[min(i, len(sizes) - 1)]])
 
 
-def _by_class(points: dict[int, dict]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {c: [] for c in range(CLASS_TOP + 1)}
+def _by_class(points: dict[int, dict], period: int = 1) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {c: [] for c in range(class_count(period))}
     for s in sorted(points):
-        out[size_class(s)].append(s)
+        out[size_class(s, period)].append(s)
     return out
 
 
-def _class_set(classes: set[int], absent: set[int] = frozenset()) -> str:
+def _class_set(classes: set[int], absent: set[int] = frozenset(), period: int = 1) -> str:
     """Words for a set of classes: 'multiples of 4', 'sizes not divisible by 8', or a list.
     Classes with no size in the segment (``absent``) may be counted in or out."""
-    for c in range(1, CLASS_TOP + 1):
+    for c in range(1, CLASS_TOP + 1) if period == 1 else ():
         for target, words in ((set(range(c, CLASS_TOP + 1)), f"multiples of {2 ** c}"),
                               (set(range(c)), f"sizes not divisible by {2 ** c}")):
             if classes <= target <= classes | absent:
                 return words
-    return ", ".join(class_label(c) for c in sorted(classes))
+    return "; ".join(class_label(c, period) for c in sorted(classes))
 
 
-def pattern(points: dict[int, dict], lo: int, hi: int) -> list[dict]:
+def pattern(points: dict[int, dict], lo: int, hi: int, period: int = 1) -> list[dict]:
     """The range as segments in which each class keeps one state; a segment whose classes
     differ is periodic and says so: ``lo``, ``hi``, ``states`` ([{classes, kernel_id,
     drift}], the most common first) and ``text`` ('1..11: drift, except multiples of 4: no drift')."""
-    by_class = _by_class(points)
+    by_class = _by_class(points, period)
     segments: list[dict] = []
     for size in range(lo, hi + 1):
-        c, key = size_class(size), state_at(points, size, by_class)
+        c, key = size_class(size, period), state_at(points, size, by_class, period)
         seg = segments[-1] if segments else None
         if seg is None or seg["by_class"].get(c, key) != key:
             seg = {"lo": size, "hi": size, "by_class": {}, "count": {}}
@@ -235,12 +254,12 @@ def pattern(points: dict[int, dict], lo: int, hi: int) -> list[dict]:
         for c, key in seg["by_class"].items():
             groups.setdefault(key, set()).add(c)
         order = sorted(groups, key=lambda k: -seg["count"][k])
-        states = [{"classes": [class_label(c) for c in sorted(groups[k])], "kernel_id": k[0],
+        states = [{"classes": [class_label(c, period) for c in sorted(groups[k])], "kernel_id": k[0],
                    "drift": None if k[1] is None else ("non-zero" if k[1] else "zero")} for k in order]
         text = f"{seg['lo']}..{seg['hi']}: {_state_words(order[0], several)}"
         if len(order) > 1:
-            absent = set(range(CLASS_TOP + 1)) - set(seg["by_class"])
-            text += ", except " + "; ".join(f"{_class_set(groups[k], absent)}: {_state_words(k, several)}"
+            absent = set(range(class_count(period))) - set(seg["by_class"])
+            text += ", except " + "; ".join(f"{_class_set(groups[k], absent, period)}: {_state_words(k, several)}"
                                             for k in order[1:])
         out.append({"lo": seg["lo"], "hi": seg["hi"], "periodic": len(order) > 1, "states": states, "text": text})
     return out
@@ -255,37 +274,187 @@ def _state_words(key: tuple, several_kernels: bool) -> str:
 
 
 def grid_count(lo: int, hi: int, step: int | None, intervals: int = CLASS_INTERVALS) -> int:
-    """How many sizes the coarse grids of class_search hold (bisection comes on top)."""
+    """How many sizes the coarse grids of class_search hold with period 1 (bisection, the
+    prefix, other periods and spot checks come on top): what a progress bar starts from."""
     total = 0
-    for c in range(CLASS_TOP + 1):
-        members = class_members(lo, hi, c)
-        if members:
-            last = len(members) - 1
-            total += len(range(0, last, _index_step(members, step, intervals))) + 1 if last else 1
+    for c in classes_in(lo, hi):
+        last = len(class_members(lo, hi, c)) - 1
+        total += len(range(0, last, _index_step(class_members(lo, hi, c), step, intervals))) + 1 if last else 1
     return total
 
 
-def class_boundaries(points: dict[int, dict]) -> list[dict]:
+def class_boundaries(points: dict[int, dict], period: int = 1) -> list[dict]:
     """``boundaries`` within each class: neighbouring evaluated members that differ, with
     ``class`` (its label); ``exact`` when they are adjacent members of the class."""
     out = []
-    for c, sizes in _by_class(points).items():
-        spacing = 2 ** min(c + 1, CLASS_TOP)
+    for c, sizes in _by_class(points, period).items():
+        spacing = class_members(1, 1, c, period).step
         for b in boundaries({s: points[s] for s in sizes}):
-            out.append({"class": class_label(c), **b, "exact": b["hi"] - b["lo"] == spacing})
+            out.append({"class": class_label(c, period), **b, "exact": b["hi"] - b["lo"] == spacing})
     return sorted(out, key=lambda b: (b["hi"], b["lo"]))
 
 
-def class_regions(points: dict[int, dict]) -> list[dict]:
+def class_regions(points: dict[int, dict], period: int = 1) -> list[dict]:
     """``regions`` within each class, with ``class``; ``lo``..``hi`` are members of the class."""
     out = []
-    for c, sizes in _by_class(points).items():
-        spacing = 2 ** min(c + 1, CLASS_TOP)
+    for c, sizes in _by_class(points, period).items():
+        spacing = class_members(1, 1, c, period).step
         regs = regions({s: points[s] for s in sizes})
         for r, nxt in zip(regs, regs[1:]):
             r["hi"] = nxt["lo"] - spacing
-        out += [{"class": class_label(c), **r} for r in regs]
+        out += [{"class": class_label(c, period), **r} for r in regs]
     return out
+
+
+# --- the checked search ------------------------------------------------------------------
+# Kernels block rows by 6, 12, 14, 24 or 28 as well as by powers of two, and such a route
+# is no pattern of the power classes. So the search measures a dense prefix of the range and
+# takes the period (of PERIODS) whose classes change least along it; searches the classes of
+# that period; and checks what it inferred with spot checks: in each round one size not
+# measured of every state inferred in every class, and more up to SPOT_CHECKS, drawn at random
+# (CHECK_SEED), are measured and compared with the state their class gives them. Where one differs, the stretch between its class's measured neighbours is
+# measured densely, every class bisected again, and another round drawn; where the last round
+# still finds one, every size left is measured. Every choice rests only on the sizes the
+# search asked for, in order, so it replays over a record's points to resume.
+
+PREFIX = 56  # sizes measured densely at the range's start: each period of PERIODS shows twice
+PERIODS = (1, 2, 4, 6, 8, 12, 14, 16, 24, 28)  # in sizes: powers of two and the blocks kernels use
+SPOT_CHECKS = 12  # sizes not measured that one round of checks measures at least
+CHECK_ROUNDS = 3  # rounds of checks; a failure in the last measures every size left
+CHECK_SEED = 68  # the seed of the spot checks' draw
+
+
+def find_period(states: dict[int, tuple], lo: int, hi: int) -> int:
+    """The period (sizes, of PERIODS, at most half of lo..hi) whose classes change state least
+    often along ``states`` (every size of lo..hi: its region_key), per pair of neighbours in a
+    class (a long period has fewer pairs in the prefix); the shorter on a tie."""
+    best = (math.inf, 1)
+    for p in (p for p in PERIODS if 2 * p <= hi - lo + 1):
+        last: dict[int, tuple] = {}
+        changes = pairs = 0
+        for s in range(lo, hi + 1):
+            c = size_class(s, p)
+            if c in last:
+                pairs += 1
+                changes += last[c] != states[s]
+            last[c] = states[s]
+        best = min(best, (changes / max(pairs, 1), p))
+    return best[1]
+
+
+def checked_search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = None,
+                   step: int | None = None, seed: int = CHECK_SEED) -> tuple[dict[int, dict], dict]:
+    """The dense prefix, the period, class_search in that period's classes, and the spot
+    checks. ``evaluate(size) -> point`` is called once per size the search asks for that is
+    not in ``known``. Returns the points asked for by size, and the search's report:
+    ``period`` (sizes), ``prefix`` ([lo, hi] measured densely), ``seed``, ``checked`` (the
+    spot checks, sizes), ``failed`` (those whose state was not the inferred one), ``dense``
+    ([lo, hi] stretches measured densely after a failure) and ``rest`` (whether every size
+    left was measured after the last round failed)."""
+    cache = dict(known or {})
+    points: dict[int, dict] = {}
+
+    def at(size: int) -> dict:
+        if size not in points:
+            points[size] = cache[size] if size in cache else evaluate(size)
+        return points[size]
+
+    top = min(hi, lo + PREFIX - 1)
+    for s in range(lo, top + 1):
+        at(s)
+    period = find_period({s: region_key(points[s]) for s in range(lo, top + 1)}, lo, top)
+    class_search(lo, hi, at, step=step, period=period)
+    _settle(lo, hi, period, points, at)
+    rng = random.Random(seed)
+    report = {"period": period, "prefix": [lo, top], "seed": seed, "checked": [], "failed": [],
+              "dense": [], "rest": False}
+    for round_ in range(CHECK_ROUNDS):
+        unmeasured = [s for s in range(lo, hi + 1) if s not in points]
+        if not unmeasured:
+            break
+        by_class = _by_class(points, period)
+        stated = {s: state_at(points, s, by_class, period) for s in unmeasured}
+        inferred: dict[tuple, list[int]] = {}  # each class's states as inferred, with their sizes
+        for s in unmeasured:
+            inferred.setdefault((size_class(s, period), stated[s]), []).append(s)
+        picks = {rng.choice(sizes) for sizes in inferred.values()}
+        rest = [s for s in unmeasured if s not in picks]
+        picks = sorted(picks | set(rng.sample(rest, max(0, min(SPOT_CHECKS - len(picks), len(rest))))))
+        wrong = [s for s in picks if region_key(at(s)) != stated[s]]
+        report["checked"] += picks
+        report["failed"] += wrong
+        if not wrong:
+            break
+        if round_ == CHECK_ROUNDS - 1:
+            report["rest"] = True
+            for s in range(lo, hi + 1):
+                at(s)
+            break
+        for s in wrong:
+            sizes = by_class[size_class(s, period)]
+            i = bisect.bisect_left(sizes, s)
+            a, b = sizes[i - 1] if i else lo, sizes[i] if i < len(sizes) else hi
+            report["dense"].append([a, b])
+            for x in range(a, b + 1):
+                at(x)
+        _settle(lo, hi, period, points, at)
+    report["dense"] = [list(s) for s in _merged(report["dense"])]
+    return points, report
+
+
+def _settle(lo: int, hi: int, period: int, points: dict[int, dict], at) -> None:
+    """Within every class, bisect each pair of measured neighbours whose states differ down to
+    adjacent members, so that every size not measured lies between two that agree."""
+    for c, sizes in _by_class({s: p for s, p in points.items() if lo <= s <= hi}, period).items():
+        members = class_members(lo, hi, c, period)
+        idx = [members.index(s) for s in sizes]
+        todo = [(a, b) for a, b in zip(idx, idx[1:]) if b - a > 1
+                and region_key(points[members[a]]) != region_key(points[members[b]])]
+        while todo:
+            a, b = todo.pop()
+            mid = (a + b) // 2
+            at(members[mid])
+            todo += [(x, y) for x, y in ((a, mid), (mid, b)) if y - x > 1
+                     and region_key(points[members[x]]) != region_key(points[members[y]])]
+
+
+def _merged(stretches: list[list[int]]) -> list[tuple[int, int]]:
+    """Stretches (lo, hi) merged where they overlap or touch, in order."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(map(tuple, stretches)):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def search_words(report: dict, measured: int, size: int, unit: str) -> str:
+    """How the search found the states, in words: the period, the M or sizes measured, the
+    spot checks and where it fell back to dense."""
+    prefix = f"a dense prefix {report['prefix'][0]}..{report['prefix'][1]}"
+    period = (f"classes by powers of two and by the {unit} modulo {report['period']} ({prefix} "
+              "showed that period)" if report["period"] > 1
+              else f"classes by powers of two ({prefix} showed no other period)")
+    checked, failed = report["checked"], report["failed"]
+    words = f"measured {measured} of {size} {unit}s; {period}; "
+    if not checked:
+        return words + "no spot check: nothing was left to infer"
+    words += (f"{len(checked)} {unit}s not measured were spot-checked (seed {report['seed']}: "
+              f"{_listed(checked)})")
+    if not failed:
+        return words + ", and each held its inferred state"
+    words += f"; {len(failed)} did not ({_listed(failed)})"
+    if report["dense"]:
+        words += f", so {', '.join(f'{a}..{b}' for a, b in report['dense'])} were measured densely"
+    if report["rest"]:
+        words += "; the last round still failed, so every size left was measured (a dense sweep)"
+    return words
+
+
+def _listed(sizes: list[int], most: int = 12) -> str:
+    shown = ", ".join(map(str, sizes[:most]))
+    return shown + (f", ... ({len(sizes)} in all)" if len(sizes) > most else "")
 
 
 def _side(point: dict) -> dict:
@@ -341,15 +510,17 @@ def regions(points: dict[int, dict]) -> list[dict]:
 
 
 def record(params: Params, points: dict[int, dict], *, input_checksum: str, environment: dict,
-           sessions: list[dict], complete: bool) -> dict:
+           sessions: list[dict], complete: bool, search: dict | None = None) -> dict:
     """The scan's JSON object: parameters, every evaluated point, the boundaries and regions.
 
     ``evaluations`` counts the evaluated points over every session, ``dense_equivalent``
     the sizes a dense sweep would evaluate (hi − lo + 1). ``sessions`` lists each run's
     ``evaluated`` count, ``seconds`` (wall clock) and whether the scan was ``complete`` after it.
-    Once the scan is complete it lists the ``pattern`` (segments of the range, periodic ones
-    by class), and the ``boundaries`` and ``regions`` of each alignment class.
+    ``search`` is checked_search's report (None: class_search alone, period 1). Once the scan
+    is complete it lists the ``pattern`` (segments of the range, periodic ones by class), and
+    the ``boundaries`` and ``regions`` of each alignment class.
     """
+    period = search["period"] if search else 1
     return {
         "schema": SCHEMA,
         "params": params.to_dict(),
@@ -357,10 +528,11 @@ def record(params: Params, points: dict[int, dict], *, input_checksum: str, envi
         "evaluations": len(points),
         "dense_equivalent": params.hi - params.lo + 1,
         "input_checksum": input_checksum,
-        "classes": [class_label(c) for c in range(CLASS_TOP + 1)],
-        "pattern": pattern(points, params.lo, params.hi) if complete else [],
-        "boundaries": class_boundaries(points) if complete else [],
-        "regions": class_regions(points) if complete else [],
+        "classes": [class_label(c, period) for c in classes_in(params.lo, params.hi, period)],
+        "search": search if complete else None,
+        "pattern": pattern(points, params.lo, params.hi, period) if complete else [],
+        "boundaries": class_boundaries(points, period) if complete else [],
+        "regions": class_regions(points, period) if complete else [],
         "points": [points[s] for s in sorted(points)],
         "sessions": sessions,
         "environment": environment,
@@ -369,9 +541,10 @@ def record(params: Params, points: dict[int, dict], *, input_checksum: str, envi
 
 def check_record(rec, params: Params) -> None:
     """ScanError unless ``rec`` is a scan record of exactly the scan ``params`` describe."""
-    if isinstance(rec, dict) and rec.get("schema") == "matmul-drift-scan/1":
-        raise ScanError("the record is from before alignment classes (matmul-drift-scan/1): its sizes were chosen "
-                        "on one grid and cannot be resumed by this search; start a new scan")
+    if isinstance(rec, dict) and rec.get("schema") in ("matmul-drift-scan/1", "matmul-drift-scan/2"):
+        raise ScanError(f"the record is from an older search ({rec['schema']}): its sizes were "
+                        "chosen without periods or spot checks and cannot be resumed by this search; "
+                        "start a new scan")
     if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
         raise ScanError(f"not a scan record (schema {SCHEMA} expected)")
     for key, kind, words in (("params", dict, "an object"), ("points", list, "a list"), ("sessions", list, "a list")):
@@ -525,17 +698,23 @@ def render(result: dict) -> str:
         what = "drift" if drift else "error_u"
         parts.append(tabulate(brows, headers=["class", "boundary", "change", "kernels before", "kernels after",
                                               f"{what} before", f"{what} after"]))
-    gap = grid_gap(p["lo"], p["hi"], p["step"])
-    if not gap:
+    search = result.get("search")
+    period = search["period"] if search else 1
+    gap = grid_gap(p["lo"], p["hi"], p["step"], period=period)
+    if search:
+        parts.append("How: " + search_words(search, n_eval, dense, "size") + ".")
+    if not gap or n_eval == dense:
         parts.append("Every size was evaluated (a dense sweep): this is what holds at every size of the range.")
     else:
         grid = f"every {p['step']} sizes" if p["step"] else f"{CLASS_INTERVALS} intervals"
         parts.append(f"Each alignment class ({', '.join(result['classes'])}) was searched on its own coarse grid "
                      f"({grid} per class, grid points up to {gap} sizes apart), then bisected to adjacent members: "
-                     "every boundary above is exact within its class, and routes that depend on the size modulo 2 "
-                     "to 32 show as patterns. Not seen: kernels or drift that change and change back between two "
-                     f"grid points of a class (a run of fewer than {gap} sizes), or a size whose drift vanishes only "
-                     "because these inputs round alike there; --step S tightens the grid (--step 1 is a dense sweep).")
+                     "every boundary above is exact within its class, and routes that depend on the size "
+                     "modulo a power of two up to 32 (or the period found) show as patterns. Not seen but "
+                     "for the spot checks: kernels or drift that change and change back between two grid "
+                     f"points of a class (a run of fewer than {gap} sizes), or a size whose drift vanishes "
+                     "only because these inputs "
+                     "round alike there; --step S tightens the grid (--step 1 is a dense sweep).")
     return "\n\n".join(parts)
 
 

@@ -83,13 +83,14 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
 
     claimed = [resume]  # the record's file is ours: resumed, or created by the first write
 
-    def save(all_points: dict, complete: bool) -> None:
+    def save(all_points: dict, complete: bool, search: dict | None = None) -> None:
         session["seconds"] = round(time.monotonic() - t0, 3)
         session["complete"] = complete
         if path:
             # --json was checked absent at the start; the first write must not replace a file made since.
-            scan.write_atomic(path, scan.record(params, all_points, input_checksum=checksum, environment=env,
-                                                sessions=sessions, complete=complete), new=not claimed[0])
+            rec = scan.record(params, all_points, input_checksum=checksum, environment=env,
+                              sessions=sessions, complete=complete, search=search)
+            scan.write_atomic(path, rec, new=not claimed[0])
             claimed[0] = True
 
     live = dict(points)
@@ -118,7 +119,7 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
     # second signal stops at once (not `timeout`'s echo to the group: interrupt.ECHO_S).
     with interrupt.deferred(stopped):
         try:
-            points = scan.class_search(lo, hi, evaluate, known=points, step=step)
+            points, found = scan.checked_search(lo, hi, evaluate, known=points, step=step)
         except (KeyboardInterrupt, kernels.ProfilerLost) as exc:
             bar.close()
             if path and session["evaluated"]:
@@ -132,8 +133,9 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
                            f"interrupted after {session['evaluated']} evaluations; {where}")
     bar.close()
     if session["evaluated"] or (rec and not rec.get("complete")):
-        save(points, complete=True)
-    result = scan.record(params, points, input_checksum=checksum, environment=env, sessions=sessions, complete=True)
+        save(points, complete=True, search=found)
+    result = scan.record(params, points, input_checksum=checksum, environment=env, sessions=sessions,
+                         complete=True, search=found)
     return Outcome(0, result, f"{session['evaluated']} evaluated here, {result['evaluations']} in all, "
                               f"for {result['dense_equivalent']} sizes; {scan.boundary_count(result)}"
                               + (f"; record in {path}" if path else ""))
