@@ -18,7 +18,7 @@ import sys
 import time
 
 from matmul_drift.core import cases
-from matmul_drift.probes import order
+from matmul_drift.probes import order, order_plan
 
 
 def probe(t, memo: dict) -> tuple[dict, float]:
@@ -42,14 +42,15 @@ def main() -> int:
         for dtype, sn, sm in [(d, sn, sm) for d in a.dtypes.split(",") for sn, sm in
                               [(None, None), *(((n, None) for n in case.slice_n) if a.slices else ()),
                                *(((None, m) for m in case.slice_m) if a.slices else ())]]:
-            t = order.target(case, dtype, "cpu", sn, sm)
-            if order.over_budget(t):
-                print(f"{t.label:<36} {dtype:<9} {t.k:>6} {t.width:>6}  not probed: {order.over_budget(t)}", flush=True)
+            t = order_plan.target(case, dtype, "cpu", sn, sm)
+            if order_plan.over_budget(t):
+                print(f"{t.label:<36} {dtype:<9} {t.k:>6} {t.width:>6}  "
+                      f"not probed: {order_plan.over_budget(t)}", flush=True)
                 continue
             got, s = probe(t, memo)
             total, worst = total + s, max(worst, s)
             target = 2 * t.k // t.width + 64
-            bound = order.expected_calls(t)
+            bound = order_plan.expected_calls(t)
             words = got["summary"] if got["tree"] is not None else f"{got['summary']}: {got['reason']}"
             words = (f"as {got['same_as']}: {words}" if "same_as" in got else
                      f"{got['adopted']}'s tree: {words}" if "adopted" in got else words)
@@ -66,7 +67,8 @@ def main() -> int:
                   f"{one}{got['order_id'] or '-':<12}  {words[:80]}", flush=True)
     print(f"total {total:.1f} s" + (f" (one row: {one_total:.1f} s)" if a.compare else "") +
           f"; slowest {worst:.1f} s (target under 60 s each); "
-          f"chunk sizes: fp16 {order.chunk_size('float16')}, bf16 {order.chunk_size('bfloat16')}")
+          f"chunk sizes: fp16 {order_plan.chunk_size('float16')}, "
+          f"bf16 {order_plan.chunk_size('bfloat16')}")
     return 0
 
 

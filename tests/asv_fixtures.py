@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from matmul_drift.core import ids, series
-from matmul_drift.probes import batchmap, order
+from matmul_drift.probes import batchmap
+from matmul_drift.probes.order_tree import store as store_order
 from matmul_drift.store import catalog
 
 RESULT_COLUMNS = [
@@ -269,7 +270,7 @@ def write_tree(
         base[INPUT].append(nan if skipped else ids.text_id(f"inputs {c['case']} {dtype}"))
         drifts = ["slice_n"] if i % 3 == 0 else []
         base[FIX_ID].append(nan if skipped else catalog.store(cat, "fixes", fix_entry(device, drifts)))
-        base[ORDER_ID].append(nan if skipped else order.store(cat, order_tree("sequential"), 8))
+        base[ORDER_ID].append(nan if skipped else store_order(cat, order_tree("sequential"), 8))
         base[MAP_ID].append(nan if skipped else catalog.store(cat, "maps", map_entry(c["case"], dtype, device)))
         if bits:
             base[BITS].append(nan if skipped else bits_id(cat, f"{c['case']} {dtype} {device}"))

@@ -109,13 +109,13 @@ def test_quick_run(project, method, bench):
         assert (dst / "results" / "catalog" / "kernels" / f"{kid:012x}.json").exists()
     if "track_order_id" in bench:  # each tree, read back from the catalog, replays this CPU's kernel bit for bit
         from matmul_drift.core import cases
-        from matmul_drift.probes import order
+        from matmul_drift.probes import order, order_plan
         from matmul_drift.store import catalog
 
         for case, dtype in (("skinny", "float32"), ("square", "bfloat16")):
             oid = got[("drift.Drift.track_order_id", case, dtype, "cpu")]
             entry = catalog.load(dst / "results" / "catalog", "orders", oid)
-            t = order.target(cases.get(case), dtype, "cpu")
+            t = order_plan.target(cases.get(case), dtype, "cpu")
             assert entry["k"] == t.k and entry["tree"] is not None
             assert order.replay(t, entry["tree"], width=64)["matched"] == 100
         assert math.isnan(got[("drift.Drift.track_order_id", "square", "float32", "cuda")])

@@ -389,8 +389,9 @@ def test_main_job_site_draws_both_builds_offline_and_names_kernels(offline_brows
     assert f"{project.name}: square float32 cpu" in kernels
     # each order-id in words: square in float32 as the suite's probe reveals it in the main job's
     # environment (which leaves out this process's MKL_* settings: MKL_CBWR moves the route)
-    reveal = ("import json; from matmul_drift.core import cases; from matmul_drift.probes import order; "
-              "got = order.order_of(order.target(cases.get('square'), 'float32', 'cpu')); "
+    reveal = ("import json; from matmul_drift.core import cases; "
+              "from matmul_drift.probes import order, order_plan; "
+              "got = order.order_of(order_plan.target(cases.get('square'), 'float32', 'cpu')); "
               "print(json.dumps([got['order_id'], got['summary']]))")
     p = subprocess.run([sys.executable, "-c", reveal], env=project.env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]

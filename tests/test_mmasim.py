@@ -16,7 +16,7 @@ import torch
 
 from matmul_drift.core import trees
 from matmul_drift.measure import inputs
-from matmul_drift.probes import order
+from matmul_drift.probes import order, order_plan, order_replay
 from matmul_drift.store import catalog
 
 try:
@@ -66,15 +66,15 @@ def _f32(x) -> np.ndarray:
 
 def operands(kind: str, rng: np.random.Generator, k: int, draws: int, dtype: str, with_sum: bool):
     """(a, b, c): a and b (draws, k) holding ``dtype`` values, c (draws,) the running sum, float32
-    values (0 without ``with_sum``). ``kind``: "probe" the replay's own draws (order._products
-    over a power of two, order.replay); "normal" N(0, 1) operands, as a model's; "spread" random
+    values (0 without ``with_sum``). ``kind``: "probe" the replay's own draws
+    (order_replay.draw_products over a power of two, order.replay); "normal" N(0, 1) operands, as a model's; "spread" random
     significands over every exponent of fp16 (subnormals and zeros included), of bf16 from 2^-140
     (subnormals, zeros) to 2^60 (products within float32's range mostly); "special" normal ones
     with zeros, subnormals and, in about one draw in 60, inf, -inf or NaN."""
     shape = (draws, k)
     c = np.zeros(draws)
     if kind == "probe":
-        p = order._products(rng, k + 1, draws, dtype)
+        p = order_replay.draw_products(rng, k + 1, draws, dtype)
         shared = rng.choice([-1.0, 1.0], shape) * np.exp2(rng.integers(-2, 3, shape))
         a, b = _in(shared, dtype), _in(p[:k].T / shared, dtype)
         if with_sum:
@@ -111,16 +111,16 @@ def operands(kind: str, rng: np.random.Generator, k: int, draws: int, dtype: str
 
 
 def replayed(tree, a, b, dtype: str, c=None, fused=HOPPER, with_operands=True) -> np.ndarray:
-    """order.evaluate's fp32 sums along ``tree`` of a * b ((draws, k), ``dtype`` values), and c
-    (a leaf of the running sum's child node, GROUP) where given, each product aligned by its
+    """order_replay.evaluate's fp32 sums along ``tree`` of a * b ((draws, k), ``dtype`` values),
+    and c (a leaf of the running sum's child node, GROUP) where given, each product aligned by its
     operands' exponents (``with_operands``) or read as a float32 value alone."""
     with np.errstate(invalid="ignore"):  # inf * 0: NaN, as the hardware's
         values = (a * b).T
-    exps = order.product_exponents(a, b, dtype).T if with_operands else None
+    exps = order_replay.product_exponents(a, b, dtype).T if with_operands else None
     if c is not None:
         values = np.concatenate([values, np.asarray(c, np.float64)[None], np.zeros((1, len(c)))])
         exps = None if exps is None else np.concatenate([exps, np.zeros((2, len(c)), np.int16)])
-    return order.evaluate(tree, values, np.float32, fused, exps)
+    return order_replay.evaluate(tree, values, np.float32, fused, exps)
 
 
 def _old_rule(a, b, c=None) -> np.ndarray:
@@ -147,11 +147,11 @@ def test_mmasims_hopper_is_the_model_the_replay_names():
     """The words name MMA-Sim's own parameters for Hopper's wgmma (fp16 and bf16 into fp32): F,
     e_zero, a fused group of 16 (32 bytes) and the sum cut toward zero; the old "truncated-P"
     counted one bit more (P = F + 1)."""
-    assert HOPPER in order.FUSED and "exact" in order.FUSED
-    assert not any("truncated" in way for way in order.FUSED)
+    assert HOPPER in order_replay.FUSED and "exact" in order_replay.FUSED
+    assert not any("truncated" in way for way in order_replay.FUSED)
     for dtype in TORCH:
         op = wgmma(dtype).arithmetic_op
-        assert (op.F, op.e_zero) == order.TENSOR_CORES[HOPPER] == (25, -133)
+        assert (op.F, op.e_zero) == order_replay.TENSOR_CORES[HOPPER] == (25, -133)
         assert (op.L_max, op.rho) == (16, "RZ-FP32")
 
 
@@ -169,12 +169,13 @@ def test_one_fused_group_with_the_running_sum_is_mmasims_bit_for_bit(dtype, kind
     finite = np.isfinite(want)
     assert finite.mean() > 0.9 and (want[finite] != 0).mean() > 0.9
     if kind != "probe":  # somewhere the largest exponent sum's significands multiply past 2
-        e = order.product_exponents(a, b, dtype)
+        e = order_replay.product_exponents(a, b, dtype)
         with np.errstate(invalid="ignore"):
             at_max = (e == e.max(axis=1, keepdims=True)) & (np.abs(a * b) >= np.exp2(e.astype(float) + 1))
         assert at_max.any(axis=1).mean() > 0.1
     if kind in ("spread", "special"):
-        assert (order.exponents(a, dtype) > np.floor(np.log2(np.abs(a) + (a == 0)))).any()  # subnormals
+        # subnormals
+        assert (order_replay.exponents(a, dtype) > np.floor(np.log2(np.abs(a) + (a == 0)))).any()
         assert (a == 0).any()
     if kind == "special":
         assert (~finite).sum() > 50 and np.isnan(want).sum() > 10
@@ -207,7 +208,7 @@ def test_the_h200s_k4096_chain_is_mmasims_bit_for_bit(h200_chain, dtype, kind):
                                f"vs MMA-Sim {want[bad[0]]!r}")
         seen += batch
         with np.errstate(invalid="ignore"):
-            exact = order.evaluate(h200_chain, (a * b).T, np.float32, "exact")
+            exact = order_replay.evaluate(h200_chain, (a * b).T, np.float32, "exact")
         inexact += int((bits(exact) != bits(want)).sum())
     assert seen == DRAWS
     assert inexact > (0 if kind == "probe" else DRAWS // 100)  # the cuts show: an exact fused add differs
@@ -218,7 +219,7 @@ def test_the_old_rule_fails_where_it_did_and_matched_the_probes_own_draws(dtype)
     """The fused add the replay modelled before (truncated-26: aligned to the largest term's own
     magnitude, the products rounded to float32) matched MMA-Sim on every one of the probe's draws,
     where one operand of each product is a power of two, which is why the H200's replay passed
-    with it, and differed on general operands (the comment above order.TENSOR_CORES)."""
+    with it, and differed on general operands (the comment above order_replay.TENSOR_CORES)."""
     counts = {}
     for kind in KINDS:
         a, b, c = operands(kind, np.random.default_rng(48), 16, DRAWS, dtype, with_sum=True)
@@ -286,7 +287,7 @@ def test_the_replay_names_hopper_for_a_kernel_that_is_mmasim(h200_chain, dtype, 
     from matmul_drift.core import cases
 
     tree = h200_chain
-    t = order.target(cases.adhoc(1, 4096, 16), dtype, "cpu")
+    t = order_plan.target(cases.adhoc(1, 4096, 16), dtype, "cpu")
 
     def kernel(self):
         a = self.a0[t.row].double().numpy()[None, :].repeat(16, axis=0)
@@ -298,6 +299,6 @@ def test_the_replay_names_hopper_for_a_kernel_that_is_mmasim(h200_chain, dtype, 
     assert got["matched"] == 100 and got["fused_add"] == [HOPPER], got  # the probe's draws tell the ways apart
     a, b, _ = operands("normal", np.random.default_rng(5), 4096, 400, dtype, with_sum=False)
     acc = simulated(a, b, np.zeros(400), dtype)
-    for way in order.FUSED:
+    for way in order_replay.FUSED:
         same = bits(replayed(tree, a, b, dtype, fused=way)) == bits(acc)
         assert same.all() == (way == HOPPER), (way, int(same.sum()))

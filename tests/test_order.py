@@ -14,7 +14,7 @@ import pytest
 
 from matmul_drift.core import ids, trees
 from matmul_drift.core.words import describe
-from matmul_drift.probes import order
+from matmul_drift.probes import order, order_plan, order_replay, order_tree
 
 
 def simulated(tree):
@@ -108,10 +108,22 @@ TREES = {
 }
 
 
+def test_the_trees_replays_and_plans_import_without_torch():
+    """Only order.py, the Prober on a kernel, needs torch: the tree's inference, the replay's
+    arithmetic and the call budget are read by torch-free code and tests."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from matmul_drift.probes import order_plan, order_replay, order_tree; "
+            "print('torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stdout.strip()) == (0, "False"), p.stderr[-2000:]
+
+
 @pytest.mark.parametrize("name", list(TREES))
 def test_hand_built_trees_are_revealed_exactly(name):
     tree, words = TREES[name]
-    got = order.tree_from_pairs(simulated(tree), K)
+    got = order_tree.tree_from_pairs(simulated(tree), K)
     assert got.tree == trees.canonical(tree)
     assert got.rounds <= 2 * K.bit_length()
     if words:
@@ -184,7 +196,7 @@ UNEVEN_LANES = {
 
 def revealed_reads(tree, words):
     """The probe, simulated over ``tree``, finds it, and describe reads it as ``words``."""
-    got = order.tree_from_pairs(simulated(tree), len(trees.leaves(tree)))
+    got = order_tree.tree_from_pairs(simulated(tree), len(trees.leaves(tree)))
     assert got.tree == trees.canonical(tree)
     assert describe(got.tree) == words
 
@@ -568,15 +580,15 @@ def test_a_long_sequential_loop_needs_one_round_and_no_recursion(tmp_path, capsy
     from matmul_drift.store import catalog
 
     k = 1500  # deeper than Python's recursion limit (and json.loads')
-    got = order.tree_from_pairs(simulated(seq(list(range(k)))), k)
+    got = order_tree.tree_from_pairs(simulated(seq(list(range(k)))), k)
     assert got.rounds == 1 and describe(got.tree) == "sequential"
     assert got.probes == k - 1  # seen from its first product alone, the deepest
     # run backwards, the first product is added last: one group of k - 1 from it, so the last's view
-    back = order.tree_from_pairs(simulated((lambda t: [t, 0])(seq(list(range(k - 1, 0, -1))))), k)
+    back = order_tree.tree_from_pairs(simulated([seq(list(range(k - 1, 0, -1))), 0]), k)
     assert back.rounds == 2 and back.probes == 2 * (k - 1) and describe(back.tree) == "sequential (out of index order)"
     text = trees.to_json(got.tree)
     assert text == "[" * (k - 1) + "0," + "],".join(str(i) for i in range(1, k)) + "]"
-    oid = order.store(tmp_path, got.tree, k)
+    oid = order_tree.store(tmp_path, got.tree, k)
     back = catalog.load(tmp_path, "orders", oid)  # read back as the summary does
     assert back["k"] == k and trees.to_json(back["tree"]) == text
     assert cli.main(["catalog", ids.hex_id(oid), "--root", str(tmp_path)]) == 0
@@ -607,13 +619,13 @@ def test_counts_that_fit_no_tree_are_not_revealed():
     def noisy(pairs, within):
         return [(i * 7 + j * 3) % 5 + 2 for i, j in pairs]
 
-    with pytest.raises(order.NotRevealed, match="fit no tree"):
-        order.tree_from_pairs(noisy, 16)
+    with pytest.raises(order_tree.NotRevealed, match="fit no tree"):
+        order_tree.tree_from_pairs(noisy, 16)
 
 
 def test_order_id_is_the_canonical_trees_content_id(tmp_path):
     a, b = [[0, 1], 2], [2, [1, 0]]  # one tree, the children of both nodes swapped in b
-    assert trees.order_id(b, 3) == trees.order_id(a, 3) == order.store(tmp_path, b, 3)
+    assert trees.order_id(b, 3) == trees.order_id(a, 3) == order_tree.store(tmp_path, b, 3)
     assert b == [2, [1, 0]]  # the caller's tree is left as it is
     assert trees.order_id(a, 3) != trees.order_id([0, [1, 2]], 3)
     assert trees.entry_text(b, 3) == json.dumps({"k": 3, "tree": a}, separators=(",", ":"), sort_keys=True)
@@ -682,15 +694,16 @@ def test_a_tensor_cores_fused_adds_are_found_by_one_more_pair_each(name):
     tree, words = TENSOR_CORE_TREES[name]
     k = len(trees.leaves(tree))
     probe = truncating(tree)
-    chains = order.tree_from_pairs(probe, k).tree
+    chains = order_tree.tree_from_pairs(probe, k).tree
     assert trees.fused_nodes(chains) == 0  # with the rest left 0, a fused add reads as a chain
-    got, pairs, merged = order.fuse(chains, probe, k)
+    got, pairs, merged = order_tree.fuse(chains, probe, k)
     assert got == trees.canonical(tree) and merged > 0
     assert pairs == k - 1 and trees.fused_nodes(chains) == 0  # one pair per two-child node; the input kept
     # where a reading counts few products (fp16, bf16): one of the node's and one beside it tell a
     # link from a rounded addition as well as all of them do; the top's pair holds every product
     read = []
-    two, _, _ = order.fuse(chains, lambda pairs, within: read.extend(map(len, within)) or probe(pairs, within), k, 2)
+    two, _, _ = order_tree.fuse(
+        chains, lambda pairs, within: read.extend(map(len, within)) or probe(pairs, within), k, 2)
     assert two == got and sorted(read) == [2] * (k - 2) + [k]
     if words:
         assert describe(got) == words
@@ -701,17 +714,18 @@ def test_fuse_calls_counts_the_calls_fuse_makes_on_a_real_probe(width):
     # bf16 holds 256 products a probe: at K = 600 the top node's pair takes 3 probes of its own,
     # which the reveal's budget check must count (it counted one pair per two-child node)
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan, order_tree
 
-    t = order.target(cases.adhoc(2, 600, 512), "bfloat16", "cpu")
+    t = order_plan.target(cases.adhoc(2, 600, 512), "bfloat16", "cpu")
     p = order.Prober(t, width)
     measured = lambda pairs, within: p.counts(pairs, within)  # noqa: E731
-    tree = order.tree_from_pairs(measured, t.k).tree
+    tree = order_tree.tree_from_pairs(measured, t.k).tree
     assert p.chunk < t.k and isinstance(tree, list) and len(tree) == 2
     before = p.calls
-    order.fuse(tree, measured, t.k, p.chunk)
-    assert p.calls - before == order.fuse_calls(tree, t.k, p.chunk, width)
-    assert order.fuse_calls(tree, t.k, t.k, width) == -(-trees.arities(tree).count(2) // width)  # one probe a pair
+    order_tree.fuse(tree, measured, t.k, p.chunk)
+    assert p.calls - before == order_plan.fuse_calls(tree, t.k, p.chunk, width)
+    # one probe a pair
+    assert order_plan.fuse_calls(tree, t.k, t.k, width) == -(-trees.arities(tree).count(2) // width)
 
 
 def _random_tree(leaves: list[int], rng):
@@ -733,35 +747,38 @@ def test_random_trees_of_rounded_and_fused_adds_are_revealed_exactly():
             rng.shuffle(leaves)
         tree = _random_tree(leaves, rng)
         probe = truncating(tree)
-        chains = order.tree_from_pairs(probe, len(leaves)).tree
+        chains = order_tree.tree_from_pairs(probe, len(leaves)).tree
         want = trees.canonical(trees.from_json(trees.to_json(tree)))
         # every product in each reading (fp32), or a few of the node's and beside it (fp16, bf16)
         for sample in (None, 2 + seed % 7):
-            got, _, _ = order.fuse(chains, probe, len(leaves), sample)
+            got, _, _ = order_tree.fuse(chains, probe, len(leaves), sample)
             assert got == want, (seed, sample, trees.to_json(tree))
 
 
 @pytest.mark.parametrize("name", list(TREES))
 def test_rounded_additions_and_exact_fused_adds_are_not_merged(name):
     tree, _ = TREES[name]
-    got, _, merged = order.fuse(trees.canonical(tree), simulated(tree), K)
+    got, _, merged = order_tree.fuse(trees.canonical(tree), simulated(tree), K)
     assert merged == 0 and got == trees.canonical(tree)
 
 
 def test_a_reading_that_fits_no_fused_node_is_not_revealed():
     chain = seq(list(range(8)))  # node sizes 2..8: no node of 9 above any of them
-    with pytest.raises(order.NotRevealed, match="neither its node's"):
-        order.fuse(chain, lambda pairs, within: [9] * len(pairs), 8)
-    with pytest.raises(order.NotRevealed, match="counted 1"):
-        order.fuse(chain, lambda pairs, within: [1] * len(pairs), 8)
+    with pytest.raises(order_tree.NotRevealed, match="neither its node's"):
+        order_tree.fuse(chain, lambda pairs, within: [9] * len(pairs), 8)
+    with pytest.raises(order_tree.NotRevealed, match="counted 1"):
+        order_tree.fuse(chain, lambda pairs, within: [1] * len(pairs), 8)
     # readings of 4 products (fp16, bf16): [[0..5], 6]'s pair (0, 6) holds 0, 1, 2 and 7 beside it: it
     # counts 4 (0, 1, 2, 6: a rounded addition) or 5 (a link of a fused add)
-    with pytest.raises(order.NotRevealed, match=r"\(0, 6\) counted 3: neither the 4 .* nor 5, with the 1 beside"):
-        order.fuse(chain, lambda pairs, within: [3] * len(pairs), 8, 4)
+    with pytest.raises(order_tree.NotRevealed,
+                       match=r"\(0, 6\) counted 3: neither the 4 .* nor 5, with the 1 beside"):
+        order_tree.fuse(chain, lambda pairs, within: [3] * len(pairs), 8, 4)
     # every reading of a link fits, but the top pair, every product present, counts 7 of 8: columns
     # that add in other orders, read as one (linear fp64 over 1024 columns on an AMD EPYC)
-    with pytest.raises(order.NotRevealed, match="of the top node, every product present, counted 7 of 8"):
-        order.fuse(chain, lambda pairs, within: [7] if len(within[0]) == 8 else simulated(chain)(pairs, within), 8, 4)
+    with pytest.raises(order_tree.NotRevealed,
+                       match="of the top node, every product present, counted 7 of 8"):
+        order_tree.fuse(chain, lambda pairs, within: [7] if len(within[0]) == 8
+                        else simulated(chain)(pairs, within), 8, 4)
 
 
 def _exponent(x: Fraction) -> int:
@@ -779,7 +796,8 @@ def _to_fp32(x: Fraction, toward_zero: bool) -> Fraction:
     return (int(x / q) if toward_zero else round(x / q)) * q
 
 
-# two of order.FUSED's tensor-core ways (they were "truncated-24" and "truncated-25": P = F + 1)
+# two of order_replay.FUSED's tensor-core ways
+# (they were "truncated-24" and "truncated-25": P = F + 1)
 VOLTA = "volta: aligned to the exponent sum, 23 bits, cut toward zero"
 AMPERE = "turing/ampere/ada: aligned to the exponent sum, 24 bits, cut toward zero"
 
@@ -809,21 +827,22 @@ def test_each_fused_add_rounds_as_exact_rationals_say():
     # by hand: 2^24 + 1 + 1 + 1 is 2^24 cut to 24 bits, 2^24 + 2 cut to 25, 2^24 + 4 rounded exactly
     big = np.array([[2.0**24], [1.0], [1.0], [1.0]])
     for way, want in ((VOLTA, 2**24), (AMPERE, 2**24 + 2), ("exact", 2**24 + 4)):
-        assert order.evaluate([0, 1, 2, 3], big, np.float32, way)[0] == want
-        assert order.evaluate([0, 1, 2, 3], -big, np.float32, way)[0] == -want  # toward zero, not down
+        assert order_replay.evaluate([0, 1, 2, 3], big, np.float32, way)[0] == want
+        # toward zero, not down
+        assert order_replay.evaluate([0, 1, 2, 3], -big, np.float32, way)[0] == -want
     rng = np.random.default_rng(7)
     terms = (rng.choice([-1.0, 1.0], (17, 400)) * (1 + rng.integers(0, 2**23, (17, 400)) / 2**23)
              * np.exp2(rng.integers(-30, 30, (17, 400)))).astype(np.float32).astype(np.float64)
     terms[:, :20] = 0  # all zero
     terms[3, 20:40] = 0
-    for way in order.FUSED:
-        got = order.evaluate(list(range(17)), terms, np.float32, way)
+    for way in order_replay.FUSED:
+        got = order_replay.evaluate(list(range(17)), terms, np.float32, way)
         assert [Fraction(float(g)) for g in got] == [_fused(col, way) for col in terms.T], way
     with pytest.raises(ValueError, match="float32 accumulator"):
-        order.evaluate([0, 1, 2], terms[:3], np.float64, AMPERE)
+        order_replay.evaluate([0, 1, 2], terms[:3], np.float64, AMPERE)
 
 
-@pytest.mark.parametrize("way", order.FUSED)
+@pytest.mark.parametrize("way", order_replay.FUSED)
 def test_fused_adds_of_inf_nan_zero_and_overflow_are_ieee(way):
     import warnings
 
@@ -833,30 +852,31 @@ def test_fused_adds_of_inf_nan_zero_and_overflow_are_ieee(way):
                      [1.0, 1.0, 1.0, big, 0.0, 2.0]])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no RuntimeWarning either
-        got = order.evaluate([0, 1, 2], cols, np.float32, way)
+        got = order_replay.evaluate([0, 1, 2], cols, np.float32, way)
     assert got[0] == np.inf and np.isnan(got[1]) and np.isnan(got[2]) and got[4] == 0
     # to nearest overflows; so does a tensor core's: cut to 24 bits the sum is still 2^128 or more
     # (MMA-Sim, tests/test_mmasim.py; before, toward zero stayed at the top)
     assert got[3] == np.inf
     assert got[5] == 3.0  # the smallest subnormal: cut below the largest's bits, or rounded away
-    assert order.evaluate([0, 1, 2], cols[:, :0], np.float32, way).shape == (0,)  # no draws
+    assert order_replay.evaluate([0, 1, 2], cols[:, :0], np.float32, way).shape == (0,)  # no draws
 
 
-@pytest.mark.parametrize("way", order.FUSED)
+@pytest.mark.parametrize("way", order_replay.FUSED)
 def test_the_replay_names_the_fused_add_the_kernel_used(way):
     from matmul_drift.measure import inputs
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order_replay
 
     tree = trees.canonical(running(16, 64))
     binary = trees.canonical(seq(list(range(64))))
     for dtype in ("float16", "float32"):  # the replay's draws for each
-        products = order._products(np.random.default_rng(3), 64, 100, dtype)
+        products = order_replay.draw_products(np.random.default_rng(3), 64, 100, dtype)
         sums = np.array([float(_tree_sum(tree, col, way)) for col in products.T], dtype=np.float32)
         kernel = [(int(b), float(v)) for b, v in zip(inputs.round_bits(sums, dtype), sums)]
-        got = order.match(tree, products, kernel, dtype)
+        got = order_replay.match(tree, products, kernel, dtype)
         # the draws tell the ways apart, through an fp16 output too (before: every way matched)
         assert got["fused_add"] == [way] and got["matched"] == 100 and got["first_mismatch"] is None, dtype
-        chain = order.match(binary, products, kernel, dtype)  # nor is it a chain of rounded additions
+        # nor is it a chain of rounded additions
+        chain = order_replay.match(binary, products, kernel, dtype)
         assert chain["fused_add"] is None and chain["matched"] < 100 and chain["first_mismatch"] is not None
 
 
@@ -870,14 +890,15 @@ def test_a_tensor_core_kernel_is_revealed_through_the_probe_and_replayed(dtype, 
 
     from matmul_drift.core import cases
     from matmul_drift.measure import inputs
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan, order_replay
 
-    t = order.target(cases.get("square"), dtype, "cpu")
+    t = order_plan.target(cases.get("square"), dtype, "cpu")
     truth = [running(16, t.k // 2), running(16, t.k // 2, t.k // 2)]
 
     def tensor_core(self):
         row = self.a0[t.row].double().numpy()
-        sums = order.evaluate(truth, row[:, None] * self.b0.double().numpy(), np.float32, AMPERE)
+        sums = order_replay.evaluate(truth, row[:, None] * self.b0.double().numpy(), np.float32,
+                                     AMPERE)
         with np.errstate(over="ignore"):  # the replay's draws may overflow fp16, as the kernel's would
             bits = inputs.round_bits(sums, dtype)
         return torch.from_numpy(bits.astype(np.int16)).view(getattr(torch, dtype))
@@ -895,7 +916,7 @@ def _routes() -> dict[tuple, tuple]:
     catalog (full products and their slices), the cheapest to probe, from the routes traced here."""
     from matmul_drift.core import cases
     from matmul_drift.measure import kernels
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan
 
     found: dict[tuple, tuple] = {}
     for case in cases.CASES:
@@ -904,12 +925,12 @@ def _routes() -> dict[tuple, tuple]:
         for dtype in ("float64", "float32", "float16", "bfloat16"):
             prober = None
             for sn, sm in [(None, None), *((n, None) for n in case.slice_n), *((None, m) for m in case.slice_m)]:
-                t = order.target(case, dtype, "cpu", sn, sm)
+                t = order_plan.target(case, dtype, "cpu", sn, sm)
                 if prober is None:
                     prober = order.Prober(t)
                 prober.t = t
                 _, names = kernels.traced(prober.product, "cpu")
-                size = (order.calls_per_round(t), t.k * t.rows * t.cols)
+                size = (order_plan.calls_per_round(t), t.k * t.rows * t.cols)
                 key = (dtype, *kernels.unique(names))
                 if key not in found or size < found[key][0]:
                     found[key] = (size, case.id, dtype, sn, sm)
@@ -930,15 +951,15 @@ def test_every_cpu_route_of_the_catalog_is_revealed_and_replays_bit_for_bit():
     """Each route is revealed and replays 100 of 100 draws, or says "not revealed" (within 1500
     calls; a route whose columns differ may need the entry's own column alone): never a wrong tree."""
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan, order_tree
 
     seen, revealed, refused = routes(), set(), []
     assert len({k[0] for k in seen}) == 4  # every dtype has a route
     for key, (case, dtype, sn, sm) in seen.items():
-        t = order.target(cases.get(case), dtype, "cpu", sn, sm)
+        t = order_plan.target(cases.get(case), dtype, "cpu", sn, sm)
         try:
             r = order.reveal(t, max_calls=1500)
-        except order.NotRevealed as exc:
+        except order_tree.NotRevealed as exc:
             refused.append((key, str(exc)))
             continue
         assert sorted(trees.leaves(r.tree)) == list(range(t.k)), key
@@ -956,10 +977,10 @@ def test_a_wrong_tree_fails_the_replay(dtype):
     kernel 100 of 100 (its draws' sums were exact in fp32 and the output hid the rest), and
     the traded tree an fp32 or fp64 one."""
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan
 
     k = 512
-    t = order.target(cases.adhoc(4, k, 64), dtype, "cpu")
+    t = order_plan.target(cases.adhoc(4, k, 64), dtype, "cpu")
     r = order.reveal(t)
     assert order.replay(t, r.tree, draws=100, width=r.width)["matched"] == 100
     other = pw(list(range(k))) if describe(r.tree) != "pairwise" else seq(list(range(k)))
@@ -976,9 +997,9 @@ def test_a_wrong_tree_fails_the_replay(dtype):
 def test_the_replay_draws_lie_over_every_column_the_probes_used(col):
     # a kernel may add a tail tile in another order: the first 100 of 512 columns would miss it
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan
 
-    t = order.target(cases.adhoc(2, 64, 512), "float32", "cpu", col=col)
+    t = order_plan.target(cases.adhoc(2, 64, 512), "float32", "cpu", col=col)
     p = order.Prober(t, 512)
     seq_tree = seq(list(range(64)))
     v = order.replay(t, seq_tree, draws=100, width=512, prober=p)
@@ -997,7 +1018,7 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     import torch
 
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan
 
     case = cases.adhoc(128, 512, 256)
     a = torch.randn(128, 512)
@@ -1012,7 +1033,7 @@ def test_a_drifting_slice_has_another_order_and_an_identical_one_the_same():
     for m in (None, *(x for x in (drifting, identical) if x)):
         # A case whose slice_m is m: the probe reads row 0 of A[:m] @ B
         c = cases.Case(case.id, "mm", case.cpu, case.cuda, slice_m=(m,) if m else ())
-        t = order.target(c, "float32", "cpu", None, m)
+        t = order_plan.target(c, "float32", "cpu", None, m)
         ids[m] = trees.order_id(order.reveal(t).tree, t.k)
     assert (drifting is None or ids[drifting] != ids[None]) and (identical is None or ids[identical] == ids[None]), ids
 
@@ -1056,13 +1077,13 @@ def test_a_probe_larger_than_memory_is_refused_before_allocating(capsys, monkeyp
     from matmul_drift.cli import main as cli
     from matmul_drift.core import cases
     from matmul_drift.measure import memory
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order_plan
 
     have = memory.available("cpu")[0]
     if have is None:
         pytest.skip("no MemAvailable in /proc/meminfo")
     n = 1 << 16
-    while order.target(cases.adhoc(n, 16, n), "float32", "cpu").bytes_needed()[0] < 4 * have:
+    while order_plan.target(cases.adhoc(n, 16, n), "float32", "cpu").bytes_needed()[0] < 4 * have:
         n *= 2  # this machine's memory, not a constant
     t0 = time.monotonic()
     rc = cli.main(["order", "--m", str(n), "--k", "16", "--n", str(n), "--dtype", "float32"])
@@ -1177,20 +1198,20 @@ def test_the_suite_records_each_full_products_order_and_says_what_it_could_not(t
 
     from matmul_drift.core import cases
     from matmul_drift.jobs import suite
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan, order_tree
     from matmul_drift.store import catalog
 
     out = {"square|float32|cpu": {}, "long-k|float32|cpu": {}, "square|float32-tf32|cpu": {"skip": "CUDA only"}}
     log = io.StringIO()
     suite.add_orders(out, tmp_path, log)
-    t = order.target(cases.get("square"), "float32", "cpu")
+    t = order_plan.target(cases.get("square"), "float32", "cpu")
     entry = catalog.load(tmp_path, "orders", out["square|float32|cpu"]["order_id"])
     assert entry == {"k": t.k, "tree": order.reveal(t).tree}
     assert math.isnan(out["long-k|float32|cpu"]["order_id"]) and "not probed" in log.getvalue()
     assert out["square|float32-tf32|cpu"] == {"skip": "CUDA only"}
 
     def fits_no_tree(*a, **kw):
-        raise order.NotRevealed("the counts over products 0..511 fit no tree")
+        raise order_tree.NotRevealed("the counts over products 0..511 fit no tree")
 
     monkeypatch.setattr(order, "reveal", fits_no_tree)
     suite.add_orders(out, tmp_path, log)
@@ -1219,7 +1240,7 @@ def test_a_probe_or_a_fix_finder_that_breaks_is_recorded_failed_not_skipped(tmp_
     import io
 
     from matmul_drift.jobs import suite
-    from matmul_drift.probes import fixfind, order
+    from matmul_drift.probes import fixfind, order, order_plan
 
     def broken(*a, **kw):
         raise ValueError("a bug in the probe")
@@ -1227,8 +1248,8 @@ def test_a_probe_or_a_fix_finder_that_breaks_is_recorded_failed_not_skipped(tmp_
     monkeypatch.setattr(order, "order_of", broken)
     out = {"square|float32|cpu": {"slice_n_ulp": 1.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0},
            "long-k|float32|cpu": {"slice_n_ulp": 0.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0}}
-    monkeypatch.setattr(order, "target", lambda case, *a: (_ for _ in ()).throw(order.ProbeError("K too long"))
-                        if case.id == "long-k" else None)
+    monkeypatch.setattr(order_plan, "target", lambda case, *a: (_ for _ in ()).throw(
+        order_plan.ProbeError("K too long")) if case.id == "long-k" else None)
     monkeypatch.setattr(fixfind, "try_fixes_many", lambda specs, *a, **kw: [{"failed": "timed out after 60 s"}] * len(specs))
     log = io.StringIO()
     suite.add_orders(out, tmp_path, log)
@@ -1255,7 +1276,7 @@ def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reve
 
     from matmul_drift.core import cases
     from matmul_drift.jobs import suite
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan
     from matmul_drift.store import catalog
 
     out = {"slice-n-view|float32|cpu": {}, "slice-n-copy|float32|cpu": {}}
@@ -1263,13 +1284,13 @@ def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reve
     suite.add_orders(out, tmp_path, log)
     lines = log.getvalue().splitlines()
     assert "(the same computation as slice-n-view A @ B)" in lines[1] and "calls)" in lines[0], lines
-    copy = order.target(cases.get("slice-n-copy"), "float32", "cpu")
+    copy = order_plan.target(cases.get("slice-n-copy"), "float32", "cpu")
     entry = catalog.load(tmp_path, "orders", out["slice-n-copy|float32|cpu"]["order_id"])
     assert entry == {"k": copy.k, "tree": order.reveal(copy).tree}
     assert out["slice-n-copy|float32|cpu"] == out["slice-n-view|float32|cpu"]
 
     def key(case, precision="float32", **kw):
-        return order.target(case, precision, "cpu", **kw).computation()
+        return order_plan.target(case, precision, "cpu", **kw).computation()
 
     view = cases.Case("v", "mm", cases.Shape(4, 64, 32), cases.Shape(4, 64, 32), layout="strided", slice_n=(32, 31))
     lin = cases.Case("w", "linear", cases.Shape(4, 64, 32), cases.Shape(4, 64, 32), layout="copy", slice_n=(32,))
@@ -1296,7 +1317,7 @@ def test_a_tree_of_the_same_k_is_adopted_where_it_replays_and_never_otherwise(fi
     from matmul_drift.core import cases
 
     def tgt(dtype, m, k, n):
-        return order.target(cases.adhoc(m, k, n), dtype, "cpu")
+        return order_plan.target(cases.adhoc(m, k, n), dtype, "cpu")
 
     a, b = tgt(*first), tgt(*then)
     alone = order.order_of(b)
@@ -1311,7 +1332,7 @@ def test_a_tree_of_the_same_k_is_adopted_where_it_replays_and_never_otherwise(fi
         assert "adopted" not in got and got["calls"] > alone["calls"], got  # + the replay that failed
     wrong = pw(list(range(b.k))) if describe(alone["tree"]) != "pairwise" else seq(list(range(b.k)))
     wrong = trees.canonical(wrong)
-    planted = {(a.computation(), order.MAX_CALLS, True): {
+    planted = {(a.computation(), order_plan.MAX_CALLS, True): {
         "probed": True, "tree": wrong, "order_id": ids.hex_id(trees.order_id(wrong, b.k)), "summary": describe(wrong),
         "calls": 1, "reason": None, "same_as": "planted", "k": b.k}}
     got = order.order_of(b, memo=planted)
@@ -1323,16 +1344,16 @@ def test_a_probe_that_fits_no_tree_counts_the_calls_it_made(monkeypatch, capsys)
     revealed", with the calls spent (not 0), in order_of and in the command's line."""
     from matmul_drift.cli import main as cli
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan, order_tree
 
     def one_call_then_no_tree(counts, k):
         counts([(0, 1)], None)
-        raise order.NotRevealed("the counts fit no tree")
+        raise order_tree.NotRevealed("the counts fit no tree")
 
     monkeypatch.setattr(order, "tree_from_pairs", one_call_then_no_tree)
-    t = order.target(cases.adhoc(4, 64, 32), "float32", "cpu")
+    t = order_plan.target(cases.adhoc(4, 64, 32), "float32", "cpu")
     got = order.order_of(t)
-    assert order.widths(t) == [32, 16, 1]  # all 32 columns, the first 16, column 0 alone
+    assert order_plan.widths(t) == [32, 16, 1]  # all 32 columns, the first 16, column 0 alone
     assert got["tree"] is None and got["calls"] == 3, got
     rc = cli.main(["order", "--m", "4", "--k", "64", "--n", "32", "--dtype", "float32"])
     assert rc == 1 and "order not revealed after 3 matmul calls: the counts fit no tree" in capsys.readouterr().out
@@ -1347,19 +1368,20 @@ def test_a_kernel_whose_column_blocks_differ_is_read_in_its_first_tile(monkeypat
     import torch
 
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan, order_replay
 
     k = 256
     first, rest = seq(list(range(k))), pw(list(range(k)))
 
     def product(self):
         p = self.a0[self.t.row].double().numpy()[:, None] * self.b0.double().numpy()
-        y = np.concatenate([order.evaluate(first, p[:, :64], np.float32), order.evaluate(rest, p[:, 64:], np.float32)])
+        y = np.concatenate([order_replay.evaluate(first, p[:, :64], np.float32),
+                            order_replay.evaluate(rest, p[:, 64:], np.float32)])
         return torch.from_numpy(y)
 
     monkeypatch.setattr(order.Prober, "product", product)
-    t = order.target(cases.adhoc(4, k, 512), "float32", "cpu")
-    assert order.widths(t) == [512, 64, 16, 1]
+    t = order_plan.target(cases.adhoc(4, k, 512), "float32", "cpu")
+    assert order_plan.widths(t) == [512, 64, 16, 1]
     unverified = order.reveal(t)
     assert unverified.width == 512 and order.replay(t, unverified.tree, width=512)["matched"] < 100
     seen = []
@@ -1367,8 +1389,9 @@ def test_a_kernel_whose_column_blocks_differ_is_read_in_its_first_tile(monkeypat
     assert r.width == 64 and r.verified["matched"] == r.verified["draws"] == 100, (r.width, r.verified)
     # progress counts on over the widths (before, the count restarted at 1 for the second one)
     assert [c for c, _ in seen] == list(range(1, r.calls + 1)), seen
-    wide = [c for c, e in seen if e == order.expected_calls(t, 512)]  # the calls at width 512
-    assert wide and {e for _, e in seen[len(wide):]} == {wide[-1] + order.expected_calls(t, 64)}, seen
+    wide = [c for c, e in seen if e == order_plan.expected_calls(t, 512)]  # the calls at width 512
+    later = {wide[-1] + order_plan.expected_calls(t, 64)}
+    assert wide and {e for _, e in seen[len(wide):]} == later, seen
     assert trees.to_json(r.tree) == trees.to_json(trees.canonical(first)), describe(r.tree)
     got = order.order_of(t)
     assert got["order_id"] == ids.hex_id(trees.order_id(first, k)) and got["calls"] == r.calls
@@ -1378,18 +1401,18 @@ def test_the_2d_form_of_a_1d_a_is_probed_as_its_own_computation():
     """The seed's `2d` form (A.unsqueeze(0) @ B[:, :n]) runs another op than A @ B[:, :n]: each
     form's tree replays its own computation bit for bit, and explain's orders name the form."""
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan
 
     case = cases.Case("mv-test", "mv", cases.Shape(1, 512, 300), cases.Shape(1, 512, 300), layout="strided",
                       slice_n=(299,), forms=("as-is", "2d"))
     for form in case.forms:
-        t = order.target(case, "float32", "cpu", 299, form=form)
+        t = order_plan.target(case, "float32", "cpu", 299, form=form)
         r = order.reveal(t)
         assert order.replay(t, r.tree, width=r.width)["matched"] == 100, form
     got = order.slice_orders(case, "float32", "cpu", [("n", 299, False, "as-is"), ("n", 299, False, "2d")])
     assert [s["form"] for s in got["slices"]] == ["as-is", "2d"] and all(s["order_id"] for s in got["slices"])
-    with pytest.raises(order.ProbeError, match="form '2d'"):
-        order.target(cases.get("square"), "float32", "cpu", form="2d")
+    with pytest.raises(order_plan.ProbeError, match="form '2d'"):
+        order_plan.target(cases.get("square"), "float32", "cpu", form="2d")
 
 
 def test_bad_input_through_python_m_is_one_line_too():
@@ -1441,10 +1464,10 @@ def test_a_spread_probe_reads_the_row_by_row_tree_in_fewer_calls(monkeypatch, dt
     operand's rows (columns, for the last shape, probed by rows), one call reads every chunk of
     a probe. The tree is the one read a chunk a call, and replays this CPU's kernel bit for bit."""
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan
 
-    t = order.target(cases.adhoc(*mkn), dtype, "cpu")
-    rows = order.spread_rows(t)
+    t = order_plan.target(cases.adhoc(*mkn), dtype, "cpu")
+    rows = order_plan.spread_rows(t)
     assert rows == (mkn[2] if t.by_rows else mkn[0]), rows
     spread = order.reveal(t, verify=True)
     monkeypatch.setattr(order, "spread_rows", lambda t: 1)
@@ -1463,19 +1486,20 @@ def test_rows_that_add_in_different_orders_are_read_one_row_at_a_time(monkeypatc
     import torch
 
     from matmul_drift.core import cases
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan, order_replay
 
     k = 512
     first, rest = seq(list(range(k))), pw(list(range(k)))
 
     def output(self):
         a, b = self.a0.double().numpy(), self.b0.double().numpy()
-        y = np.stack([order.evaluate(first if r == 0 else rest, a[r][:, None] * b, np.float32) for r in range(len(a))])
+        y = np.stack([order_replay.evaluate(first if r == 0 else rest, a[r][:, None] * b, np.float32)
+                      for r in range(len(a))])
         return torch.from_numpy(y).to(torch.bfloat16)
 
     monkeypatch.setattr(order.Prober, "_output", output)
-    t = order.target(cases.adhoc(16, k, 64), "bfloat16", "cpu")
-    assert order.spread_rows(t) == 16
+    t = order_plan.target(cases.adhoc(16, k, 64), "bfloat16", "cpu")
+    assert order_plan.spread_rows(t) == 16
     r = order.reveal(t, verify=True)
     assert trees.to_json(r.tree) == trees.to_json(trees.canonical(first)), describe(r.tree)
     assert r.verified["matched"] == 100 and "pieces" not in r.notes[-1], r.notes

@@ -21,7 +21,7 @@ import pytest
 
 from matmul_drift.core import ids
 from matmul_drift.jobs import reuse, suite
-from matmul_drift.probes import fixfind, order
+from matmul_drift.probes import fixfind, order_plan, order_tree
 from matmul_drift.store import catalog
 
 CASES, PRECISIONS, DEVICES = ("bmm", "linear"), ("float32", "bfloat16"), ("cpu",)
@@ -127,13 +127,13 @@ def test_a_tree_that_no_longer_replays_is_revealed_afresh(first, tmp_path, monke
     fresh draws refutes it, and the probe reveals the real one again."""
     _, out, _, _ = first
     k = "linear|float32|cpu"
-    chain_k = order.target(suite.cases.get("linear"), "float32", "cpu").k
+    chain_k = order_plan.target(suite.cases.get("linear"), "float32", "cpu").k
 
     def edit(data, root):
         chain = 0
         for i in range(1, chain_k):
             chain = [chain, i]
-        _set(data, "order_id", k, float(order.store(root, chain, chain_k)))
+        _set(data, "order_id", k, float(order_tree.store(root, chain, chain_k)))
 
     got, log = again(first, tmp_path, monkeypatch, edit=edit, MATMUL_DRIFT_FIXES="0")
     assert got[k]["order_id"] == out[k]["order_id"]

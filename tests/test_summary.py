@@ -21,7 +21,7 @@ import pytest
 
 from matmul_drift.cli.main import main as cli_main
 from matmul_drift.core import ids, series, trees
-from matmul_drift.probes import order
+from matmul_drift.probes import order_tree
 from matmul_drift.read.incidents import ordered
 from matmul_drift.read import flags, history, latest, pairing, render, rules, summary
 from matmul_drift.store import catalog
@@ -186,7 +186,7 @@ def _new_ids(results) -> tuple[int, int]:
     """A kernel-id and an order-id in ``results``' catalog that no run of write_tree has."""
     cat = results / "catalog"
     return (catalog.store(cat, "kernels", {"device": "cpu", "full": ["aten::matmul", "aten::mm", "other"]}),
-            order.store(cat, F.order_tree("pairwise"), 8))
+            order_tree.store(cat, F.order_tree("pairwise"), 8))
 
 
 def test_kernel_change_shows_old_and_new_names(capsys, tmp_path):
@@ -214,10 +214,11 @@ def test_an_order_change_is_flagged_as_order_even_with_the_same_kernels(capsys, 
     same, both, lost = _idx(dtype="float32"), _idx(dtype="float16"), _idx(case="tall", dtype="float64")
 
     def change(data, cat):
-        F.set_value(data, F.ORDER_ID, same, order.store(cat, F.order_tree("pairwise"), 8))
-        F.set_value(data, F.ORDER_ID, both, order.store(cat, F.order_tree("pairwise"), 8))
+        F.set_value(data, F.ORDER_ID, same, order_tree.store(cat, F.order_tree("pairwise"), 8))
+        F.set_value(data, F.ORDER_ID, both, order_tree.store(cat, F.order_tree("pairwise"), 8))
         F.set_value(data, F.KERNEL, both, catalog.store(cat, "kernels", {"device": "cpu", "full": ["new kernel"]}))
-        F.set_value(data, F.ORDER_ID, lost, order.store(cat, None, 8))  # the readings fit no tree
+        # the readings fit no tree
+        F.set_value(data, F.ORDER_ID, lost, order_tree.store(cat, None, 8))
 
     tree = _tree_with(tmp_path, change)
     rc, doc, _ = run_json(capsys, tree.root, "--across", "commits")

@@ -40,7 +40,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _target(args):
-    from matmul_drift.probes import order
     from matmul_drift.store import atomic
 
     if (args.case is None) == (args.m is None and args.k is None and args.n is None):
@@ -56,13 +55,13 @@ def _target(args):
     problem = args.json and atomic.folder_problem(args.json)
     if problem:
         raise UsageError(f"--json {args.json}: {problem}")
-    return order.checked_target(args.case, (args.m, args.k, args.n), args.slice_n, args.slice_m, args.form,
-                                args.dtype, args.device, args.row, args.col, not args.no_host_memory_check,
-                                args.max_calls)
+    return checked_target(args.case, (args.m, args.k, args.n), args.slice_n, args.slice_m,
+                          args.form, args.dtype, args.device, args.row, args.col,
+                          not args.no_host_memory_check, args.max_calls)
 
 
 def run(args) -> int:
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_tree
     from matmul_drift.store import atomic, catalog
 
     t = _target(args)
@@ -71,11 +70,11 @@ def run(args) -> int:
             r = order.reveal(t, progress=lambda calls, expected: bar.update(f"{calls} calls", calls,
                                                                                   max(expected, calls + 1)),
                                    max_calls=args.max_calls, verify=args.verify)
-        except order.NotRevealed as exc:
+        except order_tree.NotRevealed as exc:
             print(f"matmul-drift order: order not revealed after {exc.calls} matmul calls: {exc}")
             return 1
     try:
-        oid = order.store(catalog.default_root(), r.tree, t.k)
+        oid = order_tree.store(catalog.default_root(), r.tree, t.k)
     except OSError as exc:  # the catalog changed while probing
         raise UsageError(f"cannot store the tree in the catalog: {exc.strerror or exc}") from None
     reading = words.describe(r.tree)
@@ -105,3 +104,40 @@ def run(args) -> int:
     else:  # the tree fits the probe's readings; only a replay shows it reproduces the kernel's bits
         print("replay: not run (--verify replays the tree against the kernel)")
     return 0
+
+
+def checked_target(case_id: str | None, mkn: tuple, slice_n: int | None, slice_m: int | None,
+                   form: str, dtype: str, device: str, row: int, col: int, host_check: bool,
+                   max_calls: int):
+    """The Target of `matmul-drift order`: case ``case_id``, else the ad-hoc (m, k, n) of ``mkn``.
+    UsageError (one line) when the probe cannot run: a slice or entry the case lacks, a device or
+    dtype it cannot take, too little memory, more than ``max_calls`` calls expected, or a catalog
+    that cannot take the tree."""
+    from matmul_drift.measure import measure, memory
+    from matmul_drift.probes.order_plan import over_budget, target
+    from matmul_drift.store import atomic, catalog
+
+    try:
+        case = cases.get(case_id) if case_id is not None else cases.adhoc(*mkn)
+        cases.check_slices(case, case.shape(device), slice_n, slice_m, form)
+        t = target(case, dtype, device, slice_n, slice_m, row, col, form)
+    except (ValueError, measure.Unavailable) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    try:
+        memory.check(t.bytes_needed(), f"the probe of {t.label} in {t.dtype},", t.device,
+                     host_check)
+    except memory.TooLarge as exc:
+        raise UsageError(str(exc)) from None
+    refused = over_budget(t, max_calls)
+    if refused:
+        raise UsageError(f"{refused} (--max-calls)")
+    orders = catalog.default_root() / "orders"  # checked before minutes of probing, not after
+    try:
+        orders.mkdir(parents=True, exist_ok=True)
+        problem = atomic.folder_problem(orders / "tree.json")
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    if problem:
+        raise UsageError(f"the catalog cannot take the tree: {orders}: {problem} "
+                         "(MATMUL_DRIFT_CATALOG names another)")
+    return t

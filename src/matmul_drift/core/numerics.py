@@ -25,6 +25,11 @@ WIDTH = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
 EXPONENT_BIAS = {"float64": 1023, "float32": 127, "float16": 15, "bfloat16": 127}
 
 
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up, for b > 0: integer arithmetic, exact at any size (no float)."""
+    return -(-a // b)
+
+
 def unit_roundoff(dtype: str) -> float:
     """u of ``dtype`` (dimensionless): half the gap between 1 and the next float."""
     try:

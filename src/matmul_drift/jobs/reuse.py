@@ -118,14 +118,14 @@ def confirm_tree(t, tree, seed: int) -> dict:
     16 columns (rows) at once, as the reveal verifies a tree over the columns its probes shared;
     where those differ, DRAWS / 2 in the entry's own column alone, a call each. Returns replay's
     dict plus ``calls`` (matmul calls)."""
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan
 
     width = min(16, t.width)
     got = order.replay(t, tree, draws=DRAWS, seed=seed, width=width)
-    calls = order.replay_calls(DRAWS, width)
+    calls = order_plan.replay_calls(DRAWS, width)
     if got["matched"] != got["draws"] and width > 1:
         got = order.replay(t, tree, draws=DRAWS // 2, seed=seed, width=1)
-        calls += order.replay_calls(DRAWS // 2, 1)
+        calls += order_plan.replay_calls(DRAWS // 2, 1)
     return {**got, "calls": calls}
 
 

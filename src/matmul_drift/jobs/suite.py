@@ -315,12 +315,12 @@ def add_orders(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None 
     of the case's full product, revealed and replayed bit for bit (order.order_of); the
     id of the tree ``null`` where the readings fit no tree or the replay differs ("not
     revealed": a kernel whose order stops being a tree changes the id); NaN where the probe
-    does not run (K beyond its range, or more matmul calls than order.MAX_CALLS); a
+    does not run (K beyond its range, or more matmul calls than order_plan.MAX_CALLS); a
     failure (``added``: asv null) where the probe itself broke. Where ``record`` (reuse.previous)
     has the combination's kernel, environment and input ids, its stored tree replays fresh draws
     instead ("reused from <commit>, confirmed"); one that does not, or cannot be read, is revealed
     afresh and the line says why. Returns how many trees were reused."""
-    from matmul_drift.probes import order
+    from matmul_drift.probes import order, order_plan, order_tree
 
     if not switched_on(ORDERS_VAR):
         return 0
@@ -330,14 +330,15 @@ def add_orders(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None 
         c, p, d = k.split("|")
         why = None
         try:
-            t = order.target(cases.get(c), p, d)
-            key = (t.computation(), order.MAX_CALLS, True) if record else None  # order_of's memo key
+            t = order_plan.target(cases.get(c), p, d)
+            # order_of's memo key
+            key = (t.computation(), order_plan.MAX_CALLS, True) if record else None
             got, why = (None, None) if key is None or key in memo else _reused_tree(t, k, out[k], record, root)
             if got is not None:  # the same computation later is "the same as" this one, not reused again
                 memo[key] = {**got, "confirmed": None, "same_as": t.label, "k": t.k}
             else:
                 got = order.order_of(t, memo=memo)
-        except (order.ProbeError, Unavailable) as exc:
+        except (order_plan.ProbeError, Unavailable) as exc:
             got = {"probed": False, "reason": str(exc)}
         except Exception as exc:  # the probe must not lose the measurements made, nor pass for a skip
             got = {"probed": False, "reason": "".join(traceback.format_exception_only(exc)).strip()}
@@ -345,7 +346,7 @@ def add_orders(out: dict, root, log=sys.stderr, record: tuple[str, dict] | None 
         if not got["probed"]:
             out[k]["order_id"], what = NAN, f"not probed: {got['reason']}"
         else:
-            out[k]["order_id"] = float(order.store(root, got["tree"], t.k))
+            out[k]["order_id"] = float(order_tree.store(root, got["tree"], t.k))
             what = got["summary"] if got["tree"] is not None else f"not revealed: {got['reason']}"
             if got.get("confirmed"):
                 reused += 1

@@ -424,11 +424,11 @@ def prepare(req: Request) -> _Ready:
     if not files:
         _check_memory(req, shape)
     if req.orders:  # before measuring, not after: K = 1, or beyond the probe's exact range
-        from matmul_drift.probes import order
+        from matmul_drift.probes import order_plan
 
         try:
-            order.target(case, req.dtype, req.device)
-        except order.ProbeError as exc:
+            order_plan.target(case, req.dtype, req.device)
+        except order_plan.ProbeError as exc:
             raise UsageError(f"--orders: {exc}") from None
     slice_n = (req.slice_n,) if req.slice_n else None
     slice_m = (req.slice_m,) if req.slice_m else None

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 
+from matmul_drift.core.numerics import ceil_div
 from matmul_drift.probes import fixes, interrupt
 from matmul_drift.probes.fixrun import drifting, sizes
 
@@ -273,7 +274,7 @@ def lands_on(spec: dict, compute: str) -> dict[str, int]:
     size's own kernel."""
     _, dim, multiple = compute.split(":")
     k = int(multiple)
-    return {str(s): -(-s // k) * k for s in sizes(spec.get(f"slice_{dim}")) if s % k}
+    return {str(s): ceil_div(s, k) * k for s in sizes(spec.get(f"slice_{dim}")) if s % k}
 
 
 def _overlap(a: dict, b: dict) -> bool:

@@ -5,487 +5,31 @@ The probe is FPRev's (Xie et al., USENIX ATC 2025): every product is ``base`` (o
 rounds back to M in the accumulator. The pair then cancels where the two first meet, and the
 output counts the products outside the two children of that node that hold i and j. One
 probe per column of B, so one call of the exact shape runs N probes; A is all ones, so every
-row is the same probe and the entry's own row is read. Where the output cannot count every
-product exactly (fp16 holds 11 significant bits, bf16 8), the products are spread over
-chunks, one probe each, and the counts added.
-
-From the counts ``v(i, j) = |child holding i| + |child holding j|`` (leaves), the tree is
-built top-down in rounds: each unresolved set of leaves gets the pairs of a pivot (its first
-leaf; its last too where the first leaves a large group) with every other leaf; the pivot's
-path to the top of the set groups the others by their count; each group is resolved in the
-next round. A reading that fits no tree is "order not revealed", never a guessed tree;
-``replay`` checks a tree bit for bit against the kernel on random inputs whose products are
-exact.
+row is the same probe and the entry's own row is read.
 
 The probe runs one case's exact computation (shape, dtype, layout, device, slice) with A all
-ones and the probes in B's columns (``Target``, ``Prober``); trees are written in the format of
-core/trees.py.
-
-Tensor cores add a group of products and the running sum in one fused add that cuts every
-term to a fixed width below the largest exponent among them (Fasi et al., PeerJ CS 2021; bit
-for bit, MMA-Sim's rule: Xie et al., arXiv 2511.10909, and ``FUSED``). M then takes the whole
-fused node with it, not only the two children holding i and j (FPRev's reading), and with the
-products outside a set left 0 such a node reads as a chain of two-child nodes: ``fuse`` tells
-them apart with one more pair per two-child node, the products beside it present.
+ones and the probes in B's columns (``Prober``, on order_plan.py's ``Target``); the tree is
+built from its readings in order_tree.py; ``replay`` checks a tree bit for bit against the
+kernel on random inputs whose products are exact (the arithmetic in order_replay.py).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from matmul_drift.core import cases, ids, trees, words
-from matmul_drift.core.errors import UsageError
-from matmul_drift.measure import inputs, measure
-from matmul_drift.store import catalog
-
-# dtype -> (significant bits of the accumulator, of the output, base product, M)
-# fp16/bf16/fp32 accumulate in fp32; fp16's base is its smallest subnormal, so that
-# M / base = 2^39 leaves room for any chunk of at most 2^11 base products.
-PROBE = {
-    "float64": (53, 53, 1.0, 2.0**90),
-    "float32": (24, 24, 1.0, 2.0**60),
-    "float16": (24, 11, 2.0**-24, 2.0**15),
-    "bfloat16": (24, 8, 1.0, 2.0**40),
-}
-MAX_K = {"float64": 2**30, "float32": 2**24, "float16": 2**24, "bfloat16": 2**24}
-
-# How a fused node rounds, tried in this order by the replay: "exact" (summed exactly, rounded
-# to nearest once: a CPU's), or a tensor core's fused add into a float32 accumulator as MMA-Sim
-# models it bit for bit (Xie et al., arXiv 2511.10909; `t_fdpa` in mmasim/arithmetic/fdpa.py):
-# each product aligned by the sum of its operands' exponents, every term cut toward zero to F
-# bits below the largest exponent (and e_zero), the sum cut toward zero to float32. F and e_zero
-# are MMA-Sim's (mmasim/nv_ptx/sim.py); docs/design.md "The order tree format" has the whole rule,
-# and how the names before issue 48 map onto these ("truncated-26" is F = 25).
-TENSOR_CORES = {  # name -> (F, e_zero), float32 output
-    "volta: aligned to the exponent sum, 23 bits, cut toward zero": (23, -131),  # Fasi et al.'s "24" on V100
-    "turing/ampere/ada: aligned to the exponent sum, 24 bits, cut toward zero": (24, -132),
-    "hopper/blackwell: aligned to the exponent sum, 25 bits, cut toward zero": (25, -133),  # the H200's
-}
-FUSED = ("exact", *TENSOR_CORES)
-
-# a format's least normal exponent: its subnormals are read as 0.m x 2^this
-LEAST_NORMAL_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126}
-
-
-class NotRevealed(Exception):
-    """The probe's readings fit no tree (the order depends on the values, the kernel is not a
-    tree, or a product was flushed); the message says what was seen, ``calls`` the matmul calls
-    spent finding it out."""
-
-    calls = 0
-
-
-class ProbeError(ValueError):
-    """The probe cannot run for this K and dtype (bad input: one line, exit 2)."""
-
-
-def check(k: int, dtype: str) -> None:
-    if dtype not in PROBE:
-        raise ProbeError(f"no probe for {dtype}; expected one of {', '.join(PROBE)}")
-    if k < 2:
-        raise ProbeError(f"K = {k}: a sum of one product has no order to reveal")
-    if k > MAX_K[dtype]:
-        raise ProbeError(f"K = {k} is beyond the probe's exact range for {dtype} (at most {MAX_K[dtype]}: "
-                         "the accumulator could not count the products)")
-
-
-def chunk_size(dtype: str) -> int:
-    """The most base products one probe may hold, so that the output counts them exactly."""
-    acc, out, base, m = PROBE[dtype]
-    absorb = int(m / base) >> (acc + 1)  # partial sums below half an ulp of M vanish into it
-    return max(1, min(2**out, absorb))
-
-
-def chunks(k: int, size: int) -> list[tuple[int, int]]:
-    """The ranges [lo, hi) of k, each holding at most ``size`` base products, one probe each."""
-    return [(lo, min(lo + size, k)) for lo in range(0, k, size)]
-
-
-# ---------------------------------------------------------------------------- the tree
-
-
-@dataclass
-class _Hole:
-    """A set of leaves to resolve in a later round: ``count`` sibling subtrees of ``size``;
-    ``first``, the readings of its first leaf's pairs where they left too large a group."""
-
-    leaves: list[int]
-    count: int
-    size: int
-    first: dict | None = None
-
-
-@dataclass
-class Reveal:
-    """A revealed order: ``tree`` (the JSON form), ``calls`` (matmul calls), ``probes``
-    (pairs measured), ``rounds``, ``seconds`` (wall time of the probing), ``width`` (the
-    output columns, or rows, the probes used: they share the tree), ``verified`` (the replay
-    of the tree against the kernel, where one was asked for)."""
-
-    tree: object
-    k: int
-    calls: int = 0
-    probes: int = 0
-    rounds: int = 0
-    seconds: float = 0.0
-    width: int = 1
-    notes: list[str] = field(default_factory=list)
-    verified: dict | None = None
-
-
-def _path(pivot: int, values: dict[int, int], total: int):
-    """The node over a set of ``total`` leaves, seen from ``pivot``: (node, largest group),
-    or None when the counts fit no tree. Children are leaves, nodes or _Holes."""
-    groups: dict[int, list[int]] = {}
-    for j, v in values.items():
-        groups.setdefault(v, []).append(j)
-    top: object = pivot
-    size, base = 1, None
-    for v in sorted(groups):
-        g = sorted(groups[v])
-        s = v - size  # the size of each of g's subtrees if they meet the pivot's side above `top`
-        if s > 0 and len(g) % s == 0:  # a new node above `top`: g is one subtree, or several of size s
-            top, base = [top, _Hole(g, len(g) // s, s)], size
-        elif base is not None and (t := v - base) > 0 and len(g) % t == 0 and isinstance(top, list):
-            top.append(_Hole(g, len(g) // t, t))  # more children of the node `top` (summed exactly)
-        else:
-            return None
-        size += len(g)
-    if size != total:
-        return None
-    return top, max((len(g) for g in groups.values()), default=0)
-
-
-def _holes(holder: list):
-    """(parent list, index, hole) for every _Hole in the tree held at holder[0]."""
-    stack = [(holder, 0)]
-    while stack:
-        parent, i = stack.pop()
-        x = parent[i]
-        if isinstance(x, _Hole):
-            yield parent, i, x
-        elif isinstance(x, list):
-            stack.extend((x, j) for j in range(len(x)))
-
-
-def tree_from_pairs(measure_pairs, k: int, max_rounds: int | None = None, progress=None) -> Reveal:
-    """The tree over leaves 0..k-1 from ``measure_pairs(pairs, within) -> counts`` (v(i, j) per
-    pair; ``within[n]``, the leaves of the set pair n lies in, holds every product v counts, so a
-    probe may leave the others 0: after the first round far fewer chunks of fp16/bf16 remain).
-
-    Each set is seen from its first leaf (the pivot), and only where that leaves a group of more
-    than half the set, from its last leaf too, in the next round: the better view is taken. A
-    loop's first product is usually its deepest, so a set costs one pivot's pairs, not two.
-
-    NotRevealed when the counts fit no tree or the rounds run out (each round measures at
-    most 2(k - 1) pairs; a tree of height t needs at most 2t rounds, usually log2 k)."""
-    max_rounds = max_rounds or 2 * k.bit_length() + 64
-    holder: list = [_Hole(list(range(k)), 1, k)]  # the tree, its holes replaced in place as they resolve
-    out = Reveal(tree=None, k=k)
-    while True:
-        found = list(_holes(holder))
-        for parent, i, h in sorted(found, key=lambda t: (id(t[0]), -t[1])):
-            if h.size == 1:  # single products: the leaves themselves (siblings when more than one)
-                parent[i:i + 1] = h.leaves
-        holes = [(parent, i, h) for parent, i, h in _holes(holder) if h.size > 1]
-        if not holes:
-            break
-        out.rounds += 1
-        if out.rounds > max_rounds:
-            raise NotRevealed(f"not resolved after {max_rounds} rounds of probes")
-        pairs, within = [], []
-        for _, _, h in holes:
-            p = h.leaves[0] if h.first is None else h.leaves[-1]
-            pairs += [(p, j) for j in h.leaves if j != p]
-            within += [h.leaves] * (len(pairs) - len(within))
-        got = dict(zip(pairs, measure_pairs(pairs, within)))
-        out.probes += len(pairs)
-        # Replace from the back of each parent, so that splices do not move the holes before them.
-        for parent, i, h in sorted(holes, key=lambda t: (id(t[0]), -t[1])):
-            views = [h.leaves[0], h.leaves[-1]] if h.first is not None else [h.leaves[0]]
-            readings = {**(h.first or {}), **{(p, j): got[(p, j)] for p in views[-1:] for j in h.leaves if j != p}}
-            best = None
-            for p in views:
-                seen = _path(p, {j: readings[(p, j)] for j in h.leaves if j != p}, len(h.leaves))
-                if seen is not None and (best is None or seen[1] < best[1]):
-                    best = seen
-            if h.first is None and len(h.leaves) > 2 and (best is None or 2 * best[1] > len(h.leaves)):
-                h.first = readings  # seen from the last leaf too, next round
-                continue
-            if best is None:
-                raise NotRevealed(f"the counts over products {h.leaves[0]}..{h.leaves[-1]} ({len(h.leaves)} of "
-                                  "them) fit no tree")
-            node = best[0]
-            if h.count == 1:
-                parent[i] = node
-            elif (isinstance(node, list) and parent is not holder
-                  and sum(c.count if isinstance(c, _Hole) else 1 for c in node) == h.count):
-                parent[i:i + 1] = node  # the set was h.count sibling subtrees: the node's children
-            else:
-                raise NotRevealed(f"expected {h.count} subtrees of {h.size} over products "
-                                  f"{h.leaves[0]}..{h.leaves[-1]}; found another shape")
-        if progress:
-            progress(out.rounds, out.probes)
-    out.tree = trees.canonical(holder[0])
-    return out
-
-
-def fuse(tree, measure_pairs, k: int, sample: int | None = None):
-    """The tree with every chain of two-child nodes that is one fused add of a tensor core
-    merged into that node: (tree, pairs measured, links merged); the tree given is left as it
-    is. One pair per two-child node, a leaf of each child. Where one reading counts all k
-    products (``sample`` None or at least k), every product is present: the pair counts its
-    node's products where the node is a rounded addition, and the whole fused node's where it is
-    a link of such a chain (M cut every term of it away). Where a reading counts at most
-    ``sample`` (fp16, bf16), each pair holds some of its node's products and as many beside the
-    node in its parent: it absorbs the ones beside too only where the node is a link; and the top
-    node's pair, every product present, must absorb them all. NotRevealed when a reading fits
-    neither (as where columns that add in other orders were read as one)."""
-    tree = trees.from_json(trees.to_json(tree))  # a copy, made without recursion
-    if not isinstance(tree, list):
-        return tree, 0, 0
-    order_ = trees.inner_nodes(tree)  # parents before children
-    parent: dict[int, list | None] = {id(tree): None}
-    parent.update((id(c), x) for x in order_ for c in x if isinstance(c, list))
-    first = trees.fold(tree, int, min)  # each node's smallest product
-    links = [x for x in order_ if len(x) == 2]
-    pairs = [(first(x[0]), first(x[1])) for x in links]
-    everything = list(range(k))  # one list: the probe fills its products once for all pairs
-    if sample is None or sample >= k:
-        got = measure_pairs(pairs, [everything] * len(links)) if links else []
-        merged = _chains(links, pairs, got, parent, trees.fold(tree, lambda c: 1, sum))
-    else:
-        below = [(x, pair) for x, pair in zip(links, pairs) if parent[id(x)] is not None]
-        held = []  # per link below the top: (products of its own held, those beside it)
-        for x, _ in below:
-            others = itertools.chain.from_iterable(trees.iter_leaves(c) for c in parent[id(x)] if c is not x)
-            beside = list(itertools.islice(others, sample // 2))
-            held.append((list(itertools.islice(trees.iter_leaves(x), sample - len(beside))), beside))
-        got = measure_pairs([pair for _, pair in below], [own + beside for own, beside in held]) if below else []
-        merged = set()
-        for (x, (i, j)), (own, beside), r in zip(below, held, got):
-            mine = 2 + len(own) - (i in own) - (j in own)
-            if r == mine + len(beside):
-                merged.add(id(x))
-            elif r != mine:
-                raise NotRevealed(f"the pair ({i}, {j}) counted {r}: neither the {mine} products of its node it holds "
-                                  f"(a rounded addition) nor {mine + len(beside)}, with the {len(beside)} beside it "
-                                  "(a link of a fused add)")
-        if len(tree) == 2:  # apart: its k products take chunks of their own (spread where rows allow)
-            (r,) = measure_pairs([pairs[0]], [everything])
-            if r != k:
-                raise NotRevealed(f"the pair {pairs[0]} of the top node, every product present, counted {r} of {k}")
-    for x in reversed(order_):  # children first: a link's children go up into its parent's place
-        if id(x) in merged:
-            up = parent[id(x)]
-            at = next(i for i, c in enumerate(up) if c is x)
-            up[at:at + 1] = x
-            for c in x:
-                if isinstance(c, list):
-                    parent[id(c)] = up
-    return trees.canonical(tree), len(links), len(merged)
-
-
-def _chains(links, pairs, got, parent, size) -> set[int]:
-    """fuse's links merged, from readings with every product present: those that counted more
-    than their own node, all of the fused node at the top of their chain."""
-    reading = {id(x): r for x, r in zip(links, got)}
-    merged = set()
-    for x, (i, j), r in zip(links, pairs, got):
-        if r == size(x):
-            continue
-        top = parent[id(x)]
-        while top is not None and id(top) in reading and reading[id(top)] > size(top):
-            top = parent[id(top)]  # the chain goes on above
-        if r < size(x) or top is None or size(top) != r:
-            raise NotRevealed(f"the pair ({i}, {j}) with every product present counted {r}: "
-                              f"neither its node's {size(x)} products nor a fused node's above it")
-        merged.add(id(x))
-    return merged
-
-
-def store(root, tree, k: int) -> int:
-    """Keep the tree in the catalog (kind "orders") and return its order-id."""
-    return catalog.store_text(root, "orders", trees.entry_text(tree, k))
-
-
-# ---------------------------------------------------------------------------- replay
-
-
-def exponents(x: np.ndarray, dtype: str) -> np.ndarray:
-    """The exponent a tensor core reads from each value of ``dtype`` in ``x`` (float64): e with
-    2^e <= |x| < 2^(e+1), but never below the format's least normal exponent (a subnormal is
-    0.m x 2^that); int16. Zeros, inf and NaN get that least one too (a fused add places zeros
-    itself; inf and NaN decide the sum whatever their exponent)."""
-    _, e = np.frexp(x)
-    return np.maximum(e - 1, LEAST_NORMAL_EXPONENT[dtype]).astype(np.int16)
-
-
-def product_exponents(a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
-    """The exponent a tensor core aligns each product a * b by (operands of ``dtype``, as float64,
-    broadcast together): the sum of the operands' exponents, not the product's own; int16."""
-    return exponents(a, dtype) + exponents(b, dtype)
-
-
-def truncated_sum(terms: np.ndarray, exps: np.ndarray, bits: int, zero: int) -> np.ndarray:
-    """A tensor core's fused add (``FUSED``, MMA-Sim's ``t_fdpa``) of ``terms`` (shape (n, draws),
-    float64, exact: products of the operands and the running sum), each aligned by its exponent in
-    ``exps`` (product_exponents; a zero's is ``zero``): per draw every term cut toward zero to a
-    multiple of 2^(e_max - bits), e_max the largest exponent and ``zero``, the cut terms summed
-    exactly, the sum cut toward zero to float32: inf at 2^128 and beyond, +0 for zero, NaN as
-    0x7fffffff. Returns float32 (draws,)."""
-    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN go through as IEEE says
-        e = np.where(terms == 0, zero, exps).max(axis=0, initial=zero).astype(np.int32)  # e_max, at least `zero`
-        scale = (bits - e)[None, :]
-        cut = np.ldexp(np.trunc(np.ldexp(terms, scale)), -scale)
-        s = cut.sum(axis=0)  # exact: multiples of 2^(e_max - bits), n of them each below 2^(e_max + 2)
-        out = s.astype(np.float32)
-        over = np.abs(out.astype(np.float64)) > np.abs(s)  # rounded away from zero: one step back
-        out[over] = np.nextafter(out[over], np.float32(0))
-        big = np.abs(s) >= 2.0**128  # cut to 24 bits, still beyond float32: inf (MMA-Sim, the hardware)
-        out[big] = np.copysign(np.float32(np.inf), s[big]).astype(np.float32)
-    out += np.float32(0)  # -0 to +0
-    out.view(np.uint32)[np.isnan(out)] = 0x7FFFFFFF
-    return out
-
-
-def exact_sum(terms: np.ndarray, acc: np.dtype) -> np.ndarray:
-    """The exact sum of ``terms`` (shape (n, draws), float64) per draw, rounded once to ``acc``;
-    a draw holding inf or NaN sums as IEEE says (inf, or NaN for inf - inf), where fsum raises."""
-    finite = np.isfinite(terms).all(axis=0)
-    with np.errstate(invalid="ignore"):
-        out = terms.sum(axis=0)
-    out[finite] = [math.fsum(col) for col in terms[:, finite].T]
-    with np.errstate(over="ignore"):
-        return out.astype(acc)
-
-
-def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact",
-             exps: np.ndarray | None = None) -> np.ndarray:
-    """The tree's sum of ``values`` (products, shape (k, draws), exact in ``acc``), each two-child
-    node one rounded addition in ``acc``, each larger node one fused add as ``fused`` (one of
-    ``FUSED``; a tensor core's only with a float32 accumulator) says. A tensor core aligns a
-    product by its operands' exponents: ``exps`` ((k, draws), product_exponents of the operands);
-    without it each product is read as a float32 value times 1 (its own exponent), which is what
-    the operands give where one of them is a power of two and both are normal. A tensor core's
-    fused add takes the products exactly (float64), also beyond float32's range."""
-    acc = np.dtype(acc)
-    tc = TENSOR_CORES.get(fused)
-    if tc is None and fused != "exact":
-        raise ValueError(f"{fused!r} is not one of {', '.join(FUSED)}")
-    if tc is not None and acc != np.float32:
-        raise ValueError(f"{fused} is a float32 accumulator's fused add, not {acc}'s")
-    memo: dict[int, np.ndarray] = {}
-    stack = [(tree, False)]
-    while stack:
-        node, done = stack.pop()
-        if not isinstance(node, list):
-            continue
-        if not done:
-            stack.append((node, True))
-            stack.extend((c, False) for c in node if isinstance(c, list))
-            continue
-        if len(node) > 2 and tc is not None:  # the products exact, each with its alignment exponent
-            terms = np.stack([memo.pop(id(c)).astype(np.float64) if isinstance(c, list)
-                              else np.asarray(values[c], dtype=np.float64) for c in node])
-            own = exponents(terms, "float32")  # the running sum's; a product's where no exps are given
-            if exps is not None:
-                leaf = [i for i, c in enumerate(node) if not isinstance(c, list)]
-                own[leaf] = exps[[node[i] for i in leaf]]
-            memo[id(node)] = truncated_sum(terms, own, *tc)
-            continue
-        kids = [values[c].astype(acc) if not isinstance(c, list) else memo.pop(id(c)) for c in node]
-        if len(kids) == 2:
-            memo[id(node)] = (kids[0] + kids[1]).astype(acc)
-        else:
-            memo[id(node)] = exact_sum(np.stack(kids).astype(np.float64), acc)
-    return memo[id(tree)] if isinstance(tree, list) else values[tree].astype(acc)
-
-
-# ---------------------------------------------------------------------------- on a real kernel
-
-
-@dataclass
-class Target:
-    """The computation whose order is revealed: the entry (``row``, ``col``) of its output's
-    first matrix (``rows`` x ``cols``); ``k`` products. The probes sit in B's columns, or in
-    A's rows where the output has more rows than columns: ``width`` probes per call."""
-
-    case: cases.Case
-    dtype: str
-    device: str
-    slice_n: int | None
-    slice_m: int | None
-    row: int
-    col: int
-    k: int
-    rows: int
-    cols: int
-    precision: str = ""  # the dtype plus its matmul flags (cases.PRECISIONS); "" for the dtype alone
-    form: str = "as-is"  # A as the case holds it, or "2d": a 1-D A as A.unsqueeze(0) (cases.Case.forms)
-
-    @property
-    def by_rows(self) -> bool:
-        return self.rows > self.cols
-
-    @property
-    def width(self) -> int:
-        return max(self.rows, self.cols)
-
-    @property
-    def label(self) -> str:
-        """The case and its slice as the product reads: ``seed A[:1] @ B``."""
-        a = "A.unsqueeze(0)" if self.form == "2d" else f"A[:{self.slice_m}]" if self.slice_m else "A"
-        return f"{self.case.id} {a} @ " + (f"B[:, :{self.slice_n}]" if self.slice_n else "B")
-
-    def bytes_needed(self) -> tuple[int, int]:
-        """(host, device) bytes the probe needs (memory.probe_bytes): one Prober at a time."""
-        from matmul_drift.measure import memory
-
-        a_shape, b_shape = measure.operand_shapes(self.case, self.device)
-        s = self.case.shape(self.device)
-        batch = s.batch or 1
-        copy = batch * self.k * self.slice_n if self.slice_n and self.case.layout == "copy" else 0
-        out = batch * self.rows * self.cols
-        return memory.probe_bytes(int(np.prod(a_shape)), int(np.prod(b_shape)) + copy, out, self.k,
-                                  widths(self)[0], self.dtype, self.device)
-
-    def computation(self) -> tuple:
-        """What the probe's readings depend on: the op, the operands' stored shapes, the slice,
-        the precision, the device, A's form and the entry; not the case's name or its inputs (the
-        probe writes its own). A view slice as large as the operand is the operand itself."""
-        s = self.case.shape(self.device)
-        view = self.case.layout != "copy"  # a copy of a whole transposed W is not W
-        n = None if self.slice_n == s.n and view else self.slice_n
-        m = None if self.slice_m == s.m else self.slice_m
-        return (self.case.op, measure.operand_shapes(self.case, self.device), self.case.layout if n else "",
-                n, m, self.precision or self.dtype, self.device, self.form, self.row, self.col)
-
-
-def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=None, row=0, col=0,
-           form: str = "as-is") -> Target:
-    """The case's computation (its full product, or one slice of it) in ``precision`` (a dtype,
-    or one with its matmul flags: ``float32-tf32``), A in ``form``; ValueError for bad input,
-    measure.Unavailable where the device or precision cannot run here."""
-    measure.check_device(device, precision)
-    if form not in case.forms:
-        raise ProbeError(f"form {form!r} is not one of the case's ({', '.join(case.forms)})")
-    dtype = cases.storage_dtype(precision)
-    s = case.shape(device)
-    rows = 1 if case.op == "mv" else slice_m or s.m
-    cols = slice_n or s.n
-    if not 0 <= row < rows or not 0 <= col < cols:
-        raise ProbeError(f"entry ({row}, {col}) is outside the {rows} x {cols} output")
-    if case.compare_cols and col >= case.compare_cols:
-        raise ProbeError(f"entry ({row}, {col}): {case.id}'s slices are compared in their first "
-                               f"{case.compare_cols} columns; choose a column below {case.compare_cols}")
-    check(s.k, dtype)
-    return Target(case, dtype, device, slice_n, slice_m, row, col, s.k, rows, cols, precision, form)
+from matmul_drift.measure import measure
+from matmul_drift.probes.order_plan import (
+    MAX_CALLS, PROBE, Target, chunk_size, chunks, expected_calls, fuse_calls, over_budget,
+    replay_calls, spread_plan, spread_rows, target, widths,
+)
+from matmul_drift.probes.order_replay import (
+    LEAST_NORMAL_EXPONENT, draw_products, match, product_exponents,
+)
+from matmul_drift.probes.order_tree import NotRevealed, Reveal, fuse, tree_from_pairs
 
 
 class Prober:
@@ -493,8 +37,6 @@ class Prober:
     and the probes in B's columns, or (``by_rows``) B all ones and the probes in A's rows."""
 
     def __init__(self, t: Target, width: int | None = None, rows: int = 1):
-        import torch
-
         self.t = t
         self.width = width or t.width  # probes a call: the first `width` columns (rows)
         self.rows = rows  # > 1: k's pieces spread over this many rows (columns) of the other operand
@@ -545,8 +87,6 @@ class Prober:
         return y[0] if t.case.op == "bmm" else y
 
     def _load(self, values: np.ndarray) -> None:
-        import torch
-
         v = torch.from_numpy(values)
         if self.t.by_rows:
             self.a0[: values.shape[1]].copy_(v.t())
@@ -625,8 +165,6 @@ class Prober:
         row 0's. Each row holds at most a chunk of base products (chunk_size); the group is as wide
         as gives the most pairs a call (spread_plan). The rows share one order (one tile); where
         they do not, the readings contradict or the replay fails, and reveal reads row by row."""
-        import torch
-
         k = self.t.k
         within = within or [range(k)] * len(pairs)
         masks: dict[int, np.ndarray] = {}  # id(leaf list) -> its leaves as a mask over k
@@ -694,114 +232,10 @@ class Prober:
         return y.double().cpu().numpy()
 
 
-def group_calls(free: int, room: int, rows: int) -> int:
-    """Matmul calls of one spread group: its ``free`` leaves (outside S) in pieces of ``room``,
-    ``rows`` - 1 pieces a call (row 0 holds S), at least one call."""
-    return max(1, -(-(-(-free // room)) // (rows - 1)))
-
-
-def spread_plan(pairs: list[tuple[int, int]], masks: list[np.ndarray], chunk: int, rows: int):
-    """How many of ``pairs`` (their leaves: ``masks`` over k) one spread group takes, and the
-    pieces (arrays of k) of its leaves outside S that the rows hold: the size that reads the most
-    pairs a matmul call, each row holding at most ``chunk`` base products, S's among them."""
-    k = len(masks[0])
-    union, in_s = np.zeros(k, bool), np.zeros(k, bool)
-    seen: set[int] = set()
-    best, s_size = (0.0, 1), 0
-    for c, (i, j) in enumerate(pairs):
-        if id(masks[c]) not in seen:
-            seen.add(id(masks[c]))
-            union |= masks[c]
-        s_size += int(not in_s[i]) + int(not in_s[j] and j != i)
-        in_s[i] = in_s[j] = True
-        room = chunk - s_size
-        if room < 1:
-            break
-        rate = (c + 1) / group_calls(int(union.sum()) - int((union & in_s).sum()), room, rows)
-        if rate >= best[0]:
-            best = (rate, c + 1)
-    size = best[1]
-    union[:] = False
-    for m in {id(m): m for m in masks[:size]}.values():
-        union |= m
-    s_ = np.unique(np.asarray(pairs[:size]))
-    union[s_] = False
-    leaves = np.flatnonzero(union)
-    n = max(1, -(-len(leaves) // (chunk - len(s_))))
-    return size, [p for p in np.array_split(leaves, n) if len(p)]
-
-
 def _member(sorted_leaves: np.ndarray, x: np.ndarray) -> np.ndarray:
     """1 where x is one of the sorted leaves, else 0."""
     pos = np.minimum(np.searchsorted(sorted_leaves, x), len(sorted_leaves) - 1)
     return (sorted_leaves[pos] == x).astype(np.int64)
-
-
-def calls_per_round(t: Target, width: int | None = None) -> int:
-    """Matmul calls of one round at most: 2(K - 1) pairs, times the chunks of k, over the
-    probes one call holds (a tree of height h takes at most h rounds, usually log2 K)."""
-    return -(-2 * (t.k - 1) * len(chunks(t.k, chunk_size(t.dtype))) // (width or widths(t)[0]))
-
-
-ROUNDS = 3  # rounds a CPU tree took here: 1 to 3 for every route of the catalog (docs/design.md, "Summation orders")
-
-
-def expected_calls(t: Target, width: int | None = None, rows: int = 1) -> int:
-    """Matmul calls the probe is expected to take: ROUNDS rounds of calls_per_round, or with
-    ``rows`` > 1 (spread) of 2(K - 1) pairs in the widest group spread_plan would take."""
-    if rows == 1:
-        return calls_per_round(t, width) * ROUNDS
-    chunk, width = chunk_size(t.dtype), width or widths(t)[0]
-    best = max((c / group_calls(t.k - c - 1, chunk - c - 1, rows), c) for c in range(1, min(width, chunk - 3) + 1))
-    return -(-2 * (t.k - 1) * ROUNDS // int(best[0]))
-
-
-def spread_rows(t: Target) -> int:
-    """Rows (columns, by rows) of the other operand, from the entry's on, that a probe spreads
-    k's pieces over (Prober._spread); 1 where it reads k in one piece (not fp16 or bf16, or K
-    within a chunk), for an mv, or where too few rows are there to take fewer calls."""
-    if t.case.op == "mv" or t.form == "2d" or len(chunks(t.k, chunk_size(t.dtype))) < 2:
-        return 1
-    rows, w = (t.cols - t.col) if t.by_rows else (t.rows - t.row), widths(t)[0]
-    return rows if rows >= 3 and expected_calls(t, w, rows) < expected_calls(t, w) else 1
-
-
-def fuse_calls(tree, k: int, chunk: int, width: int) -> int:
-    """Matmul calls fuse makes at most, ``width`` probes a call: a pair per two-child node, one
-    probe each; where a probe holds fewer than the ``k`` products (``chunk``, fp16 and bf16), the
-    top node's pair again, every product present, one probe per chunk of them."""
-    if not isinstance(tree, list):
-        return 0
-    links = trees.arities(tree).count(2)
-    if chunk >= k or len(tree) != 2:
-        return -(-links // width)
-    return -(-(links - 1) // width) + -(-len(chunks(k, chunk)) // width)
-
-
-def widths(t: Target) -> list[int]:
-    """The probe widths to try, widest first. A kernel may add the columns (rows) of a tail
-    tile, or of another thread's block, in another order than the first ones, so the tries keep
-    to the prefix of whole tiles of 64, then of 16, then to the first tile of 64 and of 16, and
-    last to the entry's own column (row) alone: exact for the entry, at the most calls. (On
-    the AVX2 route, `MKL_CBWR=AVX2`, DGEMM's 512 columns of batch-invariance-2 fit no tree,
-    its first 64 do.)"""
-    pos = t.row if t.by_rows else t.col
-    tried = {t.width // 64 * 64, t.width // 16 * 16, 64, 16}
-    out = sorted((w for w in tried if pos < w <= t.width), reverse=True) or [t.width]
-    return out + [1] if pos == 0 and out[-1] > 1 else out
-
-
-MAX_CALLS = 4000  # a probe expected to need more is refused (matmul-drift order --max-calls)
-
-
-def over_budget(t: Target, max_calls: int = MAX_CALLS) -> str | None:
-    """Why the probe of ``t`` is not started (its first width would need more than
-    ``max_calls`` matmul calls), or None when it fits; later widths are checked as they come."""
-    w = widths(t)[0]
-    if expected_calls(t, w) <= max_calls:
-        return None
-    return (f"revealing K = {t.k} over {w} probes a call needs about {expected_calls(t, w)} matmul calls "
-            f"({calls_per_round(t, w)} a round), more than {max_calls}")
 
 
 def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = False) -> Reveal:
@@ -862,26 +296,6 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
     raise exc
 
 
-def _products(rng: np.random.Generator, k: int, draws: int, dtype: str) -> np.ndarray:
-    """(k, draws) products, exact in the accumulator, that tell summation orders apart even
-    through an fp16 or bf16 output: in each draw +L and -L at two random places (FPRev's pair,
-    L = 2^13 for an fp32 accumulator, 2^26 for fp64), the others 4-bit values of 1/4 to 16 units
-    in L's last place (2^-10, 2^-26), random signs. A product that meets a partial sum holding
-    L is rounded to that place, one that does not is kept; once the pair cancels the sum is
-    small, so the output's own rounding keeps what the order did. (Values spread over many
-    exponents, the draws before, let the largest decide: every tree matched an fp16 kernel.)"""
-    acc = PROBE[dtype][0]
-    big = 2.0**13 if acc == 24 else 2.0**26
-    unit = big * 2.0 ** (1 - acc)
-    out = rng.choice([-unit, unit], (k, draws))  # in place below: a few k x draws arrays at most (memory.probe_bytes)
-    out *= 1 + rng.integers(0, 8, (k, draws)) / 8
-    out *= np.exp2(rng.integers(-2, 4, (k, draws)))
-    for d in range(draws):
-        i, j = rng.choice(k, 2, replace=False)
-        out[i, d], out[j, d] = big, -big
-    return out
-
-
 def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, prober: Prober | None = None) -> dict:
     """The tree evaluated in numpy (evaluate, in the accumulator's precision, rounded once
     to the output dtype) against the kernel's own output, on ``draws`` random inputs whose
@@ -894,8 +308,6 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     tensor cores' with the exponents of the operands (product_exponents), not only their products.
     Returns draws, matched, the first mismatch and fused_add (the ways that matched every
     draw; None for a tree of two-child nodes only)."""
-    import torch
-
     p = prober or Prober(t)
     rng = np.random.default_rng(seed)
     dt = getattr(torch, t.dtype)
@@ -914,7 +326,7 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
         w, idx = len(cols), torch.from_numpy(cols)
         # the shared operand ±2^-2..2^2, the other the products over it: exact, and normal in fp16
         shared = rng.choice([-1.0, 1.0], t.k) * np.exp2(rng.integers(-2, 3, t.k))
-        each = _products(rng, t.k, w, t.dtype)
+        each = draw_products(rng, t.k, w, t.dtype)
         each /= shared[:, None]
         each = torch.from_numpy(each).to(dt)
         if t.by_rows:  # rows of A (each a draw) against the entry's column of B
@@ -934,40 +346,6 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
             exps[:, d:d + w] = product_exponents(lhs.cpu().numpy(), rhs.cpu().numpy(), t.dtype).T
         d += w
     return match(tree, products, kernel, t.dtype, exps)
-
-
-def replay_calls(draws: int, width: int) -> int:
-    """The matmul calls ``replay`` makes for ``draws`` over ``width`` columns (rows): one where
-    they are more than the draws (spread over them), else a call for every ``width`` draws."""
-    return 1 if width > draws else -(-draws // width)
-
-
-def match(tree, products: np.ndarray, kernel: list[tuple[int, float]], dtype: str,
-          exps: np.ndarray | None = None) -> dict:
-    """The tree's sums of ``products`` ((k, draws), exact in the accumulator; ``exps``, where
-    given, the sums of their operands' exponents: product_exponents) against the
-    kernel's outputs (bits, value) in ``dtype``: draws, matched and the first mismatch (under
-    the first way that matches most draws), and fused_add: for a tree with fused nodes, every
-    way of FUSED (fp32 accumulators; fp64 rounds exactly) that matches every draw, often
-    more than one where the output's rounding hides the accumulator's; None for a tree of
-    two-child nodes."""
-    acc = np.float64 if dtype == "float64" else np.float32
-    fused = trees.fused_nodes(tree) > 0
-    best, ways = None, []
-    for way in FUSED if fused and acc is np.float32 else FUSED[:1]:
-        want = evaluate(tree, products, acc, way, exps)  # every draw at once
-        want_bits = want.view(np.uint64) if acc is np.float64 else inputs.round_bits(want, dtype)
-        matched, first = 0, None
-        for i, ((bits, value), w) in enumerate(zip(kernel, want_bits)):
-            if int(w) == bits:
-                matched += 1
-            elif first is None:
-                first = {"draw": i, "kernel": value, "tree": float(want[i])}
-        if best is None or matched > best["matched"]:
-            best = {"draws": len(kernel), "matched": matched, "first_mismatch": first}
-        if matched == len(kernel):
-            ways.append(way)
-    return {**best, "fused_add": ways if fused else None}
 
 
 def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True, memo: dict | None = None) -> dict:
@@ -1069,36 +447,3 @@ def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[s
                        "order differs, yet these inputs give identical bits")
         out["slices"].append({"slice": kind, "size": size, "form": form, "drifts": drifts, **got, "verdict": verdict})
     return out
-
-
-def checked_target(case_id: str | None, mkn: tuple, slice_n: int | None, slice_m: int | None, form: str, dtype: str,
-                   device: str, row: int, col: int, host_check: bool, max_calls: int) -> Target:
-    """The Target of `matmul-drift order`: case ``case_id``, else the ad-hoc (m, k, n) of ``mkn``.
-    UsageError (one line) when the probe cannot run: a slice or entry the case lacks, a device or
-    dtype it cannot take, too little memory, more than ``max_calls`` calls expected, or a catalog
-    that cannot take the tree."""
-    from matmul_drift.measure import memory
-    from matmul_drift.store import atomic
-
-    try:
-        case = cases.get(case_id) if case_id is not None else cases.adhoc(*mkn)
-        cases.check_slices(case, case.shape(device), slice_n, slice_m, form)
-        t = target(case, dtype, device, slice_n, slice_m, row, col, form)
-    except (ValueError, measure.Unavailable) as exc:
-        raise UsageError(str(exc).splitlines()[0]) from None
-    try:
-        memory.check(t.bytes_needed(), f"the probe of {t.label} in {t.dtype},", t.device, host_check)
-    except memory.TooLarge as exc:
-        raise UsageError(str(exc)) from None
-    refused = over_budget(t, max_calls)
-    if refused:
-        raise UsageError(f"{refused} (--max-calls)")
-    orders = catalog.default_root() / "orders"  # checked before minutes of probing, not after
-    try:
-        orders.mkdir(parents=True, exist_ok=True)
-        problem = atomic.folder_problem(orders / "tree.json")
-    except OSError as exc:
-        problem = exc.strerror or str(exc)
-    if problem:
-        raise UsageError(f"the catalog cannot take the tree: {orders}: {problem} (MATMUL_DRIFT_CATALOG names another)")
-    return t
