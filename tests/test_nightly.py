@@ -512,6 +512,23 @@ def test_a_night_left_copied_with_no_files_runs_again(tmp_path):
     assert nightly._finish_pending(tree) is None and not (tree / ".nightly/pending.json").exists()
 
 
+def test_the_pending_state_is_written_as_before_and_one_written_before_is_recovered(tmp_path):
+    """pending.json's bytes do not depend on Stage being an enum: a night left by any run
+    reads back, and the stages are the words MATMUL_DRIFT_KILL_AT names."""
+    tree = tmp_path / "tree"
+    (tree / ".nightly").mkdir(parents=True)
+    night = {"date": "2026-01-05", "machine": "m"}
+    nightly._set_pending(tree, nightly.Stage.COPIED, night, "ab" * 20, ["nights/2026-01-05-m.json"])
+    assert (tree / ".nightly/pending.json").read_text() == (
+        '{"stage": "copied", "date": "2026-01-05", "machine": "m", "point": "' + "ab" * 20
+        + '", "files": ["nights/2026-01-05-m.json"]}\n')
+    assert [s.value for s in nightly.Stage] == ["copying", "copied", "committed", "publishing"]
+    for stage in ("committed", "publishing"):  # as an earlier run wrote it: the night's run publishes
+        (tree / ".nightly/pending.json").write_text(json.dumps({
+            "stage": stage, "date": "2026-01-05", "machine": "m", "point": "ab" * 20, "files": []}) + "\n")
+        assert nightly._finish_pending(tree) == nightly.Finished("2026-01-05", "m", "")
+
+
 def test_backups_in_one_second_keep_every_old_file(tmp_path, monkeypatch):
     from datetime import datetime
 

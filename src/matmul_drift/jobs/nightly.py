@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from enum import Enum
 from pathlib import Path
 
 from matmul_drift.core.errors import UsageError
@@ -54,6 +55,27 @@ ALL = "all"  # the name of a merge's summary; no machine may take it
 
 class NightError(Exception):
     """The night could not be recorded or published: one line, exit status 1."""
+
+
+class Stage(str, Enum):
+    """Where a night stands between copying its results and publishing them: pending.json's
+    "stage". The values are the file's own words, so a night any run left is recovered; each
+    is also the name MATMUL_DRIFT_KILL_AT takes to kill the run there (asvrun.checkpoint)."""
+
+    COPYING = "copying"  # results going into the tree: a kill leaves a part, set aside
+    COPIED = "copied"  # in the tree, not committed: the next run commits them
+    COMMITTED = "committed"  # committed, the site not built: the run of that night publishes
+    PUBLISHING = "publishing"  # the site being built: the run of that night publishes again
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A killed night that _finish_pending completed: its date and machine, and ``said``, the
+    plain report of the commit it made for it ("" where the night was committed before)."""
+
+    date: str
+    machine: str
+    said: str
 
 
 @dataclass
@@ -410,8 +432,8 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
     for line in (git_step("repairing the results tree", resultsbranch.repair, tree, o.branch) + asvrun.reap_orphans(Path(o.repo))
                  + scratch.sweep_staging(tree / STATE / "staging", tree)):
         log(f"recovered: {line}")
-    finished = _finish_pending(tree)  # (date, machine, the report of a night it committed)
-    said = finished[2] if finished else ""
+    finished = _finish_pending(tree)
+    said = finished.said if finished else ""
     pushed = 0
     if o.remote:
         git_step("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
@@ -422,7 +444,8 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
     point = axis.commit(o.date)
     rel = f"{NIGHTS}/{o.date}-{o.machine}.json"
     recorded = asvrun.recorded(tree / RESULTS / "asv", o.machine, point)
-    if recorded and not o.force and ((finished and finished[:2] == (o.date, o.machine)) or pushed):
+    this_night = finished is not None and (finished.date, finished.machine) == (o.date, o.machine)
+    if recorded and not o.force and (this_night or pushed):
         # The night was killed after its results were copied, or after its commit: it is
         # now committed (and pushed); what is left is to publish.
         log(f"night {o.date} on {o.machine} is recorded: completed what a killed run left")
@@ -476,8 +499,9 @@ def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> tuple[
            f"{SUMMARIES}/{date}-{machine}.json", f":(glob){RESULTS}/asv/{machine}/{point[:8]}-*"]
     commit = git_step("committing the night", resultsbranch.commit, tree, own, commit_message(night, outcome),
                   f"{date}T00:00:00+00:00")
-    _set_pending(tree, "committed", night, point, [])  # the next run publishes it, remote or none
-    asvrun.checkpoint("committed")
+    # the next run publishes it, remote or none
+    _set_pending(tree, Stage.COMMITTED, night, point, [])
+    asvrun.checkpoint(Stage.COMMITTED.value)
     return commit, plain
 
 
@@ -491,8 +515,8 @@ def _report(tree: Path, date: str, machine: str, commit: str | None, imported: l
 
 def _publish_night(o: Options, tree: Path, point: str) -> None:
     """Publish the site, marked pending so that a run killed meanwhile is published by the next."""
-    _set_pending(tree, "publishing", {"date": o.date, "machine": o.machine}, point, [])
-    asvrun.checkpoint("publishing")
+    _set_pending(tree, Stage.PUBLISHING, {"date": o.date, "machine": o.machine}, point, [])
+    asvrun.checkpoint(Stage.PUBLISHING.value)
     publish(tree, o.repo, o.branch)
     _pending_path(tree).unlink(missing_ok=True)
 
@@ -505,36 +529,40 @@ def _pending_path(tree: Path) -> Path:
     return tree / STATE / "pending.json"
 
 
-def _set_pending(tree: Path, stage: str, night: dict, point: str, files: list[str]) -> None:
-    atomic.write_text(_pending_path(tree), json.dumps({"stage": stage, "date": night["date"], "machine": night["machine"],
-                                                       "point": point, "files": files}) + "\n")
+def _set_pending(tree: Path, stage: Stage, night: dict, point: str, files: list[str]) -> None:
+    atomic.write_text(_pending_path(tree), json.dumps({
+        "stage": stage.value, "date": night["date"], "machine": night["machine"], "point": point,
+        "files": files}) + "\n")
 
 
-def _finish_pending(tree: Path) -> tuple[str, str, str] | None:
+def _finish_pending(tree: Path) -> Finished | None:
     """Finish what a killed night left between copying its results and publishing them.
-    Copied in full: summarise and commit it (its own commit), and return (date, machine, its
-    plain report). Copied in part: set the copied files aside (kept, not read) and put back what
-    the branch had recorded (a --force run's), so the night runs again. Killed after its commit
-    or while publishing: return (date, machine, ""); the run of that night publishes."""
+    Copied in full: summarise and commit it (its own commit), and return it with its plain
+    report. Copied in part: set the copied files aside (kept, not read) and put back what the
+    branch had recorded (a --force run's), so the night runs again. Killed after its commit or
+    while publishing: return it with no report; the run of that night publishes. The stage is
+    read as the file's word: one that Stage does not name reads as a copy in part."""
     path = _pending_path(tree)
     if not path.exists():
         return None
     try:
         p = json.loads(path.read_text(encoding="utf-8"))
         date, machine, point, stage, files = p["date"], p["machine"], p["point"], p["stage"], list(p["files"])
+        whole = stage == Stage.COPIED and files and all((tree / f).is_file() for f in files)
         night = (json.loads((tree / NIGHTS / f"{date}-{machine}.json").read_text(encoding="utf-8"))
-                 if stage == "copied" and files and all((tree / f).is_file() for f in files) else None)
+                 if whole else None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         path.unlink()
         log(f"warning: ignored {path.relative_to(tree)}, which cannot be read ({exc})")
         return None
-    if stage in ("committed", "publishing"):  # committed, its site not built: the run of that night publishes
-        log(f"recovered: night {date} on {machine} was killed "
-             + ("after its commit" if stage == "committed" else "while publishing") + "; publishing it")
-        return date, machine, ""
+    # committed, the site not built: the run of that night publishes
+    if stage in (Stage.COMMITTED, Stage.PUBLISHING):
+        how = "after its commit" if stage == Stage.COMMITTED else "while publishing"
+        log(f"recovered: night {date} on {machine} was killed {how}; publishing it")
+        return Finished(date, machine, "")
     if night is not None:
         log(f"recovered: night {date} on {machine} was killed after its results were copied; committing it")
-        return date, machine, _record(tree, night, point, [tree / f for f in files])[1]
+        return Finished(date, machine, _record(tree, night, point, [tree / f for f in files])[1])
     loose = git_step("reading what a killed night copied", resultsbranch.uncommitted, tree, files) if files else []
     aside = [atomic.backup(tree / f) for f in loose if (tree / f).exists()]
     back = git_step("putting back what a killed night moved aside", resultsbranch.restore, tree, loose)
@@ -612,14 +640,16 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
             raise NightError(f"{exc}; nothing of the night reached the tree (asv exit status {rc}; see {asv_log})") from None
         # what import_night moves aside (--force) too: another Python's results have other names
         aside = [str(p.relative_to(tree)) for p in asvrun.recorded(tree / RESULTS / "asv", o.machine, commit)]
-        _set_pending(tree, "copying", night, commit, list(dict.fromkeys([str(dest / f.name) for f in made] + aside + [rel])))
+        copying = list(dict.fromkeys([str(dest / f.name) for f in made] + aside + [rel]))
+        _set_pending(tree, Stage.COPYING, night, commit, copying)
         imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
         described = _staged_night(tree, rel).read_bytes()
         if (tree / rel).exists() and (tree / rel).read_bytes() != described:
             log(f"replacing {rel}; the old description is kept as {atomic.backup(tree / rel).name}")
         atomic.write_bytes(tree / rel, described)
-        _set_pending(tree, "copied", night, commit, [str(p.relative_to(tree)) for p in imported] + [rel])
-        asvrun.checkpoint("copied")
+        copied = [str(p.relative_to(tree)) for p in imported] + [rel]
+        _set_pending(tree, Stage.COPIED, night, commit, copied)
+        asvrun.checkpoint(Stage.COPIED.value)
         _staged_night(tree, rel).unlink()
         scratch.done(staging, claim)
     finally:
