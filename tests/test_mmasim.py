@@ -1,6 +1,6 @@
-"""The replay's model of a tensor core's fused add (probes/order.py: FUSED, evaluate) checked
-independently, bit for bit, against MMA-Sim (Xie et al., arXiv 2511.10909; PyPI ``mmasim``, a
-test dependency only), a CPU model of NVIDIA's and AMD's matrix units: Hopper's wgmma, fp16 and
+"""The replay's model of a tensor core's fused add (probes/order_replay.py: FUSED, evaluate)
+checked independently, bit for bit, against MMA-Sim (Xie et al., arXiv 2511.10909; PyPI
+``mmasim``, a test dependency only), a CPU model of NVIDIA's and AMD's matrix units: Hopper's wgmma, fp16 and
 bf16 operands, fp32 accumulation, the accumulator's bits compared before any output rounding, on
 the probe's own draws and on general operands (issue 48). One fused group of 16 products with
 the running sum, and the whole K = 4096 chain the H200 revealed (order-id f05c9cdb73a9)."""
@@ -67,10 +67,11 @@ def _f32(x) -> np.ndarray:
 def operands(kind: str, rng: np.random.Generator, k: int, draws: int, dtype: str, with_sum: bool):
     """(a, b, c): a and b (draws, k) holding ``dtype`` values, c (draws,) the running sum, float32
     values (0 without ``with_sum``). ``kind``: "probe" the replay's own draws
-    (order_replay.draw_products over a power of two, order.replay); "normal" N(0, 1) operands, as a model's; "spread" random
-    significands over every exponent of fp16 (subnormals and zeros included), of bf16 from 2^-140
-    (subnormals, zeros) to 2^60 (products within float32's range mostly); "special" normal ones
-    with zeros, subnormals and, in about one draw in 60, inf, -inf or NaN."""
+    (order_replay.draw_products over a power of two, order.replay); "normal" N(0, 1) operands,
+    as a model's; "spread" random significands over every exponent of fp16 (subnormals and
+    zeros included), of bf16 from 2^-140 (subnormals, zeros) to 2^60 (products within
+    float32's range mostly); "special" normal ones with zeros, subnormals and, in about one
+    draw in 60, inf, -inf or NaN."""
     shape = (draws, k)
     c = np.zeros(draws)
     if kind == "probe":
