@@ -148,6 +148,11 @@ def test_without_nvml_nvidia_smi_is_read_by_uuid_and_without_either_no_clocks(tm
     assert got == {"sm_mhz": 1755, "reasons": ["HwThermalSlowdown"], "slowdown_ns": None, "source": "nvidia-smi"}
     assert (tmp_path / "args").read_text().split()[-2:] == ["-i", UUID]
     assert clocks.read(UUID, nvml=broken, smi=_smi(tmp_path, "[N/A], Active\n")) is None
+    # two instants alone: a fall seen at an end counts; none seen is not known, never "no fall"
+    idle = {"sm_mhz": 1980, "reasons": [], "slowdown_ns": None, "source": "nvidia-smi"}
+    assert clocks.verdict(idle, got, 0.1)["fell"] is True
+    unknown = clocks.verdict(idle, idle, 0.1)
+    assert unknown["fell"] is None and "two instants" in unknown["why"]
     assert clocks.read(UUID, nvml=broken, smi=_smi(tmp_path, "", rc=9)) is None
     assert broken.inits == 1  # a failed start is not tried again at every read
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))

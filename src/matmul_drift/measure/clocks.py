@@ -9,7 +9,8 @@ asked clocks for power, thermal, board-limit and reliability reasons, since the 
 read before and after. NVML (nvidia-ml-py's `pynvml`) is started once a process and finds the
 GPU by its UUID, never by CUDA's ordinal, which another device order or CUDA_VISIBLE_DEVICES
 makes another GPU's. Without NVML, nvidia-smi (``-i <uuid>``) gives the SM clock and the reasons
-active at each end alone; without either, no clocks (None). The sizing and the verdict are
+active at each end alone: a fall seen there counts, and no fall seen is not known (None);
+without either, no clocks (None). The sizing and the verdict are
 plain functions of plain values: the tests feed them a fake NVML."""
 
 from __future__ import annotations
@@ -184,4 +185,10 @@ def verdict(before: dict | None, after: dict | None, window: float | None = None
     slow = [REASONS[r] for r in active if r in SLOWDOWNS]
     if slow:
         why.append(", ".join(slow))
+    if not why and "nvidia-smi" in (before.get("source"), after.get("source")):
+        # two instants alone (nvidia-smi): a cap that lifted between them leaves no trace, so
+        # "did not fall" is not known; a fall seen at either end still is
+        return {"before": before, "after": after, "fell": None,
+                "why": "no slowdown counters over the timed window (nvidia-smi reads two instants): "
+                       "cuda_clock_fell is absent"}
     return {"before": before, "after": after, "fell": bool(why), "why": "; ".join(why) or None}
