@@ -589,6 +589,9 @@ def test_the_onednn_cap_is_in_force_from_library_load():
     assert fixes.ONEDNN_ISAS.index(c.env["ONEDNN_MAX_CPU_ISA"]) > fixes.ONEDNN_ISAS.index(fixes.onednn_isa_in_force()), c.name
     (got,) = fixfind._child([spec], c, timeout=120)
     capped = [k for k in got["None"]["kernels"]["slice_m"] if k.startswith("oneDNN")]
+    if capped == route and not any(isa in k for k in route for isa in ("avx", "amx", "sse")):
+        # oneDNN's jit gemm (gemm:jit:bf16) names no ISA: a step down cannot show in its name
+        pytest.skip(f"this CPU runs {route[0]!r}, whose name carries no ISA")
     assert capped != route, (c.name, route, capped)
 
 
