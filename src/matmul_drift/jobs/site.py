@@ -148,8 +148,8 @@ def _flag_tables(result: summary.Summary) -> list[str]:
                 f"<p>{_e(render.incident_where(inc))}</p>",
                 f'<p class="verdict"><b>Verdict:</b> {_e("; ".join(inc.verdict()))}</p>',
                 "<ul>",
-                *(f"<li>{_e(line.split(': ', 1)[0])}: <code>{_e(r['command'])}</code></li>"
-                  for line, r in zip(render.repro_lines(inc), inc.repros)),
+                *(f"<li>{_e(render.repro_label(r))}: <code>{_e(r['command'])}</code></li>"
+                  for r in inc.repros),
                 *(f"<li>{_e(n)}</li>" for n in inc.notes),
                 "</ul>", f'<details class="flags"><summary>{_e(render.cells_and_flags(inc))}</summary>',
                 '<table class="cells"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in heads)

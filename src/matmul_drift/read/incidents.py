@@ -16,9 +16,9 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from matmul_drift.core import cases
 from matmul_drift.core.ids import ID_HEX_DIGITS
 from matmul_drift.read.flags import Flag, Side, flatten
+from matmul_drift.read.rules import repro
 
 # The columns of an incident's table of cells, in the order a user reads them; a kind without
 # a column of its own (input, failure, ulp-growth) goes under "other".
@@ -207,7 +207,7 @@ def verdict(flags: list[Flag]) -> list[str]:
     if not acc:
         out.append("accuracy the same")
     for word in ("lost", "regained"):
-        found = [f for f in flags if f.kind == "invariance" and f"invariance {word}" in f.detail]
+        found = [f for f in flags if f.kind == "invariance" and _invariance(f) == word]
         if found:
             out.append(f"invariance {word} ({_cells_text(found)})")
     maps = [f for f in flags if f.kind == "map"]
@@ -284,7 +284,7 @@ def _mark(f: Flag) -> str:
         r = _ratio(f)
         return f"{r:.3g}x worse" if r >= 1 else f"{1 / r:.3g}x better"
     if f.kind == "invariance":
-        return "lost" if "invariance lost" in f.detail else "regained"
+        return _invariance(f)
     if f.kind == "ulp-growth":
         return "drift grew"
     if f.kind == "timing":
@@ -294,6 +294,11 @@ def _mark(f: Flag) -> str:
     if f.kind in ("input", "failure"):
         return f.kind if f.kind == "input" else f.detail
     return "changed"
+
+
+def _invariance(f: Flag) -> str:
+    """"lost" or "regained": an invariance flag's direction, as rules._ulp words its detail."""
+    return "lost" if f.detail.startswith("invariance lost") else "regained"
 
 
 def _count(v) -> str:
@@ -306,13 +311,11 @@ def _count(v) -> str:
 def repros(f: Flag, eb, ea) -> list[dict]:
     """One command per side that measures ``f``'s cell again with that side's settings: its
     route variables set, the other side's unset (``env -u``), and the thread count where it
-    differs without a variable to say so. [] where the cell is no case's (a results tree may
-    name anything) or no env entry is known."""
-    p = f.params
-    if p.get("case") not in cases.CASE_IDS or p.get("dtype") not in cases.PRECISIONS \
-            or p.get("device") not in cases.DEVICES:
+    differs without a variable to say so; with no env entry, the command alone. [] where the
+    cell is no case's (rules.repro: a results tree may name anything)."""
+    command = repro(f)
+    if command is None:
         return []
-    command = "matmul-drift explain " + " ".join(f"--{k} {shlex.quote(p[k])}" for k in ("case", "dtype", "device"))
     vb, va = (_vars(e) for e in (eb, ea))
     tb, ta = (e.get("threads") if isinstance(e, dict) else None for e in (eb, ea))
     out = []

@@ -165,9 +165,14 @@ def cells_and_flags(inc: Incident) -> str:
     return f"{n} cell{'s' * (n != 1)}, {k} flag{'s' * (k != 1)}"
 
 
+def repro_label(r: dict) -> str:
+    """An incident's repro named by its side and the torch build it needs: "repro before
+    (torch 2.13.0+cpu)"."""
+    return f"repro {r['side']}" + (f" (torch {r['torch']})" if r.get("torch") else "")
+
+
 def repro_lines(inc: Incident) -> list[str]:
-    return [f"repro {r['side']}" + (f" (torch {r['torch']})" if r.get("torch") else "") + f": {r['command']}"
-            for r in inc.repros]
+    return [f"{repro_label(r)}: {r['command']}" for r in inc.repros]
 
 
 def _short_bench(name: str) -> str:
@@ -327,9 +332,7 @@ def incident_markdown(k: int, inc: Incident, fail_on=DEFAULT_FAIL_ON) -> list[st
     repro per side, then its cells' table and its flags folded in <details>."""
     out = [f"#### {md_escape(incident_title(k, inc, fail_on))}", INCIDENT_MARK.format(key=inc.key), "",
            md_escape(incident_where(inc)), "", "**Verdict:** " + md_escape("; ".join(inc.verdict())), ""]
-    for r in inc.repros:
-        label = f"repro {r['side']}" + (f" (torch {r['torch']})" if r.get("torch") else "")
-        out.append(f"- {md_escape(label)}: {_md_code(visible(r['command']))}")
+    out += [f"- {md_escape(repro_label(r))}: {_md_code(visible(r['command']))}" for r in inc.repros]
     out += [f"- {md_escape(n)}" for n in inc.notes]
     heads, rows = cell_table(inc)
     out += ["", f"<details><summary>{cells_and_flags(inc)}</summary>", ""]
