@@ -31,6 +31,31 @@ def test_every_layer_is_in_the_readmes_layout_and_every_module_in_the_design():
     assert not stale, f"modules docs/design.md names that do not exist: {stale}"
 
 
+def test_the_readmes_command_list_is_cli_mains():
+    """One line per command in the README's "Commands", in cli/main.py's order, and no other."""
+    from matmul_drift.cli.main import COMMANDS
+
+    section = (ROOT / "README.md").read_text().split("## Commands", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- `matmul-drift ([a-z]+)`", section, re.M)
+    assert listed == list(COMMANDS), (listed, list(COMMANDS))
+
+
+def test_the_readmes_first_screen_installs_shows_real_output_and_answers_the_seed():
+    """Within 45 lines: the install line, the first commands, a sample of the summary's output
+    that the committed history still gives, and the seed's question."""
+    readme = (ROOT / "README.md").read_text()
+    screen = readme.split("\n## ", 1)[0]
+    assert len(screen.splitlines()) <= 45, len(screen.splitlines())
+    assert "pip install -e ." in screen and "bash scripts/suite.sh" in screen
+    assert "differ by 0.5" in screen and "docs/explain.md#the-seed-answered" in screen
+    sample = re.findall(r"```\n(matmul-drift summary:.*?)```", screen, re.S)[0]
+    got = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "summary", "results"], cwd=ROOT,
+                         capture_output=True, text=True).stdout
+    for line in sample.splitlines():
+        shown = line.removesuffix("...").rstrip("; ")
+        assert any(g.startswith(shown) for g in got.splitlines()), (line, got[:2000])
+
+
 def test_every_test_the_docs_cite_exists():
     defined = {m for p in (ROOT / "tests").glob("test_*.py")
                for m in re.findall(r"^def (test_\w+)", p.read_text(), re.M)}
