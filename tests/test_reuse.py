@@ -146,7 +146,13 @@ def test_a_tree_that_no_longer_replays_is_revealed_afresh(first, tmp_path, monke
                                   "no fix cost"])
 def test_a_record_that_cannot_stand_is_measured_afresh_and_says_why(first, tmp_path, monkeypatch, what):
     _, out, _, _ = first
-    k = "bmm|float32|cpu"
+    # The fixes are tried only where the first run drifted, which depends on the CPU and its caps
+    # (under MKL_CBWR=AVX2 bmm float32 may not drift): a float32 combination that did.
+    drifting = [k for k in ("bmm|float32|cpu", "linear|float32|cpu")
+                if any(out[k][n] > 0 for n in ("slice_n_ulp", "slice_m_ulp", "run_to_run_ulp"))]
+    assert drifting, {k: out[k] for k in out}
+    k = drifting[0]
+    name = " ".join(k.split("|")[:2])
 
     def edit(data, root):
         if what == "environment":
@@ -168,7 +174,7 @@ def test_a_record_that_cannot_stand_is_measured_afresh_and_says_why(first, tmp_p
     fixes_too = what in ("environment", "fix that no longer removes", "no fix cost")  # the fix finder takes seconds a run
     got, log = again(first, tmp_path, monkeypatch, edit=edit, MATMUL_DRIFT_FIXES="1" if fixes_too else "0")
     assert got[k]["order_id"] == out[k]["order_id"] and got[k].get("fix_id") == (out[k]["fix_id"] if fixes_too else None)
-    orders = next(ln for ln in log.splitlines() if ln.startswith("[orders") and "bmm float32" in ln)
+    orders = next(ln for ln in log.splitlines() if ln.startswith("[orders") and name in ln)
     fixes = [ln for ln in log.splitlines() if ln.startswith(f"fixes of {k}:")]
     why = {"environment": "env id ", "kernel": "was 00000000007b", "missing tree": "cannot be read",
            "no order id": "no order id recorded"}.get(what)
