@@ -71,6 +71,19 @@ def say_error(prog: str, message) -> None:
     print(f"{prog}: error: {visible(message)}", file=sys.stderr)
 
 
+def guarded(prog: str, body, errors: tuple, args: argparse.Namespace) -> int:
+    """``body(args)``'s exit status; one of ``errors`` is its one line and exit 2, a Ctrl-C
+    outside the search (drawing inputs, plotting: nothing in hand) exit 130."""
+    try:
+        return body(args)
+    except errors as exc:
+        say_error(prog, exc)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
 def progress(msg: str) -> None:
     """A line of progress on stderr, where it is a terminal."""
     if sys.stderr.isatty():
