@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from matmul_drift.core.errors import UsageError
+from matmul_drift.core.errors import BadValue, UsageError
 
 
 def positive(text: str) -> int:
@@ -69,6 +69,13 @@ def say_error(prog: str, message) -> None:
     from matmul_drift.read.render import visible
 
     print(f"{prog}: error: {visible(message)}", file=sys.stderr)
+
+
+def usage_words(exc: UsageError) -> str:
+    """A UsageError's one line; a BadValue's with its parameter's flag (slice_n: --slice-n)."""
+    if isinstance(exc, BadValue):
+        return exc.said("--" + exc.param.replace("_", "-"))
+    return str(exc)
 
 
 def guarded(prog: str, body, errors: tuple, args: argparse.Namespace) -> int:
