@@ -28,7 +28,7 @@ from pathlib import Path
 from matmul_drift.cli.main import main as cli_main
 from matmul_drift.core import cases
 from matmul_drift.measure import measure
-from matmul_drift.probes import scan
+from matmul_drift.probes import classsearch
 
 SEEDS = range(1, 6)  # other draws for the sizes where scan and dense disagree
 
@@ -45,11 +45,11 @@ RANGES = [
 
 def states(rec: dict) -> dict[int, tuple]:
     """Size -> (kernel-id, drift non-zero) as the record states it, from its class regions
-    (as scan.region_key puts it; drift None where there is none, along k)."""
+    (as classsearch.region_key puts it; drift None where there is none, along k)."""
     out = {}
     for r in rec["regions"]:
         for size in range(r["lo"], r["hi"] + 1):
-            if scan.class_label(scan.size_class(size)) == r["class"]:
+            if classsearch.class_label(classsearch.size_class(size)) == r["class"]:
                 out[size] = (r["kernel_id"], {"non-zero": True, "zero": False}.get(r["drift"]))
     return out
 
@@ -78,7 +78,7 @@ def other_draws(args: list[str], sizes: list[int], stated: dict[int, tuple]) -> 
         full = None if vary == "k" else measure.top_product(ops)
         for size in sizes:
             p = measure.scan_point(ops, vary, size, full, dtype=dtype, device="cpu")
-            held[size] += scan.region_key(p) == stated[size]
+            held[size] += classsearch.region_key(p) == stated[size]
     return held
 
 

@@ -15,7 +15,7 @@ import torch
 from matmul_drift.cli.main import main as cli_main
 from matmul_drift.core import cases, mapruns
 from matmul_drift.measure import batchpoint, kernels, measure
-from matmul_drift.probes import batchmap, scan
+from matmul_drift.probes import batchmap, classsearch, scan
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -60,8 +60,8 @@ def dense_truth(dtype: str, k: int, n: int, hi: int) -> dict[int, tuple[tuple[st
 def narrowest_run(truth: dict, lo: int, hi: int) -> int:
     """The fewest members of an alignment class in one run of one state (the search's limit)."""
     fewest = hi
-    for c in range(scan.CLASS_TOP + 1):
-        states = [truth[m] for m in scan.class_members(lo, hi, c)]
+    for c in range(classsearch.CLASS_TOP + 1):
+        states = [truth[m] for m in classsearch.class_members(lo, hi, c)]
         runs, start = [], 0
         for i in range(1, len(states) + 1):
             if i == len(states) or states[i] != states[i - 1]:
@@ -448,18 +448,18 @@ def test_a_route_with_a_period_of_6_or_14_is_stated_exactly(period, holds):
     evaluate, truth = synthetic(lambda m: m % period in holds)
     rec, stated, found = mapped(evaluate)
     assert [m for m in range(1, 257) if stated[m] != truth(m)] == []
-    assert found["period"] % period == 0 and found["prefix"] == [1, scan.PREFIX]
-    assert not found["failed"] and all(m not in found["checked"] for m in range(1, scan.PREFIX + 1))
+    assert found["period"] % period == 0 and found["prefix"] == [1, classsearch.PREFIX]
+    assert not found["failed"] and all(m not in found["checked"] for m in range(1, classsearch.PREFIX + 1))
     text = batchmap.render(rec)
     assert f"measured {rec['measured']} of 256 batch sizes" in text
     assert f"by the batch size modulo {found['period']}" in text
     if found["checked"]:
         checks = f"{len(found['checked'])} batch sizes not measured were spot-checked"
-        assert f"{checks} (seed {scan.CHECK_SEED}" in text
+        assert f"{checks} (seed {classsearch.CHECK_SEED}" in text
     # the same route under the search by powers of two alone states it wrongly: what #68 found
     views = {m: batchmap._view(evaluate(m)) for m in range(1, 257)}
-    alone = scan.class_search(1, 256, lambda m: views[m])
-    assert any(scan.state_at(alone, m)[0] != batchmap.state(evaluate(m)) for m in range(1, 257))
+    alone = classsearch.class_search(1, 256, lambda m: views[m])
+    assert any(classsearch.state_at(alone, m)[0] != batchmap.state(evaluate(m)) for m in range(1, 257))
     # the same route after a change of period part-way (6, then 12 above M = 36), as MKL's AVX2 gave
     evaluate, truth = synthetic(lambda m: m % 6 in (0, 4, 5) if m <= 36
                                 else m % 12 in (8, 9, 10, 11, 0))
@@ -473,7 +473,7 @@ def test_a_run_that_changes_back_inside_one_class_is_stated_or_said_unseen(width
     a spot check lands on it, the search measures its stretch densely and says so; where none
     does, and it is narrower than the grid, the map says that such runs can go unseen."""
     caught = missed = 0
-    for start in range(scan.PREFIX + 1, 256 - 2 * width, 2):
+    for start in range(classsearch.PREFIX + 1, 256 - 2 * width, 2):
         run = range(start | 1, (start | 1) + 2 * width, 2)  # `width` odd M
         evaluate, truth = synthetic(lambda m, run=run: m not in run)
         rec, stated, found = mapped(evaluate)
@@ -496,7 +496,7 @@ def test_a_route_with_no_pattern_falls_back_to_dense_and_says_so():
     """Beyond a regular prefix, M that drift follow no period (a hash of M picks one in five): the
     spot checks keep failing, and the last round measures every M left; the map is then exact
     at every M and says how it got there."""
-    evaluate, truth = synthetic(lambda m: m <= scan.PREFIX or (m * 2654435761) % 1021 % 5)
+    evaluate, truth = synthetic(lambda m: m <= classsearch.PREFIX or (m * 2654435761) % 1021 % 5)
     rec, stated, found = mapped(evaluate)
     assert [m for m in range(1, 257) if stated[m] != truth(m)] == []
     assert found["period"] == 1 and found["failed"] and found["rest"] and rec["measured"] == 256

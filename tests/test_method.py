@@ -36,7 +36,8 @@ SOURCES = {
     "fix_id": [*_VALUES, "probes/fixes.py", "probes/fixfind.py", "probes/fixrun.py"],
     "order_id": [*_VALUES, "probes/order.py", "probes/order_tree.py", "probes/order_replay.py",
                  "probes/order_plan.py", "core/trees.py"],
-    "map_id": [*_VALUES, "measure/kernels.py", "core/blaslog.py", "core/numerics.py", "measure/batchpoint.py", "probes/scan.py",
+    "map_id": [*_VALUES, "measure/kernels.py", "core/blaslog.py", "core/numerics.py",
+               "measure/batchpoint.py", "probes/scan.py", "probes/classsearch.py", "probes/records.py",
                "probes/batchmap.py", "probes/batchmap_run.py", "core/mapruns.py"],
     "time_matmul": [*_VALUES, "../../benchmarks/timing.py"],
 }

@@ -20,7 +20,7 @@ from matmul_drift.cli import main as cli
 from matmul_drift.cli.main import main as cli_main
 from matmul_drift.core import cases, ids, numerics
 from matmul_drift.measure import kernels, measure
-from matmul_drift.probes import interrupt, scan
+from matmul_drift.probes import classsearch, interrupt, records, scan
 
 ENTRY = [sys.executable, "-m", "matmul_drift.cli", "scan"]
 
@@ -60,16 +60,16 @@ def test_search_finds_every_boundary_of_regions_at_least_a_step_wide(step, width
     if cuts and hi - cuts[-1] + 1 < step:
         cuts.pop()
     calls = []
-    points = scan.search(lo, hi, step, lambda s: calls.append(s) or fake_point(s, cuts))
-    assert [b["hi"] for b in scan.boundaries(points)] == cuts
-    assert all(b["exact"] for b in scan.boundaries(points))
+    points = classsearch.search(lo, hi, step, lambda s: calls.append(s) or fake_point(s, cuts))
+    assert [b["hi"] for b in classsearch.boundaries(points)] == cuts
+    assert all(b["exact"] for b in classsearch.boundaries(points))
     assert len(calls) == len(set(calls)) == len(points)  # nothing evaluated twice
     # regions tile the range exactly
-    regs = scan.regions(points)
+    regs = classsearch.regions(points)
     assert regs[0]["lo"] == lo and regs[-1]["hi"] == hi
     assert all(a["hi"] + 1 == b["lo"] for a, b in zip(regs, regs[1:]))
     # the search replays over its own points without evaluating anything: how --resume works
-    assert scan.search(lo, hi, step, lambda s: pytest.fail(f"re-evaluated {s}"), known=points) == points
+    assert classsearch.search(lo, hi, step, lambda s: pytest.fail(f"re-evaluated {s}"), known=points) == points
 
 
 def test_bits_that_differ_only_where_one_side_is_inf_are_drift():
@@ -81,8 +81,8 @@ def test_bits_that_differ_only_where_one_side_is_inf_are_drift():
                        np.array([70000.0, 1.0]), "float16")
     assert d["max_ulp"] == 0 and d["frac_differ"] == 0.5
     point = {"kernel_id": "k", **{key: d[key] for key in ("max_ulp", "frac_differ", "max_u")}}
-    assert scan.region_key(point) == ("k", True)
-    assert scan.region_key({**point, "frac_differ": 0.0}) == ("k", False)
+    assert classsearch.region_key(point) == ("k", True)
+    assert classsearch.region_key({**point, "frac_differ": 0.0}) == ("k", False)
 
 
 def test_a_region_narrower_than_the_step_can_be_missed():
@@ -90,9 +90,9 @@ def test_a_region_narrower_than_the_step_can_be_missed():
     def narrow(s):
         return {**fake_point(s, []), "kernel_id": "b" if 50 <= s <= 52 else "a"}
 
-    assert scan.boundaries(scan.search(1, 100, 40, narrow)) == []
-    points = scan.search(1, 100, 3, narrow)  # --step 3 puts a grid point at 52
-    assert pairs({"boundaries": scan.boundaries(points)}) == [(49, 50), (52, 53)]
+    assert classsearch.boundaries(classsearch.search(1, 100, 40, narrow)) == []
+    points = classsearch.search(1, 100, 3, narrow)  # --step 3 puts a grid point at 52
+    assert pairs({"boundaries": classsearch.boundaries(points)}) == [(49, 50), (52, 53)]
 
 
 def _kernel_run(start, end):
@@ -103,11 +103,11 @@ def _kernel_run(start, end):
 def _widest_class_gap(lo, hi, step):
     """From the sizes the search evaluates where nothing changes: the widest distance between
     neighbouring grid points of a class that skips members (0 when none does)."""
-    by_class = scan._by_class(scan.class_search(lo, hi, lambda s: fake_point(s, []), step=step))
+    by_class = classsearch._by_class(classsearch.class_search(lo, hi, lambda s: fake_point(s, []), step=step))
     gaps = []
     for c, sizes in by_class.items():
         d = [b - a for a, b in zip(sizes, sizes[1:])]
-        if any(x > 2 ** min(c + 1, scan.CLASS_TOP) for x in d):
+        if any(x > 2 ** min(c + 1, classsearch.CLASS_TOP) for x in d):
             gaps.append(max(d))
     return max(gaps, default=0)
 
@@ -116,16 +116,16 @@ def test_a_run_narrower_than_the_grid_is_missed_and_the_output_says_how_wide():
     # The documented limit, with its width: on 1..12000 the default grid puts a class's grid
     # points 600-odd sizes apart, and 501 sizes of another kernel fall between them in every class.
     gap = _widest_class_gap(1, 12000, None)
-    assert 501 < gap == scan.grid_gap(1, 12000, None)
-    points = scan.class_search(1, 12000, _kernel_run(4900, 5400))
-    assert scan.class_boundaries(points) == []
+    assert 501 < gap == classsearch.grid_gap(1, 12000, None)
+    points = classsearch.class_search(1, 12000, _kernel_run(4900, 5400))
+    assert classsearch.class_boundaries(points) == []
     params = scan.Params("n", 1, 12000, 1, 64, None, "float32", "cpu", 0, 0, "0" * 12)
     text = scan.render(scan.record(params, points, input_checksum="x", environment={}, sessions=[], complete=True))
     assert f"grid points up to {gap} sizes apart" in text and f"a run of fewer than {gap} sizes" in text
     # a --step that evaluates every member of every class is a dense sweep, and says so
-    assert scan.grid_gap(1, 100, 2) == _widest_class_gap(1, 100, 2) == 0
+    assert classsearch.grid_gap(1, 100, 2) == _widest_class_gap(1, 100, 2) == 0
     dense = scan.render(scan.record(scan.Params(**{**params.to_dict(), "hi": 100, "step": 2}),
-                                        scan.class_search(1, 100, _kernel_run(50, 50), step=2),
+                                        classsearch.class_search(1, 100, _kernel_run(50, 50), step=2),
                                         input_checksum="x", environment={}, sessions=[], complete=True))
     assert "a dense sweep):" in dense and "Not seen" not in dense
 
@@ -134,20 +134,20 @@ def test_a_run_narrower_than_the_grid_is_missed_and_the_output_says_how_wide():
 @given(st.integers(1, 500), st.integers(2, 3000), st.one_of(st.none(), st.integers(1, 200)), st.data())
 def test_a_run_at_least_as_wide_as_the_grid_gap_is_stated_at_every_size(lo, width, step, data):
     hi = lo + width
-    gap = scan.grid_gap(lo, hi, step)
+    gap = classsearch.grid_gap(lo, hi, step)
     assert gap == _widest_class_gap(lo, hi, step)
     run = data.draw(st.integers(max(gap, 1), width + 1))  # the promise: any run this wide is seen
     start = data.draw(st.integers(lo, hi - run + 1))
     evaluate = _kernel_run(start, start + run - 1)
-    points = scan.class_search(lo, hi, evaluate, step=step)
-    by_class = scan._by_class(points)
+    points = classsearch.class_search(lo, hi, evaluate, step=step)
+    by_class = classsearch._by_class(points)
     for size in range(lo, hi + 1):
-        assert scan.state_at(points, size, by_class) == scan.region_key(evaluate(size)), size
+        assert classsearch.state_at(points, size, by_class) == classsearch.region_key(evaluate(size)), size
     # two changes within one grid step (A → B → C) are both found, exactly
     three = lambda s: {**fake_point(s, []), "kernel_id": "a" if s < start else "b" if s < start + 1 else "c"}  # noqa: E731
     if lo < start < hi:
-        pts = scan.class_search(lo, hi, three, step=step)
-        assert all(scan.state_at(pts, s) == scan.region_key(three(s)) for s in range(lo, hi + 1))
+        pts = classsearch.class_search(lo, hi, three, step=step)
+        assert all(classsearch.state_at(pts, s) == classsearch.region_key(three(s)) for s in range(lo, hi + 1))
 
 
 def test_resume_with_another_step_names_the_default_grid_as_the_option_does():
@@ -157,7 +157,7 @@ def test_resume_with_another_step_names_the_default_grid_as_the_option_does():
     for recorded, here, words in ((0, 4, "step: recorded the default grid (no --step), here 4"),
                                   (4, 0, "step: recorded 4, here the default grid (no --step)")):
         rec["params"]["step"] = recorded
-        with pytest.raises(scan.ScanError) as exc:
+        with pytest.raises(records.RecordError) as exc:
             scan.check_record(rec, scan.Params(**{**made.to_dict(), "step": here}))
         assert str(exc.value) == "the record is another scan; " + words
 
@@ -167,8 +167,8 @@ def test_resume_with_another_step_names_the_default_grid_as_the_option_does():
     ("12", "LO:HI"), ("1:2:3", "LO:HI"), ("0:10", "start at 1"), ("-3:10", "start at 1"),
 ])
 def test_parse_range_rejects(text, needle):
-    with pytest.raises(scan.ScanError, match=needle) as exc:
-        scan.parse_range(text)
+    with pytest.raises(classsearch.RangeError, match=needle) as exc:
+        classsearch.parse_range(text)
     assert "empty" not in str(exc.value)  # LO:HI includes both ends: no range of integers here is empty
 
 
@@ -233,7 +233,7 @@ def scan_state(rec, size):
     """(kernels, drift non-zero?) that a complete scan record states for ``size``, from the
     region of its alignment class that holds it."""
     period = rec["search"]["period"]
-    label = scan.class_label(scan.size_class(size, period), period)
+    label = classsearch.class_label(classsearch.size_class(size, period), period)
     r = next(r for r in rec["regions"] if r["class"] == label and r["lo"] <= size <= r["hi"])
     return tuple(r["kernels"]), r["drift"] == "non-zero"
 
@@ -242,15 +242,15 @@ def class_safe_step(truth, lo, hi, most):
     """The largest --step (≤ most) at which every run of one state within every class holds a
     grid point, so the scan must see every flip of the dense sweep."""
     step = most
-    for c in range(scan.CLASS_TOP + 1):
-        members = list(scan.class_members(lo, hi, c))
+    for c in range(classsearch.CLASS_TOP + 1):
+        members = list(classsearch.class_members(lo, hi, c))
         runs, start = [], 0
         for i in range(1, len(members) + 1):
             if i == len(members) or truth[members[i]] != truth[members[i - 1]]:
                 runs.append(i - start)
                 start = i
         if len(runs) > 1:
-            step = min(step, 2 ** min(c + 1, scan.CLASS_TOP) * min(runs))
+            step = min(step, 2 ** min(c + 1, classsearch.CLASS_TOP) * min(runs))
     return max(1, step)
 
 
@@ -328,7 +328,7 @@ def test_12000_wide_scan_costs_at_most_5_percent(capsys, tmp_path):
     route = lambda k: kernels.route(lambda: a[:, :k].contiguous() @ b[:k], "cpu")  # noqa: E731
     rng = np.random.default_rng(12000)
     for r in rec["regions"]:
-        members = [k for k in range(r["lo"], r["hi"] + 1) if scan.class_label(scan.size_class(k)) == r["class"]]
+        members = [k for k in range(r["lo"], r["hi"] + 1) if classsearch.class_label(classsearch.size_class(k)) == r["class"]]
         unseen = [members[int(i)] for i in rng.integers(0, len(members), size=3)]
         for k in (r["lo"], r["hi"], *unseen):
             assert route(k) == r["kernels"], (k, r)
@@ -674,7 +674,7 @@ def test_ctrl_c_leaves_a_record_that_resume_finishes(tmp_path):
     assert final["sessions"][0]["evaluated"] == first["evaluations"]
     assert sum(s["evaluated"] for s in final["sessions"]) == final["evaluations"]  # nothing evaluated twice
     p = final["params"]
-    assert scan.class_search(p["lo"], p["hi"], lambda s: pytest.fail(f"missing {s}"), known=by_size,
+    assert classsearch.class_search(p["lo"], p["hi"], lambda s: pytest.fail(f"missing {s}"), known=by_size,
                              step=p["step"]) == by_size
 
 
@@ -749,10 +749,10 @@ def periodic_point(size, limit, modulus, kernel_cut=None):
 
 def test_classes_partition_every_range():
     for lo, hi in ((1, 1), (1, 700), (45990, 46010), (3, 64)):
-        members = sorted(s for c in range(scan.CLASS_TOP + 1) for s in scan.class_members(lo, hi, c))
+        members = sorted(s for c in range(classsearch.CLASS_TOP + 1) for s in classsearch.class_members(lo, hi, c))
         assert members == list(range(lo, hi + 1))
-        assert all(scan.size_class(s) == c for c in range(scan.CLASS_TOP + 1) for s in scan.class_members(lo, hi, c))
-    assert [scan.class_label(c) for c in range(6)] == ["odd", "≡ 2 mod 4", "≡ 4 mod 8", "≡ 8 mod 16",
+        assert all(classsearch.size_class(s) == c for c in range(classsearch.CLASS_TOP + 1) for s in classsearch.class_members(lo, hi, c))
+    assert [classsearch.class_label(c) for c in range(6)] == ["odd", "≡ 2 mod 4", "≡ 4 mod 8", "≡ 8 mod 16",
                                                         "≡ 16 mod 32", "≡ 0 mod 32"]
 
 
@@ -763,10 +763,10 @@ def test_class_search_sees_periodic_routes_exactly(limit, modulus, kernel_cut, l
     hi = lo + 1 + 3000
     lo += 1
     evaluate = functools.partial(periodic_point, limit=limit, modulus=modulus, kernel_cut=kernel_cut)
-    points = scan.class_search(lo, hi, evaluate)
-    by_class = scan._by_class(points)
+    points = classsearch.class_search(lo, hi, evaluate)
+    by_class = classsearch._by_class(points)
     for size in range(lo, hi + 1):  # every size, evaluated or not, is stated as the truth
-        assert scan.state_at(points, size, by_class) == scan.region_key(evaluate(size)), size
+        assert classsearch.state_at(points, size, by_class) == classsearch.region_key(evaluate(size)), size
     assert len(points) <= 0.10 * (hi - lo + 1)  # 3001 sizes: within 10 %
 
 
@@ -778,7 +778,7 @@ def test_a_boundary_of_drift_in_inf_entries_alone_shows_that_drift():
         return {"size": n, "kernel_id": "k", "kernels": ["k"], "error_u": 0.5, "max_ulp": 0,
                 "frac_differ": 0.25 if moved else 0.0, "max_u": 0.0}
 
-    points = scan.class_search(2, 60, point, step=1)
+    points = classsearch.class_search(2, 60, point, step=1)
     params = scan.Params("n", 2, 60, 4, 300000, None, "float16", "cpu", 1, 0, "0" * 12)
     rec = scan.record(params, points, input_checksum="x", environment={}, sessions=[], complete=True)
     assert rec["boundaries"] and all(b["drift_changed"] for b in rec["boundaries"])
@@ -790,15 +790,15 @@ def test_a_boundary_of_drift_in_inf_entries_alone_shows_that_drift():
 
 
 def test_pattern_reads_as_the_route_is():
-    points = scan.class_search(1, 700, functools.partial(periodic_point, limit=11, modulus=4))
-    assert [p["text"] for p in scan.pattern(points, 1, 700)] == [
+    points = classsearch.class_search(1, 700, functools.partial(periodic_point, limit=11, modulus=4))
+    assert [p["text"] for p in classsearch.pattern(points, 1, 700)] == [
         "1..12: drift, except multiples of 4: no drift", "13..700: no drift"]
-    points = scan.class_search(1, 2048, lambda n: periodic_point(n, 10**9, 16) if n >= 1008 else periodic_point(n, 0, 1))
-    assert [p["text"] for p in scan.pattern(points, 1, 2048)] == [
+    points = classsearch.class_search(1, 2048, lambda n: periodic_point(n, 10**9, 16) if n >= 1008 else periodic_point(n, 0, 1))
+    assert [p["text"] for p in classsearch.pattern(points, 1, 2048)] == [
         "1..1008: no drift", "1009..2048: drift, except multiples of 16: no drift"]
-    wide = scan.class_search(1, 12000, functools.partial(periodic_point, limit=11, modulus=4, kernel_cut=513))
+    wide = classsearch.class_search(1, 12000, functools.partial(periodic_point, limit=11, modulus=4, kernel_cut=513))
     assert len(wide) <= 0.05 * 12000
-    assert [p["periodic"] for p in scan.pattern(wide, 1, 12000)] == [True, False, False]
+    assert [p["periodic"] for p in classsearch.pattern(wide, 1, 12000)] == [True, False, False]
 
 
 @pytest.mark.parametrize("links", [True, False])
@@ -884,7 +884,7 @@ def test_timeouts_two_sigterms_let_the_point_in_hand_finish_and_a_later_one_stop
 
 def test_ctrl_c_again_while_the_interrupted_scan_saves_loses_nothing(capsys, tmp_path, monkeypatch):
     out = tmp_path / "s.json"
-    measured, written, calls = measure.scan_point, scan.write_atomic, []
+    measured, written, calls = measure.scan_point, records.write_atomic, []
 
     def first(*args, **kwargs):
         calls.append(args[2])
@@ -899,7 +899,7 @@ def test_ctrl_c_again_while_the_interrupted_scan_saves_loses_nothing(capsys, tmp
         return written(*args, **kwargs)
 
     monkeypatch.setattr(measure, "scan_point", first)
-    monkeypatch.setattr(scan, "write_atomic", pressed)
+    monkeypatch.setattr(records, "write_atomic", pressed)
     rc, _, err = scan_cli(capsys, *BASE, "--step", "1", "--json", out)
     assert rc == 130 and f"--resume {out}" in err, err
     assert sorted(p["size"] for p in json.loads(out.read_text())["points"]) == sorted(calls)
@@ -924,7 +924,7 @@ def test_bench_scan_times_its_first_range_without_the_processs_start_up(monkeypa
         clock[0] += 1 + 10 * (clock[0] == 0)
         sizes = (1, 2)
         rec = {"evaluations": 2, "pattern": [], "regions": [
-            {"lo": s, "hi": s, "class": scan.class_label(scan.size_class(s)), "kernel_id": "k", "drift": "zero"}
+            {"lo": s, "hi": s, "class": classsearch.class_label(classsearch.size_class(s)), "kernel_id": "k", "drift": "zero"}
             for s in sizes]}
         Path(args[args.index("--json") + 1]).write_text(json.dumps(rec))
         return 0

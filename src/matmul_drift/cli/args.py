@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from matmul_drift.core.errors import UsageError
+from matmul_drift.core.errors import BadValue, UsageError
 
 
 def positive(text: str) -> int:
@@ -69,6 +69,26 @@ def say_error(prog: str, message) -> None:
     from matmul_drift.read.render import visible
 
     print(f"{prog}: error: {visible(message)}", file=sys.stderr)
+
+
+def usage_words(exc: UsageError) -> str:
+    """A UsageError's one line; a BadValue's with its parameter's flag (slice_n: --slice-n)."""
+    if isinstance(exc, BadValue):
+        return exc.said("--" + exc.param.replace("_", "-"))
+    return str(exc)
+
+
+def guarded(prog: str, body, errors: tuple, args: argparse.Namespace) -> int:
+    """``body(args)``'s exit status; one of ``errors`` is its one line and exit 2, a Ctrl-C
+    outside the search (drawing inputs, plotting: nothing in hand) exit 130."""
+    try:
+        return body(args)
+    except errors as exc:
+        say_error(prog, exc)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 def progress(msg: str) -> None:

@@ -94,7 +94,7 @@ def guarded(run, prog: str) -> int:
         import errno
         import os
 
-        from matmul_drift.cli.args import say_error
+        from matmul_drift.cli.args import say_error, usage_words
 
         # Whatever is still buffered goes to /dev/null, not into a second error at exit
         # (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
@@ -109,7 +109,7 @@ def guarded(run, prog: str) -> int:
 
 
 def _main(argv) -> int:
-    from matmul_drift.cli.args import say_error
+    from matmul_drift.cli.args import say_error, usage_words
     from matmul_drift.core.errors import UsageError
 
     try:
@@ -122,10 +122,10 @@ def _main(argv) -> int:
         try:
             return command(args.command).run(args)
         except UsageError as exc:
-            say_error(prog, exc)
+            say_error(prog, usage_words(exc))
             return EXIT_USAGE
     except UsageError as exc:
-        say_error("matmul-drift", exc)
+        say_error("matmul-drift", usage_words(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("matmul-drift: interrupted", file=sys.stderr)

@@ -14,18 +14,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from matmul_drift.cli.args import add_memory_argument, file_name, positive, say_error
+from matmul_drift.cli.args import add_memory_argument, file_name, guarded, positive
 from matmul_drift.cli.scan import _check_paths
 from matmul_drift.core import cases
-from matmul_drift.probes import batchmap, scan
+from matmul_drift.probes import batchmap, classsearch, records
 
 PROG = "matmul-drift map"
 
 
 def _range(text: str) -> tuple[int, int]:
     try:
-        return batchmap.parse_range(text)
-    except scan.ScanError as exc:
+        return classsearch.parse_range(text, "a map")
+    except classsearch.RangeError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -56,14 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the map for parsed ``args``; returns the exit status."""
-    try:
-        return _run(args)
-    except scan.ScanError as exc:  # MapError, and scan's file helpers' errors
-        say_error(PROG, exc)
-        return 2
-    except KeyboardInterrupt:  # outside the search (drawing inputs, plotting): no M in hand
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    return guarded(PROG, _run, (batchmap.MapError, records.RecordError), args)
 
 
 def _run(args) -> int:

@@ -16,11 +16,11 @@ import os
 import stat
 import sys
 
-from matmul_drift.cli.args import add_memory_argument, file_name, positive, say_error
+from matmul_drift.cli.args import add_memory_argument, file_name, guarded, positive
 from matmul_drift.read.render import visible as render_visible
 from matmul_drift.core import cases
 from matmul_drift.core.errors import UsageError
-from matmul_drift.probes import scan
+from matmul_drift.probes import classsearch, records, scan
 from matmul_drift.store import atomic
 
 PROG = "matmul-drift scan"
@@ -28,8 +28,8 @@ PROG = "matmul-drift scan"
 
 def _range(text: str) -> tuple[int, int]:
     try:
-        return scan.parse_range(text)
-    except scan.ScanError as exc:
+        return classsearch.parse_range(text)
+    except classsearch.RangeError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -128,14 +128,7 @@ def _within(args) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the scan for parsed ``args``; returns the exit status."""
-    try:
-        return _run(args)
-    except scan.ScanError as exc:
-        say_error(PROG, exc)
-        return 2
-    except KeyboardInterrupt:  # outside the search (drawing inputs, plotting): no point in hand
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    return guarded(PROG, _run, (scan.ScanError, records.RecordError), args)
 
 
 def _render(args) -> int:
@@ -145,7 +138,7 @@ def _render(args) -> int:
     given += ["--device"] * (args.device != "cpu")
     if given:  # ignored, they would mislead: the record is as it was saved
         raise UsageError(f"--render prints a saved record as text and measures nothing; it takes no {given[0]}")
-    text = scan.render_saved(scan.load(args.render), args.render)
+    text = scan.render_saved(records.load(args.render), args.render)
     print(render_visible(text, newlines=True))  # a saved file's escape sequences must not reach the terminal
     return 0
 

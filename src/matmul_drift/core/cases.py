@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from matmul_drift.core.errors import UsageError
+from matmul_drift.core.errors import BadValue
 
 DEVICES = ("cpu", "cuda")
 # A precision is the storage dtype plus the matmul flags that go with it. The TF32 and
@@ -127,12 +127,12 @@ def adhoc(m: int, k: int, n: int, slice_n: int | None = None, slice_m: int | Non
 
 
 def check_slices(case: Case, shape: Shape, slice_n: int | None, slice_m: int | None, form: str = "as-is") -> None:
-    """UsageError (one line) when --slice-n or --slice-m asks for more than the case has.
-    form "2d" (order's --form) makes a 1-D A into one row, which --slice-m can take."""
+    """BadValue (one line) when slice_n or slice_m asks for more than the case has.
+    form "2d" (order's form) makes a 1-D A into one row, which slice_m can take."""
     if slice_n is not None and slice_n > shape.n:
-        raise UsageError(f"--slice-n {slice_n} is larger than N = {shape.n}")
+        raise BadValue("slice_n", str(slice_n), f"is larger than N = {shape.n}")
     if slice_m is not None:
         if case.op == "mv" and form != "2d":
-            raise UsageError("--slice-m needs a 2-D A; this A is 1-D")
+            raise BadValue("slice_m", None, "needs a 2-D A; this A is 1-D")
         if slice_m > shape.m:
-            raise UsageError(f"--slice-m {slice_m} is larger than M = {shape.m}")
+            raise BadValue("slice_m", str(slice_m), f"is larger than M = {shape.m}")

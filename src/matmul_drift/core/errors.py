@@ -4,3 +4,19 @@
 class UsageError(Exception):
     """Bad input, or a refusal the user can act on (a record that exists, a locked tree): the
     library raises it with a one-line message, and the CLI prints that line and exits 2."""
+
+
+class BadValue(UsageError):
+    """A value given for one parameter that cannot be used, in plain values: ``param`` (the
+    parameter's name in the library, ``slice_n``), ``shown`` (the value as the user gave it,
+    None where the parameter itself is meant) and ``problem`` (what is wrong, in words; after a
+    colon where ``colon``). cli/ words it with the parameter's flag (``said``)."""
+
+    def __init__(self, param: str, shown: str | None, problem: str, colon: bool = False):
+        self.param, self.shown, self.problem, self.colon = param, shown, problem, colon
+        super().__init__(self.said(param))
+
+    def said(self, name: str) -> str:
+        """The one line, the parameter called ``name``: '--slice-n 9 is larger than N = 8'."""
+        value = "" if self.shown is None else f" {self.shown}"
+        return f"{name}{value}{':' if self.colon else ''} {self.problem}"

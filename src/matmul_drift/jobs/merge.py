@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from matmul_drift.core import trees
-from matmul_drift.core.errors import UsageError
+from matmul_drift.core.errors import BadValue, UsageError
 from matmul_drift.jobs import asvrun, axis, resultsbranch
 from matmul_drift.jobs.nightly import (
     ALL,
@@ -48,16 +48,18 @@ def _source_files(src: Path) -> list[Path]:
     out = []
     for top in IMPORTED:
         if (src / top).is_symlink():  # os.walk follows a link it is given, though none below
-            raise UsageError(f"--merge {src}: {top} is a symlink; a merge copies regular files only, nothing merged")
+            raise BadValue("merge", str(src), f"{top} is a symlink; a merge copies regular files "
+                           "only, nothing merged", colon=True)
         for dirpath, dirnames, filenames in os.walk(src / top):  # does not descend into symlinked folders
             for name in sorted(dirnames + filenames):
                 p = Path(dirpath) / name
                 if p.is_symlink():
-                    raise UsageError(f"--merge {src}: {p.relative_to(src)} is a symlink; a merge copies "
-                                     "regular files only, nothing merged")
+                    raise BadValue("merge", str(src), f"{p.relative_to(src)} is a symlink; a merge "
+                                   "copies regular files only, nothing merged", colon=True)
                 if name in filenames and not name.startswith(".tmp-"):
                     if not p.is_file():
-                        raise UsageError(f"--merge {src}: {p.relative_to(src)} is not a regular file, nothing merged")
+                        raise BadValue("merge", str(src), f"{p.relative_to(src)} is not a regular "
+                                       "file, nothing merged", colon=True)
                     out.append(p)
     return sorted(out)
 
@@ -116,16 +118,19 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
             try:
                 data = bounded.read_bytes(f, src)
             except (OSError, ValueError) as exc:
-                raise UsageError(f"--merge {src}: cannot read {rel}: {exc}; nothing merged") from None
+                raise BadValue("merge", str(src), f"cannot read {rel}: {exc}; nothing merged",
+                               colon=True) from None
             if rel.parts[0] == NIGHTS and rel.suffix == ".json":  # not an old one a --force night kept beside
                 check_night_file(rel, data)
             elif rel.suffix == ".json":
                 try:
                     doc = _loads(rel, data.decode("utf-8"))
                 except (ValueError, RecursionError):
-                    raise UsageError(f"--merge {src}: {rel} is not valid JSON (truncated?); nothing merged") from None
+                    raise BadValue("merge", str(src), f"{rel} is not valid JSON (truncated?); "
+                                   "nothing merged", colon=True) from None
                 if rel.name == "benchmarks.json" and not isinstance(doc, dict):
-                    raise UsageError(f"--merge {src}: {rel} is not a JSON object; nothing merged")
+                    raise BadValue("merge", str(src), f"{rel} is not a JSON object; nothing "
+                                   "merged", colon=True)
                 if rel.parts[:2] == (RESULTS, "asv") and len(rel.parts) == 4 and isinstance(doc, dict) \
                         and rel.name != "machine.json" and type(doc.get("date")) is int:
                     newest = max(newest or doc["date"], doc["date"])

@@ -37,7 +37,7 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
 
-from matmul_drift.core.errors import UsageError
+from matmul_drift.core.errors import BadValue, UsageError
 from matmul_drift.jobs import asvrun, axis, resultsbranch, site, suite
 from matmul_drift.read import history, latest, render, summary
 from matmul_drift.read.incidents import ordered
@@ -134,17 +134,17 @@ def check_machine(name: str) -> str:
 
 def check_date(text: str, tonight: bool = False) -> str:
     """The night ``text`` names, on asv's axis; with ``tonight`` (the CLI's --date) no later than
-    tomorrow (UTC; tomorrow for a clock ahead of it). UsageError otherwise."""
+    tomorrow (UTC; tomorrow for a clock ahead of it). BadValue (``date``) otherwise."""
     try:
         night = datetime.strptime(text, "%Y-%m-%d").date().isoformat()  # strftime writes year 1 as "1"
         axis.commit(night)
     except ValueError:
-        raise UsageError(f"--date {text!r} is not a date like 2026-01-31") from None
+        raise BadValue("date", repr(text), "is not a date like 2026-01-31") from None
     except axis.AxisError as exc:
-        raise UsageError(f"--date: {exc}") from None
+        raise BadValue("date", None, str(exc), colon=True) from None
     latest = (datetime.now(timezone.utc) + timedelta(days=1)).strftime("%Y-%m-%d")
     if tonight and night > latest:
-        raise UsageError(f"--date {night} lies after {latest}: a night is tonight or one before")
+        raise BadValue("date", night, f"lies after {latest}: a night is tonight or one before")
     return night
 
 

@@ -6,7 +6,7 @@ product ``A[:M_full] @ B`` (``rows``; M_full is the range's top, or the case's M
 kernel-id that ran. A point is measure/batchpoint.py's plain dict: ``size``, ``kernel_id``,
 ``kernels`` and ``row0_``/``rows_`` ``max_ulp``, ``frac_differ`` and ``max_u``.
 
-It measures only some M: scan's checked search (probes/scan.py: a dense prefix that shows the
+It measures only some M: the checked search (probes/classsearch.py: a dense prefix that shows the
 period, the alignment classes of that period, spot checks of M not measured, dense stretches
 where a check fails) runs on the state (kernel-id, row 0 invariant?, rows invariant?), so every
 M is measured, or inferred within its class and the inference checked at random M. No torch
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from matmul_drift.core import cases, mapruns
-from matmul_drift.probes import scan
+from matmul_drift.probes import classsearch, records
 
 SCHEMA = "matmul-drift-map/2"  # /1: classes by powers of two only, unchecked
 DEFAULT_TOP = {"cpu": 256, "cuda": 512}  # the default range's top M, by device
@@ -28,9 +28,9 @@ PROPERTIES = ("row0", "rows")
 _NUMBERS = tuple(f"{w}_{key}" for w in PROPERTIES for key in ("max_ulp", "frac_differ", "max_u"))
 
 
-class MapError(scan.ScanError):
-    """A map that cannot start or continue as asked (bad range or shape, mismatched record).
-    A ScanError, so that scan's file helpers' errors and the map's are caught as one."""
+class MapError(ValueError):
+    """A map that cannot start or continue as asked (bad shape, no device, too little memory,
+    other inputs or anchors than the record's)."""
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,6 @@ class Params:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def parse_range(text: str) -> tuple[int, int]:
-    """``LO:HI`` -> (lo, hi), both included, as scan reads it; MapError (one line) otherwise."""
-    try:
-        return scan.parse_range(text)
-    except scan.ScanError as exc:
-        raise MapError(str(exc).replace("a scan needs", "a map needs")) from None
 
 
 def shape(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None, device: str) -> dict:
@@ -108,16 +100,16 @@ def state(point: dict) -> tuple[str, bool, bool]:
 
 
 def _view(point: dict) -> dict:
-    # scan's search compares points by scan.region_key (kernel-id, drift zero?); the map's
+    # the search compares points by classsearch.region_key (kernel-id, drift zero?); the map's
     # state has two drifts, so the search sees the whole state in the kernel-id's place.
     return {"kernel_id": state(point)}
 
 
 def search(lo: int, hi: int, evaluate,
            known: dict[int, dict] | None = None) -> tuple[dict[int, dict], dict]:
-    """scan.checked_search over M = lo..hi on the map's state. ``evaluate(M) -> point`` is
+    """classsearch.checked_search over M = lo..hi on the map's state. ``evaluate(M) -> point`` is
     called once per M asked for that is not in ``known``; returns every point asked for by M,
-    and the search's report (scan.checked_search's). Deterministic given the points, so a map
+    and the search's report (classsearch.checked_search's). Deterministic given the points, so a map
     resumes by replaying it over the points recorded."""
     cache = dict(known or {})
     points: dict[int, dict] = {}
@@ -126,7 +118,7 @@ def search(lo: int, hi: int, evaluate,
         points[m] = cache[m] if m in cache else evaluate(m)
         return _view(points[m])
 
-    _, report = scan.checked_search(lo, hi, at)
+    _, report = classsearch.checked_search(lo, hi, at)
     return points, report
 
 
@@ -135,10 +127,10 @@ def verdicts(points: dict[int, dict], lo: int, hi: int, period: int = 1) -> list
     (True: bit-identical) and ``measured`` (how many M of the run were measured; the others
     take the state of their class, of ``period``, as the search inferred and checked it)."""
     views = {m: _view(p) for m, p in points.items()}
-    by_class = scan._by_class(views, period)
+    stated = classsearch.states(views, lo, hi, period)
     out: list[dict] = []
     for m in range(lo, hi + 1):
-        kernel_id, row0, rows = scan.state_at(views, m, by_class, period)[0]
+        kernel_id, row0, rows = stated[m][0]
         if out and (out[-1]["kernel_id"], out[-1]["row0"], out[-1]["rows"]) == (kernel_id, row0, rows):
             out[-1]["hi"] = m
         else:
@@ -151,10 +143,10 @@ def verdicts(points: dict[int, dict], lo: int, hi: int, period: int = 1) -> list
 
 
 def _pattern_text(points: dict[int, dict], lo: int, hi: int, key, period: int = 1) -> str:
-    """scan.pattern's segments ("1..11: drift, except multiples of 4: no drift") for one
+    """classsearch.pattern's segments ("1..11: drift, except multiples of 4: no drift") for one
     part of the state: ``key(point)`` is the (kernel-id, drift) pair scan's words read."""
     views = {m: dict(zip(("kernel_id", "max_ulp"), key(p)), frac_differ=0.0) for m, p in points.items()}
-    return "; ".join(seg["text"] for seg in scan.pattern(views, lo, hi, period))
+    return "; ".join(seg["text"] for seg in classsearch.pattern(views, lo, hi, period))
 
 
 def _worst(points: dict[int, dict], which: str) -> str:
@@ -241,8 +233,8 @@ def render(rec: dict) -> str:
             f"(M = {p['m_full']}, {FULL_WORDS[p['full']]}), each made once")
     body = "\n".join("  " + line for line in rec["words"].splitlines())
     gap = rec["grid_gap"]
-    how = rec.get("search") and scan.search_words(rec["search"], rec["measured"], rec["range_size"],
-                                                  "batch size")
+    how = rec.get("search") and classsearch.search_words(rec["search"], rec["measured"],
+                                                         rec["range_size"], "batch size")
     how = f"How: {how}.\n" if how else ""
     if not gap or rec["measured"] == rec["range_size"]:
         note = "Every M was measured: this is what holds at every M of the range."
@@ -265,23 +257,21 @@ def record(params: Params, points: dict[int, dict], *, input_checksum: str, anch
            search: dict | None = None) -> dict:
     """The map's JSON object. ``measured`` counts the M measured over every session (each one
     product), ``products`` adds the two anchors, ``range_size`` is hi − lo + 1; ``grid_gap``
-    (batch sizes) is scan.grid_gap's in the classes of the period found. Once complete:
-    ``search`` (scan.checked_search's report: the period, the prefix, the spot checks, where
+    (batch sizes) is classsearch.grid_gap's in the classes of the period found. Once complete:
+    ``search`` (classsearch.checked_search's report: the period, the prefix, the spot checks, where
     it fell back to dense), ``verdicts`` (every M, as runs of one state) and ``words``.
     ``sessions`` as scan's: ``evaluated``, ``seconds``, ``complete``."""
     period = search["period"] if search else 1
     return {
-        "schema": SCHEMA,
-        "params": params.to_dict(),
-        "complete": complete,
+        **records.head(SCHEMA, params.to_dict(), complete),
         "measured": len(points),
         "products": len(points) + 2,
         "range_size": params.hi - params.lo + 1,
         "input_checksum": input_checksum,
         "anchor_checksum": anchor_checksum,
-        "classes": [scan.class_label(c, period)
-                    for c in scan.classes_in(params.lo, params.hi, period)],
-        "grid_gap": scan.grid_gap(params.lo, params.hi, None, period=period),
+        "classes": [classsearch.class_label(c, period)
+                    for c in classsearch.classes_in(params.lo, params.hi, period)],
+        "grid_gap": classsearch.grid_gap(params.lo, params.hi, None, period=period),
         "search": search if complete else None,
         "verdicts": verdicts(points, params.lo, params.hi, period) if complete else [],
         "words": words(points, params.lo, params.hi, params.m_full, period) if complete else "",
@@ -321,7 +311,7 @@ def entry_misfit(e, params: Params) -> str | None:
         return "another map: " + "; ".join(f"{k} {got.get(k)!r}, here {v!r}" for k, v in want.items() if got.get(k) != v)
     runs, at = e.get("verdicts"), params.lo
     for r in runs if isinstance(runs, list) and runs else [None]:
-        if not (isinstance(r, dict) and r.get("lo") == at and scan._integer(r.get("hi")) and r["hi"] >= at
+        if not (isinstance(r, dict) and r.get("lo") == at and records.integer(r.get("hi")) and r["hi"] >= at
                 and isinstance(r.get("kernel_id"), str) and isinstance(r.get("row0"), bool)
                 and isinstance(r.get("rows"), bool)):
             return f"its verdicts do not cover M = {params.lo}..{params.hi} run by run (at M = {at})"
@@ -330,32 +320,17 @@ def entry_misfit(e, params: Params) -> str | None:
 
 
 def check_record(rec, params: Params) -> None:
-    """MapError unless ``rec`` is a map record of exactly the map ``params`` describe, with
-    well-formed points and sessions (a resumed point is rendered and written back as it is)."""
-    if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
-        raise MapError(f"not a map record (schema {SCHEMA} expected)")
-    for key, kind, what in (("params", dict, "an object"), ("points", list, "a list"), ("sessions", list, "a list")):
-        if not isinstance(rec.get(key), kind):
-            raise MapError(f"the record's {key} is not {what}: {str(rec.get(key))[:40]}")
-    recorded = rec["params"]
-    differ = [f"{key}: recorded {recorded.get(key)!r}, here {value!r}"
-              for key, value in params.to_dict().items() if recorded.get(key) != value]
-    if differ:
-        raise MapError("the record is another map; " + "; ".join(differ))
-    for p in rec["points"]:
-        if not (isinstance(p, dict) and scan._integer(p.get("size")) and params.lo <= p["size"] <= params.hi
-                and isinstance(p.get("kernel_id"), str) and isinstance(p.get("kernels"), list)
-                and all(isinstance(k, str) for k in p["kernels"]) and all(scan._number(p.get(k)) for k in _NUMBERS)):
-            raise MapError(f"the record holds a malformed point: {str(p)[:80]}")
-    for s in rec["sessions"]:
-        if not (isinstance(s, dict) and s.keys() == {"evaluated", "seconds", "complete"}
-                and scan._integer(s["evaluated"]) and scan._number(s["seconds"]) and isinstance(s["complete"], bool)):
-            raise MapError(f"the record holds a malformed session: {str(s)[:80]}")
+    """records.RecordError unless ``rec`` is a map record of exactly the map ``params``
+    describe, with well-formed points and sessions."""
+    records.check(rec, params.to_dict(), schema=SCHEMA, what="map",
+                  point_ok=lambda p: (records.point_ok(p, params.lo, params.hi)
+                                      and all(records.number(p.get(k)) for k in _NUMBERS)))
 
 
 def resume_points(rec: dict, params: Params, input_checksum: str, anchor_checksum: str) -> dict[int, dict]:
     """The points of a recorded map, if it is the map ``params`` describe, on the same inputs
-    and against anchor products of the same bits; MapError if not."""
+    and against anchor products of the same bits; RecordError if it is another map, MapError
+    for other inputs or anchors."""
     check_record(rec, params)
     if rec.get("input_checksum") != input_checksum:
         raise MapError("the record's inputs differ from this map's (input checksum)")
@@ -363,7 +338,3 @@ def resume_points(rec: dict, params: Params, input_checksum: str, anchor_checksu
         raise MapError("the record's A[:1] @ B or full product had other bits than this run's (anchor checksum): "
                        "the products drift from run to run here; start a new map")
     return {p["size"]: p for p in rec["points"]}
-
-
-load = scan.load  # JSON from a file, one line (ScanError) when unreadable
-write_atomic = scan.write_atomic  # an interruption leaves the old file or the new one

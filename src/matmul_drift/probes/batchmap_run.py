@@ -1,25 +1,21 @@
-"""The map driver: check memory, draw the inputs, make the two anchor products, measure every M
-the search asks for, keep the record (at most a second behind), resume it, and stop cleanly on
-Ctrl-C or SIGTERM, as scan_run does for a scan.
+"""The map's run: check memory, draw the inputs, make the two anchor products, then the
+resumable search (resumable.py, which scan_run drives too) over M.
 
 The search and the record are batchmap.py's, one M's measurement measure/batchpoint.py's;
-parsing and printing stay in cli/map.py. ``run`` returns scan_run's Outcome (plain data).
+parsing and printing stay in cli/map.py. ``run`` returns resumable's Outcome (plain data).
 ``plan``, ``Mapper``, ``complete`` and ``confirm`` are the same steps without a file or signal
 handling, as the suite maps each batched case (jobs/suite.py, add_maps).
 """
 
 from __future__ import annotations
 
-import signal
-import sys
 import time
 from dataclasses import dataclass
 
 from matmul_drift.core import ids, mapruns
 from matmul_drift.core.cases import storage_dtype
-from matmul_drift.measure import kernels, memory
-from matmul_drift.probes import batchmap, interrupt, scan
-from matmul_drift.probes.scan_run import SAVE_EVERY_S, Outcome
+from matmul_drift.measure import memory
+from matmul_drift.probes import batchmap, classsearch, records, resumable
 
 CONFIRM_MOST = 12  # M a confirmation re-measures at most (each run's first and last, spread)
 
@@ -131,78 +127,30 @@ def confirm(mapper: Mapper, runs: list[dict], most: int = CONFIRM_MOST) -> dict:
 
 def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None, precision: str,
         device: str, path: str | None, resume: bool, prog: str = "matmul-drift map",
-        host_memory_check: bool = True) -> Outcome:
+        host_memory_check: bool = True) -> resumable.Outcome:
     """Map M over ``rng`` (None: the device's default) for ``--case case_id`` or the shape
     ``k`` x ``n``, in ``precision`` on ``device``. With ``path`` the record is written there
     once a second and at the end (``resume``: continued from it). MapError for bad input, and
     for a shape that needs more memory than there is (the host's only when ``host_memory_check``),
     all before anything is allocated."""
-    from tqdm import tqdm
-
     from matmul_drift.measure import measure
 
     planned = plan(case_id, k, n, rng, precision, device, host_memory_check)
     s, params = planned.shape, planned.params
-    rec = batchmap.load(path) if resume else None
+    rec = records.load(path) if resume else None
     if resume:
         batchmap.check_record(rec, params)  # before drawing inputs
 
     mapper = Mapper(planned)
+
+    def done(result: dict, evaluated: int) -> str:
+        return (f"{evaluated} batch sizes measured here, {result['measured']} in all, "
+                f"for {result['range_size']}" + (f"; record in {path}" if path else ""))
+
     with measure.precision_flags(precision):
         points = batchmap.resume_points(rec, params, mapper.checksum, mapper.anchors.checksum) if rec else {}
-        sessions = list(rec["sessions"]) if rec else []
-
-        bar = tqdm(total=max(scan.grid_count(s["lo"], s["hi"], None), len(points)), initial=len(points), desc=prog,
-                   unit="M", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False)
-        session = {"evaluated": 0, "seconds": 0.0, "complete": False}
-        sessions.append(session)
-        t0 = time.monotonic()
-        claimed = [resume]  # the record's file is ours: resumed, or created by the first write
-
-        def save(all_points: dict, complete: bool, search: dict | None = None) -> None:
-            session["seconds"] = round(time.monotonic() - t0, 3)
-            session["complete"] = complete
-            if path:  # the first write must not replace a file made since --json was checked absent
-                batchmap.write_atomic(path, mapper.record(all_points, sessions, complete, search),
-                                      new=not claimed[0])
-                claimed[0] = True
-
-        live = dict(points)
-        stopped: list[int] = []
-        saved = [time.monotonic()]
-
-        def evaluate(m: int) -> dict:
-            p = mapper.point(m)
-            live[m] = p
-            session["evaluated"] += 1
-            if stopped or time.monotonic() - saved[0] >= SAVE_EVERY_S:  # as scan: bounds both cost and loss
-                save(live, complete=False)
-                saved[0] = time.monotonic()
-            bar.total = max(bar.total, len(live))  # past the grid: bisecting
-            bar.set_postfix_str(f"at M = {m}", refresh=False)
-            bar.update(1)
-            if stopped:
-                raise KeyboardInterrupt
-            return p
-
-        # Ctrl-C (or SIGTERM) lets the M in hand finish and be recorded; a second one stops at once.
-        with interrupt.deferred(stopped):
-            try:
-                points, found = batchmap.search(s["lo"], s["hi"], evaluate, known=points)
-            except (KeyboardInterrupt, kernels.ProfilerLost) as exc:
-                bar.close()
-                if path and session["evaluated"]:
-                    with interrupt.deferred(stopped, escalate=False):  # more Ctrl-C must not cut this write
-                        save(live, complete=False)
-                where = (f"{path} holds them: continue with --resume {path}" if path
-                         else "nothing was recorded (--json FILE keeps a resumable record)")
-                if isinstance(exc, kernels.ProfilerLost):
-                    return Outcome(1, None, f"stopped after {session['evaluated']} batch sizes: {exc}; {where}")
-                return Outcome(128 + (stopped[0] if stopped else signal.SIGINT), None,
-                               f"interrupted after {session['evaluated']} batch sizes; {where}")
-        bar.close()
-    if session["evaluated"] or (rec and not rec.get("complete")):
-        save(points, complete=True, search=found)
-    result = mapper.record(points, sessions, complete=True, search=found)
-    return Outcome(0, result, f"{session['evaluated']} batch sizes measured here, {result['measured']} in all, "
-                              f"for {result['range_size']}" + (f"; record in {path}" if path else ""))
+        return resumable.drive(
+            lambda evaluate, known: batchmap.search(s["lo"], s["hi"], evaluate, known=known),
+            mapper.point, mapper.record, done,
+            words=resumable.Words(prog, "M", "at M = {}", "batch sizes"),
+            grid=classsearch.grid_count(s["lo"], s["hi"], None), path=path, resumed=rec, points=points)

@@ -15,7 +15,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from matmul_drift.core import cases, ids, numerics
-from matmul_drift.core.errors import UsageError
+from matmul_drift.core.errors import BadValue, UsageError
 from matmul_drift.measure.kernels import unique
 from matmul_drift.measure.measure import Measurement, bits_part
 
@@ -429,7 +429,7 @@ def prepare(req: Request) -> _Ready:
         try:
             order_plan.target(case, req.dtype, req.device)
         except order_plan.ProbeError as exc:
-            raise UsageError(f"--orders: {exc}") from None
+            raise BadValue("orders", None, str(exc), colon=True) from None
     slice_n = (req.slice_n,) if req.slice_n else None
     slice_m = (req.slice_m,) if req.slice_m else None
     if req.m is not None and slice_n is None:
@@ -484,9 +484,10 @@ def read_saved(path: Path) -> tuple[str, bool]:
         r = json.loads(bounded.read_bytes(path), parse_constant=ids.no_constant)
         return render_all(r), r["verdict"]["kind"] == "defect"
     except (OSError, bounded.Refused) as exc:
-        raise UsageError(f"--render {path}: cannot read it: {exc}") from None
+        raise BadValue("render", str(path), f"cannot read it: {exc}", colon=True) from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, ArithmeticError) as exc:
-        raise UsageError(f"--render {path}: not an explain report saved with --json ({type(exc).__name__}: {exc})") from None
+        raise BadValue("render", str(path), "not an explain report saved with --json "
+                       f"({type(exc).__name__}: {exc})", colon=True) from None
 
 
 def _file_case(req: Request):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import io
 
 from matmul_drift.core import mapruns
-from matmul_drift.probes import batchmap, scan
+from matmul_drift.probes import batchmap
+from matmul_drift.probes.records import write_file
 
 COLOURS = {True: "#1b9e77", False: "#d95f02", None: "0.85"}  # invariant, drifting, not measured
 
@@ -33,7 +34,7 @@ def from_entry(entry: dict) -> dict:
 
 def plot(records: list[dict], path: str) -> None:
     """Write ``records`` (map records of one shape and device, one per dtype) as a PNG to ``path``."""
-    scan.write_file(path, png(records), True, "the plot is in {kept}")  # never over a file made meanwhile
+    write_file(path, png(records), True, "the plot is in {kept}")  # never over a file made meanwhile
 
 
 def png(records: list[dict]) -> bytes:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import io
 import math
 
-from matmul_drift.probes import batchmap, scan
+from matmul_drift.probes import batchmap, records, scan
+from matmul_drift.probes.classsearch import CLASS_TOP
 
 _HATCH = "///"
 
@@ -38,7 +39,7 @@ def plot(result: dict, path: str) -> None:
         first = r["kernel_id"] not in colours
         colour = colours.setdefault(r["kernel_id"], f"C{len(colours) % 10}")
         row = rows[r["class"]]
-        half = 2 ** min(row + 1, scan.CLASS_TOP) / 2  # half the class's spacing: its stripe has no gaps
+        half = 2 ** min(row + 1, CLASS_TOP) / 2  # half the class's spacing: its stripe has no gaps
         ax.axvspan(max(r["lo"] - half, p["lo"] - 0.5), min(r["hi"] + half, p["hi"] + 0.5), ymin=row * height, ymax=(row + 1) * height, color=colour,
                    alpha=0.22, lw=0, hatch=_HATCH if r["drift"] == "non-zero" else None,
                    label=_label(r["kernel_id"], r["kernels"]) if first else None)
@@ -83,4 +84,4 @@ def plot(result: dict, path: str) -> None:
     png = io.BytesIO()
     fig.savefig(png, format="png")
     plt.close(fig)
-    scan.write_file(path, png.getvalue(), True, "the plot is in {kept}")  # never over a file made meanwhile
+    records.write_file(path, png.getvalue(), True, "the plot is in {kept}")  # never over a file made meanwhile
