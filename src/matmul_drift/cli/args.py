@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from matmul_drift.core.errors import BadValue, UsageError
+from matmul_drift.core.errors import BadValue, Misuse, UsageError
 
 
 def positive(text: str) -> int:
@@ -71,10 +71,17 @@ def say_error(prog: str, message) -> None:
     print(f"{prog}: error: {visible(message)}", file=sys.stderr)
 
 
+def flag(param: str) -> str:
+    """The flag of a library parameter: slice_n -> --slice-n."""
+    return "--" + param.replace("_", "-")
+
+
 def usage_words(exc: UsageError) -> str:
-    """A UsageError's one line; a BadValue's with its parameter's flag (slice_n: --slice-n)."""
+    """A UsageError's one line; a BadValue's or a Misuse's with each parameter's flag."""
     if isinstance(exc, BadValue):
-        return exc.said("--" + exc.param.replace("_", "-"))
+        return exc.said(flag(exc.param))
+    if isinstance(exc, Misuse):
+        return exc.said(flag)
     return str(exc)
 
 

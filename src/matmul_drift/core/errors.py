@@ -6,6 +6,23 @@ class UsageError(Exception):
     library raises it with a one-line message, and the CLI prints that line and exits 2."""
 
 
+class Param(str):
+    """A parameter's name in the library (``base``) inside a Misuse's words."""
+
+
+class Misuse(UsageError):
+    """Parameters used wrongly, in plain values: ``parts`` are words and Params, joined.
+    cli/ words each Param with its flag (``said``)."""
+
+    def __init__(self, *parts: str):
+        self.parts = parts
+        super().__init__(self.said(str))
+
+    def said(self, word) -> str:
+        """The one line, each Param as ``word(param)`` gives it."""
+        return "".join(word(p) if isinstance(p, Param) else p for p in self.parts)
+
+
 class BadValue(UsageError):
     """A value given for one parameter that cannot be used, in plain values: ``param`` (the
     parameter's name in the library, ``slice_n``), ``shown`` (the value as the user gave it,

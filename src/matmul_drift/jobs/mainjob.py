@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from matmul_drift.core.errors import UsageError
+from matmul_drift.core.errors import Misuse, Param, UsageError
 from matmul_drift.jobs import asvrun, confirm, reuse, site, suite
 from matmul_drift.read import history, latest, render, summary
 from matmul_drift.store import atomic, machine, scratch
@@ -317,8 +317,9 @@ def run(o: Options) -> Report:
     builds = [check_build(b) for b in (o.builds or matrix_builds(conf))]
     commit = head_commit(o.repo)
     if o.machine and not machine.is_registered(o.machine):  # asv would fail each build, in several lines
-        raise UsageError(f"--machine {o.machine} is not in ~/.asv-machine.json: leave --machine out (this hardware "
-                         f"registers itself), or add it with `asv machine --machine {o.machine}`")
+        raise Misuse(Param("machine"), f" {o.machine} is not in ~/.asv-machine.json: leave ",
+                     Param("machine"), " out (this hardware registers itself), or add it with "
+                     f"`asv machine --machine {o.machine}`")
     try:
         name = o.machine or machine.register()
     except machine.NotRegistered as exc:
@@ -334,7 +335,8 @@ def run(o: Options) -> Report:
     left = o.publish and _left_unpublished(o.repo) == commit
     recorded = any(x.status == "recorded" for x in outcomes)
     if all(x.status == "already recorded" for x in outcomes) and not left:
-        raise UsageError(f"every build is already recorded at {commit[:8]} on {name}; pass --force to measure again")
+        raise Misuse(f"every build is already recorded at {commit[:8]} on {name}; pass ",
+                     Param("force"), " to measure again")
     if left and not recorded:
         log(f"recovered: the results at {commit[:8]} were recorded by a run killed before its site was built; "
             "publishing them")

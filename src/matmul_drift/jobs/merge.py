@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from matmul_drift.core import trees
-from matmul_drift.core.errors import BadValue, UsageError
+from matmul_drift.core.errors import BadValue, Misuse, Param, UsageError
 from matmul_drift.jobs import asvrun, axis, resultsbranch
 from matmul_drift.jobs.nightly import (
     ALL,
@@ -168,8 +168,8 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
             git_step("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
         copies, benches, conflicts = plan_merge(tree, sources)
         if conflicts and not o.force:
-            raise UsageError(f"{len(conflicts)} files conflict, nothing merged: {conflicts[0]}; "
-                             "pass --force to replace (the old files are kept beside)")
+            raise Misuse(f"{len(conflicts)} files conflict, nothing merged: {conflicts[0]}; pass ",
+                         Param("force"), " to replace (the old files are kept beside)")
         # asv publish draws a result only where its benchmark version is benchmarks.json's: a
         # source's descriptions replace the tree's only if its results are as new (its own added).
         recorded = asvrun.newest_run(tree / RESULTS / "asv") if benches else None

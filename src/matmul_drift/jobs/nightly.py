@@ -37,7 +37,7 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
 
-from matmul_drift.core.errors import BadValue, UsageError
+from matmul_drift.core.errors import BadValue, Misuse, Param, UsageError
 from matmul_drift.jobs import asvrun, axis, resultsbranch, site, suite
 from matmul_drift.read import history, latest, render, summary
 from matmul_drift.read.incidents import ordered
@@ -454,8 +454,9 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
         _pending_path(tree).unlink(missing_ok=True)
         return _report(tree, o.date, o.machine, resultsbranch.head(tree), [], o.publish, said)
     if recorded and not o.force:
-        raise UsageError(f"night {o.date} on {o.machine} is already recorded ({recorded[0].relative_to(tree)}); "
-                         "pass --force to run it again and replace it")
+        raise Misuse(f"night {o.date} on {o.machine} is already recorded "
+                     f"({recorded[0].relative_to(tree)}); pass ", Param("force"),
+                     " to run it again and replace it")
     if recorded:
         log(f"night {o.date} on {o.machine}: running it again (--force)")
     elif _staged_night(tree, rel).exists():

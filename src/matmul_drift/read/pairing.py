@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from matmul_drift.core.errors import UsageError
+from matmul_drift.core.errors import Misuse, Param, UsageError
 from matmul_drift.read.history import History, Run, version_key
 from matmul_drift.store import machine as hardware
 
@@ -131,7 +131,7 @@ def make_pairs(history: History, options) -> list[Pair]:
     if options.base is not None:
         base, head = resolve_commit(history, options.base), resolve_commit(history, options.head)
         if base == head:
-            raise UsageError("--base and --head name the same commit")
+            raise Misuse(Param("base"), " and ", Param("head"), " name the same commit")
         for machine, runs in groups.items():
             at_base = {r.env_name: r for r in runs if r.commit == base}
             at_head = {r.env_name: r for r in runs if r.commit == head}

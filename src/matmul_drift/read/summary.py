@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from matmul_drift.core import series
-from matmul_drift.core.errors import UsageError
+from matmul_drift.core.errors import BadValue, Misuse, Param, UsageError
 from matmul_drift.core.ids import hex_id
 from matmul_drift.read.flags import KINDS, Flag, diff_entries, flatten
 from matmul_drift.read.history import History, Run, Series, version_key
@@ -56,19 +56,21 @@ class Options:
 
     def check(self) -> None:
         if self.across not in ACROSS:
-            raise UsageError(f"--across must be one of {', '.join(ACROSS)}, not {self.across!r}")
+            raise BadValue("across", None, f"must be one of {', '.join(ACROSS)}, not {self.across!r}")
         if (self.base is None) != (self.head is None):
-            raise UsageError("--base and --head go together")
+            raise Misuse(Param("base"), " and ", Param("head"), " go together")
         if self.base is not None and self.across in ("envs", "machines"):
-            raise UsageError(f"--base/--head compare two commits; --across {self.across} does not apply")
+            raise Misuse(Param("base"), "/", Param("head"), " compare two commits; ", Param("across"),
+                         f" {self.across} does not apply")
         if self.at is not None and (self.base is not None or self.across == "machines"):
-            raise UsageError("--at goes with neither --base/--head nor --across machines")
+            raise Misuse(Param("at"), " goes with neither ", Param("base"), "/", Param("head"), " nor ",
+                         Param("across"), " machines")
         if self.timing not in TIMING:
-            raise UsageError(f"--timing must be one of {', '.join(TIMING)}, not {self.timing!r}")
+            raise BadValue("timing", None, f"must be one of {', '.join(TIMING)}, not {self.timing!r}")
         for name in ("u_tolerance", "ulp_growth", "time_factor"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 1):
-                raise UsageError(f"--{name.replace('_', '-')} must be a number >= 1, not {v!r}")
+                raise BadValue(name, None, f"must be a number >= 1, not {v!r}")
 
 
 @dataclass
@@ -99,13 +101,12 @@ def parse_fail_on(text: str | None) -> frozenset[str]:
         return frozenset(KINDS)
     alone = [w for w in ("none", "all") if w in words]
     if alone:  # was "unknown kind 'all'" beside another word
-        raise UsageError(f"--fail-on: {alone[0]} stands alone; give it by itself, or a comma list of {', '.join(KINDS)}")
+        raise BadValue("fail_on", None, f"{alone[0]} stands alone; give it by itself, or a comma "
+                       f"list of {', '.join(KINDS)}", colon=True)
     unknown = [w for w in words if w not in KINDS]
     if unknown or not words:
-        raise UsageError(
-            f"--fail-on: unknown kind {unknown[0] if unknown else text!r}; "
-            f"expected a comma list of {', '.join(KINDS)}, or none, or all"
-        )
+        raise BadValue("fail_on", None, f"unknown kind {unknown[0] if unknown else text!r}; "
+                       f"expected a comma list of {', '.join(KINDS)}, or none, or all", colon=True)
     return frozenset(words)
 
 
