@@ -17,7 +17,7 @@ import sys
 import asv_fixtures as F
 import pynvml
 import pytest
-from test_blaslog import GEMMEX, LT, set_up
+from test_blaslog import GEMMEX, LT, set_up, trace_message
 from test_clocks import UUID, FakeNvml
 from test_kernels import FakeCuda
 
@@ -63,7 +63,7 @@ class FakeCublas:
         if self.level >= 2 and self.lt:
             line = LT.replace("algoId=66", f"algoId={self.algo}").replace(
                 f"workSpaceSizeInBytes={WORKSPACE}", f"workSpaceSizeInBytes={self.workspace}")
-            function, message = "cublasLtTSTMatmul", line.split("[cublasLtMatmul] ", 1)[1]
+            function, message = trace_message(line)
             self.lt(2, function.encode(), message.encode())
 
 
