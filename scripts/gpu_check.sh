@@ -382,13 +382,16 @@ STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 50 "$PY" -m matmul_dri
 STEP_OUT=$PACK/map-batch-bfloat16.txt step map 20 "$PY" -m matmul_drift.cli map "${MAP[@]}" --no-host-memory-check \
   --json "$PACK/map-batch-bfloat16.json" --plot "$PACK/map-batch-bfloat16.png"
 # The summation orders (matmul-drift order, replayed on 100 draws): one tree per file,
-# order-NAME.json. Each probe may take an equal share of the time left (of 39 s), so that a
-# slow one leaves time for the others.
+# order-NAME.json. Each probe may take the time left less a floor kept for each probe after it
+# (half an equal share of the step's time), so that probes all a little slower than an equal
+# share still finish where the step's time holds them (an equal share failed every one), and
+# a probe that hangs leaves the others their floor.
 reveal_orders() {
-  local spec share rc=0 left t0=$SECONDS
+  local spec share rc=0 left floor t0=$SECONDS
   left=$(wc -l <<< "$ORDERS_TEXT")
+  floor=$(((STEP_LIMIT - 2) / (2 * left)))
   while IFS= read -r spec; do
-    share=$(((STEP_LIMIT - 2 - (SECONDS - t0)) / left))
+    share=$((STEP_LIMIT - 2 - (SECONDS - t0) - (left - 1) * floor))
     [ "$share" -ge 1 ] || share=1  # timeout 0 would mean none
     # shellcheck disable=SC2086  # the spec's words are the arguments
     timeout "$share" "$PY" -m matmul_drift.cli order ${spec#*:} --device "$DEVICE" --verify \

@@ -819,6 +819,25 @@ def test_a_tree_that_is_not_the_fetched_commit_is_refused(rehearsal, tmp_path):
     subprocess.run(["git", "checkout", "--", "src/matmul_drift/cli/main.py"], cwd=proj, check=True)
 
 
+def test_an_order_probe_slower_than_an_equal_share_still_finishes_where_the_step_has_time(tmp_path):
+    # The orders step as gpu_check.sh defines it, with two probes of 4 s each (a stand-in for
+    # matmul-drift order) in a step of 9 s (7 s for the probes): an equal share (3 s) would stop
+    # both; the first takes what the second's floor leaves (6 s) and finishes.
+    script = (ROOT / "scripts/gpu_check.sh").read_text()
+    function = re.search(r"^reveal_orders\(\) \{\n.*?^\}\n", script, re.M | re.S).group(0)
+    stub = tmp_path / "python"
+    stub.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/started\nsleep 4\necho \"$*\" >> {tmp_path}/done\n")
+    stub.chmod(0o755)
+    env = {**os.environ, "PY": str(stub), "STEP_LIMIT": "9", "DEVICE": "cpu", "PACK": str(tmp_path),
+           "ORDERS_TEXT": "first:--m 1\nsecond:--m 2"}
+    t0 = time.monotonic()
+    p = subprocess.run(["bash", "-c", f"{function}reveal_orders"], env=env, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode == 1 and len((tmp_path / "started").read_text().splitlines()) == 2, p.stderr
+    done = (tmp_path / "done").read_text().splitlines()
+    assert len(done) == 1 and " order --m 1 --device cpu " in done[0] and took < 9, (done, took)
+
+
 def test_a_failed_install_starts_no_later_step_and_still_writes_its_summary(tmp_path):
     # An install that fails (here: a commit.json and tree.sha256 that pass, but no wheels; on
     # the GPU machine, pip killed at its 20 s under load) left every later step and every
