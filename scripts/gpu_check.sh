@@ -111,7 +111,8 @@ step() {
   if [ -n "${STEP_OUT:-}" ]; then timeout -k 2 "$STEP_LIMIT" "$@" > "$STEP_OUT"; else timeout -k 2 "$STEP_LIMIT" "$@"; fi
   rc=$?
   pace "$name" "$t0" "$limit"
-  printf '%-12s rc %3d  %4d s of %4d s\n' "$name" "$rc" "$(($(now) - t0))" "$limit" | tee -a "$STEPS"
+  printf '%-12s rc %3d  %4d s of %4d s\n' "$name" "$rc" "$(($(now) - t0))" "$limit" |
+    tee -a "$STEPS"
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
   pack
   return 0

@@ -139,7 +139,8 @@ def test_the_nights_read_what_the_fakes_logged(first):
     # the line cut short is in the environment record, verbatim as the logger rebuilt it, and
     # counted; the night goes on
     function, message = trace_message(LT)
-    assert handle["unread"] == [f"[cublasLt][][Trace][{function}] {message[:message.index('algo=') + 10]}"]
+    cut = message[:message.index("algo=") + 10]
+    assert handle["unread"] == [f"[cublasLt][][Trace][{function}] {cut}"]
     assert handle["unread_lines"] >= 1
     assert first["cuda_clock_fell"] == 1.0  # the power cap that lifted is seen
 
