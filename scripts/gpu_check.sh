@@ -72,6 +72,9 @@ RESERVE=15  # kept for the summary at the end
 # (GPU_CHECK_SCALE)
 UNWAITED=0
 now() { echo $((SECONDS + UNWAITED)); }
+SCALE=${GPU_CHECK_SCALE:-1}
+[[ $SCALE =~ ^[1-9][0-9]{0,5}$ ]] ||
+  { echo "gpu_check: warning: GPU_CHECK_SCALE=$SCALE is no whole number from 1: 1 taken"; SCALE=1; }
 
 # capped SECONDS: SECONDS, or less where the deadline (less the summary's reserve) comes first; at least 1
 capped() {
@@ -136,7 +139,7 @@ pace() {
   owed=$((want - ($(now) - $2)))
   [ "$owed" -gt 0 ] || return 0
   before=$SECONDS
-  sleep "$(awk -v w="$owed" -v n="${GPU_CHECK_SCALE:-1}" 'BEGIN { printf "%.2f", w / n }')"
+  sleep "$(awk -v w="$owed" -v n="$SCALE" 'BEGIN { printf "%.2f", w / n }')"
   UNWAITED=$((UNWAITED + owed - (SECONDS - before)))
 }
 
