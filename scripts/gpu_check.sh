@@ -24,7 +24,10 @@
 # memory a CUDA context takes), summary.txt and log.txt.
 # --rehearse makes the same steps on the CPU with the smallest shapes (tests/test_gpu_check.py).
 # GPU_CHECK_PACE="NAME=SECONDS ..." makes each named step last at least that long (never past its
-# limit): a rehearsal at a GPU's pace, as the test injects the H200's step times.
+# limit): a rehearsal at a GPU's pace, as the test injects the H200's step times. With
+# GPU_CHECK_SCALE=N a paced step waits 1/N of its wait, and the check's clock counts the whole:
+# the same plan, deadline and limits in 1/N of the time. GPU_CHECK_DRY=1 runs no step's command
+# (each is `true`): the plan alone, whatever this machine's speed or load.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR [--rehearse]}
 MODE=${2:-}
@@ -65,9 +68,17 @@ RESERVE=15  # kept for the summary at the end
 #   orders           26       40
 #   scan             11       15
 #   dense            10       15
+# now: the check's clock, in seconds: bash's, plus what paced steps counted without waiting
+# (GPU_CHECK_SCALE)
+UNWAITED=0
+now() { echo $((SECONDS + UNWAITED)); }
+SCALE=${GPU_CHECK_SCALE:-1}
+[[ $SCALE =~ ^[1-9][0-9]{0,5}$ ]] ||
+  { echo "gpu_check: warning: GPU_CHECK_SCALE=$SCALE is no whole number from 1: 1 taken"; SCALE=1; }
+
 # capped SECONDS: SECONDS, or less where the deadline (less the summary's reserve) comes first; at least 1
 capped() {
-  local left=$((DEADLINE - RESERVE - SECONDS))
+  local left=$((DEADLINE - RESERVE - $(now)))
   [ "$left" -lt "$1" ] || left=$1
   [ "$left" -ge 1 ] || left=1
   echo "$left"
@@ -81,7 +92,8 @@ capped() {
 # not started (rc 124, as a timeout).
 NOT_STARTED=
 step() {
-  local name=$1 asked=$2 limit t0=$SECONDS why=$NOT_STARTED
+  local name=$1 asked=$2 limit t0 why=$NOT_STARTED
+  t0=$(now)
   shift 2
   limit=$(capped "$asked")
   if [ -z "$why" ] && [ "$limit" -lt 8 ]; then
@@ -97,11 +109,13 @@ step() {
   [ "$limit" -eq "$asked" ] || echo "gpu_check: step $name cut from $asked s to $limit s by the check's deadline ($DEADLINE s)"
   echo "gpu_check: step $name (limit $limit s): $*"
   if declare -F "$1" > /dev/null; then set -- bash -c "$1"; fi  # timeout runs programs: a function via bash (exported)
+  [ -z "${GPU_CHECK_DRY:-}" ] || set -- true
   export STEP_LIMIT=$((limit - 4))
   if [ -n "${STEP_OUT:-}" ]; then timeout -k 2 "$STEP_LIMIT" "$@" > "$STEP_OUT"; else timeout -k 2 "$STEP_LIMIT" "$@"; fi
   rc=$?
   pace "$name" "$t0" "$limit"
-  printf '%-12s rc %3d  %4d s of %4d s\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" | tee -a "$STEPS"
+  printf '%-12s rc %3d  %4d s of %4d s\n' "$name" "$rc" "$(($(now) - t0))" "$limit" |
+    tee -a "$STEPS"
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
   pack
   return 0
@@ -115,13 +129,18 @@ skip() {
 }
 
 # pace NAME T0 LIMIT: with GPU_CHECK_PACE naming NAME, wait until the step has lasted its paced
-# seconds; one paced past its limit ends there, timed out (rc 124), as the real one would.
+# seconds on the check's clock; one paced past its limit ends there, timed out (rc 124), as the
+# real one would. The wait is 1/GPU_CHECK_SCALE of that, the rest counted (UNWAITED).
 pace() {
-  local want
+  local want owed before
   want=$(tr ' ' '\n' <<< "${GPU_CHECK_PACE:-}" | sed -n "s/^$1=\([0-9]*\)$/\1/p")
   [ -n "$want" ] || return 0
   if [ "$want" -ge "$3" ]; then want=$3; rc=124; fi
-  [ $((SECONDS - $2)) -ge "$want" ] || sleep $((want - (SECONDS - $2)))
+  owed=$((want - ($(now) - $2)))
+  [ "$owed" -gt 0 ] || return 0
+  before=$SECONDS
+  sleep "$(awk -v w="$owed" -v n="$SCALE" 'BEGIN { printf "%.2f", w / n }')"
+  UNWAITED=$((UNWAITED + owed - (SECONDS - before)))
 }
 
 # pack: everything the steps made so far into $OUT/gpu-check.tar.gz, whole (by a rename), so
@@ -367,13 +386,16 @@ STEP_OUT=$PACK/fixes-batch-bfloat16.json step fixes-batch 50 "$PY" -m matmul_dri
 STEP_OUT=$PACK/map-batch-bfloat16.txt step map 20 "$PY" -m matmul_drift.cli map "${MAP[@]}" --no-host-memory-check \
   --json "$PACK/map-batch-bfloat16.json" --plot "$PACK/map-batch-bfloat16.png"
 # The summation orders (matmul-drift order, replayed on 100 draws): one tree per file,
-# order-NAME.json. Each probe may take an equal share of the time left (of 39 s), so that a
-# slow one leaves time for the others.
+# order-NAME.json. Each probe may take the time left less a floor kept for each probe after it
+# (half an equal share of the step's time), so that probes all a little slower than an equal
+# share still finish where the step's time holds them (an equal share failed every one), and
+# a probe that hangs leaves the others their floor.
 reveal_orders() {
-  local spec share rc=0 left t0=$SECONDS
+  local spec share rc=0 left floor t0=$SECONDS
   left=$(wc -l <<< "$ORDERS_TEXT")
+  floor=$(((STEP_LIMIT - 2) / (2 * left)))
   while IFS= read -r spec; do
-    share=$(((STEP_LIMIT - 2 - (SECONDS - t0)) / left))
+    share=$((STEP_LIMIT - 2 - (SECONDS - t0) - (left - 1) * floor))
     [ "$share" -ge 1 ] || share=1  # timeout 0 would mean none
     # shellcheck disable=SC2086  # the spec's words are the arguments
     timeout "$share" "$PY" -m matmul_drift.cli order ${spec#*:} --device "$DEVICE" --verify \
@@ -426,5 +448,5 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("order-*.json")):
 PYEOF
 } > "$OUT/summary.txt"
 rm -rf "$WORK"
-echo "gpu_check: done, $failed step(s) failed$said; in $OUT: $(cd "$OUT" && echo *)"
+echo "gpu_check: done in $(now) s, $failed step(s) failed$said; in $OUT: $(cd "$OUT" && echo *)"
 [ "$failed" -eq 0 ]

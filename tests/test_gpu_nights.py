@@ -4,8 +4,9 @@ summary's flags: cuBLAS's and cuBLASLt's logs in their real formats, set-up bloc
 kernels.cuda_kernels under a fake CUDA profiler (test_kernels.FakeCuda, with kernel names of
 tests/kernel_names.py); NVML's counters through a fake pynvml (test_clocks.FakeNvml), a power
 cap in one night; each night's kernel-id, environment and CUDA timing recorded as asv results
-(asv_fixtures) and judged by `matmul-drift summary --format json`. Two identical nights raise
-no flag, another algorithm raises one kernel flag, another workspace none."""
+(asv_fixtures) and judged by `matmul-drift summary --format json`. Two identical nights raise no
+incident, another algorithm raises one kernel incident, another workspace none, and a
+line no parser reads is kept in the environment record."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import sys
 import asv_fixtures as F
 import pynvml
 import pytest
-from test_blaslog import GEMMEX, LT, set_up
+from test_blaslog import GEMMEX, LT, set_up, trace_message
 from test_clocks import UUID, FakeNvml
 from test_kernels import FakeCuda
 
@@ -63,8 +64,10 @@ class FakeCublas:
         if self.level >= 2 and self.lt:
             line = LT.replace("algoId=66", f"algoId={self.algo}").replace(
                 f"workSpaceSizeInBytes={WORKSPACE}", f"workSpaceSizeInBytes={self.workspace}")
-            function, message = "cublasLtTSTMatmul", line.split("[cublasLtMatmul] ", 1)[1]
+            function, message = trace_message(line)
             self.lt(2, function.encode(), message.encode())
+            # and a Trace line cut short, which no parser reads (CUT)
+            self.lt(2, function.encode(), message[:message.index("algo=") + 10].encode())
 
 
 def night(monkeypatch, algo: int, workspace: int, power_cap_ns: int) -> dict:
@@ -130,28 +133,37 @@ def first(monkeypatch):
 def test_the_nights_read_what_the_fakes_logged(first):
     names = first["kernels"]["full"]
     assert names[-2:] == [blaslog.recipe_lines("", GEMMEX)[0], blaslog.recipe_lines(LT, "")[0]]  # no set-up line
-    assert first["env"]["cublas_handle"]["workspace_bytes"] == [WORKSPACE]
-    assert first["env"]["cublas_handle"]["lt_workspace_bytes"] == [WORKSPACE]
-    assert first["env"]["cublas_handle"]["streams"] == ["default"]
+    handle = first["env"]["cublas_handle"]
+    assert handle["workspace_bytes"] == [WORKSPACE] and handle["lt_workspace_bytes"] == [WORKSPACE]
+    assert handle["streams"] == ["default"]
+    # the line cut short is in the environment record, verbatim as the logger rebuilt it, and
+    # counted; the night goes on
+    function, message = trace_message(LT)
+    cut = message[:message.index("algo=") + 10]
+    assert handle["unread"] == [f"[cublasLt][][Trace][{function}] {cut}"]
+    assert handle["unread_lines"] >= 1
     assert first["cuda_clock_fell"] == 1.0  # the power cap that lifted is seen
 
 
 def test_two_identical_nights_raise_no_flag(monkeypatch, tmp_path, first):
     second = night(monkeypatch, algo=66, workspace=WORKSPACE, power_cap_ns=0)
     assert second["cuda_clock_fell"] == 0.0 and second["kernels"] == first["kernels"]
-    assert summarise(tmp_path, [first, second])["flags"] == []
+    judged = summarise(tmp_path, [first, second])
+    assert judged["flags"] == [] and judged["incidents"] == []
 
 
 def test_another_algorithm_in_the_second_night_is_one_kernel_flag(monkeypatch, tmp_path, first):
     second = night(monkeypatch, algo=67, workspace=WORKSPACE, power_cap_ns=0)
-    flags = summarise(tmp_path, [first, second])["flags"]
-    assert [f["kind"] for f in flags] == ["kernel"], flags
+    judged = summarise(tmp_path, [first, second])
+    assert [f["kind"] for f in judged["flags"]] == ["kernel"], judged["flags"]
+    assert [i["flags"] for i in judged["incidents"]] == [[0]], judged["incidents"]
 
 
 def test_another_workspace_alone_is_no_flag(monkeypatch, tmp_path, first):
     second = night(monkeypatch, algo=66, workspace=0, power_cap_ns=0)  # CUBLAS_WORKSPACE_CONFIG=:0:0
     assert second["kernels"] == first["kernels"] and second["env"] != first["env"]
-    assert summarise(tmp_path, [first, second])["flags"] == []
+    judged = summarise(tmp_path, [first, second])
+    assert judged["flags"] == [] and judged["incidents"] == []
 
 
 def test_ctypes_callbacks_take_the_fakes_bytes():

@@ -39,7 +39,9 @@ _FIELD = re.compile(r"(\w+)=(\[[^\]]*\]|\S+)")
 _POINTER = re.compile(r"^0[xX][0-9a-fA-F]*$|POINTER")
 _LEGACY_CALL = re.compile(r"^I! cuBLAS \(v[^)]*\) function \S+ (\w+)\(")
 _LEGACY_ARG = re.compile(r"^i!\s+(\w+): type=([^;]*); val=(.*)$")
-_LEGACY_TAIL = re.compile(r"^i!\s*Process=.*MathMode=(.*)$")
+# a call's closing line; cublasCreate's names no stream and no math mode (it has no handle yet)
+_LEGACY_TAIL = re.compile(r"^i!\s*Process=")
+_MATH_MODE = re.compile(r"MathMode=(.*)$")
 _LEGACY_KNOWN = re.compile(r"^i!\s*(Time:|COMPILED WITH:)")  # read, and nothing of the route
 # cuBLAS's calls that compute a product; the rest set up the handle
 _LEGACY_PRODUCT = re.compile(r"gem[mv]", re.I)
@@ -131,8 +133,11 @@ def legacy_read(text: str) -> tuple[list[dict], list[str]]:
             if not _POINTER.search(value) and name not in _PLACES:
                 out[-1]["args"][name] = re.sub(r"\(-?\d+\)$", "", value)
         elif out and t:
-            out[-1]["math_mode"] = t.group(1).strip()
-            out[-1]["stream"] = "default" if "defaultStream" in line else "other"
+            mode = _MATH_MODE.search(line)
+            if mode:
+                out[-1]["math_mode"] = mode.group(1).strip()
+            if "StreamId=" in line:
+                out[-1]["stream"] = "default" if "defaultStream" in line else "other"
         elif not _LEGACY_KNOWN.match(line):
             unread.append(line)
     return out, unread
