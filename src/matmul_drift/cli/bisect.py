@@ -85,8 +85,6 @@ def run(args) -> int:
         raise UsageError(f"--torch {exc} (e.g. --torch 2.8.0..2.14.1 or --torch 2.12.1,2.13.0)") from None
     if len(versions) < 2:
         raise UsageError(f"--torch {args.torch} gives {len(versions)} build: a bisection compares at least two")
-    _log(f"{len(versions)} builds from {where}: {', '.join(versions)}"
-         + ("" if args.every else f"; bisecting: about {bisect.expected(len(versions))} builds to measure"))
     try:
         repo = resultsbranch.project_checkout(None)
     except ValueError:
@@ -96,10 +94,8 @@ def run(args) -> int:
                             every=args.every, resume=args.resume, log=_log)
     except bisect.Unfinished as exc:
         raise UsageError(f"{exc}: pass --resume to go on with it, or delete that file to start again") from None
-    except bisect.NothingToResume as exc:
-        raise UsageError(f"--resume: {exc}") from None
     except space.NoSpace as exc:
-        say_error(PROG, f"{exc}; what was measured is kept: free some space, then run again with --resume")
+        say_error(PROG, f"{exc}; free some space, then run again with --resume (what was measured is kept)")
         return 2
     print(json.dumps(report, indent=2, allow_nan=False) if args.json else bisect.render(report))
     return 1 if report["verdict"]["kind"] == "changed" else 0

@@ -35,11 +35,7 @@ class Unfinished(Exception):
     def __init__(self, path: Path, count: int):
         self.path, self.count = path, count
         super().__init__(f"an interrupted bisection of this product over these builds is kept in {path} "
-                         f"({count} builds measured)")
-
-
-class NothingToResume(Exception):
-    """``resume`` without a state file for this question."""
+                         f"({count} build{'s' * (count != 1)} measured)")
 
 
 def plan(req) -> dict:
@@ -101,11 +97,9 @@ def _load(path: Path, resume: bool) -> dict:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         state = None
-    if resume and state is None:
-        raise NothingToResume(f"no interrupted bisection of this product over these builds in {path.parent}")
     if state is not None and not state.get("done") and not resume and state.get("points"):
         raise Unfinished(path, len(state["points"]))
-    return state if resume else {"points": {}, "done": False}
+    return state if resume and state is not None else {"points": {}, "done": False}
 
 
 def run(product: dict, versions: list[str], cache: Path, *, find_links: Path | None = None, repo: Path | None = None,
@@ -113,15 +107,18 @@ def run(product: dict, versions: list[str], cache: Path, *, find_links: Path | N
     """Measure ``versions`` (oldest first) for ``product`` (``plan``), bisecting unless
     ``every``; see the module docstring. ``log(line)`` shows progress; ``free``: the free
     bytes the install check takes instead of the file system's. space.NoSpace stops the run
-    before the install it refuses (what was measured is kept); Unfinished and NothingToResume
-    before anything is measured."""
+    before the install it refuses (what was measured is kept); Unfinished before anything is
+    measured. ``resume`` with no state of this question starts afresh."""
     t0 = time.monotonic()
     cache.mkdir(parents=True, exist_ok=True)
     path = state_path(cache, product, versions, find_links, every)
     state = _load(path, resume)
     points, order, installs = state["points"], [], {}
+    log(f"{len(versions)} builds from {builds.source_name(find_links)}: {', '.join(versions)}"
+        + ("" if every else f"; bisecting: about {expected(len(versions))} builds to measure"))
     if resume:
-        log(f"resuming {path}: {len(points)} builds measured before")
+        log(f"resuming {path}: {len(points)} builds measured before" if points else
+            f"nothing to resume in {path}: starting afresh")
     code = builds.code_path(cache)
 
     def digest(i: int) -> str | None:

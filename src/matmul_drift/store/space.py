@@ -43,8 +43,11 @@ def needed(files: list[tuple[str, int | None]]) -> int:
     return max(known, CUDA_BUILD_BYTES if cuda else CPU_BUILD_BYTES)
 
 
-def gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
+def size(n: int) -> str:
+    """Bytes in words: "5.0 GB", "12 MB", "9 kB"."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale or unit == "kB":
+            return f"{n / scale:.1f} GB" if unit == "GB" else f"{n / scale:.0f} {unit}"
 
 
 def check(path: Path | str, need: int, what: str, free: int | None = None) -> None:
@@ -52,4 +55,4 @@ def check(path: Path | str, need: int, what: str, free: int | None = None) -> No
     figure to take instead of the file system's)."""
     have = free_bytes(path) if free is None else free
     if have < need:
-        raise NoSpace(f"no room to install {what}: it needs about {gb(need)} and {path} has {gb(have)} free")
+        raise NoSpace(f"no room to install {what}: it needs about {size(need)} and {path} has {size(have)} free")
