@@ -248,3 +248,24 @@ def test_the_main_jobs_install_is_refused_in_one_line_before_uv_writes(tmp_path,
     logfile.write_text(f"·· Failure creating environment for {e.name}\n·· matmul-drift: no room to install it: "
                        "it needs about 2.0 GB and /x has 1.2 GB free\nERROR: No space left on device\n")
     assert mainjob._install_error(logfile) == "no room to install it: it needs about 2.0 GB and /x has 1.2 GB free"
+
+
+WHEELS_VAR = "MATMUL_DRIFT_TORCH_WHEELS"  # a folder of real torch wheels (two builds or more)
+
+
+@pytest.mark.skipif(not os.environ.get(WHEELS_VAR), reason=f"${WHEELS_VAR} names no folder of real torch wheels")
+def test_real_builds_from_a_wheel_folder_are_installed_and_each_measures_its_own_torch(tmp_path):
+    """Real torch builds installed by pip and uv from the folder (numpy and tabulate from the
+    index), each measured under its own torch: `--all` over every build the folder offers."""
+    folder = Path(os.environ[WHEELS_VAR])
+    offered = builds.releases(folder)
+    assert len(offered) >= 2, f"{folder} offers {offered}"
+    r = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "bisect", *SHAPE, "--torch",
+                        f"{offered[0]}..{offered[-1]}", "--find-links", str(folder), "--cache",
+                        str(tmp_path / "cache"), "--all", "--json"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=3600)
+    assert r.returncode in (0, 1), r.stderr
+    report = json.loads(r.stdout)
+    assert report["skipped"] == [] and list(report["points"]) == offered
+    for version, p in report["points"].items():
+        assert p["torch"].split("+")[0] == version and p["environment"] == "installed"

@@ -132,7 +132,7 @@ def run(product: dict, versions: list[str], cache: Path, *, find_links: Path | N
                 env = builds.environment(v, cache, find_links, repo, log, free)
                 installs[v] = env.how
                 got = builds.measure(env, product, code)
-                got["seconds"] = time.monotonic() - t
+                got.update(seconds=time.monotonic() - t, environment=env.how, install_seconds=env.seconds)
             except builds.Failed as exc:
                 got = {"failed": exc.stage, "why": str(exc)}
             points[v] = got
