@@ -61,8 +61,11 @@ def test_ranges_take_what_is_offered_and_a_missing_end_names_the_nearest():
     assert builds.select("2.12.1,2.8.0", offered, "x") == ["2.12.1", "2.8.0"]
     with pytest.raises(builds.NotOffered, match="nearest releases it has are 2.10.0 and 2.12.1"):
         builds.select("2.8.0..2.11.0", offered, "the index")
-    with pytest.raises(builds.NotOffered, match="nearest releases it has are 2.12.1$"):
+    with pytest.raises(builds.NotOffered, match="nearest release it has is 2.12.1$"):
         builds.select("2.8.0..2.14.1", offered, "the index")
+    for bad in ("2.8.0..", "2.8.0,x;y", "..2.9.0", "2.8.0,2.8.0"):
+        with pytest.raises(ValueError):
+            builds.select(bad, offered, "x")
 
 
 # --- fake builds -----------------------------------------------------------------------------
@@ -149,6 +152,10 @@ def test_a_bisection_finds_the_first_changed_build_and_an_interrupted_one_resume
     assert "2.8.0" not in _measured(r.stderr)  # measured once, before the kill
     assert sorted(report["measured"]) == ["2.10.0", "2.11.0", "2.12.0", "2.8.0"]  # both ends, then 2 steps
     assert len(report["measured"]) <= math.log2(5) + 2
+    pts = report["points"]  # the steps measured the digests alone; the pair again in full, to the same bits
+    assert [pts[b]["detail"] for b in ("2.8.0", "2.10.0", "2.11.0", "2.12.0")] == [False, True, True, False]
+    assert not [b for b, p in pts.items() if "unsteady" in p]
+    assert pts["2.11.0"]["order"]["order_id"] and pts["2.11.0"]["kernels"]["full"]
     pair = report["pair"]
     assert pair["differs"][0] == "bits" and "torch settings" in pair["differs"]
     key, val = next(iter(change.items()))

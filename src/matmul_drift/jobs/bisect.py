@@ -5,7 +5,9 @@ install, and names it as probes/buildpoint.py takes it. ``run`` measures builds 
 each in its own environment, a fresh process each) in the order ``search`` asks for them:
 the range's two ends, then bisection on the output bits' id (bits_id) against the start's,
 a build that cannot be installed, imported or measured skipped as ``git bisect skip`` does.
-With ``every`` it measures each build in turn instead. Every answer is kept in a state file
+A step measures the digests alone (buildpoint's ``detail`` off); the two builds either side of
+the change are measured again in full (kernels, order), and their bits must agree with the
+step's. With ``every`` it measures each build in full, in turn. Every answer is kept in a state file
 under the cache folder as it comes, so an interrupted run goes on where it stopped
 (``resume``). ``render`` puts the report in words.
 
@@ -121,24 +123,27 @@ def run(product: dict, versions: list[str], cache: Path, *, find_links: Path | N
             f"nothing to resume in {path}: starting afresh")
     code = builds.code_path(cache)
 
+    def measure(v: str, detail: bool) -> dict:
+        t = time.monotonic()
+        try:
+            env = builds.environment(v, cache, find_links, repo, log, free)
+            installs.setdefault(v, env.how)
+            got = builds.measure(env, {**product, "detail": detail}, code)
+            got.update(seconds=time.monotonic() - t, environment=env.how, install_seconds=env.seconds)
+        except builds.Failed as exc:
+            got = {"failed": exc.stage, "why": str(exc)}
+        return got
+
     def digest(i: int) -> str | None:
         v = versions[i]
         if v not in order:
             order.append(v)
         if v not in points:
             log(f"torch {v} (build {len(order)} of {len(versions) if every else f'about {expected(len(versions))}'})")
-            t = time.monotonic()
-            try:
-                env = builds.environment(v, cache, find_links, repo, log, free)
-                installs[v] = env.how
-                got = builds.measure(env, product, code)
-                got.update(seconds=time.monotonic() - t, environment=env.how, install_seconds=env.seconds)
-            except builds.Failed as exc:
-                got = {"failed": exc.stage, "why": str(exc)}
-            points[v] = got
+            got = points[v] = measure(v, every)
             atomic.write_text(path, json.dumps({"schema": SCHEMA, **state}, indent=1))
             log(f"torch {v}: " + (f"{got['failed']} failed: {got['why']}" if "failed" in got else
-                                  f"bits {got['bits_id']} in {got['seconds']:.0f} s ({env.how})"))
+                                  f"bits {got['bits_id']} in {got['seconds']:.0f} s ({got['environment']})"))
         return points[v].get("bits_id")
 
     if every:
@@ -147,6 +152,15 @@ def run(product: dict, versions: list[str], cache: Path, *, find_links: Path | N
         found = _every(versions, points)
     else:
         found = search(len(versions), digest)
+    for side in ("before", "after") if found.get("before") is not None else ():
+        v = versions[found[side]]
+        if not points[v].get("detail"):  # the pair in full: kernels, order, each call's drift
+            log(f"torch {v}: measuring the kernels and the order ({side} the change)")
+            got = measure(v, True)
+            if got.get("bits_id", points[v]["bits_id"]) != points[v]["bits_id"]:
+                got["unsteady"] = f"gave bits {points[v]['bits_id']}, then {got['bits_id']} when measured again"
+            points[v] = got if "bits_id" in got else {**points[v], "detail_failed": got["why"]}
+            atomic.write_text(path, json.dumps({"schema": SCHEMA, **state}, indent=1))
     state["done"] = True
     atomic.write_text(path, json.dumps({"schema": SCHEMA, **state}, indent=1))
     return _report(product, versions, points, order, installs, found, every, find_links, path, time.monotonic() - t0)
@@ -284,6 +298,11 @@ def render(r: dict) -> str:
         a, b = _side(r["points"][pair["before"]]), _side(r["points"][pair["after"]])
         lines.append(tabulate([[k, a[k], b[k]] for k in a], headers=["", pair["before"], pair["after"]]))
         lines.append(f"what differs: {', '.join(pair['differs'])}")
+        for side in ("before", "after"):
+            p = r["points"][pair[side]]
+            if p.get("unsteady"):
+                lines.append(f"WARNING: torch {pair[side]} {p['unsteady']}: its bits are not reproducible, "
+                             "so the bisection may have been misled")
         for side in ("before", "after"):
             lines.append(f"repro ({side}, torch {pair[side]}): {pair['repro'][pair[side]]}")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from pathlib import Path
 from matmul_drift.store import space
 
 NEEDS = ("numpy", "tabulate")  # what the measuring process imports beside torch
+VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")  # a torch version as pip takes it after ==
 READY = ".matmul-drift-ready"  # written last: a folder without it is a killed install, made again
 MEASURE_TIMEOUT_S = 1800
 INSTALL_TIMEOUT_S = 1800
@@ -37,8 +38,9 @@ class NotOffered(Exception):
 
     def __init__(self, version: str, below: str | None, above: str | None, where: str):
         self.version, self.below, self.above, self.where = version, below, above, where
-        near = " and ".join(v for v in (below, above) if v)
-        super().__init__(f"torch {version} is not offered by {where}; the nearest releases it has are {near}"
+        near = [v for v in (below, above) if v]
+        said = "the nearest releases it has are" if len(near) == 2 else "the nearest release it has is"
+        super().__init__(f"torch {version} is not offered by {where}; {said} {' and '.join(near)}"
                          if near else f"torch {version} is not offered by {where}, which offers no torch at all")
 
 
@@ -106,7 +108,7 @@ def select(spec: str, offered: list[str], where: str) -> list[str]:
     ValueError for a spec that is neither."""
     if ".." in spec:
         ends = [e.strip() for e in spec.split("..")]
-        if len(ends) != 2 or not all(ends):
+        if len(ends) != 2 or not all(VERSION.match(e) for e in ends):
             raise ValueError(f"{spec!r} is not a range A..B")
         for end in ends:
             if _public(end) not in offered:
@@ -116,6 +118,9 @@ def select(spec: str, offered: list[str], where: str) -> list[str]:
         lo, hi = sorted((_key(_public(e)) for e in ends))
         return [v for v in offered if lo <= _key(v) <= hi]
     builds = [b.strip() for b in spec.split(",") if b.strip()]
+    bad = [b for b in builds if not VERSION.match(b)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a version")
     if not builds:
         raise ValueError(f"{spec!r} names no torch version")
     if len(set(builds)) != len(builds):

@@ -2,7 +2,7 @@
 
 ``python -m matmul_drift.probes.buildpoint SPEC`` (SPEC: the JSON of ``jobs/bisect``'s
 product: ``case`` or ``m``/``k``/``n``, ``dtype``, ``device``, ``slice_n``, ``slice_m``,
-``orders``) prints one JSON line: the output bits' digests and their id on the product's
+``orders``, ``detail``) prints one JSON line: the output bits' digests and their id on the product's
 recorded inputs, the kernel names, the order-id of entry (0, 0) with its words, the error in
 u and the library versions from the environment record. A torch that cannot be imported is
 ``{"failed": "import", "why": ...}`` and exit status 3.
@@ -29,7 +29,7 @@ def _order(case, spec: dict) -> dict:
     unless revealed) with ``summary`` in words, or ``reason``."""
     from matmul_drift.probes import order, order_plan
 
-    if not spec.get("orders", True):
+    if not spec.get("orders", True) or not spec.get("detail", True):
         return {"order_id": None, "reason": "not asked for"}
     try:
         got = order.order_of(order_plan.target(case, spec["dtype"], spec["device"]))
@@ -42,12 +42,14 @@ def _order(case, spec: dict) -> dict:
 
 def point(spec: dict) -> dict:
     """The product of ``spec`` measured here. Units: error_u and gamma_k_u in u of the output
-    dtype; ids 12 hex digits; digests sha256 hex."""
+    dtype; ids 12 hex digits; digests sha256 hex. Without ``detail`` (a bisection's step,
+    which decides on the digests alone) one call each and no kernels or order: the digests
+    are the same, the product costs a third."""
     from matmul_drift.measure.measure import measure
 
-    case = _case(spec)
+    case, detail = _case(spec), spec.get("detail", True)
     m = measure(case, spec["dtype"], spec["device"], slice_n=spec.get("slice_n"), slice_m=spec.get("slice_m"),
-                timing=False)
+                timing=False, with_kernels=detail, repeat=None if detail else 1)
     env = m.environment
     cuda = env.get("cuda") or {}
     return {
@@ -65,6 +67,7 @@ def point(spec: dict) -> dict:
         "env_vars": env.get("env_vars", {}),
         "env_id": f"{m.env_id:012x}",
         "input_checksum": m.input_checksum,
+        "detail": detail,
     }
 
 
