@@ -250,7 +250,7 @@ def _fmt(x) -> str:
 def _side(p: dict) -> dict[str, str]:
     order = p.get("order") or {}
     kern = p.get("kernels") or {}
-    out = {"torch": p.get("torch", "?"), "bits-id": p.get("bits_id", "?"), "kernel-id": p.get("kernel_id", "?"),
+    out = {"torch": p.get("torch", "?"), "bits-id": p.get("bits_id", "?"), "kernel-id": p.get("kernel_id") or "—",
            "kernels (full)": "\n".join(kern.get("full") or []) or "—",
            "order of entry (0, 0)": (f"{order['order_id']}: {order.get('summary')}" if order.get("order_id")
                                      else f"not revealed ({order.get('reason')})"),
@@ -273,7 +273,7 @@ def render(r: dict) -> str:
         done = {"install": "installed", "import": "imported", "measure": "measured"}.get(s["stage"], s["stage"])
         lines.append(f"skipped torch {s['build']}: could not be {done}: {s['why']}")
     if r["mode"] == "all":
-        rows = [[b, p.get("bits_id", "—"), p.get("kernel_id", "—"), (p.get("order") or {}).get("order_id") or "—",
+        rows = [[b, p.get("bits_id", "—"), p.get("kernel_id") or "—", (p.get("order") or {}).get("order_id") or "—",
                  _fmt(p.get("error_u")), "" if "bits_id" in p else f"{p['failed']} failed"]
                 for b, p in r["points"].items()]
         lines += ["", tabulate(rows, headers=["torch", "bits-id", "kernel-id", "order-id", "error_u (u)", ""])]

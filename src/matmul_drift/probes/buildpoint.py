@@ -57,7 +57,7 @@ def point(spec: dict) -> dict:
         "bits_id": f"{m.bits_id:012x}",
         "bits": m.bits,
         "kernels": m.kernels,
-        "kernel_id": f"{m.kernel_id:012x}",
+        "kernel_id": f"{m.kernel_id:012x}" if detail else None,
         "order": _order(case, spec),
         "error_u": _finite(m.error_u),
         "gamma_k_u": _finite(m.gamma_k_u),
