@@ -276,3 +276,25 @@ def test_real_builds_from_a_wheel_folder_are_installed_and_each_measures_its_own
     assert report["skipped"] == [] and list(report["points"]) == offered
     for version, p in report["points"].items():
         assert p["torch"].split("+")[0] == version and p["environment"] == "installed"
+
+
+def test_the_main_jobs_asv_environment_is_used_where_it_exists_and_left_as_it_is(tmp_path):
+    """The interpreter asv's environment for a build would have (the main job's name for it),
+    here a link to this one: taken as it is, nothing installed, nothing written there."""
+    from checkout import ROOT
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "asv.conf.json").write_text((ROOT / "asv.conf.json").read_text())
+    (repo / "benchmarks").mkdir()
+    assert builds.asv_python(repo, "2.13.0") is None  # not made yet
+    conf = mainjob.build_config(repo, mainjob.project_config(repo), "2.13.0", repo / "x")
+    from matmul_drift.jobs import confirm
+
+    path = confirm.env_python(repo, conf, mainjob.env_name(conf))
+    path.parent.mkdir(parents=True)
+    path.symlink_to(sys.executable)
+    before = _tree(repo, ())
+    env = builds.environment("2.13.0", tmp_path / "cache", None, repo, print, free=0)  # no room: none needed
+    assert (env.how, env.python) == ("asv", path)
+    assert _tree(repo, ()) == before and not (tmp_path / "cache").exists()
