@@ -29,8 +29,12 @@ def _record_line(name: str, data: bytes) -> str:
 def wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
     """A pure wheel ``name``-``version`` holding ``files`` (path: text) in ``folder``."""
     info = f"{name}-{version}.dist-info"
-    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: fake_builds\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: fake_builds\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
     record = [_record_line(p, t.encode()) for p, t in files.items()] + [f"{info}/RECORD,,"]
     path = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as z:
@@ -47,9 +51,13 @@ def make(folder: Path, builds: dict[str, dict | None]) -> Path:
     site = sysconfig.get_paths()["purelib"]
     for version, env in builds.items():
         if env is None:
-            files = {"torch/__init__.py": "raise ImportError('this fake build is broken on purpose')\n"}
+            files = {
+                "torch/__init__.py": "raise ImportError('this fake build is broken on purpose')\n"
+            }
         else:
-            line = f"import sys, os; sys.path.append({site!r}); os.environ.update({json.dumps(env)})\n"
+            line = (
+                f"import sys, os; sys.path.append({site!r}); os.environ.update({json.dumps(env)})\n"
+            )
             files = {"fake_torch_build.pth": line}
         wheel(folder, "torch", version, files)
     wheel(folder, "numpy", "0.0.1", {})
@@ -61,6 +69,11 @@ def point(product: dict, env: dict) -> dict:
     """probes/buildpoint.py's answer in a fresh process of this interpreter under ``env``."""
     import os
 
-    p = subprocess.run([sys.executable, "-m", "matmul_drift.probes.buildpoint", json.dumps(product)],
-                       capture_output=True, text=True, env={**os.environ, **env}, check=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "matmul_drift.probes.buildpoint", json.dumps(product)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+    )
     return json.loads(p.stdout)

@@ -14,7 +14,13 @@ import os
 import sys
 from pathlib import Path
 
-from matmul_drift.cli.args import add_memory_argument, add_shape_arguments, folder, positive, say_error
+from matmul_drift.cli.args import (
+    add_memory_argument,
+    add_shape_arguments,
+    folder,
+    positive,
+    say_error,
+)
 from matmul_drift.core.errors import UsageError
 
 PROG = "matmul-drift bisect"
@@ -34,15 +40,34 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=cases.DEVICES)
     p.add_argument("--slice-n", type=positive, help="compare A @ B[:, :n] with (A @ B)[:, :n]")
     p.add_argument("--slice-m", type=positive, help="compare A[:m] @ B with (A @ B)[:m]")
-    p.add_argument("--torch", required=True, metavar="A..B|A,B,C",
-                   help="the builds: every release the index offers from A to B, or these builds as named")
-    p.add_argument("--find-links", type=folder, metavar="DIR",
-                   help="take the torch builds from this folder of wheels, not from the package index")
-    p.add_argument("--all", dest="every", action="store_true",
-                   help="measure every build instead of bisecting, and print each build's digest")
-    p.add_argument("--resume", action="store_true", help="go on with an interrupted bisection of this question")
-    p.add_argument("--cache", type=folder, metavar="DIR", default=None,
-                   help=f"where the builds' environments and the state are kept (default {default_cache()})")
+    p.add_argument(
+        "--torch",
+        required=True,
+        metavar="A..B|A,B,C",
+        help="the builds: every release the index offers from A to B, or these builds as named",
+    )
+    p.add_argument(
+        "--find-links",
+        type=folder,
+        metavar="DIR",
+        help="take the torch builds from this folder of wheels, not from the package index",
+    )
+    p.add_argument(
+        "--all",
+        dest="every",
+        action="store_true",
+        help="measure every build instead of bisecting, and print each build's digest",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="go on with an interrupted bisection of this question"
+    )
+    p.add_argument(
+        "--cache",
+        type=folder,
+        metavar="DIR",
+        default=None,
+        help=f"where the builds' environments and the state are kept (default {default_cache()})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_memory_argument(p, "the product")
 
@@ -55,8 +80,17 @@ def _request(args):
         raise UsageError("give exactly one of --case ID or --m M --k K --n N")
     if given[1] and None in (args.m, args.k, args.n):
         raise UsageError("--m, --k and --n go together")
-    return explain.Request(dtype=args.dtype, device=args.device, case=args.case, m=args.m, k=args.k, n=args.n,
-                           slice_n=args.slice_n, slice_m=args.slice_m, host_check=not args.no_host_memory_check)
+    return explain.Request(
+        dtype=args.dtype,
+        device=args.device,
+        case=args.case,
+        m=args.m,
+        k=args.k,
+        n=args.n,
+        slice_n=args.slice_n,
+        slice_m=args.slice_m,
+        host_check=not args.no_host_memory_check,
+    )
 
 
 def _log(line: str) -> None:
@@ -82,21 +116,37 @@ def run(args) -> int:
     except builds.NotOffered as exc:
         raise UsageError(f"--torch {args.torch}: {exc}") from None
     except ValueError as exc:
-        raise UsageError(f"--torch {exc} (e.g. --torch 2.8.0..2.14.1 or --torch 2.12.1,2.13.0)") from None
+        raise UsageError(
+            f"--torch {exc} (e.g. --torch 2.8.0..2.14.1 or --torch 2.12.1,2.13.0)"
+        ) from None
     if len(versions) < 2:
-        raise UsageError(f"--torch {args.torch} gives {len(versions)} build: a bisection compares at least two")
+        raise UsageError(
+            f"--torch {args.torch} gives {len(versions)} build: a bisection compares at least two"
+        )
     try:
         repo = resultsbranch.project_checkout(None)
     except ValueError:
         repo = None  # not in a checkout: no asv environments to reuse
     try:
-        report = bisect.run(product, versions, args.cache or default_cache(), find_links=args.find_links, repo=repo,
-                            every=args.every, resume=args.resume, log=_log)
+        report = bisect.run(
+            product,
+            versions,
+            args.cache or default_cache(),
+            find_links=args.find_links,
+            repo=repo,
+            every=args.every,
+            resume=args.resume,
+            log=_log,
+        )
     except bisect.Unfinished as exc:
-        raise UsageError(f"{exc}: pass --resume to go on with it, or delete that file to start again") from None
+        raise UsageError(
+            f"{exc}: pass --resume to go on with it, or delete that file to start again"
+        ) from None
     except space.NoSpace as exc:
-        say_error(PROG, f"{exc}; free some space, then run again with --resume (what was measured is kept)")
+        say_error(
+            PROG,
+            f"{exc}; free some space, then run again with --resume (what was measured is kept)",
+        )
         return 2
     print(json.dumps(report, indent=2, allow_nan=False) if args.json else bisect.render(report))
     return 1 if report["verdict"]["kind"] == "changed" else 0
-

@@ -1,4 +1,5 @@
-"""`matmul-drift`: run (the main job), explain, bisect, scan, order, summary, nightly, catalog, machine.
+"""`matmul-drift`: run (the main job), explain, bisect, scan, order, summary, nightly, catalog,
+machine.
 
 Each command is a module of this package with ``configure(parser)``, ``run(args)`` and ``PROG``,
 the name its errors are printed under. A UsageError (core/errors.py) from any of them is one

@@ -110,7 +110,8 @@ def _check_space(path: str, lines: list[str]) -> None:
 
 
 def sizes(lines: list[str]) -> list[tuple[str, int | None]]:
-    """(name, bytes) of each ``pinned`` line's file: its size where it is a local file, else None."""
+    """(name, bytes) of each ``pinned`` line's file: its size where it is a local file, else
+    None."""
     from urllib.parse import unquote, urlparse
 
     out = []

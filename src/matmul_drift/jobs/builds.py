@@ -39,9 +39,14 @@ class NotOffered(Exception):
     def __init__(self, version: str, below: str | None, above: str | None, where: str):
         self.version, self.below, self.above, self.where = version, below, above, where
         near = [v for v in (below, above) if v]
-        said = "the nearest releases it has are" if len(near) == 2 else "the nearest release it has is"
-        super().__init__(f"torch {version} is not offered by {where}; {said} {' and '.join(near)}"
-                         if near else f"torch {version} is not offered by {where}, which offers no torch at all")
+        said = (
+            "the nearest releases it has are" if len(near) == 2 else "the nearest release it has is"
+        )
+        super().__init__(
+            f"torch {version} is not offered by {where}; {said} {' and '.join(near)}"
+            if near
+            else f"torch {version} is not offered by {where}, which offers no torch at all"
+        )
 
 
 class Failed(Exception):
@@ -94,8 +99,12 @@ def releases(find_links: Path | None) -> list[str]:
             if name == "torch" and wtags & tags:
                 found.add(_public(str(version)))
         return sorted(found, key=_key)
-    p = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "torch"], capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "torch"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     m = re.search(r"^Available versions: (.*)$", p.stdout, re.M)
     if p.returncode != 0 or not m:
         raise Failed("list", f"pip index versions torch: {_last(p.stderr, p.returncode)}")
@@ -114,7 +123,9 @@ def select(spec: str, offered: list[str], where: str) -> list[str]:
             if _public(end) not in offered:
                 below = [v for v in offered if _key(v) < _key(end)]
                 above = [v for v in offered if _key(v) > _key(end)]
-                raise NotOffered(end, below[-1] if below else None, above[0] if above else None, where)
+                raise NotOffered(
+                    end, below[-1] if below else None, above[0] if above else None, where
+                )
         lo, hi = sorted((_key(_public(e)) for e in ends))
         return [v for v in offered if lo <= _key(v) <= hi]
     builds = [b.strip() for b in spec.split(",") if b.strip()]
@@ -134,8 +145,13 @@ def source_name(find_links: Path | None) -> str:
 
 
 def _folder(cache: Path, version: str, find_links: Path | None) -> Path:
-    """A build's own environment: one per version and source (a folder's wheels are not the index's)."""
-    tag = "index" if find_links is None else hashlib.sha256(str(find_links.resolve()).encode()).hexdigest()[:12]
+    """A build's own environment: one per version and source (a folder's wheels are not the
+    index's)."""
+    tag = (
+        "index"
+        if find_links is None
+        else hashlib.sha256(str(find_links.resolve()).encode()).hexdigest()[:12]
+    )
     return cache / "envs" / f"torch-{version}-{tag}"
 
 
@@ -146,15 +162,23 @@ def asv_python(repo: Path | None, version: str) -> Path | None:
     from matmul_drift.jobs import confirm, mainjob
 
     try:
-        conf = mainjob.build_config(repo, mainjob.project_config(repo), version, repo / ".asv" / "unused")
+        conf = mainjob.build_config(
+            repo, mainjob.project_config(repo), version, repo / ".asv" / "unused"
+        )
         python = confirm.env_python(repo, conf, mainjob.env_name(conf))
     except Exception:  # no project here, or a config asv cannot read: make one of the cache's own
         return None
     return python if python.exists() else None
 
 
-def environment(version: str, cache: Path, find_links: Path | None, repo: Path | None, log,
-                free: int | None = None) -> Env:
+def environment(
+    version: str,
+    cache: Path,
+    find_links: Path | None,
+    repo: Path | None,
+    log,
+    free: int | None = None,
+) -> Env:
     """``version``'s interpreter (see the module docstring); Failed ("install") where pip or
     uv cannot install it, space.NoSpace before any install the free space cannot hold.
     ``free``: the free bytes to take instead of the file system's."""
@@ -180,8 +204,19 @@ def environment(version: str, cache: Path, find_links: Path | None, repo: Path |
         raise Failed("install", str(exc)) from None
     reqs = folder.parent / f"{folder.name}.requirements.txt"
     reqs.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    for args in (["venv", "--quiet", "--python", sys.executable, str(folder)],
-                 ["pip", "install", "--quiet", "--no-deps", "--python", str(folder / "bin" / "python"), "-r", str(reqs)]):
+    for args in (
+        ["venv", "--quiet", "--python", sys.executable, str(folder)],
+        [
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--python",
+            str(folder / "bin" / "python"),
+            "-r",
+            str(reqs),
+        ],
+    ):
         p = subprocess.run([uv, *args], capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
         if p.returncode != 0:
             shutil.rmtree(folder, ignore_errors=True)
@@ -195,8 +230,19 @@ def _resolve(version: str, report: Path, find_links: Path | None) -> list[str]:
     Failed ("install") where pip cannot say."""
     from matmul_drift.jobs.asvenv import UvFailed, pinned
 
-    args = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report",
-            str(report), f"torch=={version}", *NEEDS]
+    args = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        str(report),
+        f"torch=={version}",
+        *NEEDS,
+    ]
     args += ["--find-links", str(find_links)] if find_links is not None else []
     p = subprocess.run(args, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
     if p.returncode != 0:
@@ -235,10 +281,20 @@ def code_path(cache: Path) -> Path:
 def measure(env: Env, product: dict, code: Path, timeout: float = MEASURE_TIMEOUT_S) -> dict:
     """probes/buildpoint.py's answer for ``product`` from a fresh process of ``env``; Failed
     ("import" or "measure") where it has none."""
-    envvars = {**os.environ, "PYTHONPATH": str(code), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
+    envvars = {
+        **os.environ,
+        "PYTHONPATH": str(code),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+    }
     try:
-        p = subprocess.run([str(env.python), "-m", "matmul_drift.probes.buildpoint", json.dumps(product)],
-                           capture_output=True, text=True, timeout=timeout, env=envvars)
+        p = subprocess.run(
+            [str(env.python), "-m", "matmul_drift.probes.buildpoint", json.dumps(product)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=envvars,
+        )
     except subprocess.TimeoutExpired:
         raise Failed("measure", f"no answer within {timeout:.0f} s") from None
     except OSError as exc:

@@ -188,7 +188,8 @@ def _install_error(logfile: Path) -> str:
     except OSError:
         return ""
     install = any("Failure creating environment" in line or "ERROR: " in line for line in text)
-    for pattern in (r"matmul-drift: (no room to install .*)", r"ERROR: (No matching distribution.*)", r"ERROR: (Could not find a version.*)",
+    for pattern in (r"matmul-drift: (no room to install .*)",
+                    r"ERROR: (No matching distribution.*)", r"ERROR: (Could not find a version.*)",
                     r"ERROR: (Cannot install .*)", r"ERROR: (.*)", r"(Failure creating environment.*)",
                     r"·+ (Error running .*)", r"(\S*Error: .*)"):
         for line in text:

@@ -21,7 +21,11 @@ IMPORT_FAILED = 3
 def _case(spec: dict):
     from matmul_drift.core import cases
 
-    return cases.get(spec["case"]) if spec.get("case") else cases.adhoc(spec["m"], spec["k"], spec["n"])
+    return (
+        cases.get(spec["case"])
+        if spec.get("case")
+        else cases.adhoc(spec["m"], spec["k"], spec["n"])
+    )
 
 
 def _order(case, spec: dict) -> dict:
@@ -48,8 +52,16 @@ def point(spec: dict) -> dict:
     from matmul_drift.measure.measure import measure
 
     case, detail = _case(spec), spec.get("detail", True)
-    m = measure(case, spec["dtype"], spec["device"], slice_n=spec.get("slice_n"), slice_m=spec.get("slice_m"),
-                timing=False, with_kernels=detail, repeat=None if detail else 1)
+    m = measure(
+        case,
+        spec["dtype"],
+        spec["device"],
+        slice_n=spec.get("slice_n"),
+        slice_m=spec.get("slice_m"),
+        timing=False,
+        with_kernels=detail,
+        repeat=None if detail else 1,
+    )
     env = m.environment
     cuda = env.get("cuda") or {}
     return {
@@ -61,8 +73,12 @@ def point(spec: dict) -> dict:
         "order": _order(case, spec),
         "error_u": _finite(m.error_u),
         "gamma_k_u": _finite(m.gamma_k_u),
-        "libs": {"onednn": env["libs"].get("onednn"), "mkl": env["libs"].get("mkl"),
-                 "cuda": cuda.get("runtime") or env["torch"].get("cuda_build"), "cublas": cuda.get("cublas")},
+        "libs": {
+            "onednn": env["libs"].get("onednn"),
+            "mkl": env["libs"].get("mkl"),
+            "cuda": cuda.get("runtime") or env["torch"].get("cuda_build"),
+            "cublas": cuda.get("cublas"),
+        },
         "cpu_capability": env["cpu"].get("capability"),
         "env_vars": env.get("env_vars", {}),
         "env_id": f"{m.env_id:012x}",
@@ -78,9 +94,14 @@ def _finite(x: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
     try:
-        import torch  # noqa: F401  (a build that cannot be imported is told apart from one that fails to measure)
+        # a build that cannot be imported is told apart from one that fails to measure
+        import torch  # noqa: F401
     except Exception as exc:  # an ImportError, or a broken library's OSError
-        print(json.dumps({"failed": "import", "why": "".join(traceback.format_exception_only(exc)).strip()}))
+        print(
+            json.dumps(
+                {"failed": "import", "why": "".join(traceback.format_exception_only(exc)).strip()}
+            )
+        )
         return IMPORT_FAILED
     print(json.dumps(point(spec), allow_nan=False))
     return 0

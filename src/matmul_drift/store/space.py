@@ -55,4 +55,7 @@ def check(path: Path | str, need: int, what: str, free: int | None = None) -> No
     figure to take instead of the file system's)."""
     have = free_bytes(path) if free is None else free
     if have < need:
-        raise NoSpace(f"no room to install {what}: it needs about {size(need)} and {path} has {size(have)} free")
+        raise NoSpace(
+            f"no room to install {what}: it needs about {size(need)} "
+            f"and {path} has {size(have)} free"
+        )
