@@ -1,4 +1,5 @@
-"""`matmul-drift`: run (the main job), explain, scan, order, summary, nightly, catalog, machine.
+"""`matmul-drift`: run (the main job), explain, bisect, scan, order, summary, nightly, catalog,
+machine.
 
 Each command is a module of this package with ``configure(parser)``, ``run(args)`` and ``PROG``,
 the name its errors are printed under. A UsageError (core/errors.py) from any of them is one
@@ -18,6 +19,7 @@ COMMANDS = {
     "run": "the main job: every torch build of the matrix, side by side, with asv on this machine; "
            "then the site and what changed",
     "explain": "measure one shape: error, slice drift, kernels, verdict",
+    "bisect": "which torch release changed one product's bits, and what in it changed",
     "scan": "vary one dimension: where do the kernels or the drift change?",
     "map": "the batch-invariance map: which batch sizes M give the same bits?",
     "order": "reveal in which order the kernel adds the K products of an entry",

@@ -64,9 +64,10 @@ class UvVirtualenv(virtualenv.Virtualenv):
         env = {**os.environ, **self.build_env_vars}
         # pip's verdict (no such torch, no network) fails the environment as asv's route would
         self._run_pip(["install", "--dry-run", "--upgrade", "--quiet", "--report", report, *specs], env=env)
-        lines = _pinned(report)
+        lines = pinned(report)
+        _check_space(self._path, lines)
         t1 = time.monotonic()
-        uv = _uv()
+        uv = uv_path()
         python = os.path.join(self._path, "bin", "python")
         reqs = os.path.join(self._path, "asv-uv-requirements.txt")
         with open(reqs, "w", encoding="utf-8") as f:
@@ -96,7 +97,33 @@ class UvVirtualenv(virtualenv.Virtualenv):
         return specs
 
 
-def _uv() -> str:
+def _check_space(path: str, lines: list[str]) -> None:
+    """One line in asv's log, and the environment failed, where the free space cannot hold
+    what pip resolved (store/space.py): before uv writes a byte, not "No space left" later."""
+    from matmul_drift.store import space
+
+    try:
+        space.check(os.path.dirname(path), space.needed(sizes(lines)), "it")
+    except space.NoSpace as exc:
+        log.error(f"matmul-drift: {exc}")
+        raise
+
+
+def sizes(lines: list[str]) -> list[tuple[str, int | None]]:
+    """(name, bytes) of each ``pinned`` line's file: its size where it is a local file, else
+    None."""
+    from urllib.parse import unquote, urlparse
+
+    out = []
+    for line in lines:
+        name, _, rest = line.partition(" @ ")
+        url = urlparse(rest.split(" --hash")[0])
+        local = unquote(url.path) if url.scheme == "file" else ""
+        out.append((name, os.path.getsize(local) if local and os.path.isfile(local) else None))
+    return out
+
+
+def uv_path() -> str:
     try:
         from uv import find_uv_bin
 
@@ -105,7 +132,7 @@ def _uv() -> str:
         raise UvFailed(f"no uv ({exc})") from None
 
 
-def _pinned(report: str) -> list[str]:
+def pinned(report: str) -> list[str]:
     """``name @ url --hash=...`` for each file pip's report would install; UvFailed where pip
     would build something (a folder or a repository) rather than install a file."""
     with open(report, encoding="utf-8") as f:

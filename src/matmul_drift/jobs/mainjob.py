@@ -180,14 +180,16 @@ def head_commit(repo: Path) -> str:
 
 
 def _install_error(logfile: Path) -> str:
-    """Why a build failed, from asv's log: pip's first ERROR when its environment could not be
-    made (no such torch, no network), else asv's own error line."""
+    """Why a build failed, from asv's log: too little free space for it (asvenv.py), pip's first
+    ERROR when its environment could not be made (no such torch, no network), else asv's own
+    error line."""
     try:
         text = logfile.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return ""
     install = any("Failure creating environment" in line or "ERROR: " in line for line in text)
-    for pattern in (r"ERROR: (No matching distribution.*)", r"ERROR: (Could not find a version.*)",
+    for pattern in (r"matmul-drift: (no room to install .*)",
+                    r"ERROR: (No matching distribution.*)", r"ERROR: (Could not find a version.*)",
                     r"ERROR: (Cannot install .*)", r"ERROR: (.*)", r"(Failure creating environment.*)",
                     r"·+ (Error running .*)", r"(\S*Error: .*)"):
         for line in text:
