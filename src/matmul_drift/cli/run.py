@@ -16,7 +16,7 @@ import sys
 
 from matmul_drift.cli.args import bench_regex, folder, os_error, say_error
 from matmul_drift.core.errors import UsageError
-from matmul_drift.jobs import mainjob, resultsbranch, suite
+from matmul_drift.jobs import mainjob, resultsbranch, selection
 
 PROG = "matmul-drift run"
 
@@ -46,7 +46,7 @@ def _minutes(seconds: float) -> str:
 def options(args: argparse.Namespace) -> mainjob.Options:
     try:
         repo = resultsbranch.project_checkout(args.repo)
-        suite.check_selection()
+        selection.read()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     given = args.torch or ([os.environ["TORCH_VERSION"]] if os.environ.get("TORCH_VERSION") else [])

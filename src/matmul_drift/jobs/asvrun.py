@@ -57,7 +57,7 @@ def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | 
     come (or to ``progress``), its result tables and benchmark output only to the ``log`` file.
     ``hold``: a lock asv holds too while it runs (its scratch folder's, store/scratch.py), even past
     a kill of this process. ``follow``: a file whose new lines go the way of the progress lines
-    while asv runs (setup_cache's, suite.PROGRESS_VAR). Returns (exit status, the last 30 lines
+    while asv runs (setup_cache's, selection.PROGRESS_VAR). Returns (exit status, the last 30 lines
     of output)."""
     cmd = [sys.executable, "-m", "asv", "--config", str(conf), *args]
     tail: list[str] = []
