@@ -8,10 +8,16 @@ line on stderr and exit status 2; nothing here prints a traceback for bad input.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 
-# Only the standard library up here: every other import happens inside main's try, where Ctrl-C is one line.
+from matmul_drift.cli.args import Parser, say_error
+from matmul_drift.core.errors import UsageError
+
+# Only the standard library and what imports little (core.errors, cli.args) up here: every other
+# import happens inside main's try, where Ctrl-C is one line.
 
 EXIT_USAGE = 2
 COMMANDS = {
@@ -34,8 +40,6 @@ def command(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from matmul_drift.cli.args import Parser
-
     p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     for name, text in COMMANDS.items():
@@ -91,11 +95,6 @@ def guarded(run, prog: str) -> int:
         sys.stdout.flush()  # here, not at the interpreter's exit, where a failure is a traceback
         return status
     except OutputError as exc:
-        import errno
-        import os
-
-        from matmul_drift.cli.args import say_error
-
         # Whatever is still buffered goes to /dev/null, not into a second error at exit
         # (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.stream.fileno())
@@ -109,9 +108,6 @@ def guarded(run, prog: str) -> int:
 
 
 def _main(argv) -> int:
-    from matmul_drift.cli.args import say_error
-    from matmul_drift.core.errors import UsageError
-
     try:
         parser = build_parser()  # inside: its imports take a while, and Ctrl-C may come then
         args = parser.parse_args(argv)
@@ -131,6 +127,7 @@ def _main(argv) -> int:
         print("matmul-drift: interrupted", file=sys.stderr)
         return 130
     except (MemoryError, RuntimeError) as exc:  # the estimate ahead of time can err: one line, not a traceback
+        # here, inside main's try: Ctrl-C while importing is one line
         from matmul_drift.measure.kernels import ProfilerLost
 
         if isinstance(exc, ProfilerLost):

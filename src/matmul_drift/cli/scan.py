@@ -151,6 +151,7 @@ def _render(args) -> int:
 
 
 def _run(args) -> int:
+    # here: needs torch, and the parser of every command imports this
     from matmul_drift.probes import scan_run
 
     if args.render is not None:
@@ -170,6 +171,7 @@ def _run(args) -> int:
         return out.status
     print(scan.render(out.record))
     if args.plot:
+        # here: matplotlib costs 1 to 2.4 s at every command's start
         from matmul_drift.probes import scan_plot
 
         scan_plot.plot(out.record, args.plot)

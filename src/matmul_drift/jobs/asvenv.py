@@ -19,7 +19,7 @@ import os
 import subprocess
 import time
 
-from asv import environment, util
+from asv import config, environment, util
 from asv.console import log
 from asv.plugins import virtualenv
 
@@ -27,8 +27,6 @@ from asv.plugins import virtualenv
 def environments(conf: dict) -> list:
     """asv's environments for the config ``conf`` (a dict, paths absolute), this plugin's type
     known to asv; asv's RuntimeError, UserError or EnvironmentUnavailable where it cannot."""
-    from asv import config
-
     return list(environment.get_environments(config.Config.from_json(conf), None, verbose=False))
 
 
@@ -98,7 +96,7 @@ class UvVirtualenv(virtualenv.Virtualenv):
 
 def _uv() -> str:
     try:
-        from uv import find_uv_bin
+        from uv import find_uv_bin  # optional: pip makes the environment where uv is missing
 
         return find_uv_bin()
     except (ImportError, FileNotFoundError) as exc:

@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from matmul_drift.read import history
 from matmul_drift.store import atomic
 from matmul_drift.store.atomic import backup
 from matmul_drift.store.lock import TreeLock
@@ -167,6 +168,7 @@ def recorded(results_dir: Path, machine: str, commit: str, env: str | None = Non
     """The results files ``machine`` has at ``commit`` (asv names them <commit8>-<env>.json,
     or <commit8>-env-<md5>.json for a name of 128 characters or more), in environment ``env``
     only when given."""
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from asv.results import get_filename
 
     name = None if env is None else Path(get_filename(machine, commit, env)).name
@@ -259,8 +261,6 @@ def json_object(path: Path) -> dict | None:
 def newest_run(results: Path) -> int | None:
     """The latest commit date (ms since the epoch) of an asv run that ``results`` (RESULTS_DIR
     or asv's results dir) holds; None where it holds none that can be read."""
-    from matmul_drift.read import history
-
     try:
         hist = history.read_history(results)
     except history.HistoryError:

@@ -95,6 +95,7 @@ def log(msg: str) -> None:
 def project_config(repo: Path) -> dict:
     """asv.conf.json, checked for the shape the job reads: an object, its matrix an object
     and its paths strings. UsageError (one line) otherwise."""
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from asv import util
 
     path = repo / "asv.conf.json"
@@ -151,8 +152,10 @@ def build_config(repo: Path, conf: dict, build: str, results_dir: Path) -> dict:
 
 def env_name(conf: dict) -> str:
     """The name asv gives the (single) environment of ``conf``."""
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from asv import util
 
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from matmul_drift.jobs import asvenv
 
     try:

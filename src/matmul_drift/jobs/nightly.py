@@ -260,6 +260,7 @@ def asv_config(repo: Path, tree: Path, branch: str, results_dir: Path) -> dict:
     """asv's config for the results tree: the project's, with the tree's axis repository
     (its ``branch`` is the commit axis), the project's benchmarks, and ``results_dir``.
     A point's link opens the drift page at that night."""
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from asv import util
 
     conf = util.load_json(str(repo / "asv.conf.json"), js_comments=True)

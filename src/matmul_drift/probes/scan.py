@@ -27,6 +27,8 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
+from tabulate import tabulate
+
 from matmul_drift.core import ids
 from matmul_drift.store import atomic
 
@@ -668,8 +670,6 @@ def render_saved(rec: dict, path: str) -> str:
 
 def render(result: dict) -> str:
     """The pattern, the regions and boundaries of each class of a complete scan record, as text."""
-    from tabulate import tabulate
-
     p = result["params"]
     drift = p["vary"] != "k"  # k has no sliced product to compare: kernel-id and error_u only
     fixed = ", ".join(f"{d}={p[d]}" for d in DIMS if d != p["vary"])

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from matmul_drift.core import cases, ids
-from matmul_drift.measure import kernels, memory
+from matmul_drift.measure import environment, kernels, measure, memory
 from matmul_drift.probes import interrupt, scan
 
 SAVE_EVERY_S = 1.0  # the --json record is rewritten at most this often while scanning (seconds)
@@ -48,9 +48,7 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
     bad input, and for a range whose top needs more memory than there is (the host's only
     when ``host_memory_check``). ``within``: the size of the varied dimension the points slice
     (the operands' layout, as a slice of a wider tensor has it), None for ``hi``."""
-    from tqdm import tqdm
-
-    from matmul_drift.measure import environment, measure
+    from tqdm import tqdm  # here: asv's environments hold no tqdm, and the suite imports this module
 
     dims = {**fixed, vary: within or hi}
     try:
