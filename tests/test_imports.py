@@ -18,7 +18,7 @@ GPU = ROOT / "results" / "gpu-check" / "intel-xeon-amx-16c-1x-h200-c96efa" / "8b
 
 def inner_imports(package: Path = PACKAGE) -> list[tuple[Path, int, bool]]:
     """(file, line, has a reason) of each import statement inside a function: a reason is a
-    comment on its line or on the line above."""
+    comment on its line or on the line above, which a block of imports shares."""
     out = []
     for path in sorted(package.rglob("*.py")):
         if "site_vendor" in path.parts:
@@ -33,8 +33,9 @@ def inner_imports(package: Path = PACKAGE) -> list[tuple[Path, int, bool]]:
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno not in seen:
                     seen.add(node.lineno)
                     above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+                    shared = out and out[-1][:2] == (path, node.lineno - 1) and out[-1][2]
                     out.append((path, node.lineno, "#" in lines[node.lineno - 1]
-                                or above.startswith("#")))
+                                or above.startswith("#") or bool(shared)))
     return out
 
 
@@ -47,8 +48,8 @@ def test_imports_inside_functions_are_few_and_each_says_why():
 
 def test_the_count_sees_an_import_inside_a_function_and_its_reason(tmp_path):
     (tmp_path / "m.py").write_text("import os\n\n\ndef f():\n    import json\n\n\n"
-                                   "def g():\n    # optional\n    import csv\n")
-    assert [(n, why) for _, n, why in inner_imports(tmp_path)] == [(5, False), (10, True)]
+                                   "def g():\n    # optional\n    import csv\n    import xml\n")
+    assert [(n, why) for _, n, why in inner_imports(tmp_path)] == [(5, False), (10, True), (11, True)]
 
 
 def _top_level(module: str) -> set[str]:

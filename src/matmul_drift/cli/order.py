@@ -17,6 +17,7 @@ import os
 from matmul_drift.cli.args import Bar, add_memory_argument, add_shape_arguments, file_name, positive
 from matmul_drift.core import cases, ids, trees, words
 from matmul_drift.core.errors import UsageError
+from matmul_drift.measure import measure, memory
 from matmul_drift.probes import order_tree
 from matmul_drift.probes.order_plan import over_budget, target
 from matmul_drift.store import atomic, catalog
@@ -114,9 +115,6 @@ def checked_target(case_id: str | None, mkn: tuple, slice_n: int | None, slice_m
     UsageError (one line) when the probe cannot run: a slice or entry the case lacks, a device or
     dtype it cannot take, too little memory, more than ``max_calls`` calls expected, or a catalog
     that cannot take the tree."""
-    # here: needs torch, and the parser of every command imports this
-    from matmul_drift.measure import measure, memory
-
     try:
         case = cases.get(case_id) if case_id is not None else cases.adhoc(*mkn)
         cases.check_slices(case, case.shape(device), slice_n, slice_m, form)

@@ -20,7 +20,7 @@ from matmul_drift.cli.args import add_memory_argument, file_name, positive, say_
 from matmul_drift.read.render import visible as render_visible
 from matmul_drift.core import cases
 from matmul_drift.core.errors import UsageError
-from matmul_drift.probes import scan
+from matmul_drift.probes import scan, scan_run
 from matmul_drift.store import atomic
 
 PROG = "matmul-drift scan"
@@ -151,9 +151,6 @@ def _render(args) -> int:
 
 
 def _run(args) -> int:
-    # here: needs torch, and the parser of every command imports this
-    from matmul_drift.probes import scan_run
-
     if args.render is not None:
         return _render(args)
     missing = [f for f, v in (("--vary", args.vary), ("--range", args.range), ("--dtype", args.dtype)) if v is None]

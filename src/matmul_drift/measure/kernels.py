@@ -219,8 +219,8 @@ def cpu_route(fn) -> tuple[object, list[str]]:
 
     Where neither MKL nor oneDNN reports anything, the route is ``native``.
     """
-    import torch  # here: torch-free commands (explain --render, run) import this module
     # here: torch-free commands (explain --render, run) import this module
+    import torch
     from torch.autograd.profiler import profile
 
     with captured_fds() as box:
@@ -518,8 +518,8 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
     then the cuBLAS and cuBLASLt recipes its call logged: core/blaslog.py). A try whose records
     are not whole (``Sentinels``) runs ``fn`` again: the result, the kernels and the recipes
     returned come from the same call. ProfilerLost where no try was whole."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
     # here: torch-free commands (explain --render, run) import this module
+    import torch
     from torch.profiler import ProfilerActivity
 
     box: list = []
