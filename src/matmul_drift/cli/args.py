@@ -11,6 +11,7 @@ from pathlib import Path
 
 from matmul_drift.core import cases
 from matmul_drift.core.errors import UsageError
+from matmul_drift.read.render import visible
 
 
 def positive(text: str) -> int:
@@ -67,9 +68,6 @@ def say_error(prog: str, message) -> None:
     """``prog: error: message`` on stderr, one line whatever the message holds: its control and
     bidi characters (a newline in a file's name) are written as \\uXXXX (render.visible).
     Every subcommand prints its errors here."""
-    # here: read.render costs 0.3 to 0.7 s, and cli/main imports this module before its try
-    from matmul_drift.read.render import visible
-
     print(f"{prog}: error: {visible(message)}", file=sys.stderr)
 
 

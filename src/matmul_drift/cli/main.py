@@ -13,11 +13,7 @@ import importlib
 import os
 import sys
 
-from matmul_drift.cli.args import Parser, say_error
-from matmul_drift.core.errors import UsageError
-
-# Only the standard library and what imports little (core.errors, cli.args) up here: every other
-# import happens inside main's try, where Ctrl-C is one line.
+# Only the standard library up here: every other import happens inside main's try, where Ctrl-C is one line.
 
 EXIT_USAGE = 2
 COMMANDS = {
@@ -40,6 +36,8 @@ def command(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from matmul_drift.cli.args import Parser  # here: see _main
+
     p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     for name, text in COMMANDS.items():
@@ -95,6 +93,8 @@ def guarded(run, prog: str) -> int:
         sys.stdout.flush()  # here, not at the interpreter's exit, where a failure is a traceback
         return status
     except OutputError as exc:
+        from matmul_drift.cli.args import say_error  # here: see _main
+
         # Whatever is still buffered goes to /dev/null, not into a second error at exit
         # (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.stream.fileno())
@@ -108,6 +108,9 @@ def guarded(run, prog: str) -> int:
 
 
 def _main(argv) -> int:
+    # here, inside main's try: Ctrl-C while importing is one line, not a traceback
+    from matmul_drift.cli.args import UsageError, say_error
+
     try:
         parser = build_parser()  # inside: its imports take a while, and Ctrl-C may come then
         args = parser.parse_args(argv)
@@ -127,8 +130,7 @@ def _main(argv) -> int:
         print("matmul-drift: interrupted", file=sys.stderr)
         return 130
     except (MemoryError, RuntimeError) as exc:  # the estimate ahead of time can err: one line, not a traceback
-        # here, inside main's try: Ctrl-C while importing is one line
-        from matmul_drift.measure.kernels import ProfilerLost
+        from matmul_drift.measure.kernels import ProfilerLost  # here: see _main
 
         if isinstance(exc, ProfilerLost):
             say_error("matmul-drift", exc)
