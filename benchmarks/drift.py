@@ -1,6 +1,6 @@
 """Accuracy, drift and kernel identity of torch.matmul, one asv series per metric: setup_cache
-measures every case once per environment (jobs/suite.py), each track_ reads one number back.
-No torch here, so a spawned track_ process starts in a fraction of a second."""
+measures every cell once per environment (jobs/suite.py), each track_ reads one number back.
+asv's forkserver imports this module, and so torch, once per environment, before any fork."""
 
 import os
 from pathlib import Path

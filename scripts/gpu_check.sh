@@ -329,7 +329,7 @@ STEP_OUT=$PACK/seed-float16.txt step explain-txt 8 "$PY" -m matmul_drift.cli exp
 # processes: the H200 ran it all in 102 s with a budget of 80 s, 40 s more than now
 # (8b6c2946's steps.txt).
 BENCH=
-[ -n "$NOT_STARTED" ] || BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift.jobs import suite; print(suite.selection_regex(sys.argv[1]))' \
+[ -n "$NOT_STARTED" ] || BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift.jobs import selection as s; print(s.selection_regex(sys.argv[1], s.read()))' \
   'drift\.Drift\.track_\w+') ||
   { BENCH='drift\.Drift'; echo "gpu_check: warning: no selection of the suite's combinations; asv starts all 108 of each"; }
 MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_MAPS=0 MATMUL_DRIFT_BUDGET=40 step suite 125 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
@@ -353,7 +353,7 @@ two_nights() {
   [ "$(git -C repo rev-parse HEAD)" = "$COMMIT" ] ||
     { echo "gpu_check: error: the bundle's HEAD is not $COMMIT: run scripts/fetch_gpu_wheels.sh again"; return 1; }
   bench=$(MATMUL_DRIFT_CASES=$NIGHT_CASES MATMUL_DRIFT_PRECISIONS=$NIGHT_PRECISIONS "$PY" -c \
-    'import sys; from matmul_drift.jobs import suite; print(suite.selection_regex(sys.argv[1]))' '\w+\.\w+\.\w+') || return 1
+    'import sys; from matmul_drift.jobs import selection as s; print(s.selection_regex(sys.argv[1], s.read()))' '\w+\.\w+\.\w+') || return 1
   for i in 1 2; do
     night=$(date -u -d "$((i - 2)) days" +%F)
     setting=  # the second night's

@@ -140,15 +140,15 @@ def test_the_selection_regex_picks_exactly_the_selected_combinations_in_asvs_own
     from asv.benchmarks import Benchmarks
 
     from matmul_drift.core import cases
-    from matmul_drift.jobs import suite
+    from matmul_drift.jobs import selection
 
-    monkeypatch.setenv(suite.SUBSET_VAR, "seed,batch-invariance-2")
-    monkeypatch.setenv(suite.PRECISIONS_VAR, "float16,float32-tf32")
-    monkeypatch.setenv(suite.DEVICES_VAR, "cuda")
+    monkeypatch.setenv(selection.CASES_VAR, "seed,batch-invariance-2")
+    monkeypatch.setenv(selection.PRECISIONS_VAR, "float16,float32-tf32")
+    monkeypatch.setenv(selection.DEVICES_VAR, "cuda")
     found = json.loads((ROOT / "results/asv/benchmarks.json").read_text())
     found.pop("version", None)
     conf = types.SimpleNamespace(benchmark_dir=str(ROOT / "benchmarks"))
-    chosen = Benchmarks(conf, list(found.values()), regex=[suite.selection_regex(r"drift\.Drift\.track_\w+")])
+    chosen = Benchmarks(conf, list(found.values()), regex=[selection.selection_regex(r"drift\.Drift\.track_\w+", selection.read())])
     drift = sorted(n for n in found if n.startswith("drift.Drift.track_"))
     assert sorted(chosen) == drift and len(drift) >= 12
     combos = list(itertools.product(cases.CASE_IDS, cases.PRECISIONS, cases.DEVICES))
@@ -170,7 +170,7 @@ def test_the_main_jobs_selection_runs_every_benchmark_at_the_combinations_this_m
     from asv.benchmarks import Benchmarks
 
     from matmul_drift.core import cases, numerics
-    from matmul_drift.jobs import suite
+    from matmul_drift.jobs import selection
 
     found = json.loads((ROOT / "results/asv/benchmarks.json").read_text())
     found.pop("version", None)
@@ -179,9 +179,9 @@ def test_the_main_jobs_selection_runs_every_benchmark_at_the_combinations_this_m
     real_exists = os.path.exists
     for driver, user, devices in ((False, [], ["cpu"]), (True, [], ["cpu", "cuda"]), (False, [r"Drift\.", "time_"], ["cpu"]),
                                   (False, [r"track_error_u\('seed', 'float16'"], ["cpu"])):
-        monkeypatch.setattr(os.path, "exists", lambda p, d=driver: d if p in suite.GPU_DRIVERS else real_exists(p))
-        assert suite.devices_here() == tuple(devices)
-        args, shown = suite.bench_args(user)
+        monkeypatch.setattr(os.path, "exists", lambda p, d=driver: d if p in selection.GPU_DRIVERS else real_exists(p))
+        assert selection.devices_here(selection.read()) == tuple(devices)
+        args, shown = selection.bench_args(user)
         assert args[::2] == ["--bench"] * max(1, len(user)) and " and ".join(devices) + " combinations" in shown
         chosen = Benchmarks(conf, list(found.values()), regex=args[1::2])
         want = {name: [i for i, (c, p, d) in enumerate(combos) if d in devices and (d == "cuda" or p not in numerics.TF32)
@@ -189,9 +189,9 @@ def test_the_main_jobs_selection_runs_every_benchmark_at_the_combinations_this_m
         assert sorted(chosen) == sorted(n for n in found if want[n]) and len(chosen) >= 1 + 12 * (not user), user
         assert {n: chosen.benchmark_selection[n] for n in chosen} == {n: w for n, w in want.items() if w}
         assert sum(map(len, want.values())) == len(chosen) * (1 if "seed" in "".join(user) else 36 + 54 * driver)
-    monkeypatch.setenv(suite.DEVICES_VAR, "cuda")  # asked for cuda where there is none: asv runs them, to skip
-    monkeypatch.setattr(os.path, "exists", lambda p: False if p in suite.GPU_DRIVERS else real_exists(p))
-    assert suite.devices_here() == () and "the cuda combinations" in suite.bench_args([])[1]
+    monkeypatch.setenv(selection.DEVICES_VAR, "cuda")  # asked for cuda where there is none: asv runs them, to skip
+    monkeypatch.setattr(os.path, "exists", lambda p: False if p in selection.GPU_DRIVERS else real_exists(p))
+    assert selection.devices_here(selection.read()) == () and "the cuda combinations" in selection.bench_args([])[1]
 
 
 def _toy_project(dst: Path) -> str:
@@ -279,9 +279,9 @@ for mod, name in ((torch._C, "_cuda_getDeviceCount"), (torch._C, "_cuda_init"), 
         setattr(mod, name, poisoned)
 sys.path.insert(0, sys.argv[1])
 import benchmarks.drift as d, benchmarks.timing as t
-from matmul_drift.jobs import suite
+from matmul_drift.jobs import selection
 print(len(d.Drift.params[0]) * len(d.Drift.params[1]) * len(d.Drift.params[2]), len(t.Time.params[2]),
-      bool(suite.selection_regex("drift")))
+      bool(selection.selection_regex("drift", selection.read())))
 """
     env = {**os.environ, "MATMUL_DRIFT_DEVICES": "cuda"}
     p = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=300, env=env)

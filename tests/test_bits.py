@@ -15,7 +15,8 @@ import torch
 
 from matmul_drift.core import cases, ids
 from matmul_drift.core.cases import Case, Shape
-from matmul_drift.jobs import suite
+from matmul_drift.jobs import selection, suite
+from matmul_drift.jobs.selection import Cell
 from matmul_drift.measure import measure
 from matmul_drift.store import catalog
 
@@ -144,9 +145,9 @@ def test_on_cuda_the_digest_is_that_of_the_outputs_copied_to_the_host():
 
 def test_two_runs_of_a_cell_give_one_bits_id_and_its_catalog_entry_names_each_part(monkeypatch,
                                                                                     tmp_path):
-    for var in (suite.ORDERS_VAR, suite.FIXES_VAR, suite.MAPS_VAR):
+    for var in (selection.ORDERS_VAR, selection.FIXES_VAR, selection.MAPS_VAR):
         monkeypatch.setenv(var, "0")
-    k = suite.key("skinny", "float32", "cpu")
+    k = Cell("skinny", "float32", "cpu")
     runs = [suite.measure_all(case_ids=("skinny",), precisions=("float32",), devices=("cpu",),
                               root=tmp_path / str(i))[k] for i in (0, 1)]
     assert runs[0]["bits_id"] == runs[1]["bits_id"] and runs[0]["bits_id"] > 0

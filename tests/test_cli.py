@@ -280,12 +280,10 @@ def test_files_that_are_not_regular_are_refused_before_opening(tmp_path):
 @pytest.mark.parametrize("flag,needle", [("--orders", "--orders takes --case ID or --m M --k K --n N"),
                                           ("--try-fixes", "--try-fixes takes --case ID or --m M --k K --n N")])
 def test_files_with_orders_or_fixes_are_refused_before_measuring(tmp_path, monkeypatch, flag, needle):
-    from matmul_drift.measure import measure
-
     def measured(*args, **kwargs):
         raise AssertionError("measured before refusing")
 
-    monkeypatch.setattr(measure, "measure_operands", measured)
+    monkeypatch.setattr(explain, "measure_operands", measured)
     np.save(tmp_path / "a.npy", np.ones((4, 4), dtype=np.float32))
     rc, out, err = _main("explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "a.npy"), "--dtype", "float32", flag)
     assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err
@@ -387,9 +385,8 @@ def _fail_with(exc_factory):
 ])
 def test_running_out_of_memory_part_way_is_one_line_exit_1(capsys, monkeypatch, allocate):
     from matmul_drift.cli import main as cli
-    from matmul_drift.measure import measure
 
-    monkeypatch.setattr(measure, "measure", _fail_with(allocate))
+    monkeypatch.setattr(explain, "measure", _fail_with(allocate))
     assert cli.main(["explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured.err
@@ -398,12 +395,11 @@ def test_running_out_of_memory_part_way_is_one_line_exit_1(capsys, monkeypatch, 
 
 def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch):
     from matmul_drift.cli import main as cli
-    from matmul_drift.measure import measure
 
     def broken():
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
 
-    monkeypatch.setattr(measure, "measure", _fail_with(broken))
+    monkeypatch.setattr(explain, "measure", _fail_with(broken))
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         cli.main(["explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32"])
 
@@ -764,9 +760,8 @@ def test_a_saved_fixes_report_whose_cheapest_names_no_candidate_is_one_line(tmp_
 @pytest.mark.parametrize("seconds", ["1000001", "2200000", "10000000000"])
 def test_a_fix_timeout_beyond_subprocess_s_range_is_refused_before_measuring(monkeypatch, seconds):
     """subprocess waits in C-int milliseconds: 2200000 s was an OverflowError after the measurement."""
-    from matmul_drift.measure import measure
 
-    monkeypatch.setattr(measure, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+    monkeypatch.setattr(explain, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
     rc, out, err = _main("explain", "--m", "4", "--k", "16", "--n", "9", "--dtype", "float32", "--try-fixes",
                          "--fix-timeout", seconds)
     assert (rc, out) == (2, "") and err == f"matmul-drift: error: --fix-timeout {seconds} is beyond 1000000 s (about 11.6 days)\n"
@@ -776,10 +771,9 @@ def test_a_fix_timeout_beyond_subprocess_s_range_is_refused_before_measuring(mon
                                           (("--m", "1", "--k", "2", "--n", "2"), None)])
 def test_orders_that_cannot_be_probed_are_refused_before_measuring(monkeypatch, shape, needle):
     """K = 1 has no order: one line, exit 2, before a measurement the probe would then lose."""
-    from matmul_drift.measure import measure
 
     if needle:
-        monkeypatch.setattr(measure, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+        monkeypatch.setattr(explain, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
     rc, out, err = _main("explain", *shape, "--dtype", "float32", "--orders", "--json")
     if needle:
         assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err

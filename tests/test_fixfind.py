@@ -451,7 +451,7 @@ def test_the_suite_records_the_cheapest_full_fix_and_its_verdicts(tmp_path):
         works = [n for n, verdict in entry["verdicts"].items() if verdict == "removes"]
         assert (v["fix_cost"] == v["fix_cost"]) == bool(works) and v["fix_cost"] > 0, k  # NaN only where none works
     k, v = next(iter(drifting.items()))
-    entry, (case, dtype, _) = catalog.load(tmp_path, "fixes", v["fix_id"]), k.split("|")
+    entry, (case, dtype, _) = catalog.load(tmp_path, "fixes", v["fix_id"]), k
     for c in fixes.CANDIDATES:  # each setting's verdict against plain torch in a fresh process
         if c.name in entry["verdicts"] and not c.compute:
             p = subprocess.run([sys.executable, "-c", fixes.prelude(c) + PLAIN_CASE, json.dumps([case, dtype])],

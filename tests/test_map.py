@@ -400,15 +400,16 @@ def test_the_suite_maps_only_to_64_where_the_cpu_runs_torchs_own_loop(tmp_path, 
     """The suite's range on the CPU follows the route measured here, not a dtype: 1..64 where
     the full product ran torch's own loop ("native": fp16 or bf16 without a vendor kernel on this
     CPU), the case's whole range elsewhere."""
-    from matmul_drift.jobs import suite
+    from matmul_drift.jobs import selection, suite
+    from matmul_drift.jobs.selection import Cell
     from matmul_drift.store import catalog
 
-    monkeypatch.setenv(suite.ORDERS_VAR, "0")
-    monkeypatch.setenv(suite.FIXES_VAR, "0")
+    monkeypatch.setenv(selection.ORDERS_VAR, "0")
+    monkeypatch.setenv(selection.FIXES_VAR, "0")
     out = suite.measure_all(["linear"], ["float32", "float16", "bfloat16"], ["cpu"], root=tmp_path, log=open(os.devnull, "w"))
     m = cases.get("linear").shape("cpu").m
     for p in ("float32", "float16", "bfloat16"):
-        v = out[suite.key("linear", p, "cpu")]
+        v = out[Cell("linear", p, "cpu")]
         full = catalog.load(tmp_path, "kernels", v["kernel_id"])["full"]
         native = [k for k in full if not k.startswith("aten::")] == ["native"]
         entry = catalog.load(tmp_path, "maps", v["map_id"])

@@ -12,7 +12,8 @@ import torch
 
 from matmul_drift.core import cases, numerics
 from matmul_drift.core.cases import Case, Shape
-from matmul_drift.jobs import suite
+from matmul_drift.jobs import selection, suite
+from matmul_drift.jobs.selection import Cell
 from matmul_drift.measure import kernels, measure
 from matmul_drift.store import catalog
 
@@ -27,9 +28,9 @@ def cpu_suite(tmp_path_factory):
     two took 850 of this fixture's 960 s."""
     root = tmp_path_factory.mktemp("catalog")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(suite.ORDERS_VAR, "0")
-        mp.setenv(suite.FIXES_VAR, "0")
-        mp.setenv(suite.MAPS_VAR, "0")
+        mp.setenv(selection.ORDERS_VAR, "0")
+        mp.setenv(selection.FIXES_VAR, "0")
+        mp.setenv(selection.MAPS_VAR, "0")
         got = suite.measure_all(devices=("cpu",), root=root, case_ids=cases.CASE_IDS)
     return got, root
 
@@ -58,53 +59,53 @@ def test_error_within_gamma_bound_on_every_cpu_case(cpu_suite):
 
 def test_cuda_and_tf32_are_skipped_on_cpu(cpu_suite):
     got, _ = cpu_suite
-    assert "skip" in got[suite.key("square", "float32-tf32", "cpu")]
+    assert "skip" in got[Cell("square", "float32-tf32", "cpu")]
     if not torch.cuda.is_available():
         assert "skip" in suite.measure_all(case_ids=("square",), precisions=("float32",), devices=("cuda",))[
-            suite.key("square", "float32", "cuda")
+            Cell("square", "float32", "cuda")
         ]
 
 
 def test_precisions_are_measured_as_selected_and_in_that_order(monkeypatch, tmp_path):
-    monkeypatch.setenv(suite.PRECISIONS_VAR, "float16,float32-tf32,flot32")
+    monkeypatch.setenv(selection.PRECISIONS_VAR, "float16,float32-tf32,flot32")
     with pytest.raises(ValueError, match=r"MATMUL_DRIFT_PRECISIONS names unknown precisions: flot32; known precisions: "
                                          r"float64, float32, float16, bfloat16, float32-tf32, float32-high$"):
-        suite.selected_precisions()
-    monkeypatch.setenv(suite.PRECISIONS_VAR, " bfloat16, float64 ")
-    assert suite.selected_precisions() == ("bfloat16", "float64")
+        selection.read().precisions
+    monkeypatch.setenv(selection.PRECISIONS_VAR, " bfloat16, float64 ")
+    assert selection.read().precisions == ("bfloat16", "float64")
     for value, on in (("", True), ("1", True), (" 0 ", False)):
-        monkeypatch.setenv(suite.FIXES_VAR, value)
-        assert suite.switched_on(suite.FIXES_VAR) is on
-    monkeypatch.setenv(suite.ORDERS_VAR, "off")  # refused, not read as on
+        monkeypatch.setenv(selection.FIXES_VAR, value)
+        assert selection.read().fixes is on
+    monkeypatch.setenv(selection.ORDERS_VAR, "off")  # refused, not read as on
     with pytest.raises(ValueError, match=r"^\$MATMUL_DRIFT_ORDERS is 0 \(off\) or 1 \(on\), not 'off'$"):
-        suite.check_selection()
-    monkeypatch.setenv(suite.ORDERS_VAR, "0")
-    monkeypatch.setenv(suite.MAPS_VAR, "no")
+        selection.read()
+    monkeypatch.setenv(selection.ORDERS_VAR, "0")
+    monkeypatch.setenv(selection.MAPS_VAR, "no")
     with pytest.raises(ValueError, match=r"^\$MATMUL_DRIFT_MAPS is 0 \(off\) or 1 \(on\), not 'no'$"):
-        suite.check_selection()
-    monkeypatch.setenv(suite.MAPS_VAR, "0")
-    monkeypatch.setenv(suite.FIXES_VAR, "0")
+        selection.read()
+    monkeypatch.setenv(selection.MAPS_VAR, "0")
+    monkeypatch.setenv(selection.FIXES_VAR, "0")
     got = suite.measure_all(case_ids=("bmm",), devices=("cpu",), root=tmp_path)
-    assert list(got) == [suite.key("bmm", p, "cpu") for p in ("bfloat16", "float64")]
+    assert list(got) == [Cell("bmm", p, "cpu") for p in ("bfloat16", "float64")]
     with pytest.raises(NotImplementedError, match="not measured"):
         suite.lookup(got, "bmm", "float32", "cpu")
     with pytest.raises(NotImplementedError, match="not selected"):
         suite.timed_call("bmm", "float32", "cpu")
-    monkeypatch.delenv(suite.PRECISIONS_VAR)
-    assert suite.selected_precisions() == cases.PRECISIONS
+    monkeypatch.delenv(selection.PRECISIONS_VAR)
+    assert selection.read().precisions == cases.PRECISIONS
 
 
 def test_no_measurement_starts_once_the_budget_is_spent(monkeypatch, tmp_path):
     for bad in ("0", "-1", "nan", "inf", "ten"):
-        monkeypatch.setenv(suite.BUDGET_VAR, bad)
+        monkeypatch.setenv(selection.BUDGET_VAR, bad)
         with pytest.raises(ValueError, match="MATMUL_DRIFT_BUDGET must be a positive number"):
-            suite.selected_budget()
-    monkeypatch.setenv(suite.BUDGET_VAR, "0.001")  # the first starts at once and takes longer than 1 ms
-    monkeypatch.setenv(suite.ORDERS_VAR, "0")
-    monkeypatch.setenv(suite.FIXES_VAR, "0")
-    monkeypatch.setenv(suite.MAPS_VAR, "0")
+            selection.read()
+    monkeypatch.setenv(selection.BUDGET_VAR, "0.001")  # the first starts at once and takes longer than 1 ms
+    monkeypatch.setenv(selection.ORDERS_VAR, "0")
+    monkeypatch.setenv(selection.FIXES_VAR, "0")
+    monkeypatch.setenv(selection.MAPS_VAR, "0")
     got = suite.measure_all(case_ids=("bmm",), precisions=("float32", "float64"), devices=("cpu",), root=tmp_path)
-    first, second = got[suite.key("bmm", "float32", "cpu")], got[suite.key("bmm", "float64", "cpu")]
+    first, second = got[Cell("bmm", "float32", "cpu")], got[Cell("bmm", "float64", "cpu")]
     assert "skip" not in first and first["error_u"] >= 0
     assert second == {"skip": "not measured: the budget of 0.001 s ($MATMUL_DRIFT_BUDGET) was spent"}
 
@@ -135,7 +136,7 @@ def test_measuring_draws_its_operands_in_small_pages_and_restores_numpys_advice(
 
     seen = []
     monkeypatch.setattr(suite, "_measure_one", lambda *a: (seen.append(advised()), ({"skip": "-"}, "skip"))[1])
-    for env in (suite.ORDERS_VAR, suite.FIXES_VAR, suite.MAPS_VAR):
+    for env in (selection.ORDERS_VAR, selection.FIXES_VAR, selection.MAPS_VAR):
         monkeypatch.setenv(env, "0")
     before = advise(True)
     try:
@@ -153,7 +154,7 @@ def test_measuring_draws_its_operands_in_small_pages_and_restores_numpys_advice(
 
 def test_fp32_route_names_what_mkl_itself_prints(cpu_suite):
     got, root = cpu_suite
-    kid = got[suite.key("square", "float32", "cpu")]["kernel_id"]
+    kid = got[Cell("square", "float32", "cpu")]["kernel_id"]
     entry = catalog.load(root, "kernels", kid)
     assert entry["device"] == "cpu"
     assert "aten::mm" in entry["full"]
@@ -316,12 +317,12 @@ def test_onednn_names_keep_the_math_mode_of_an_fp32_product():
 
 
 def test_torch_version_check():
-    suite.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": "virtualenv-py3.11-numpy-torch2.13.0-wheel"})
+    selection.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": "virtualenv-py3.11-numpy-torch2.13.0-wheel"})
     with pytest.raises(RuntimeError, match="names torch 2.14.1"):
-        suite.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": "virtualenv-py3.11-numpy-torch2.14.1-wheel"})
+        selection.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": "virtualenv-py3.11-numpy-torch2.14.1-wheel"})
     with pytest.raises(RuntimeError):
-        suite.check_torch("2.14.1", {"MATMUL_DRIFT_EXPECT_TORCH": "2.13.0"})
-    suite.check_torch("2.14.1", {})  # an existing environment names nothing
+        selection.check_torch("2.14.1", {"MATMUL_DRIFT_EXPECT_TORCH": "2.13.0"})
+    selection.check_torch("2.14.1", {})  # an existing environment names nothing
 
 
 def test_torch_version_check_reads_a_matrix_pinned_with_double_equals():
@@ -330,9 +331,9 @@ def test_torch_version_check_reads_a_matrix_pinned_with_double_equals():
     from asv.environment import get_env_name
 
     name = get_env_name("virtualenv", "3.11", {"torch": "==2.14.1", "numpy": ""}, {})
-    assert suite.expected_torch({"ASV_ENV_NAME": name}) == "2.14.1", name
+    assert selection.expected_torch({"ASV_ENV_NAME": name}) == "2.14.1", name
     with pytest.raises(RuntimeError, match="names torch 2.14.1"):
-        suite.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": name})
+        selection.check_torch("2.13.0+cpu", {"ASV_ENV_NAME": name})
 
 
 def test_the_recorded_flags_name_every_matmul_mode_and_stay_put_across_precisions():

@@ -1198,29 +1198,30 @@ def test_the_suite_records_each_full_products_order_and_says_what_it_could_not(t
 
     from matmul_drift.core import cases
     from matmul_drift.jobs import suite
+    from matmul_drift.jobs.selection import Cell
     from matmul_drift.probes import order, order_plan, order_tree
     from matmul_drift.store import catalog
 
-    out = {"square|float32|cpu": {}, "long-k|float32|cpu": {}, "square|float32-tf32|cpu": {"skip": "CUDA only"}}
+    out = {Cell("square", "float32", "cpu"): {}, Cell("long-k", "float32", "cpu"): {}, Cell("square", "float32-tf32", "cpu"): {"skip": "CUDA only"}}
     log = io.StringIO()
     suite.add_orders(out, tmp_path, log)
     t = order_plan.target(cases.get("square"), "float32", "cpu")
-    entry = catalog.load(tmp_path, "orders", out["square|float32|cpu"]["order_id"])
+    entry = catalog.load(tmp_path, "orders", out[Cell("square", "float32", "cpu")]["order_id"])
     assert entry == {"k": t.k, "tree": order.reveal(t).tree}
-    assert math.isnan(out["long-k|float32|cpu"]["order_id"]) and "not probed" in log.getvalue()
-    assert out["square|float32-tf32|cpu"] == {"skip": "CUDA only"}
+    assert math.isnan(out[Cell("long-k", "float32", "cpu")]["order_id"]) and "not probed" in log.getvalue()
+    assert out[Cell("square", "float32-tf32", "cpu")] == {"skip": "CUDA only"}
 
     def fits_no_tree(*a, **kw):
         raise order_tree.NotRevealed("the counts over products 0..511 fit no tree")
 
     monkeypatch.setattr(order, "reveal", fits_no_tree)
     suite.add_orders(out, tmp_path, log)
-    assert catalog.load(tmp_path, "orders", out["square|float32|cpu"]["order_id"]) == {"k": t.k, "tree": None}
+    assert catalog.load(tmp_path, "orders", out[Cell("square", "float32", "cpu")]["order_id"]) == {"k": t.k, "tree": None}
     assert "square float32 cpu: not revealed: the counts over products 0..511 fit no tree" in log.getvalue()
-    monkeypatch.setenv("MATMUL_DRIFT_ORDERS", "0")
-    out = {"square|float32|cpu": {}}
-    suite.add_orders(out, tmp_path, log)
-    assert out == {"square|float32|cpu": {}}  # benchmarks/drift.py reads NaN
+    for var in ("MATMUL_DRIFT_ORDERS", "MATMUL_DRIFT_FIXES", "MATMUL_DRIFT_MAPS"):
+        monkeypatch.setenv(var, "0")
+    got = suite.measure_all(["square"], ["float32"], ["cpu"], root=tmp_path, log=log)
+    assert "order_id" not in got[Cell("square", "float32", "cpu")]  # benchmarks/drift.py reads NaN
 
 
 def _drift_benchmark():
@@ -1240,14 +1241,15 @@ def test_a_probe_or_a_fix_finder_that_breaks_is_recorded_failed_not_skipped(tmp_
     import io
 
     from matmul_drift.jobs import suite
+    from matmul_drift.jobs.selection import Cell
     from matmul_drift.probes import fixfind, order, order_plan
 
     def broken(*a, **kw):
         raise ValueError("a bug in the probe")
 
     monkeypatch.setattr(order, "order_of", broken)
-    out = {"square|float32|cpu": {"slice_n_ulp": 1.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0},
-           "long-k|float32|cpu": {"slice_n_ulp": 0.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0}}
+    out = {Cell("square", "float32", "cpu"): {"slice_n_ulp": 1.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0},
+           Cell("long-k", "float32", "cpu"): {"slice_n_ulp": 0.0, "slice_m_ulp": 0.0, "run_to_run_ulp": 0.0}}
     monkeypatch.setattr(order_plan, "target", lambda case, *a: (_ for _ in ()).throw(
         order_plan.ProbeError("K too long")) if case.id == "long-k" else None)
     monkeypatch.setattr(fixfind, "try_fixes_many", lambda specs, *a, **kw: [{"failed": "timed out after 60 s"}] * len(specs))
@@ -1255,12 +1257,12 @@ def test_a_probe_or_a_fix_finder_that_breaks_is_recorded_failed_not_skipped(tmp_
     suite.add_orders(out, tmp_path, log)
     suite.add_fixes(out, tmp_path, log)
     bench = _drift_benchmark()
-    bench.values = out["square|float32|cpu"]
+    bench.values = out[Cell("square", "float32", "cpu")]
     for track, why in [("track_order_id", "ValueError: a bug in the probe"), ("track_fix_cost", "timed out after 60 s"),
                        ("track_fix_id", "timed out after 60 s")]:
         with pytest.raises(RuntimeError, match=why):
             getattr(bench, track)(None, "square", "float32", "cpu")
-    bench.values = out["long-k|float32|cpu"]
+    bench.values = out[Cell("long-k", "float32", "cpu")]
     assert math.isnan(bench.track_order_id(None, "long-k", "float32", "cpu"))
     assert bench.track_fix_cost(None, "long-k", "float32", "cpu") == 1.0  # no drift: nothing to fix
     bench.values = {}
@@ -1276,18 +1278,19 @@ def test_one_computation_is_probed_once_and_its_tree_is_the_one_each_target_reve
 
     from matmul_drift.core import cases
     from matmul_drift.jobs import suite
+    from matmul_drift.jobs.selection import Cell
     from matmul_drift.probes import order, order_plan
     from matmul_drift.store import catalog
 
-    out = {"slice-n-view|float32|cpu": {}, "slice-n-copy|float32|cpu": {}}
+    out = {Cell("slice-n-view", "float32", "cpu"): {}, Cell("slice-n-copy", "float32", "cpu"): {}}
     log = io.StringIO()
     suite.add_orders(out, tmp_path, log)
     lines = log.getvalue().splitlines()
     assert "(the same computation as slice-n-view A @ B)" in lines[1] and "calls)" in lines[0], lines
     copy = order_plan.target(cases.get("slice-n-copy"), "float32", "cpu")
-    entry = catalog.load(tmp_path, "orders", out["slice-n-copy|float32|cpu"]["order_id"])
+    entry = catalog.load(tmp_path, "orders", out[Cell("slice-n-copy", "float32", "cpu")]["order_id"])
     assert entry == {"k": copy.k, "tree": order.reveal(copy).tree}
-    assert out["slice-n-copy|float32|cpu"] == out["slice-n-view|float32|cpu"]
+    assert out[Cell("slice-n-copy", "float32", "cpu")] == out[Cell("slice-n-view", "float32", "cpu")]
 
     def key(case, precision="float32", **kw):
         return order_plan.target(case, precision, "cpu", **kw).computation()

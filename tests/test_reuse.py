@@ -21,6 +21,7 @@ import pytest
 
 from matmul_drift.core import ids
 from matmul_drift.jobs import reuse, suite
+from matmul_drift.jobs.selection import Cell
 from matmul_drift.probes import fixfind, order_plan, order_tree
 from matmul_drift.store import catalog
 
@@ -36,7 +37,7 @@ def write_record(out: dict, folder, commit: str = COMMIT, started: int = 1_800_0
     for name in SERIES:
         values = []
         for combo in itertools.product(CASES, PRECISIONS, DEVICES):
-            v = out.get(suite.key(*combo), {})
+            v = out.get(Cell(*combo), {})
             values.append(None if "error" in v else v.get(name, math.nan))
         row = [None] * len(F.RESULT_COLUMNS)
         row[F.COL["result"]], row[F.COL["params"]], row[F.COL["started_at"]] = values, params, started
@@ -84,7 +85,7 @@ def _drifting(out: dict) -> list[str]:
 
 
 def _set(data: dict, name: str, key: str, value) -> None:
-    i = list(itertools.product(CASES, PRECISIONS, DEVICES)).index(tuple(key.split("|")))
+    i = list(itertools.product(CASES, PRECISIONS, DEVICES)).index(tuple(key))
     data["results"][f"drift.Drift.track_{name}"][F.COL["result"]][i] = value
 
 
@@ -96,7 +97,7 @@ def test_a_second_measurement_reuses_every_tree_and_fix_and_confirms_them(first,
     for k, v in out.items():
         assert got[k]["order_id"] == v["order_id"] and got[k]["fix_id"] == v["fix_id"], k
     confirmed = re.findall(r"^\[orders \d+/4 .*\] (\S+ \S+ cpu): .*: reused from c0ffee00, confirmed "
-                           rf"\({reuse.DRAWS} fresh draws replayed bit for bit, (\d+) calls?\)$", log, re.M)
+                           rf"\({suite.DRAWS} fresh draws replayed bit for bit, (\d+) calls?\)$", log, re.M)
     assert len(confirmed) == 4, log
     # each confirmation took fewer calls than its reveal (the first run's "(N calls)")
     revealed = dict(re.findall(r"^\[orders \d+/4 .*\] (\S+ \S+ cpu): .* \((\d+) calls\)$", log1, re.M))
@@ -104,7 +105,7 @@ def test_a_second_measurement_reuses_every_tree_and_fix_and_confirms_them(first,
     drifting = _drifting(out)
     assert drifting, "bmm and linear in float32 drift along M here: the fixes have something to confirm"
     for k in drifting:
-        assert re.search(rf"^fixes of {re.escape(k)}: reused from c0ffee00, confirmed \(.+ still removes? slice_m in "
+        assert re.search(rf"^fixes of {re.escape(str(k))}: reused from c0ffee00, confirmed \(.+ still removes? slice_m in "
                          r"one run; fix cost as recorded\)$", log, re.M), log
         # untimed: the recorded cost carried over exactly, never a second timing of it
         assert got[k]["fix_cost"] == out[k]["fix_cost"] > 0
@@ -126,7 +127,7 @@ def test_a_tree_that_no_longer_replays_is_revealed_afresh(first, tmp_path, monke
     """The record names another tree of the same K (a plain chain): the kernel's own output on
     fresh draws refutes it, and the probe reveals the real one again."""
     _, out, _, _ = first
-    k = "linear|float32|cpu"
+    k = Cell("linear", "float32", "cpu")
     chain_k = order_plan.target(suite.cases.get("linear"), "float32", "cpu").k
 
     def edit(data, root):
@@ -148,11 +149,11 @@ def test_a_record_that_cannot_stand_is_measured_afresh_and_says_why(first, tmp_p
     _, out, _, _ = first
     # The fixes are tried only where the first run drifted, which depends on the CPU and its caps
     # (under MKL_CBWR=AVX2 bmm float32 may not drift): a float32 combination that did.
-    drifting = [k for k in ("bmm|float32|cpu", "linear|float32|cpu")
+    drifting = [k for k in (Cell("bmm", "float32", "cpu"), Cell("linear", "float32", "cpu"))
                 if any(out[k][n] > 0 for n in ("slice_n_ulp", "slice_m_ulp", "run_to_run_ulp"))]
     assert drifting, {k: out[k] for k in out}
     k = drifting[0]
-    name = " ".join(k.split("|")[:2])
+    name = f"{k.case} {k.precision}"
 
     def edit(data, root):
         if what == "environment":
@@ -220,7 +221,7 @@ def test_a_map_that_holds_is_reused_and_one_that_does_not_is_mapped_afresh(first
     mapped = re.findall(r"^\[maps \d/4 .*\] (\S+ \S+) cpu: row 0 as at M = 1: .*; rows as in the full product "
                         r"\(M = \d+\): .* \(measured \d+ of \d+ M\)$", log1, re.M)
     assert sorted(mapped) == sorted(f"{c} {p}" for c in CASES for p in PRECISIONS), log1
-    k = "bmm|float32|cpu"
+    k = Cell("bmm", "float32", "cpu")
 
     def edit(data, root):
         e = catalog.load(root, "maps", out[k]["map_id"])

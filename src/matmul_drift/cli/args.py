@@ -9,7 +9,9 @@ import re
 import sys
 from pathlib import Path
 
+from matmul_drift.core import cases
 from matmul_drift.core.errors import BadValue, Misuse, UsageError
+from matmul_drift.read.render import visible
 
 
 def positive(text: str) -> int:
@@ -66,8 +68,6 @@ def say_error(prog: str, message) -> None:
     """``prog: error: message`` on stderr, one line whatever the message holds: its control and
     bidi characters (a newline in a file's name) are written as \\uXXXX (render.visible).
     Every subcommand prints its errors here."""
-    from matmul_drift.read.render import visible
-
     print(f"{prog}: error: {visible(message)}", file=sys.stderr)
 
 
@@ -106,8 +106,6 @@ def progress(msg: str) -> None:
 
 def add_shape_arguments(p: argparse.ArgumentParser) -> None:
     """--m/--k/--n or --case: what explain and order measure."""
-    from matmul_drift.core import cases
-
     p.add_argument("--m", type=positive)
     p.add_argument("--k", type=positive)
     p.add_argument("--n", type=positive)
@@ -125,9 +123,10 @@ class Bar:
     """A tqdm bar on stderr when it is a terminal: update(what runs now, done, total)."""
 
     def __init__(self, desc: str, unit: str):
-        from tqdm import tqdm
+        from tqdm import tqdm  # here: 0.1 to 0.4 s at every command's start otherwise
 
-        self.bar = tqdm(total=1, desc=desc, unit=unit, file=sys.stderr, disable=not sys.stderr.isatty(), leave=False)
+        self.bar = tqdm(total=1, desc=desc, unit=unit, file=sys.stderr,
+                        disable=not sys.stderr.isatty(), leave=False)
 
     def update(self, what: str, done: int, total: int) -> None:
         self.bar.total = total

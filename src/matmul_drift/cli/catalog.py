@@ -6,7 +6,10 @@ import argparse
 import json
 
 from matmul_drift.cli.args import folder
+from matmul_drift.core import ids, trees, words
 from matmul_drift.core.errors import UsageError
+from matmul_drift.read.render import visible
+from matmul_drift.store import catalog
 
 PROG = "matmul-drift"
 
@@ -18,10 +21,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """Print every catalog entry the id can name; 2 when none does or one is unreadable."""
-    from matmul_drift.core import ids
-    from matmul_drift.read.render import visible
-    from matmul_drift.store import catalog
-
     root = args.root or catalog.default_root()
     if args.root is not None and not args.root.is_dir():  # was "no catalog entry under it has the id"
         raise UsageError(f"--root {args.root}: no such folder")
@@ -48,8 +47,6 @@ def run(args) -> int:
                     print(f"  {visible(product)} ({visible(entry.get('device', '?'))}):")
                     print("".join(f"    {visible(n)}\n" for n in (names if isinstance(names, list) else [names])), end="")
         elif kind == "orders":  # a tree K deep: json.dumps would recurse
-            from matmul_drift.core import trees, words
-
             print(f"  K = {entry['k']}: {words.describe(entry['tree'])}\n  {trees.to_json(entry['tree'])}")
         else:
             print("  " + json.dumps(entry, indent=2, sort_keys=True).replace("\n", "\n  "))

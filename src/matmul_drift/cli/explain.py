@@ -8,16 +8,18 @@ import signal
 import sys
 from pathlib import Path
 
-from matmul_drift.cli.args import Bar, add_memory_argument, add_shape_arguments, positive, progress, say_error
+from matmul_drift.cli.args import (Bar, add_memory_argument, add_shape_arguments, positive,
+                                   progress, say_error)
+from matmul_drift.core import cases
 from matmul_drift.core.errors import UsageError
+from matmul_drift.probes import explain
+from matmul_drift.read.render import visible
 
 PROG = "matmul-drift"
 MAX_FIX_TIMEOUT_S = 10**6  # well below subprocess's limit of 2**31 - 1 ms (about 24.8 days)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from matmul_drift.core import cases
-
     add_shape_arguments(p)
     p.add_argument("--a", type=Path, help="A as .npy or .pt: (M, K) or (K,)")
     p.add_argument("--b", type=Path, help="B as .npy or .pt: (K, N)")
@@ -46,10 +48,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from matmul_drift.core import cases
-    from matmul_drift.probes import explain
-    from matmul_drift.read.render import visible
-
     if args.render is not None:
         given = [f"--{k.replace('_', '-')}" for k in ("case", "m", "k", "n", "a", "b", "dtype", "slice_n", "slice_m",
                                                        "repeat", "json", "try_fixes", "fix_timeout", "fix_budget", "orders")

@@ -7,6 +7,7 @@ import json
 import sys
 
 from matmul_drift.core.errors import UsageError
+from matmul_drift.store import machine
 
 PROG = "matmul-drift"
 
@@ -18,8 +19,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """Print this hardware's machine name (stdout) and its fingerprint (stderr)."""
-    from matmul_drift.store import machine
-
     fp = machine.fingerprint()
     try:
         print(machine.register(fp) if args.register else machine.name(fp))

@@ -9,7 +9,9 @@ line on stderr and exit status 2; nothing here prints a traceback for bad input.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 
 # Only the standard library up here: every other import happens inside main's try, where Ctrl-C is one line.
@@ -36,7 +38,7 @@ def command(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from matmul_drift.cli.args import Parser
+    from matmul_drift.cli.args import Parser  # here: see _main
 
     p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
@@ -93,10 +95,7 @@ def guarded(run, prog: str) -> int:
         sys.stdout.flush()  # here, not at the interpreter's exit, where a failure is a traceback
         return status
     except OutputError as exc:
-        import errno
-        import os
-
-        from matmul_drift.cli.args import say_error, usage_words
+        from matmul_drift.cli.args import say_error  # here: see _main
 
         # Whatever is still buffered goes to /dev/null, not into a second error at exit
         # (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
@@ -111,8 +110,8 @@ def guarded(run, prog: str) -> int:
 
 
 def _main(argv) -> int:
-    from matmul_drift.cli.args import say_error, usage_words
-    from matmul_drift.core.errors import UsageError
+    # here, inside main's try: Ctrl-C while importing is one line, not a traceback
+    from matmul_drift.cli.args import UsageError, say_error, usage_words
 
     try:
         parser = build_parser()  # inside: its imports take a while, and Ctrl-C may come then
@@ -133,7 +132,7 @@ def _main(argv) -> int:
         print("matmul-drift: interrupted", file=sys.stderr)
         return 130
     except (MemoryError, RuntimeError) as exc:  # the estimate ahead of time can err: one line, not a traceback
-        from matmul_drift.measure.kernels import ProfilerLost
+        from matmul_drift.measure.kernels import ProfilerLost  # here: see _main
 
         if isinstance(exc, ProfilerLost):
             say_error("matmul-drift", exc)

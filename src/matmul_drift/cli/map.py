@@ -17,7 +17,7 @@ import sys
 from matmul_drift.cli.args import add_memory_argument, file_name, guarded, positive
 from matmul_drift.cli.scan import _check_paths
 from matmul_drift.core import cases
-from matmul_drift.probes import batchmap, classsearch, records
+from matmul_drift.probes import batchmap, classsearch, interrupt, records
 
 PROG = "matmul-drift map"
 
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args) -> int:
+    # here: needs torch, and the parser of every command imports this
     from matmul_drift.probes import batchmap_run
 
     path = _check_paths(args)
@@ -70,11 +71,13 @@ def _run(args) -> int:
         return out.status
     print(batchmap.render(out.record))
     if args.plot:
+        # here: matplotlib costs 1 to 2.4 s at every command's start
         from matmul_drift.probes import map_plot
 
         map_plot.plot([out.record], args.plot)
     if args.modes:
-        from matmul_drift.probes import batchmap_modes, interrupt
+        # here: needs torch, and the parser of every command imports this
+        from matmul_drift.probes import batchmap_modes
 
         p = out.record["params"]
         spec = {"case": args.case, "k": args.k, "n": args.n, "range": [p["lo"], p["hi"]], "precision": args.dtype,

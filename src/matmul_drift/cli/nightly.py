@@ -18,7 +18,7 @@ import sys
 
 from matmul_drift.cli.args import bench_regex, folder, os_error, say_error
 from matmul_drift.core.errors import UsageError
-from matmul_drift.jobs import merge, nightly, resultsbranch, suite
+from matmul_drift.jobs import merge, nightly, resultsbranch, selection
 
 PROG = "matmul-drift nightly"
 
@@ -68,7 +68,7 @@ def options(args: argparse.Namespace) -> nightly.Options:
         resultsbranch.check_names(args.branch, args.remote)
         repo = resultsbranch.project_checkout(args.repo)
         if not merging:
-            suite.check_selection()
+            selection.read()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     python = None

@@ -17,6 +17,10 @@ import os
 from matmul_drift.cli.args import Bar, add_memory_argument, add_shape_arguments, file_name, positive
 from matmul_drift.core import cases, ids, trees, words
 from matmul_drift.core.errors import UsageError
+from matmul_drift.measure import measure, memory
+from matmul_drift.probes import order_tree
+from matmul_drift.probes.order_plan import over_budget, target
+from matmul_drift.store import atomic, catalog
 
 PROG = "matmul-drift"
 
@@ -40,8 +44,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _target(args):
-    from matmul_drift.store import atomic
-
     if (args.case is None) == (args.m is None and args.k is None and args.n is None):
         raise UsageError("give --case ID or --m M --k K --n N")
     if args.case is None and None in (args.m, args.k, args.n):
@@ -61,8 +63,8 @@ def _target(args):
 
 
 def run(args) -> int:
-    from matmul_drift.probes import order, order_tree
-    from matmul_drift.store import atomic, catalog
+    # here: needs torch, and the parser of every command imports this
+    from matmul_drift.probes import order
 
     t = _target(args)
     with Bar("order", "call") as bar:
@@ -113,10 +115,6 @@ def checked_target(case_id: str | None, mkn: tuple, slice_n: int | None, slice_m
     UsageError (one line) when the probe cannot run: a slice or entry the case lacks, a device or
     dtype it cannot take, too little memory, more than ``max_calls`` calls expected, or a catalog
     that cannot take the tree."""
-    from matmul_drift.measure import measure, memory
-    from matmul_drift.probes.order_plan import over_budget, target
-    from matmul_drift.store import atomic, catalog
-
     try:
         case = cases.get(case_id) if case_id is not None else cases.adhoc(*mkn)
         cases.check_slices(case, case.shape(device), slice_n, slice_m, form)

@@ -16,7 +16,8 @@ import sys
 
 from matmul_drift.cli.args import bench_regex, folder, os_error, say_error
 from matmul_drift.core.errors import UsageError
-from matmul_drift.jobs import mainjob, resultsbranch, suite
+from matmul_drift.jobs import mainjob, resultsbranch, selection
+from matmul_drift.jobs.nightly import check_machine
 
 PROG = "matmul-drift run"
 
@@ -46,7 +47,7 @@ def _minutes(seconds: float) -> str:
 def options(args: argparse.Namespace) -> mainjob.Options:
     try:
         repo = resultsbranch.project_checkout(args.repo)
-        suite.check_selection()
+        selection.read()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     given = args.torch or ([os.environ["TORCH_VERSION"]] if os.environ.get("TORCH_VERSION") else [])
@@ -55,8 +56,6 @@ def options(args: argparse.Namespace) -> mainjob.Options:
         where = "--torch" if args.torch else "$TORCH_VERSION"
         raise UsageError(f"{where} {','.join(given)!r} names no torch version (e.g. --torch 2.13.0,2.14.1)")
     if args.machine is not None:
-        from matmul_drift.jobs.nightly import check_machine
-
         check_machine(args.machine)
     return mainjob.Options(repo=repo, builds=builds or None, force=args.force, bench=args.bench,
                            quick=args.quick, launch_method=args.launch_method, publish=args.publish,

@@ -20,7 +20,7 @@ from matmul_drift.cli.args import add_memory_argument, file_name, guarded, posit
 from matmul_drift.read.render import visible as render_visible
 from matmul_drift.core import cases
 from matmul_drift.core.errors import UsageError
-from matmul_drift.probes import classsearch, records, scan
+from matmul_drift.probes import classsearch, records, scan, scan_run
 from matmul_drift.store import atomic
 
 PROG = "matmul-drift scan"
@@ -144,8 +144,6 @@ def _render(args) -> int:
 
 
 def _run(args) -> int:
-    from matmul_drift.probes import scan_run
-
     if args.render is not None:
         return _render(args)
     missing = [f for f, v in (("--vary", args.vary), ("--range", args.range), ("--dtype", args.dtype)) if v is None]
@@ -163,6 +161,7 @@ def _run(args) -> int:
         return out.status
     print(scan.render(out.record))
     if args.plot:
+        # here: matplotlib costs 1 to 2.4 s at every command's start
         from matmul_drift.probes import scan_plot
 
         scan_plot.plot(out.record, args.plot)

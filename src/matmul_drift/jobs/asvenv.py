@@ -18,17 +18,18 @@ import json
 import os
 import subprocess
 import time
+from urllib.parse import unquote, urlparse
 
-from asv import environment, util
+from asv import config, environment, util
 from asv.console import log
 from asv.plugins import virtualenv
+
+from matmul_drift.store import space
 
 
 def environments(conf: dict) -> list:
     """asv's environments for the config ``conf`` (a dict, paths absolute), this plugin's type
     known to asv; asv's RuntimeError, UserError or EnvironmentUnavailable where it cannot."""
-    from asv import config
-
     return list(environment.get_environments(config.Config.from_json(conf), None, verbose=False))
 
 
@@ -100,8 +101,6 @@ class UvVirtualenv(virtualenv.Virtualenv):
 def _check_space(path: str, lines: list[str]) -> None:
     """One line in asv's log, and the environment failed, where the free space cannot hold
     what pip resolved (store/space.py): before uv writes a byte, not "No space left" later."""
-    from matmul_drift.store import space
-
     try:
         space.check(os.path.dirname(path), space.needed(sizes(lines)), "it")
     except space.NoSpace as exc:
@@ -112,8 +111,6 @@ def _check_space(path: str, lines: list[str]) -> None:
 def sizes(lines: list[str]) -> list[tuple[str, int | None]]:
     """(name, bytes) of each ``pinned`` line's file: its size where it is a local file, else
     None."""
-    from urllib.parse import unquote, urlparse
-
     out = []
     for line in lines:
         name, _, rest = line.partition(" @ ")
@@ -125,7 +122,7 @@ def sizes(lines: list[str]) -> list[tuple[str, int | None]]:
 
 def uv_path() -> str:
     try:
-        from uv import find_uv_bin
+        from uv import find_uv_bin  # optional: pip makes the environment where uv is missing
 
         return find_uv_bin()
     except (ImportError, FileNotFoundError) as exc:

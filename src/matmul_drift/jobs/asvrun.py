@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from matmul_drift.read import history
 from matmul_drift.store import atomic
 from matmul_drift.store.atomic import backup
 from matmul_drift.store.lock import TreeLock
@@ -57,7 +58,7 @@ def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | 
     come (or to ``progress``), its result tables and benchmark output only to the ``log`` file.
     ``hold``: a lock asv holds too while it runs (its scratch folder's, store/scratch.py), even past
     a kill of this process. ``follow``: a file whose new lines go the way of the progress lines
-    while asv runs (setup_cache's, suite.PROGRESS_VAR). Returns (exit status, the last 30 lines
+    while asv runs (setup_cache's, selection.PROGRESS_VAR). Returns (exit status, the last 30 lines
     of output)."""
     cmd = [sys.executable, "-m", "asv", "--config", str(conf), *args]
     tail: list[str] = []
@@ -167,6 +168,7 @@ def recorded(results_dir: Path, machine: str, commit: str, env: str | None = Non
     """The results files ``machine`` has at ``commit`` (asv names them <commit8>-<env>.json,
     or <commit8>-env-<md5>.json for a name of 128 characters or more), in environment ``env``
     only when given."""
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from asv.results import get_filename
 
     name = None if env is None else Path(get_filename(machine, commit, env)).name
@@ -259,8 +261,6 @@ def json_object(path: Path) -> dict | None:
 def newest_run(results: Path) -> int | None:
     """The latest commit date (ms since the epoch) of an asv run that ``results`` (RESULTS_DIR
     or asv's results dir) holds; None where it holds none that can be read."""
-    from matmul_drift.read import history
-
     try:
         hist = history.read_history(results)
     except history.HistoryError:

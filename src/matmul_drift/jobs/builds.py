@@ -24,6 +24,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.tags import sys_tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+import matmul_drift
 from matmul_drift.store import space
 
 NEEDS = ("numpy", "tabulate")  # what the measuring process imports beside torch
@@ -70,8 +75,6 @@ class Env:
 
 
 def _key(text: str):
-    from packaging.version import InvalidVersion, Version
-
     try:
         return (0, Version(text))
     except InvalidVersion:
@@ -87,8 +90,6 @@ def releases(find_links: Path | None) -> list[str]:
     once), oldest first: the wheels in ``find_links`` that this interpreter can install, else
     those ``pip index versions torch`` lists. Failed (stage "list") where pip cannot say."""
     if find_links is not None:
-        from packaging.tags import sys_tags
-        from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
         tags, found = set(sys_tags()), set()
         for f in find_links.iterdir():
@@ -159,7 +160,7 @@ def asv_python(repo: Path | None, version: str) -> Path | None:
     """The interpreter of the main job's asv environment for ``version``, where it exists."""
     if repo is None:
         return None
-    from matmul_drift.jobs import confirm, mainjob
+    from matmul_drift.jobs import confirm, mainjob  # here: numpy, on every command's parser
 
     try:
         conf = mainjob.build_config(
@@ -193,7 +194,7 @@ def environment(
         log(f"torch {version}: removing the half-made {folder}")
         shutil.rmtree(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    from matmul_drift.jobs.asvenv import UvFailed, sizes, uv_path
+    from matmul_drift.jobs.asvenv import UvFailed, sizes, uv_path  # here: asv, 0.8 s
 
     lines = _resolve(version, folder.parent / f"{folder.name}.pip-report.json", find_links)
     space.check(folder.parent, space.needed(sizes(lines)), f"torch {version}", free)
@@ -228,7 +229,7 @@ def environment(
 def _resolve(version: str, report: Path, find_links: Path | None) -> list[str]:
     """uv's requirement line for each file pip would install for torch==version and NEEDS;
     Failed ("install") where pip cannot say."""
-    from matmul_drift.jobs.asvenv import UvFailed, pinned
+    from matmul_drift.jobs.asvenv import UvFailed, pinned  # here: asv, 0.8 s
 
     args = [
         sys.executable,
@@ -265,8 +266,6 @@ def _last(stderr: str, rc: int) -> str:
 def code_path(cache: Path) -> Path:
     """A folder holding this code's package alone (a link), for the measuring process's path:
     the installed package's site-packages would bring this interpreter's torch with it."""
-    import matmul_drift
-
     folder = cache / "code"
     folder.mkdir(parents=True, exist_ok=True)
     link, target = folder / "matmul_drift", Path(matmul_drift.__file__).resolve().parent

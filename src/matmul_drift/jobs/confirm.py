@@ -28,8 +28,10 @@ def env_python(repo: Path, conf: dict, env_name: str) -> Path:
     env_dir = env_dir if env_dir.is_absolute() else repo / env_dir
     folder = hashlib.md5(env_name.encode("utf-8")).hexdigest()
     if conf.get("environment_type"):
+        # here: asv costs about 1 s at the start of every command, whose parser imports this
         from asv import environment, util
 
+        # here: asv costs about 1 s at the start of every command, whose parser imports this
         from matmul_drift.jobs import asvenv
         try:
             envs = asvenv.environments({**conf, "env_dir": str(env_dir)})

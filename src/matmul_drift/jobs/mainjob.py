@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matmul_drift.core.errors import Misuse, Param, UsageError
-from matmul_drift.jobs import asvrun, confirm, reuse, site, suite
+from matmul_drift.jobs import asvrun, confirm, reuse, selection, site
 from matmul_drift.read import history, latest, render, summary
 from matmul_drift.store import atomic, machine, scratch
 
@@ -95,6 +95,7 @@ def log(msg: str) -> None:
 def project_config(repo: Path) -> dict:
     """asv.conf.json, checked for the shape the job reads: an object, its matrix an object
     and its paths strings. UsageError (one line) otherwise."""
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from asv import util
 
     path = repo / "asv.conf.json"
@@ -151,8 +152,10 @@ def build_config(repo: Path, conf: dict, build: str, results_dir: Path) -> dict:
 
 def env_name(conf: dict) -> str:
     """The name asv gives the (single) environment of ``conf``."""
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from asv import util
 
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from matmul_drift.jobs import asvenv
 
     try:
@@ -221,7 +224,7 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     logfile = state / f"asv-torch-{build}.log"
     logfile.unlink(missing_ok=True)
     args = ["run", f"{commit}^!", "--machine", name, "--show-stderr"]
-    bench, shown = suite.bench_args(o.bench)
+    bench, shown = selection.bench_args(o.bench)
     args += ["--quick"] if o.quick else []
     args += ["--launch-method", o.launch_method] if o.launch_method else []
     log(f"torch {build}: asv {' '.join(args)} {shown} in {env} (log: {logfile.relative_to(o.repo)})")
@@ -233,12 +236,12 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
         envvars[reuse.REUSE_VAR] = str(last) if last else "0"
     setup_log = state / f"setup-torch-{build}.log"  # setup_cache's lines, shown as they come
     setup_log.unlink(missing_ok=True)
-    envvars[suite.PROGRESS_VAR] = str(setup_log)
+    envvars[selection.PROGRESS_VAR] = str(setup_log)
     claim = scratch.claim(staging)  # a run killed from here on leaves it to the next run's sweep
     try:
         rc, tail = asvrun.run(path, *args, cwd=o.repo, env=envvars, log=logfile, progress=_progress(build), hold=claim,
                               follow=setup_log)
-        cost = [ln for ln in _lines(setup_log) if ln.startswith(suite.COST)]
+        cost = [ln for ln in _lines(setup_log) if ln.startswith(selection.COST)]
         if cost:
             log(f"torch {build}: {cost[-1]}")
         if o.publish:  # until the site is built: a run killed in between is published by the next

@@ -38,7 +38,7 @@ from enum import Enum
 from pathlib import Path
 
 from matmul_drift.core.errors import BadValue, Misuse, Param, UsageError
-from matmul_drift.jobs import asvrun, axis, resultsbranch, site, suite
+from matmul_drift.jobs import asvrun, axis, resultsbranch, selection, site
 from matmul_drift.read import history, latest, render, summary
 from matmul_drift.read.incidents import ordered
 from matmul_drift.store import atomic, scratch
@@ -260,6 +260,7 @@ def asv_config(repo: Path, tree: Path, branch: str, results_dir: Path) -> dict:
     """asv's config for the results tree: the project's, with the tree's axis repository
     (its ``branch`` is the commit axis), the project's benchmarks, and ``results_dir``.
     A point's link opens the drift page at that night."""
+    # here: asv costs about 1 s at the start of every command, whose parser imports this
     from asv import util
 
     conf = util.load_json(str(repo / "asv.conf.json"), js_comments=True)
@@ -621,7 +622,7 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
         raise NightError(str(exc)) from None
     args = ["run", "-E", f"existing:{o.python}", f"--set-commit-hash={commit}", "--machine", o.machine,
             "--show-stderr"]
-    bench, shown = suite.bench_args(o.bench)
+    bench, shown = selection.bench_args(o.bench)
     args += ["--quick"] if o.quick else []
     args += ["--launch-method", o.launch_method] if o.launch_method else []
     asv_log = _asv_log(tree, o)

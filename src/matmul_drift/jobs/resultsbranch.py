@@ -13,6 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from matmul_drift.store.atomic import backup
 from matmul_drift.store.git import TEXT, GitError, git
 
 IGNORE = ".nightly/\nhtml/\n.html.new-*\n.tmp-*.part\n"  # run state, the built site and one being built, interrupted writes
@@ -236,8 +237,6 @@ def _clear_killed_checkout(tree, upstream: str) -> None:
     in the tree as local changes, and every later merge refused them. A file that holds
     ``upstream``'s bytes goes (the merge writes it again); any other is kept beside
     (``*.replaced-*``, asvrun.backup), so nothing is lost."""
-    from matmul_drift.store.atomic import backup
-
     changed = [f for f in git(tree, "diff", "--name-only", "-z", "HEAD", upstream).split("\0") if f]
     in_way = [f for f in uncommitted(tree, changed) if Path(tree, f).is_file()] if changed else []
     if not in_way:

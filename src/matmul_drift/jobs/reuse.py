@@ -1,6 +1,7 @@
 """A night costs what changed: where a combination's kernel id, environment id and input id
 equal this machine's last recorded result for the same build, its order tree, fix verdicts and
-batch-invariance map are confirmed cheaply instead of measured again (docs/design.md, "The main job").
+batch-invariance map are confirmed cheaply instead of measured again (docs/design.md, "The main
+job").
 
 The main job names that result in $MATMUL_DRIFT_REUSE (a results file of this machine and
 build); a plain `asv run` sets nothing and measures everything. The environment id covers the
@@ -10,15 +11,20 @@ versions, so a record from another build, machine or method version is never reu
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import secrets
 from pathlib import Path
 
+from matmul_drift.jobs import asvrun
+from matmul_drift.jobs.selection import Cell
+from matmul_drift.read import history
+from matmul_drift.store import catalog
+
 REUSE_VAR = "MATMUL_DRIFT_REUSE"  # a results file of this machine and build; unset or "0": none
 SAME = ("kernel_id", "env_id", "input_id")
 KEPT = ("order_id", "fix_id", "fix_cost", "map_id")
-DRAWS = 16  # fresh draws a stored tree must replay bit for bit
 
 
 def record_path(env: dict | None = None) -> Path | None:
@@ -30,39 +36,34 @@ def record_path(env: dict | None = None) -> Path | None:
 def last_record(folder: Path, env_name: str) -> Path | None:
     """The results file of environment ``env_name`` in a machine's ``folder`` that was measured
     last (asv's started_at), or None where there is none that can be read."""
-    from matmul_drift.jobs import asvrun
-
     best, when = None, -1
     for path in asvrun.results_files(folder):
         d = asvrun.json_object(path)
         if not d or d.get("env_name") != env_name or not isinstance(d.get("result_columns"), list) \
-                or "started_at" not in d["result_columns"] or not isinstance(d.get("results"), dict):
+                or "started_at" not in d["result_columns"] \
+                or not isinstance(d.get("results"), dict):
             continue
         col = d["result_columns"].index("started_at")
-        started = [row[col] for row in d["results"].values()
-                   if isinstance(row, list) and len(row) > col and isinstance(row[col], (int, float))]
+        started = [row[col] for row in d["results"].values() if isinstance(row, list)
+                   and len(row) > col and isinstance(row[col], (int, float))]
         if started and max(started) > when:
             best, when = path, max(started)
     return best
 
 
-def previous(path: Path) -> tuple[str, dict[str, dict[str, float]]]:
-    """(commit, {"case|precision|device": {series: value}}) of the recorded result at
-    ``path`` (its folder names the machine): the ids in SAME and the values in KEPT, NaN where
-    skipped or failed. ValueError (or OSError) naming what is wrong where it cannot be read."""
-    import itertools
-
-    from matmul_drift.read import history
-
+def previous(path: Path) -> tuple[str, dict[Cell, dict[str, float]]]:
+    """(commit, {cell: {series: value}}) of the recorded result at ``path`` (its folder names
+    the machine): the ids in SAME and the values in KEPT, NaN where skipped or failed.
+    ValueError (or OSError) naming what is wrong where it cannot be read."""
     run = history.read_results_file(path, path.parent.name)
-    out: dict[str, dict[str, float]] = {}
+    out: dict[Cell, dict[str, float]] = {}
     for name in (*SAME, *KEPT):
         s = run.series.get(f"drift.Drift.track_{name}")
         if s is None:
             continue
         for i, combo in enumerate(itertools.product(*s.params)):
-            key = "|".join(history.display_param(p) for p in combo)
-            out.setdefault(key, {})[name] = float(s.values[i])
+            cell = Cell(*(history.display_param(p) for p in combo))
+            out.setdefault(cell, {})[name] = float(s.values[i])
     return run.commit, out
 
 
@@ -75,15 +76,14 @@ def matches(values: dict, record: dict | None, name: str) -> bool:
     return all(not math.isnan(x) for x in got) and all(values.get(k) == record[k] for k in SAME)
 
 
-def stored(values: dict, record: tuple[str, dict] | None, k: str, name: str, kind: str, root, what: str,
-           afresh: str = "measured afresh") -> tuple[str, float, object | None, str | None]:
+def stored(values: dict, record: tuple[str, dict] | None, k: Cell, name: str, kind: str, root,
+           what: str, afresh: str = "measured afresh"
+           ) -> tuple[str, float, object | None, str | None]:
     """The catalog entry (kind ``kind``) that ``record`` (previous's) holds for combination
     ``k``'s series ``name``, where it may stand for ``values``: (commit, its id, the entry, None).
     Otherwise the entry is None and the last item says why in a log line's words ("measured
     afresh: ..."; ``what`` names the entry, "{ident}" its 12 hex), or is None where nothing was
     recorded for ``k``."""
-    from matmul_drift.store import catalog
-
     if record is None or k not in record[1]:
         return "", math.nan, None, None
     commit, rec = record[0][:8], record[1][k]
@@ -92,7 +92,8 @@ def stored(values: dict, record: tuple[str, dict] | None, k: str, name: str, kin
     try:
         return commit, rec[name], catalog.load(root, kind, rec[name]), None
     except (catalog.MissingEntry, ValueError) as exc:
-        return commit, rec[name], None, f"{afresh}: {what.format(ident=_hex(rec[name]))} of {commit} cannot be read ({exc})"
+        entry = what.format(ident=_hex(rec[name]))
+        return commit, rec[name], None, f"{afresh}: {entry} of {commit} cannot be read ({exc})"
 
 
 def differs(values: dict, record: dict, name: str) -> str:
@@ -111,22 +112,6 @@ def _hex(x) -> str:
 def fresh_seed() -> int:
     """A seed no earlier run used: the draws that confirm a tree are new each night."""
     return secrets.randbits(63)
-
-
-def confirm_tree(t, tree, seed: int) -> dict:
-    """Replays ``tree`` on DRAWS fresh draws of ``t``'s kernel (order.replay): first in the first
-    16 columns (rows) at once, as the reveal verifies a tree over the columns its probes shared;
-    where those differ, DRAWS / 2 in the entry's own column alone, a call each. Returns replay's
-    dict plus ``calls`` (matmul calls)."""
-    from matmul_drift.probes import order, order_plan
-
-    width = min(16, t.width)
-    got = order.replay(t, tree, draws=DRAWS, seed=seed, width=width)
-    calls = order_plan.replay_calls(DRAWS, width)
-    if got["matched"] != got["draws"] and width > 1:
-        got = order.replay(t, tree, draws=DRAWS // 2, seed=seed, width=1)
-        calls += order_plan.replay_calls(DRAWS // 2, 1)
-    return {**got, "calls": calls}
 
 
 def removers(entry: dict) -> list[str]:

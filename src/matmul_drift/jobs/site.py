@@ -306,6 +306,7 @@ def draw_maps(html_dir: Path, figures: list[dict]) -> None:
     """Each figure's PNG (map_plot.png of its entries) under ``html_dir``; those with a problem
     are left out (the page says why), and one that matplotlib cannot draw gets its problem here:
     a picture must not cost the site."""
+    # here: matplotlib costs 1 to 2.4 s at the start of run and nightly
     from matmul_drift.probes import map_plot
 
     for f in figures:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from matmul_drift.core import ids, numerics
 from matmul_drift.core.cases import storage_dtype
@@ -42,8 +43,6 @@ def check(device: str, precision: str) -> None:
     in float32, which is not the kernel a user of that GPU would map)."""
     measure.check_device(device, precision)
     if device == "cuda" and storage_dtype(precision) == "bfloat16":
-        import torch
-
         if not torch.cuda.is_bf16_supported(including_emulation=False):
             raise measure.Unavailable(f"this GPU ({torch.cuda.get_device_name()}) has no bfloat16 matmul")
 

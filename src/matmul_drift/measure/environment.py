@@ -39,7 +39,7 @@ def cpu_model() -> str:
 
 
 def _config_version(pattern: str) -> str | None:
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     m = re.search(pattern, torch.__config__.show())
     return m.group(1) if m else None
@@ -64,7 +64,7 @@ def _float32_precision(torch) -> str:
 
 def flags() -> dict:
     """Every matmul flag torch exposes, as plain values."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     m = torch.backends.cuda.matmul
     return {
@@ -115,7 +115,7 @@ def _cublas_version() -> str | None:
     links it, so it is mapped once torch is imported), else from one torch ships. The mapped
     one comes first: a cuBLAS earlier on LD_LIBRARY_PATH (a system CUDA) is the one torch
     runs, whatever the wheel under nvidia/ holds."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     candidates = mapped_libraries(_maps_text(), "libcublas.so")
     for mod in ("nvidia.cublas", "nvidia.cu13", "nvidia.cu12"):
@@ -154,7 +154,7 @@ def _driver_version() -> str | None:
 
 def cuda_info(index: int = 0) -> dict:
     """CUDA, cuBLAS, cuDNN, driver and GPU facts. Initialises CUDA: call in a benchmark child only."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     props = torch.cuda.get_device_properties(index)
     return {
@@ -170,7 +170,7 @@ def cuda_info(index: int = 0) -> dict:
 
 def describe(device: str, mkl_banner: str | None = None) -> dict:
     """The environment of this process for products on ``device`` ('cpu' or 'cuda')."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     return {
         "torch": {"version": torch.__version__, "git": torch.version.git_version, "cuda_build": torch.version.cuda},

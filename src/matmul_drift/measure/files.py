@@ -5,20 +5,20 @@ floating-point arrays or do not fit in memory."""
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
+import numpy as np
+
 from matmul_drift.core.errors import UsageError
+from matmul_drift.measure import memory
+from matmul_drift.store import bounded
 
 
 def load_array(path: Path, host_check: bool = True):
     """A float array from .npy or .pt, as a torch tensor; UsageError if unreadable.
     ``host_check``: refuse a file that must be read whole (legacy .pt) when it exceeds MemAvailable."""
-    import warnings
-
-    import numpy as np
-    import torch
-
-    from matmul_drift.store import bounded
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     try:
         try:  # before opening: a FIFO would make np.load or torch.load wait for a writer
@@ -69,8 +69,6 @@ def load_array(path: Path, host_check: bool = True):
 def _check_read_whole(path: Path, host_check: bool, what: str, remedy: str) -> None:
     """UsageError (one line: ``what``, then ``remedy``) when a file read whole is larger than
     memory.check allows."""
-    from matmul_drift.measure import memory
-
     try:
         memory.check((path.stat().st_size, 0), f"{path}: {what} read whole,", "cpu", host_check)
     except memory.TooLarge as exc:
@@ -82,8 +80,10 @@ def rounded_away(t, rounded) -> dict:
     (``to_inf``, finite before) or 0 (``to_zero``, non-zero before): counts. Rounding keeps
     NaN, ±inf and 0, and never makes a value non-zero or finite, so the differences of the
     two tensors' counts are those entries."""
+    # here, not at the top: explain --render imports this module, which runs without torch
     import torch
 
+    # here: torch-free commands (explain --render, run) import this module
     from matmul_drift.measure.reference import all_finite
 
     if t.dtype.itemsize == 1:  # the float8 kinds: torch counts nothing in them; float32 holds each value

@@ -14,8 +14,11 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from contextlib import contextmanager
 from typing import NamedTuple
+
+from matmul_drift.core import blaslog
 
 _MKL_CALL = re.compile(r"MKL_VERBOSE\s+([A-Z0-9_]+)\(([^)]*)\)(.*)")
 _MKL_KEEP = ("CNR", "NThr")
@@ -160,8 +163,7 @@ def profiled(*activities):
     here, so that warning alone is silenced (torch 2.13 no longer gives it). The CPU's routes
     read the autograd profiler instead (cpu_route): the CUDA path keeps this one, as the H200
     check ran it."""
-    import warnings
-
+    # here: torch-free commands (explain --render, run) import this module
     from torch.profiler import profile
 
     with warnings.catch_warnings():
@@ -217,6 +219,7 @@ def cpu_route(fn) -> tuple[object, list[str]]:
 
     Where neither MKL nor oneDNN reports anything, the route is ``native``.
     """
+    # here: torch-free commands (explain --render, run) import this module
     import torch
     from torch.autograd.profiler import profile
 
@@ -268,6 +271,7 @@ def session_events(prof) -> list:
     session of a long scan when the profiler loses records. ``prof.events()`` where torch has
     no such records."""
     try:
+        # here: torch-free commands (explain --render, run) import this module
         from torch.autograd.profiler_util import _filter_name, _rewrite_name
 
         raw = prof.profiler.kineto_results.events()
@@ -468,8 +472,6 @@ class BlasLog:
         """The recipe lines of the last ``logging()`` block; its handle's state is kept for
         ``handle_state``. A library that printed its log to stdout rather than to the callback
         (captured as ``stdout_text``) is read there."""
-        from matmul_drift.core import blaslog
-
         lt = "\n".join(self.lt_text) or stdout_text
         legacy = "\n".join(self.legacy_text) or stdout_text
         lines, state = blaslog.read_logs(lt, legacy)
@@ -479,8 +481,6 @@ class BlasLog:
     def handle_state(self) -> dict | None:
         """The cuBLAS handle's state over the blocks read since the last call
         (blaslog.merge_states), then forgotten; None where none was read."""
-        from matmul_drift.core import blaslog
-
         out, self.states = blaslog.merge_states(self.states), []
         return out
 
@@ -488,7 +488,7 @@ class BlasLog:
 def _blas_log() -> BlasLog:
     """This process's BlasLog over the cuBLASLt and cuBLAS it has loaded (a first small
     product loads them where torch has not yet); a library not found is a note."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     one = torch.ones(8, 8, device="cuda")
     (one @ one).sum().item()
@@ -518,6 +518,7 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
     then the cuBLAS and cuBLASLt recipes its call logged: core/blaslog.py). A try whose records
     are not whole (``Sentinels``) runs ``fn`` again: the result, the kernels and the recipes
     returned come from the same call. ProfilerLost where no try was whole."""
+    # here: torch-free commands (explain --render, run) import this module
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -586,7 +587,7 @@ def mkl_code_path() -> str | None:
     (a bfloat16 product takes oneDNN), a 1×1 float64 product does, so that the environment
     does not depend on which products the process made first."""
     if not _BANNER:
-        import torch
+        import torch  # here: torch-free commands (explain --render, run) import this module
 
         one = torch.ones(1, 1, dtype=torch.float64)
         cpu_route(lambda: one @ one)

@@ -13,13 +13,16 @@ import hashlib
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from matmul_drift.core import cases, ids, numerics
 from matmul_drift.core.cases import Case, storage_dtype
 from matmul_drift.measure import clocks, environment, inputs, kernels, memory
-from matmul_drift.measure.reference import Reference, all_finite, exact_product
+
+if TYPE_CHECKING:  # reference.py imports torch, and torch-free commands import this module
+    from matmul_drift.measure.reference import Reference
 
 SEED = 20261130  # the generator's seed: changing it changes every checksum
 
@@ -107,7 +110,7 @@ def _nbytes(t) -> int:
 
 def _rows_key(case_id: str, checksum: str, precision: str, device: str) -> tuple:
     """_ROWS's key, less m: the threads in force are part of it (they may change the route)."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     return case_id, checksum, precision, device, torch.get_num_threads()
 
@@ -137,7 +140,7 @@ def operand_bits(case: Case, dtype: str, device: str, seed: int = SEED,
 
 def to_tensor(bits: np.ndarray, dtype: str, device: str):
     """A torch tensor of ``dtype`` on ``device`` holding exactly ``bits``."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     signed = bits.view(getattr(np, _INT_VIEW[dtype]))
     return torch.from_numpy(signed).to(device).view(getattr(torch, dtype))
@@ -145,7 +148,7 @@ def to_tensor(bits: np.ndarray, dtype: str, device: str):
 
 def tensor_bits(t) -> np.ndarray:
     """The raw bits of a tensor as an unsigned numpy array (on the host)."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     name = str(t.dtype).replace("torch.", "")
     signed = t.detach().contiguous().view(getattr(torch, _INT_VIEW[name])).cpu().numpy()
@@ -157,7 +160,7 @@ def tensor_bits(t) -> np.ndarray:
 
 def check_device(device: str, precision: str = "float32") -> None:
     """Raise Unavailable where ``device``/``precision`` cannot run in this process."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     if device == "cpu":
         if precision in numerics.TF32:
@@ -174,7 +177,7 @@ def check_device(device: str, precision: str = "float32") -> None:
 @contextmanager
 def precision_flags(precision: str):
     """Set the matmul flags of a precision for the duration, then restore them."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
     try:
@@ -202,7 +205,7 @@ class Operands:
 
     def product(self, a=None, b=None):
         """The case's product of ``a`` and ``b`` (defaults: the full operands)."""
-        import torch
+        import torch  # here: torch-free commands (explain --render, run) import this module
 
         a = self.a if a is None else a
         b = self.b if b is None else b
@@ -220,7 +223,7 @@ def restride(t, dtype, device: str, keep: bool = True):
     """``t`` converted to ``dtype`` on ``device`` with its shape, strides and storage offset
     kept (the layout decides the kernel: a transposed view runs SGEMM(T,…)), or contiguous
     when ``keep`` is false or the strides overlap (stride 0 cannot be written). Always a copy."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     extent, src = restride_elements(t, keep), t
     if t.dtype == torch.float64 and dtype in (torch.float16, torch.bfloat16):  # rounded once, not through float32
@@ -261,6 +264,8 @@ def make_operands(a_bits, b_bits, dtype: str, device: str, case: Case) -> Operan
 
 def reference(ops: Operands) -> Reference:
     """The exact product of the operands (reference.py), on their device; host arrays."""
+    from matmul_drift.measure.reference import exact_product  # needs torch: see TYPE_CHECKING
+
     return exact_product(ops.product, ops.a, ops.b)
 
 
@@ -313,7 +318,9 @@ def top_product(ops: Operands, y=None) -> Top:
 
 
 def _count_nonfinite(t) -> int:
-    import torch
+    import torch  # torch-free commands import this module: see TYPE_CHECKING
+
+    from matmul_drift.measure.reference import all_finite  # needs torch: see TYPE_CHECKING
 
     return 0 if all_finite(t) else int((~torch.isfinite(t)).sum())
 
@@ -497,7 +504,7 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_B
     the GPU's slowdown counters, SM clock and throttle reasons around the timed calls, and
     whether they fell).
     """
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     threads = torch.get_num_threads()
     if device != "cuda":

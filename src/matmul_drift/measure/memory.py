@@ -17,6 +17,14 @@ from contextlib import contextmanager
 
 from matmul_drift.core.numerics import WIDTH
 
+try:  # numpy's switch of its huge-page advice: a private name, moved in numpy 2
+    from numpy._core.multiarray import _set_madvise_hugepage
+except ImportError:  # numpy 1.x
+    try:
+        from numpy.core.multiarray import _set_madvise_hugepage
+    except ImportError:
+        _set_madvise_hugepage = None
+
 ANY_MACHINE = 1 << 60  # bytes: refused even with --no-host-memory-check
 # torch and its libraries, resident before any operand, by whether torch is a CUDA (or ROCm)
 # build, whose GPU libraries are mapped on a machine without a GPU too. Measured, explain of a
@@ -34,7 +42,7 @@ CUDA_CONTEXT_BYTES = 512 << 20
 
 def process_bytes() -> int:
     """Bytes resident in a measuring process before any operand (PROCESS_BYTES), for the torch installed."""
-    import torch
+    import torch  # here: torch-free commands (explain --render, run) import this module
 
     return PROCESS_BYTES[bool(torch.version.cuda or getattr(torch.version, "hip", None))]
 
@@ -106,7 +114,7 @@ def available(device: str) -> tuple[int | None, int | None]:
         pass
     gpu = None
     if device == "cuda":
-        import torch
+        import torch  # here: torch-free commands (explain --render, run) import this module
 
         gpu = torch.cuda.mem_get_info()[0]
     return host, gpu
@@ -196,13 +204,6 @@ def peak_bytes(args: list[str], env: dict | None = None) -> tuple[int, int, str]
 def huge_page_switch():
     """numpy's switch of its huge-page advice (on/off in, the previous setting out), or None
     where this numpy has none."""
-    try:
-        from numpy._core.multiarray import _set_madvise_hugepage
-    except ImportError:  # numpy 1.x
-        try:
-            from numpy.core.multiarray import _set_madvise_hugepage
-        except ImportError:
-            return None
     return _set_madvise_hugepage
 
 

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 METHOD = "ozaki-double-double"
 MAX_SLICES = 8  # per operand; each slice carries 53 − ρ bits (≥ 8 even for K = 2^36)
@@ -113,15 +114,11 @@ def rho(k: int) -> int:
 def _abs_max(x, dim: int):
     """max|x| per row (dim=-1) or column (dim=-2): max(amax, −amin), two reductions that
     read x in place, cheaper than x.abs() first."""
-    import torch
-
     return torch.maximum(x.amax(dim=dim, keepdim=True), -x.amin(dim=dim, keepdim=True))
 
 
 def _pow2_scale(x, dim: int, mu=None):
     """Per row (dim=-1) or column (dim=-2) exponent e with max|x| < 2^e (0 where all zero)."""
-    import torch
-
     mu = _abs_max(x, dim) if mu is None else mu
     e = torch.frexp(mu).exponent
     return torch.where(mu > 0, e, torch.zeros_like(e))
@@ -131,8 +128,6 @@ def _scratch(ws: dict | None, name: str, like):
     """``ws``'s tensor ``name`` of ``like``'s shape and dtype, made the first time it is asked
     for (None without ``ws``): B's blocks reuse their temporaries, whose fresh pages cost more
     than the arithmetic on them (the seed: 0.8-1.4 M page faults a float64 reference)."""
-    import torch
-
     if ws is None:
         return None
     if name not in ws or ws[name].shape != like.shape:  # the last block may be narrower: one set at a time
@@ -144,8 +139,6 @@ def _split(x, dim: int, r: int, ws: dict | None = None) -> tuple[list, object, f
     """Ozaki slices of x (already scaled per row/column) and the remainder, and the exponent
     of the smallest step any slice's entries are multiples of (σ·2^-53 of the smallest σ
     used; an integer, or inf without slices). ``ws``: _scratch's tensors, which they are made in."""
-    import torch
-
     out, rest, step = [], x, math.inf
     one = torch.ones((), dtype=x.dtype, device=x.device)
     while len(out) < MAX_SLICES and rest.numel():
@@ -170,8 +163,6 @@ def _two_sum(a, b):
 def _ldexp(x, e, out=None):
     """x · 2^e for an integer tensor e, in steps of at most 2^±1000 so no factor overflows;
     into ``out`` where given (x's shape)."""
-    import torch
-
     e = e.to(torch.float64)  # e is per row or column: small beside x
     for _ in range(4):  # |e| < 3100 always: exponents of two float64 row maxima less 2·HEADROOM
         step = e.clamp(-1000, 1000)
@@ -205,8 +196,6 @@ def _overflow_pow2(product, absprod, a_s, b_s, scale) -> tuple | None:
     e = 0 (int16) elsewhere, so entries in range are unchanged bit for bit. None where
     ``absprod`` overflows nowhere. Scaling rounded only entries 2^1074 below their row's or
     column's maximum: 2K·2^-627 at most, in a sum of at least 2^-128."""
-    import torch
-
     over = torch.isinf(absprod)
     if not bool(over.any()):
         return None
@@ -221,8 +210,6 @@ def abs_product_pow2(product, a, b) -> tuple[np.ndarray, np.ndarray | None]:
     |A| and |B| scaled per row and column by powers of two, as the reference scales its
     operands (their finite parts; e None where nothing overflows). Entries in range are the
     first product's, bit for bit, with e = 0."""
-    import torch
-
     a_abs, b_abs = a.abs().double(), b.abs().double()
     absprod = product(a_abs, b_abs)
     if all_finite(absprod) or not bool(torch.isinf(absprod).any()):  # NaN alone: non-finite inputs
@@ -279,8 +266,6 @@ def exact_product(product, a, b) -> Reference:
 def all_finite(t) -> bool:
     """Whether no entry of t is NaN or ±inf: min and max propagate both, in one fast pass
     (torch.isfinite over the seed's 209 M entries takes ten times as long)."""
-    import torch
-
     if t.numel() == 0:
         return True
     lo, hi = torch.aminmax(t)
@@ -300,8 +285,6 @@ def _finite_parts(a, b):
 
 def _float64_gemm(product, a, b) -> Reference:
     """One float64 GEMM of inputs narrower than float64, with IEEE's NaN/inf rules applied."""
-    import torch
-
     af, bf, clean = _finite_parts(a, b)
     hi = product(af, bf)
     absprod = product(af.abs_(), bf.abs_())  # in place: af and bf are not needed after
@@ -338,8 +321,6 @@ class _Sliced:
 def _sliced(x, dim: int, r: int, ws: dict | None = None) -> _Sliced:
     """x made ready for Ozaki's product; its scaled copy, |x| and slices in ``ws``'s tensors
     where given (_scratch), so valid until the next call with the same ``ws``."""
-    import torch
-
     x64 = x.double()
     clean = all_finite(x64)
     xf = x64 if clean else torch.where(torch.isfinite(x64), x64, 0.0)
@@ -356,8 +337,6 @@ def _sliced(x, dim: int, r: int, ws: dict | None = None) -> _Sliced:
 
 
 def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
-    import torch
-
     a_s, b_s, sa, sb = a.scaled, b.scaled, a.slices, b.slices
     absprod = product(a.absf, b.absf)
     hi = product(a_s, b_s) * 0.0 if not (sa and sb) else None  # A or B all zero
@@ -419,8 +398,6 @@ def _resum_near_overflow(product, a: _Sliced, b: _Sliced, scale, over, hi, lo) -
     exact sum rounds to inf (a kernel's correct inf would read as a spurious one). math.fsum
     rounds the exact sum of each entry's slice products once; scaling by a power of two
     keeps where it rounds, so ±inf is left only where the slices' sum rounds to it."""
-    import torch
-
     terms = torch.stack([product(x, y)[over] for x in a.slices for y in b.slices], -1).cpu().tolist()
     at = over.nonzero(as_tuple=True)
     shift = torch.broadcast_to(scale, over.shape)[over].cpu().tolist()
@@ -448,8 +425,6 @@ def _left_out(product, a: _Sliced, b: _Sliced, absprod, under: bool, base: float
     of 2^-1074, entries the scaling rounded (``lost``) and slice products with their sums
     (``under``: two slices' steps multiply to less than 2^-1074), each off by at most 2^-1075.
     Computed in float64 and rounded up: K·2^-52 relative, K·2^-1074 absolute."""
-    import torch
-
     a_s, b_s, k = a.scaled.abs(), b.scaled.abs(), int(a.scaled.shape[-1])
     whole = product(a_s, b_s)
     floor = whole * (1 - (k + 2) * 2.0**-52) - k * SMALLEST  # at most |A||B| (scaled), however whole rounded
@@ -466,8 +441,6 @@ def _left_out(product, a: _Sliced, b: _Sliced, absprod, under: bool, base: float
 def _nonfinite(product, a, b, hi):
     """hi with NaN/±inf where the exact result is non-finite, and the mask of finite results
     (a and b in any floating dtype)."""
-    import torch
-
     every = lambda t: torch.ones_like(t, dtype=torch.bool)  # noqa: E731
     pinf, ninf = lambda t: t == math.inf, lambda t: t == -math.inf  # noqa: E731
     pos, neg, zero = lambda t: t > 0, lambda t: t < 0, lambda t: t == 0  # noqa: E731

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import sys
 
-from matmul_drift.probes import batchmap, fixes, fixfind
+from matmul_drift.core.cases import storage_dtype
+from matmul_drift.measure import measure
+from matmul_drift.probes import batchmap, batchmap_run, fixes, fixfind
 
 TIMEOUT_S = 600  # one path's process
 STABLE = 1.25  # the most the default's two times may part for a ratio to be given
@@ -99,10 +101,6 @@ def _seconds(s: dict) -> str:
 def main() -> None:
     """The fresh process's part: map ``sys.argv[1]``'s one spec, time its full product, print
     one JSON line [{"record", "seconds"}] or [{"failed": why}]."""
-    from matmul_drift.core.cases import storage_dtype
-    from matmul_drift.measure import measure
-    from matmul_drift.probes import batchmap_run
-
     (spec,) = json.loads(sys.argv[1])
     try:
         out = batchmap_run.run(spec["case"], spec["k"], spec["n"], tuple(spec["range"]) if spec["range"] else None,

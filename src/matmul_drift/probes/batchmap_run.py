@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from matmul_drift.core import ids, mapruns
 from matmul_drift.core.cases import storage_dtype
-from matmul_drift.measure import memory
+from matmul_drift.measure import batchpoint, environment, measure, memory
 from matmul_drift.probes import batchmap, classsearch, records, resumable
+from matmul_drift.probes.batchmap import state
 
 CONFIRM_MOST = 12  # M a confirmation re-measures at most (each run's first and last, spread)
 
@@ -49,8 +50,6 @@ def plan(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int]
     """The map of M over ``rng`` (None: the device's default) for ``--case case_id`` or the
     shape ``k`` x ``n``, in ``precision`` on ``device``. MapError for bad input, and for a shape
     that needs more memory than there is (the host's only when ``host_memory_check``)."""
-    from matmul_drift.measure import batchpoint, environment, measure
-
     try:
         batchpoint.check(device, precision)
     except measure.Unavailable as exc:
@@ -69,8 +68,6 @@ class Mapper:
     once on construction: the point at any M of its range (``point``), and its record."""
 
     def __init__(self, planned: Plan):
-        from matmul_drift.measure import batchpoint, measure
-
         self.plan = planned
         p = planned.params
         a_bits, b_bits, self.checksum = measure.operand_bits(planned.shape["case"], planned.dtype, p.device)
@@ -82,8 +79,6 @@ class Mapper:
 
     def point(self, m: int) -> dict:
         """batchpoint.batch_point at M = ``m``, under the precision's matmul flags."""
-        from matmul_drift.measure import batchpoint, measure
-
         p = self.plan.params
         with measure.precision_flags(p.dtype):
             return batchpoint.batch_point(self.ops, m, self.anchors, dtype=self.plan.dtype, device=p.device,
@@ -112,8 +107,6 @@ def confirm(mapper: Mapper, runs: list[dict], most: int = CONFIRM_MOST) -> dict:
     M (mapruns.ends: at most ``most``) measured again and compared with the state the runs give
     it. Returns ``sizes`` (the M measured), ``differ`` ([(M, recorded state, measured state)]) and
     ``seconds``."""
-    from matmul_drift.probes.batchmap import state
-
     t0 = time.monotonic()
     stated = mapruns.per_m(runs)
     sizes = mapruns.ends(runs, most)
@@ -133,7 +126,6 @@ def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] 
     once a second and at the end (``resume``: continued from it). MapError for bad input, and
     for a shape that needs more memory than there is (the host's only when ``host_memory_check``),
     all before anything is allocated."""
-    from matmul_drift.measure import measure
 
     planned = plan(case_id, k, n, rng, precision, device, host_memory_check)
     s, params = planned.shape, planned.params

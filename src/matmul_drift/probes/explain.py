@@ -16,8 +16,13 @@ from tabulate import tabulate
 
 from matmul_drift.core import cases, ids, numerics
 from matmul_drift.core.errors import BadValue, UsageError
+from matmul_drift.measure import files, inputs, memory
 from matmul_drift.measure.kernels import unique
-from matmul_drift.measure.measure import Measurement, bits_part
+from matmul_drift.measure.measure import (Measurement, Operands, Unavailable, bits_part,
+                                          check_device, measure, measure_operands, restride,
+                                          restride_elements, tensor_bits)
+from matmul_drift.probes import fixes, fixfind, interrupt, order_plan
+from matmul_drift.store import bounded
 
 DRIFT_KEYS = ("max_u", "max_u_entries", "frac_differ", "max_ulp", "sign_changes", "nonfinite_differ", "beyond_bound")
 LEGEND = (
@@ -401,8 +406,6 @@ class _Ready:
 def prepare(req: Request) -> _Ready:
     """Everything checked before a value is measured or a file's values read: the case, its
     slices, the device, the memory, the order probe's range. UsageError (one line) otherwise."""
-    from matmul_drift.measure.measure import Unavailable, check_device
-
     files = req.a is not None
     try:
         case = cases.get(req.case) if req.case is not None else None
@@ -424,8 +427,6 @@ def prepare(req: Request) -> _Ready:
     if not files:
         _check_memory(req, shape)
     if req.orders:  # before measuring, not after: K = 1, or beyond the probe's exact range
-        from matmul_drift.probes import order_plan
-
         try:
             order_plan.target(case, req.dtype, req.device)
         except order_plan.ProbeError as exc:
@@ -443,8 +444,6 @@ def explain(req: Request, ready: _Ready, fix_bar=None) -> dict:
     """The report (``report``) of one measurement, with the fixes tried (``fixes``) and the
     orders revealed (``orders``) where asked for. ``fix_bar(desc, unit)``: a context manager
     whose ``update(what, done, total)`` shows the fixes' progress."""
-    from matmul_drift.measure.measure import measure, measure_operands
-
     case, slice_n, slice_m = ready.case, ready.slice_n, ready.slice_m
     if ready.operands:
         ops, checksum, rounding = ready.operands
@@ -459,6 +458,7 @@ def explain(req: Request, ready: _Ready, fix_bar=None) -> dict:
         r["fixes"] = _try_fixes(req, case, slice_n, slice_m, fix_bar)
     stopped = r.get("fixes", {}).get("stopped")  # a signal while trying fixes: the report so far, at once
     if req.orders and not stopped:
+        # here: explain --render imports this module and runs without torch
         from matmul_drift.probes import order
 
         slices = [("n", s["n"], bool(s["max_ulp"] or s["frac_differ"]), s["form"]) for s in m.slice_n]
@@ -469,8 +469,6 @@ def explain(req: Request, ready: _Ready, fix_bar=None) -> dict:
 
 def render_all(r: dict) -> str:
     """The text of a report: the measurement, then the fixes and the orders where it holds them."""
-    from matmul_drift.probes import fixfind
-
     text = render(r) + ("\n" + fixfind.render(r["fixes"]) if r.get("fixes") else "")
     return text + "\n" + render_orders(r["orders"]) if r.get("orders") else text
 
@@ -478,8 +476,6 @@ def render_all(r: dict) -> str:
 def read_saved(path: Path) -> tuple[str, bool]:
     """(the text, whether its verdict is a defect) of an explain report saved with --json;
     UsageError (one line) for a file that cannot be read or is no such report."""
-    from matmul_drift.store import bounded
-
     try:
         r = json.loads(bounded.read_bytes(path), parse_constant=ids.no_constant)
         return render_all(r), r["verdict"]["kind"] == "defect"
@@ -493,10 +489,7 @@ def read_saved(path: Path) -> tuple[str, bool]:
 def _file_case(req: Request):
     """Operands from --a/--b, rounded to --dtype with their layout kept (or made contiguous),
     and an ad-hoc case describing them."""
-    import torch
-
-    from matmul_drift.measure import files, inputs
-    from matmul_drift.measure.measure import Operands, restride, restride_elements, tensor_bits
+    import torch  # here: explain --render imports this module and runs without torch
 
     a, b = (files.load_array(p, req.host_check) for p in (req.a, req.b))
     if a.dim() not in (1, 2) or b.dim() != 2:
@@ -541,8 +534,6 @@ def render_orders(o: dict) -> str:
 def _check_memory(req: Request, shape: cases.Shape, extra: int = 0) -> None:
     """UsageError (one line) when measuring the product, and ``extra`` bytes more on its
     device, needs more memory than there is."""
-    from matmul_drift.measure import memory
-
     batch = shape.batch or 1
     host, device = memory.bytes_needed(shape.m, shape.k, shape.n, cases.storage_dtype(req.dtype), req.device, batch,
                                        fixes=req.try_fixes)
@@ -556,14 +547,12 @@ def _check_memory(req: Request, shape: cases.Shape, extra: int = 0) -> None:
 
 
 def _try_fixes(req: Request, case: cases.Case, slice_n, slice_m, fix_bar) -> dict:
-    from matmul_drift.probes import fixes, fixfind, interrupt
-
     spec = {"case": req.case} if req.case is not None else {"m": req.m, "k": req.k, "n": req.n}
     spec.update(dtype=req.dtype, device=req.device, repeat=req.repeat or 3,
                 slice_n=list(slice_n or case.slice_n), slice_m=list(slice_m or case.slice_m))
     isa = fixes.onednn_isa_in_force() if req.device == "cpu" else None
     if req.device == "cuda":  # the measurement's blocks, cached by torch, back to the GPU for the candidates' processes
-        import torch
+        import torch  # here: explain --render imports this module and runs without torch
 
         torch.cuda.empty_cache()
     # SIGINT or SIGTERM (`timeout` sends its command two: to it, then to its group) ends the

@@ -12,7 +12,10 @@ multiple by ``candidates``. This module only describes; measuring lives elsewher
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
+
+from matmul_drift.store import machine
 
 DRIFTS = ("slice_n", "slice_m", "run_to_run")
 PAD_MULTIPLES = (4, 8, 16, 32)
@@ -118,10 +121,6 @@ def onednn_isa(flags: set[str] | list[str], cap: str | None = None) -> str:
 def onednn_isa_in_force() -> str:
     """onednn_isa of this machine under this process's cap: where a step down starts. oneDNN reads
     ONEDNN_MAX_CPU_ISA and, where that is unset or empty, its older name DNNL_MAX_CPU_ISA."""
-    import os
-
-    from matmul_drift.store import machine
-
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
     return onednn_isa(machine.fingerprint()["isa"], cap)
 

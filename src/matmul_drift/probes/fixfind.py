@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from tabulate import tabulate
+
 from matmul_drift.core.numerics import ceil_div
 from matmul_drift.probes import fixes, interrupt
 from matmul_drift.probes.fixrun import drifting, sizes
@@ -89,6 +91,7 @@ def _timer(stopped: list[int] = (), failed: list[str] | None = None):
     settings' processes (fixrun.serve), one round at a time, as they ask: yields the pipe
     fds ("r,w") _child passes on; killed at the end. Where it ended before (a crash, an
     import error, the OOM killer: no setting's time after that), why goes on ``failed``."""
+
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     with tempfile.TemporaryFile("w+", errors="replace") as err:
@@ -301,8 +304,6 @@ def not_in_force(env: dict, kernels: dict | None) -> str | None:
 
 def render(report: dict) -> str:
     """The table and the closing line."""
-    from tabulate import tabulate
-
     if "failed" in report:
         return f"matmul-drift explain --try-fixes: {report['failed']}; no candidate was tried\n"
     if not report["drifts"]:

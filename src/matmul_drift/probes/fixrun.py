@@ -37,7 +37,7 @@ import traceback
 import numpy as np
 
 from matmul_drift.core import cases, numerics
-from matmul_drift.measure import kernels, measure, reference
+from matmul_drift.measure import kernels, measure
 
 KEYS = ("max_ulp", "max_u", "frac_differ")
 ROUNDS, LEAN_ROUNDS = 5, 3  # default/candidate pairs of timings a time ratio is the median of
@@ -58,7 +58,7 @@ def sizes(value) -> list[int]:
 
 def _pad(t, dim: int, multiple: int):
     """``t`` with zeros appended along ``dim`` (negative) up to a multiple of ``multiple``."""
-    import torch
+    import torch  # fixfind imports this module's helpers without torch
 
     size = t.shape[dim]
     extra = -size % multiple
@@ -120,6 +120,9 @@ def run(spec: dict, peer=None) -> dict:
     is), all in this process: they share its setting, its inputs and its full product.
     ``peer(spec, kinds)``: one timing of the default computation in a process under the
     default setting (asker), for code None outside the baseline's process; None: no ratio."""
+    # reference.py imports torch; fixfind imports this module's helpers without it
+    from matmul_drift.measure import reference
+
     case, ops = operands(spec)
     precision, device = spec["dtype"], spec["device"]
     dtype = cases.storage_dtype(precision)

@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import io
 
+import matplotlib
+
+matplotlib.use("Agg")  # no display: files only; before pyplot is imported
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
 from matmul_drift.core import mapruns
 from matmul_drift.probes import batchmap
 from matmul_drift.probes.records import write_file
@@ -39,12 +45,6 @@ def plot(records: list[dict], path: str) -> None:
 
 def png(records: list[dict]) -> bytes:
     """``records`` (map records of one shape and device, one per dtype) drawn as PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: files only
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
     lo = min(r["params"]["lo"] for r in records)
     hi = max(r["params"]["hi"] for r in records)
     fig, ax = plt.subplots(figsize=(10, 2.2 + 0.8 * len(records)), dpi=100)

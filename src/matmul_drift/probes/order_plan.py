@@ -15,7 +15,7 @@ import numpy as np
 
 from matmul_drift.core import cases, trees
 from matmul_drift.core.numerics import ceil_div
-from matmul_drift.measure import measure
+from matmul_drift.measure import measure, memory
 
 
 # dtype -> (significant bits of the accumulator, of the output, base product, M)
@@ -91,8 +91,6 @@ class Target:
 
     def bytes_needed(self) -> tuple[int, int]:
         """(host, device) bytes the probe needs (memory.probe_bytes): one Prober at a time."""
-        from matmul_drift.measure import memory
-
         a_shape, b_shape = measure.operand_shapes(self.case, self.device)
         s = self.case.shape(self.device)
         batch = s.batch or 1

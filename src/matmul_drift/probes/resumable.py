@@ -50,7 +50,7 @@ def drive(search, measure, make_record, done, *, words: Words, grid: int, path: 
     most, on a stop and at the end; the first write of a new search leaves alone a file that
     appeared at ``path``. ``grid`` is the progress bar's first total (points). ``done(record,
     evaluated)`` words the closing line of a complete search (``evaluated``: measured here)."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # here: asv's environments hold no tqdm, and the suite imports this
 
     sessions = list(resumed["sessions"]) if resumed else []
     bar = tqdm(total=max(grid, len(points)), initial=len(points), desc=words.prog, unit=words.unit,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from tabulate import tabulate
+
 from matmul_drift.probes import records
 from matmul_drift.probes.classsearch import (CLASS_INTERVALS, class_boundaries, class_label,
                                              class_regions, classes_in, grid_gap, pattern,
@@ -135,8 +137,6 @@ def render_saved(rec: dict, path: str) -> str:
 
 def render(result: dict) -> str:
     """The pattern, the regions and boundaries of each class of a complete scan record, as text."""
-    from tabulate import tabulate
-
     p = result["params"]
     drift = p["vary"] != "k"  # k has no sliced product to compare: kernel-id and error_u only
     fixed = ", ".join(f"{d}={p[d]}" for d in DIMS if d != p["vary"])

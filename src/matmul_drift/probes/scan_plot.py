@@ -7,6 +7,12 @@ from __future__ import annotations
 import io
 import math
 
+import matplotlib
+
+matplotlib.use("Agg")  # no display: files only; before pyplot is imported
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
 from matmul_drift.probes import batchmap, records, scan
 from matmul_drift.probes.classsearch import CLASS_TOP
 
@@ -21,11 +27,6 @@ def _label(kernel_id: str, kernels: list[str], width: int = 90) -> str:
 
 def plot(result: dict, path: str) -> None:
     """Write ``result`` (a complete scan record) as a PNG to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: files only
-    import matplotlib.pyplot as plt
-
     p = result["params"]
     points = result["points"]
     sizes = [q["size"] for q in points]
@@ -70,8 +71,6 @@ def plot(result: dict, path: str) -> None:
         ax.annotate(f"{seg['lo']}", (seg["lo"] - 0.5, 1), xycoords=("data", "axes fraction"),
                     xytext=(3, -12), textcoords="offset points", fontsize=8)
     if any(r["drift"] == "non-zero" for r in result["regions"]):
-        from matplotlib.patches import Patch
-
         handles.append(Patch(facecolor="white", edgecolor="0.4", hatch=_HATCH))
         labels.append("hatched: drift non-zero")
     fixed = ", ".join(f"{d}={p[d]}" for d in ("m", "k", "n") if d != p["vary"])

@@ -8,7 +8,7 @@ stay in cli/scan.py. ``run`` returns resumable's Outcome (plain data).
 from __future__ import annotations
 
 from matmul_drift.core import cases, ids
-from matmul_drift.measure import memory
+from matmul_drift.measure import environment, measure, memory
 from matmul_drift.probes import classsearch, records, resumable, scan
 
 
@@ -31,7 +31,6 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
     bad input, and for a range whose top needs more memory than there is (the host's only
     when ``host_memory_check``). ``within``: the size of the varied dimension the points slice
     (the operands' layout, as a slice of a wider tensor has it), None for ``hi``."""
-    from matmul_drift.measure import environment, measure
 
     dims = {**fixed, vary: within or hi}
     try:

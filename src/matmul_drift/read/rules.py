@@ -50,6 +50,7 @@ import numpy as np
 
 from matmul_drift.core import cases, mapruns, numerics
 from matmul_drift.core.ids import hex_id
+from matmul_drift.core.words import describe
 from matmul_drift.read.flags import ID_UNITS, Flag, Side, format_value
 from matmul_drift.read.history import Run, Series
 from matmul_drift.read.pairing import Pair
@@ -186,8 +187,6 @@ def _order(ctx: Ctx, vb, va, both) -> list[Flag]:
 
 def describe_order(entry) -> str:
     """A catalog orders entry in words (words.describe), "not revealed" for the tree null."""
-    from matmul_drift.core.words import describe
-
     return describe(entry.get("tree"))
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from matmul_drift.core import series
-from matmul_drift.core.errors import BadValue, Misuse, Param, UsageError
+from matmul_drift.core.errors import BadValue, Misuse, Param
 from matmul_drift.core.ids import hex_id
 from matmul_drift.read.flags import KINDS, Flag, diff_entries, flatten
 from matmul_drift.read.history import History, Run, Series, version_key

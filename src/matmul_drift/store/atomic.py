@@ -10,6 +10,7 @@ which no reader (asv, history) looks at.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
 import os
@@ -142,8 +143,6 @@ def replace_folder(new: Path | str, dest: Path | str) -> None:
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swap the names ``a`` and ``b`` atomically; False where this kernel or file system cannot."""
-    import ctypes
-
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):  # not glibc 2.28+ or not Linux

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from matmul_drift.core import ids, trees
@@ -99,8 +100,6 @@ def parse_spelling(text: str) -> list[tuple[int, int]]:
     12 hex digits (``9b9327e25992``), a decimal integer or float (``143656636881798.0``), or a
     rounded float as asv's graphs show it (``1.9e+12``: every id that rounds to it).
     ValueError if it is none of these."""
-    from decimal import Decimal, InvalidOperation
-
     t = text.strip().lower()
     out = []
     if len(t) == ID_HEX_DIGITS and all(c in "0123456789abcdef" for c in t):

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 
 from matmul_drift.core import ids
+from matmul_drift.store import atomic, bounded
 
 # /proc/cpuinfo flags that decide which GEMM kernels a BLAS or oneDNN can pick.
 ISA_FLAGS = (
@@ -131,6 +132,7 @@ def asv_entry(fp: dict) -> dict:
     """The machine entry asv keeps (``~/.asv-machine.json``, ``<results>/<name>/machine.json``):
     asv's own fields (os, ram, ...), with ``isa`` and ``gpu`` added. asv copies the entry into
     every results file, so each run says which hardware made it."""
+    # here: asv costs about 1 s at every start of summary, which imports this
     from asv.machine import Machine
 
     defaults = Machine.get_defaults()
@@ -161,9 +163,8 @@ def register(fp: dict | None = None, as_name: str | None = None) -> str:
     name alone (no cpu, arch, ...), and runs on other hardware read as one history. The other
     entries are kept, and the new file replaces the old one whole (asv's own save truncates it
     first, and follows a FIFO or a directory there into a hang or a traceback)."""
+    # here: asv costs about 1 s at every start of summary, which imports this
     from asv.machine import MachineCollection
-
-    from matmul_drift.store import atomic
 
     entry = asv_entry(fingerprint() if fp is None else fp)
     entry["machine"] = as_name or entry["machine"]
@@ -191,6 +192,7 @@ def is_registered(name: str) -> bool:
 
 def _machine_file() -> str:
     """asv's machine file, ~/.asv-machine.json, its link followed (a symlinked dotfile stays one)."""
+    # here: asv costs about 1 s at every start of summary, which imports this
     from asv.machine import MachineCollection
 
     return os.path.realpath(MachineCollection.get_machine_file_path())
@@ -199,8 +201,6 @@ def _machine_file() -> str:
 def _machines(path: str) -> dict:
     """The entries of an asv machine file; {} where there is none. Refused (a ValueError) when it
     is not a regular file, ValueError when it is not a JSON object."""
-    from matmul_drift.store import bounded
-
     try:
         data = bounded.read_bytes(path)
     except FileNotFoundError:
