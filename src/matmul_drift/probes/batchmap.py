@@ -59,7 +59,8 @@ class Params:
         return asdict(self)
 
 
-def shape(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None, device: str) -> dict:
+def shape(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None,
+          device: str) -> dict:
     """The map's shape and range: ``case`` (a Case: the catalog's, or an ad-hoc one of M_full
     rows), ``lo``, ``hi``, ``m_full``, ``full`` (Params.full), ``k``, ``n``, ``batch`` (sizes in
     elements). The default range is 1..DEFAULT_TOP[device], or 1..the case's M where that is
@@ -77,12 +78,15 @@ def shape(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int
     except ValueError as exc:
         raise MapError(str(exc)) from None
     if case.op == "mv":
-        raise MapError(f"--case {case_id} multiplies a vector (A is 1-D): it has no batch dimension to map")
+        raise MapError(f"--case {case_id} multiplies a vector (A is 1-D): "
+                       "it has no batch dimension to map")
     s = case.shape(device)
     lo, hi = rng or (1, min(DEFAULT_TOP[device], s.m))
     if hi > s.m:
-        raise MapError(f"--range {lo}:{hi} reaches beyond the case's M: {case_id} has M = {s.m} on {device}")
-    return {"case": case, "lo": lo, "hi": hi, "m_full": s.m, "full": "case", "k": s.k, "n": s.n, "batch": s.batch}
+        raise MapError(f"--range {lo}:{hi} reaches beyond the case's M: "
+                       f"{case_id} has M = {s.m} on {device}")
+    return {"case": case, "lo": lo, "hi": hi, "m_full": s.m, "full": "case", "k": s.k, "n": s.n,
+            "batch": s.batch}
 
 
 # --- the search --------------------------------------------------------------------------
@@ -131,10 +135,12 @@ def verdicts(points: dict[int, dict], lo: int, hi: int, period: int = 1) -> list
     out: list[dict] = []
     for m in range(lo, hi + 1):
         kernel_id, row0, rows = stated[m][0]
-        if out and (out[-1]["kernel_id"], out[-1]["row0"], out[-1]["rows"]) == (kernel_id, row0, rows):
+        if out and ((out[-1]["kernel_id"], out[-1]["row0"], out[-1]["rows"])
+                    == (kernel_id, row0, rows)):
             out[-1]["hi"] = m
         else:
-            out.append({"lo": m, "hi": m, "kernel_id": kernel_id, "row0": row0, "rows": rows, "measured": 0})
+            out.append({"lo": m, "hi": m, "kernel_id": kernel_id, "row0": row0, "rows": rows,
+                        "measured": 0})
         out[-1]["measured"] += m in points
     return out
 
@@ -145,7 +151,8 @@ def verdicts(points: dict[int, dict], lo: int, hi: int, period: int = 1) -> list
 def _pattern_text(points: dict[int, dict], lo: int, hi: int, key, period: int = 1) -> str:
     """classsearch.pattern's segments ("1..11: drift, except multiples of 4: no drift") for one
     part of the state: ``key(point)`` is the (kernel-id, drift) pair scan's words read."""
-    views = {m: dict(zip(("kernel_id", "max_ulp"), key(p)), frac_differ=0.0) for m, p in points.items()}
+    views = {m: dict(zip(("kernel_id", "max_ulp"), key(p)), frac_differ=0.0)
+             for m, p in points.items()}
     return "; ".join(seg["text"] for seg in classsearch.pattern(views, lo, hi, period))
 
 
@@ -173,8 +180,10 @@ def property_words(points: dict[int, dict], runs: list[dict], which: str, lo: in
                     f"{mapruns.spans_text(spans, MAX_SPANS)}; "
                     f"drifts elsewhere ({_worst(points, which)})")
         return (f"invariant at {count} of {hi - lo + 1} M, by alignment: "
-                f"{_pattern_text(points, lo, hi, lambda p: ('', int(not invariant(p, which))))} ({_worst(points, which)})")
-    return f"invariant at M = {mapruns.spans_text(spans)}; drifts elsewhere ({_worst(points, which)})"
+                f"{_pattern_text(points, lo, hi, lambda p: ('', int(not invariant(p, which))))} "
+                f"({_worst(points, which)})")
+    return (f"invariant at M = {mapruns.spans_text(spans)}; "
+            f"drifts elsewhere ({_worst(points, which)})")
 
 
 def route(kernels: list[str]) -> str:
@@ -200,8 +209,10 @@ def kernel_words(points: dict[int, dict], runs: list[dict], lo: int, hi: int,
         text = "; ".join(f"{kid} at M = {mapruns.spans_text(s, MAX_SPANS)}"
                          for kid, s in sorted(spans.items(), key=lambda x: x[1][0]))
     else:
-        text = "; ".join(f"{kid} at M = {mapruns.spans_text(s)}" for kid, s in sorted(spans.items(), key=lambda x: x[1][0]))
-    return text + "".join(f"\n    {kid}: {names[kid]}" for kid in sorted(where, key=lambda k: spans[k][0]))
+        text = "; ".join(f"{kid} at M = {mapruns.spans_text(s)}"
+                         for kid, s in sorted(spans.items(), key=lambda x: x[1][0]))
+    return text + "".join(f"\n    {kid}: {names[kid]}"
+                          for kid in sorted(where, key=lambda k: spans[k][0]))
 
 
 def words(points: dict[int, dict], lo: int, hi: int, m_full: int, period: int = 1) -> str:
@@ -228,8 +239,10 @@ def render(rec: dict) -> str:
     p = rec["params"]
     what = (f"--case {p['case']}, " if p["case"] else "") + f"k={p['k']}, n={p['n']}"
     what += f", batch={p['batch']}" if p["batch"] else ""
-    head = (f"map of M over {p['lo']}..{p['hi']} ({what}), {p['dtype']} on {p['device']}: {measured_words(rec)}, "
-            f"one product each, compared with A[:1] @ B and with the full product A[:{p['m_full']}] @ B "
+    head = (f"map of M over {p['lo']}..{p['hi']} ({what}), {p['dtype']} on {p['device']}: "
+            f"{measured_words(rec)}, "
+            f"one product each, compared with A[:1] @ B and with the full product "
+            f"A[:{p['m_full']}] @ B "
             f"(M = {p['m_full']}, {FULL_WORDS[p['full']]}), each made once")
     body = "\n".join("  " + line for line in rec["words"].splitlines())
     gap = rec["grid_gap"]
@@ -239,11 +252,12 @@ def render(rec: dict) -> str:
     if not gap or rec["measured"] == rec["range_size"]:
         note = "Every M was measured: this is what holds at every M of the range."
     else:
-        note = (f"The M not measured take their alignment class's state: each class ({', '.join(rec['classes'])}) "
-                f"was searched on its own grid (points up to {gap} batch sizes apart) and bisected to adjacent "
-                "members, so every change is exact within its class (as scan's), and the spot checks "
-                "test that inference at M drawn at random. Not seen but for them: a state that changes "
-                "and changes back between two grid points of a class (a run of fewer than "
+        note = (f"The M not measured take their alignment class's state: each class "
+                f"({', '.join(rec['classes'])}) was searched on its own grid (points up to "
+                f"{gap} batch sizes apart) and bisected to adjacent members, so every change is "
+                "exact within its class (as scan's), and the spot checks test that inference at "
+                "M drawn at random. Not seen but for them: a state that changes and changes back "
+                "between two grid points of a class (a run of fewer than "
                 f"{gap} batch sizes), or an M whose drift vanishes only because these inputs round "
                 "alike there. Ulps are the largest among the measured M.")
     return f"{head}\n\n{body}\n\n{how}{note}"
@@ -295,7 +309,8 @@ def entry(rec: dict) -> dict:
     (entry_params), ``verdicts`` (every M as runs of one state: core/mapruns.py), ``words``,
     ``measured`` (the M measured, in order) and ``range_size`` (hi − lo + 1). Plain data;
     what map_plot draws and what the summary compares."""
-    return {"schema": ENTRY_SCHEMA, "params": entry_params(rec["params"]), "verdicts": rec["verdicts"],
+    return {"schema": ENTRY_SCHEMA, "params": entry_params(rec["params"]),
+            "verdicts": rec["verdicts"],
             "words": rec["words"], "measured": sorted(p["size"] for p in rec["points"]),
             "range_size": rec["range_size"]}
 
@@ -308,13 +323,16 @@ def entry_misfit(e, params: Params) -> str | None:
     want = entry_params(params.to_dict())
     if e.get("params") != want:
         got = e.get("params") if isinstance(e.get("params"), dict) else {}
-        return "another map: " + "; ".join(f"{k} {got.get(k)!r}, here {v!r}" for k, v in want.items() if got.get(k) != v)
+        return "another map: " + "; ".join(f"{k} {got.get(k)!r}, here {v!r}"
+                                           for k, v in want.items() if got.get(k) != v)
     runs, at = e.get("verdicts"), params.lo
     for r in runs if isinstance(runs, list) and runs else [None]:
-        if not (isinstance(r, dict) and r.get("lo") == at and records.integer(r.get("hi")) and r["hi"] >= at
+        if not (isinstance(r, dict) and r.get("lo") == at and records.integer(r.get("hi"))
+                and r["hi"] >= at
                 and isinstance(r.get("kernel_id"), str) and isinstance(r.get("row0"), bool)
                 and isinstance(r.get("rows"), bool)):
-            return f"its verdicts do not cover M = {params.lo}..{params.hi} run by run (at M = {at})"
+            return (f"its verdicts do not cover M = {params.lo}..{params.hi} run by run "
+                    f"(at M = {at})")
         at = r["hi"] + 1
     return None if at == params.hi + 1 else f"its verdicts end at M = {at - 1}, not {params.hi}"
 
@@ -327,7 +345,8 @@ def check_record(rec, params: Params) -> None:
                                       and all(records.number(p.get(k)) for k in _NUMBERS)))
 
 
-def resume_points(rec: dict, params: Params, input_checksum: str, anchor_checksum: str) -> dict[int, dict]:
+def resume_points(rec: dict, params: Params, input_checksum: str,
+                  anchor_checksum: str) -> dict[int, dict]:
     """The points of a recorded map, if it is the map ``params`` describe, on the same inputs
     and against anchor products of the same bits; RecordError if it is another map, MapError
     for other inputs or anchors."""
@@ -335,6 +354,7 @@ def resume_points(rec: dict, params: Params, input_checksum: str, anchor_checksu
     if rec.get("input_checksum") != input_checksum:
         raise MapError("the record's inputs differ from this map's (input checksum)")
     if rec.get("anchor_checksum") != anchor_checksum:
-        raise MapError("the record's A[:1] @ B or full product had other bits than this run's (anchor checksum): "
+        raise MapError("the record's A[:1] @ B or full product had other bits than this run's "
+                       "(anchor checksum): "
                        "the products drift from run to run here; start a new map")
     return {p["size"]: p for p in rec["points"]}

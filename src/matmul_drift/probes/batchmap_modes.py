@@ -38,7 +38,8 @@ def paths(device: str, precision: str) -> list[tuple[fixes.Candidate, str | None
     """Every setting of the fix finder with None where it applies to a map on ``device`` in
     ``precision``, or the one-line reason it does not."""
     isa = fixes.onednn_isa_in_force() if device == "cpu" else None
-    return [(c, why) for c, why in fixes.candidates(device, {"slice_m"}, "m", isa, precision) if not c.changes_code]
+    return [(c, why) for c, why in fixes.candidates(device, {"slice_m"}, "m", isa, precision)
+            if not c.changes_code]
 
 
 def run_modes(spec: dict, stopped: list[int] = ()) -> dict:
@@ -66,11 +67,14 @@ def run_modes(spec: dict, stopped: list[int] = ()) -> dict:
 
 
 def words(result: dict) -> str:
-    """The paths in words: each one's map where it ran, its time against the default's, or why not."""
-    lines = ["paths that claim to be deterministic or batch-invariant (each in a fresh process; times unpaired):"]
+    """The paths in words: each one's map where it ran, its time against the default's, or why
+    not."""
+    lines = ["paths that claim to be deterministic or batch-invariant "
+             "(each in a fresh process; times unpaired):"]
     d = result["default"]
     if "record" in d:
-        again = f"; again after the paths {_seconds(d['seconds_after'])}" if "seconds_after" in d else ""
+        again = (f"; again after the paths {_seconds(d['seconds_after'])}"
+                 if "seconds_after" in d else "")
         unstable = "" if d.get("stable", True) else " (the load changed: no ratios)"
         lines.append(f"  default: full product {_seconds(d['seconds'])}{again}{unstable}")
     else:
@@ -81,7 +85,8 @@ def words(result: dict) -> str:
         elif "record" not in r:
             lines.append(f"  {r['name']}: failed: {r.get('failed') or r.get('not_tried')}")
         else:
-            same = "the same map as the default" if "record" in d and _same(r["record"], d["record"]) else "another map"
+            same = ("the same map as the default"
+                    if "record" in d and _same(r["record"], d["record"]) else "another map")
             ratio = f", {r['time_ratio']:.2f}x the default's time" if "time_ratio" in r else ""
             lines.append(f"  {r['name']}: {same}; full product {_seconds(r['seconds'])}{ratio}")
             lines += [f"    {w}" for w in r["record"]["words"].splitlines()[:2]]
@@ -103,7 +108,8 @@ def main() -> None:
     one JSON line [{"record", "seconds"}] or [{"failed": why}]."""
     (spec,) = json.loads(sys.argv[1])
     try:
-        out = batchmap_run.run(spec["case"], spec["k"], spec["n"], tuple(spec["range"]) if spec["range"] else None,
+        out = batchmap_run.run(spec["case"], spec["k"], spec["n"],
+                               tuple(spec["range"]) if spec["range"] else None,
                                spec["precision"], spec["device"], None, resume=False,
                                host_memory_check=spec.get("host_memory_check", True))
         if out.record is None:
@@ -115,7 +121,8 @@ def main() -> None:
         ops = measure.make_operands(a_bits, b_bits, dtype, spec["device"], s["case"])
         with measure.precision_flags(spec["precision"]):
             t = measure.time_call(ops.product, spec["device"])
-        got = {"record": out.record, "seconds": {"median": t["median"], "iqr": t["iqr"], "runs": t["runs"]}}
+        got = {"record": out.record,
+               "seconds": {"median": t["median"], "iqr": t["iqr"], "runs": t["runs"]}}
     except Exception as exc:  # the parent reports it as this path's one line
         got = {"failed": f"{type(exc).__name__}: {exc}"[:300]}
     print(json.dumps([got]))

@@ -28,7 +28,8 @@ def check_memory(s: dict, dtype: str, device: str, host: bool = True) -> None:
     it errs high)."""
     need = memory.bytes_needed(s["m_full"], s["k"], s["n"], dtype, device, s["batch"] or 1)
     try:
-        memory.check(need, f"the full product, m={s['m_full']} k={s['k']} n={s['n']} in {dtype},", device, host)
+        memory.check(need, f"the full product, m={s['m_full']} k={s['k']} n={s['n']} in {dtype},",
+                     device, host)
     except memory.TooLarge as exc:
         raise batchmap.MapError(str(exc)) from None
 
@@ -45,8 +46,8 @@ class Plan:
     environment: dict
 
 
-def plan(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None, precision: str,
-         device: str, host_memory_check: bool = True) -> Plan:
+def plan(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None,
+         precision: str, device: str, host_memory_check: bool = True) -> Plan:
     """The map of M over ``rng`` (None: the device's default) for ``--case case_id`` or the
     shape ``k`` x ``n``, in ``precision`` on ``device``. MapError for bad input, and for a shape
     that needs more memory than there is (the host's only when ``host_memory_check``)."""
@@ -58,8 +59,9 @@ def plan(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int]
     dtype = storage_dtype(precision)
     check_memory(s, dtype, device, host_memory_check)
     env = environment.describe(device)
-    params = batchmap.Params(case_id, s["case"].op, s["lo"], s["hi"], s["m_full"], s["full"], s["k"], s["n"],
-                             s["batch"], precision, device, measure.SEED, ids.hex_id(ids.object_id(env)))
+    params = batchmap.Params(case_id, s["case"].op, s["lo"], s["hi"], s["m_full"], s["full"],
+                             s["k"], s["n"], s["batch"], precision, device, measure.SEED,
+                             ids.hex_id(ids.object_id(env)))
     return Plan(s, dtype, params, env)
 
 
@@ -70,8 +72,10 @@ class Mapper:
     def __init__(self, planned: Plan):
         self.plan = planned
         p = planned.params
-        a_bits, b_bits, self.checksum = measure.operand_bits(planned.shape["case"], planned.dtype, p.device)
-        self.ops = measure.make_operands(a_bits, b_bits, planned.dtype, p.device, planned.shape["case"])
+        a_bits, b_bits, self.checksum = measure.operand_bits(planned.shape["case"], planned.dtype,
+                                                             p.device)
+        self.ops = measure.make_operands(a_bits, b_bits, planned.dtype, p.device,
+                                         planned.shape["case"])
         del a_bits, b_bits
         self.made = measure.rows_made(planned.shape["case"].id, self.checksum, p.dtype, p.device)
         with measure.precision_flags(p.dtype):
@@ -81,14 +85,15 @@ class Mapper:
         """batchpoint.batch_point at M = ``m``, under the precision's matmul flags."""
         p = self.plan.params
         with measure.precision_flags(p.dtype):
-            return batchpoint.batch_point(self.ops, m, self.anchors, dtype=self.plan.dtype, device=p.device,
-                                          made=self.made)
+            return batchpoint.batch_point(self.ops, m, self.anchors, dtype=self.plan.dtype,
+                                          device=p.device, made=self.made)
 
     def record(self, points: dict[int, dict], sessions: list[dict], complete: bool,
                search: dict | None = None) -> dict:
         """batchmap.record of ``points`` on these inputs and anchors (``search``: the report)."""
         return batchmap.record(self.plan.params, points, input_checksum=self.checksum,
-                               anchor_checksum=self.anchors.checksum, environment=self.plan.environment,
+                               anchor_checksum=self.anchors.checksum,
+                               environment=self.plan.environment,
                                sessions=sessions, complete=complete, search=search)
 
 
@@ -98,7 +103,8 @@ def complete(mapper: Mapper) -> dict:
     t0 = time.monotonic()
     p = mapper.plan.params
     points, found = batchmap.search(p.lo, p.hi, mapper.point)
-    return mapper.record(points, [{"evaluated": len(points), "seconds": round(time.monotonic() - t0, 3),
+    return mapper.record(points, [{"evaluated": len(points),
+                                   "seconds": round(time.monotonic() - t0, 3),
                                    "complete": True}], complete=True, search=found)
 
 
@@ -118,8 +124,9 @@ def confirm(mapper: Mapper, runs: list[dict], most: int = CONFIRM_MOST) -> dict:
     return {"sizes": sizes, "differ": differ, "seconds": round(time.monotonic() - t0, 3)}
 
 
-def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None, precision: str,
-        device: str, path: str | None, resume: bool, prog: str = "matmul-drift map",
+def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] | None,
+        precision: str, device: str, path: str | None, resume: bool,
+        prog: str = "matmul-drift map",
         host_memory_check: bool = True) -> resumable.Outcome:
     """Map M over ``rng`` (None: the device's default) for ``--case case_id`` or the shape
     ``k`` x ``n``, in ``precision`` on ``device``. With ``path`` the record is written there
@@ -140,9 +147,11 @@ def run(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int] 
                 f"for {result['range_size']}" + (f"; record in {path}" if path else ""))
 
     with measure.precision_flags(precision):
-        points = batchmap.resume_points(rec, params, mapper.checksum, mapper.anchors.checksum) if rec else {}
+        points = (batchmap.resume_points(rec, params, mapper.checksum, mapper.anchors.checksum)
+                  if rec else {})
         return resumable.drive(
             lambda evaluate, known: batchmap.search(s["lo"], s["hi"], evaluate, known=known),
             mapper.point, mapper.record, done,
             words=resumable.Words(prog, "M", "at M = {}", "batch sizes"),
-            grid=classsearch.grid_count(s["lo"], s["hi"], None), path=path, resumed=rec, points=points)
+            grid=classsearch.grid_count(s["lo"], s["hi"], None), path=path, resumed=rec,
+            points=points)

@@ -58,7 +58,8 @@ def region_key(point: dict) -> tuple:
     return point["kernel_id"], None if ulp is None else bool(ulp or point.get("frac_differ"))
 
 
-def search(lo: int, hi: int, step: int, evaluate, known: dict[int, dict] | None = None) -> dict[int, dict]:
+def search(lo: int, hi: int, step: int, evaluate,
+           known: dict[int, dict] | None = None) -> dict[int, dict]:
     """Evaluate the coarse grid, then bisect every interval whose ends differ in region_key.
 
     ``evaluate(size) -> point`` is called once per size not already in ``known``; the
@@ -75,7 +76,8 @@ def search(lo: int, hi: int, step: int, evaluate, known: dict[int, dict] | None 
     sizes = list(range(lo, hi, step)) + [hi]
     for size in sizes:
         at(size)
-    todo = [(a, b) for a, b in zip(sizes, sizes[1:]) if region_key(points[a]) != region_key(points[b])]
+    todo = [(a, b) for a, b in zip(sizes, sizes[1:])
+            if region_key(points[a]) != region_key(points[b])]
     todo.reverse()  # low sizes first
     while todo:
         a, b = todo.pop()
@@ -83,7 +85,8 @@ def search(lo: int, hi: int, step: int, evaluate, known: dict[int, dict] | None 
             continue
         mid = (a + b) // 2
         at(mid)
-        halves = [(x, y) for x, y in ((a, mid), (mid, b)) if region_key(points[x]) != region_key(points[y])]
+        halves = [(x, y) for x, y in ((a, mid), (mid, b))
+                  if region_key(points[x]) != region_key(points[y])]
         todo.extend(reversed(halves))
     return points
 
@@ -126,7 +129,8 @@ def class_members(lo: int, hi: int, c: int, period: int = 1) -> range:
     spacing = 2 ** (base + 1) if base < CLASS_TOP else 2 ** CLASS_TOP
     offset = 2 ** base if base < CLASS_TOP else 0
     step = math.lcm(spacing, period)
-    first = next((s for s in range(lo, lo + step) if s % spacing == offset and s % period == c % period),
+    first = next((s for s in range(lo, lo + step)
+                  if s % spacing == offset and s % period == c % period),
                  hi + 1)
     return range(first, hi + 1, step)
 
@@ -136,8 +140,9 @@ def classes_in(lo: int, hi: int, period: int = 1) -> list[int]:
     return [c for c in range(class_count(period)) if class_members(lo, hi, c, period)]
 
 
-def class_search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = None, step: int | None = None,
-                 intervals: int = CLASS_INTERVALS, period: int = 1) -> dict[int, dict]:
+def class_search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = None,
+                 step: int | None = None, intervals: int = CLASS_INTERVALS,
+                 period: int = 1) -> dict[int, dict]:
     """``search`` once per alignment class. Within a class the coarse grid takes every
     ``step // spacing``-th member (``step`` in sizes; 1 is a dense sweep), or by default cuts
     the class into ``intervals`` pieces; differing neighbours are bisected down to adjacent
@@ -158,7 +163,8 @@ def class_search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = Non
 
 def _index_step(members: range, step: int | None, intervals: int) -> int:
     """Members of a class from one grid point to the next (1: every member is evaluated)."""
-    return max(1, step // members.step) if step else max(1, math.ceil((len(members) - 1) / intervals))
+    return (max(1, step // members.step) if step
+            else max(1, math.ceil((len(members) - 1) / intervals)))
 
 
 def grid_gap(lo: int, hi: int, step: int | None, intervals: int = CLASS_INTERVALS,
@@ -168,7 +174,8 @@ def grid_gap(lo: int, hi: int, step: int | None, intervals: int = CLASS_INTERVAL
     and change back over a run of sizes narrower than this can lie between two grid points
     and go unseen in that class (but for the spot checks)."""
     classes = [class_members(lo, hi, c, period) for c in classes_in(lo, hi, period)]
-    widest = [(min(_index_step(m, step, intervals), len(m) - 1), m.step) for m in classes]  # in members
+    widest = [(min(_index_step(m, step, intervals), len(m) - 1), m.step)  # in members
+              for m in classes]
     return max([i * spacing for i, spacing in widest if i > 1], default=0)
 
 
@@ -208,8 +215,8 @@ def _class_set(classes: set[int], absent: set[int] = frozenset(), period: int = 
 
 def pattern(points: dict[int, dict], lo: int, hi: int, period: int = 1) -> list[dict]:
     """The range as segments in which each class keeps one state; a segment whose classes
-    differ is periodic and says so: ``lo``, ``hi``, ``states`` ([{classes, kernel_id,
-    drift}], the most common first) and ``text`` ('1..11: drift, except multiples of 4: no drift')."""
+    differ is periodic and says so: ``lo``, ``hi``, ``states`` ([{classes, kernel_id, drift}],
+    the most common first) and ``text`` ('1..11: drift, except multiples of 4: no drift')."""
     by_class = _by_class(points, period)
     segments: list[dict] = []
     for size in range(lo, hi + 1):
@@ -228,14 +235,18 @@ def pattern(points: dict[int, dict], lo: int, hi: int, period: int = 1) -> list[
         for c, key in seg["by_class"].items():
             groups.setdefault(key, set()).add(c)
         order = sorted(groups, key=lambda k: -seg["count"][k])
-        states = [{"classes": [class_label(c, period) for c in sorted(groups[k])], "kernel_id": k[0],
-                   "drift": None if k[1] is None else ("non-zero" if k[1] else "zero")} for k in order]
+        states = [{"classes": [class_label(c, period) for c in sorted(groups[k])],
+                   "kernel_id": k[0],
+                   "drift": None if k[1] is None else ("non-zero" if k[1] else "zero")}
+                  for k in order]
         text = f"{seg['lo']}..{seg['hi']}: {_state_words(order[0], several)}"
         if len(order) > 1:
             absent = set(range(class_count(period))) - set(seg["by_class"])
-            text += ", except " + "; ".join(f"{_class_set(groups[k], absent, period)}: {_state_words(k, several)}"
+            text += ", except " + "; ".join(f"{_class_set(groups[k], absent, period)}: "
+                                            f"{_state_words(k, several)}"
                                             for k in order[1:])
-        out.append({"lo": seg["lo"], "hi": seg["hi"], "periodic": len(order) > 1, "states": states, "text": text})
+        out.append({"lo": seg["lo"], "hi": seg["hi"], "periodic": len(order) > 1,
+                    "states": states, "text": text})
     return out
 
 
@@ -253,7 +264,8 @@ def grid_count(lo: int, hi: int, step: int | None, intervals: int = CLASS_INTERV
     total = 0
     for c in classes_in(lo, hi):
         last = len(class_members(lo, hi, c)) - 1
-        total += len(range(0, last, _index_step(class_members(lo, hi, c), step, intervals))) + 1 if last else 1
+        total += (len(range(0, last, _index_step(class_members(lo, hi, c), step, intervals))) + 1
+                  if last else 1)
     return total
 
 
@@ -264,7 +276,8 @@ def class_boundaries(points: dict[int, dict], period: int = 1) -> list[dict]:
     for c, sizes in _by_class(points, period).items():
         spacing = class_members(1, 1, c, period).step
         for b in boundaries({s: points[s] for s in sizes}):
-            out.append({"class": class_label(c, period), **b, "exact": b["hi"] - b["lo"] == spacing})
+            out.append({"class": class_label(c, period), **b,
+                        "exact": b["hi"] - b["lo"] == spacing})
     return sorted(out, key=lambda b: (b["hi"], b["lo"]))
 
 
@@ -286,10 +299,11 @@ def class_regions(points: dict[int, dict], period: int = 1) -> list[dict]:
 # takes the period (of PERIODS) whose classes change least along it; searches the classes of
 # that period; and checks what it inferred with spot checks: in each round one size not
 # measured of every state inferred in every class, and more up to SPOT_CHECKS, drawn at random
-# (CHECK_SEED), are measured and compared with the state their class gives them. Where one differs, the stretch between its class's measured neighbours is
-# measured densely, every class bisected again, and another round drawn; where the last round
-# still finds one, every size left is measured. Every choice rests only on the sizes the
-# search asked for, in order, so it replays over a record's points to resume.
+# (CHECK_SEED), are measured and compared with the state their class gives them. Where one
+# differs, the stretch between its class's measured neighbours is measured densely, every
+# class bisected again, and another round drawn; where the last round still finds one, every
+# size left is measured. Every choice rests only on the sizes the search asked for, in order,
+# so it replays over a record's points to resume.
 
 PREFIX = 56  # sizes measured densely at the range's start: each period of PERIODS shows twice
 PERIODS = (1, 2, 4, 6, 8, 12, 14, 16, 24, 28)  # in sizes: powers of two and the blocks kernels use
@@ -353,7 +367,8 @@ def checked_search(lo: int, hi: int, evaluate, known: dict[int, dict] | None = N
             inferred.setdefault((size_class(s, period), stated[s]), []).append(s)
         picks = {rng.choice(sizes) for sizes in inferred.values()}
         rest = [s for s in unmeasured if s not in picks]
-        picks = sorted(picks | set(rng.sample(rest, max(0, min(SPOT_CHECKS - len(picks), len(rest))))))
+        picks = sorted(picks | set(rng.sample(rest, max(0, min(SPOT_CHECKS - len(picks),
+                                                               len(rest))))))
         wrong = [s for s in picks if region_key(at(s)) != stated[s]]
         report["checked"] += picks
         report["failed"] += wrong
@@ -475,7 +490,8 @@ def regions(points: dict[int, dict]) -> list[dict]:
             out.append(r)
         r["hi"] = size
         r["points"] += 1
-        for key, value in (("max_ulp", p.get("max_ulp")), ("max_u", p.get("max_u")), ("max_error_u", p["error_u"])):
+        for key, value in (("max_ulp", p.get("max_ulp")), ("max_u", p.get("max_u")),
+                           ("max_error_u", p["error_u"])):
             if value is not None:
                 r[key] = value if r[key] is None else max(r[key], value)
     for r, nxt in zip(out, out[1:]):

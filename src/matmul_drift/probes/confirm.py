@@ -22,11 +22,12 @@ TIMEOUT_S = 600  # one process, all its cells
 
 # The child: each cell's median time, in one process with one side's settings. A cell that
 # cannot run here is null.
-_CHILD = r"""
+_CHILD = (r"""
 import json, statistics, sys, time
 import torch
 from matmul_drift.measure.measure import cpu_product
-cells, threads, samples, budget = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+cells, threads, samples, budget = json.loads(sys.argv[1]), int(sys.argv[2]), """
+          r"""int(sys.argv[3]), float(sys.argv[4])
 if threads > 0:
     torch.set_num_threads(threads)
 out = []
@@ -44,7 +45,7 @@ for case, dtype in cells:
         times.append(time.perf_counter() - s)
     out.append(statistics.median(times))
 print(json.dumps({"threads": torch.get_num_threads(), "seconds": out}))
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ def verdict(check: Check) -> dict:
             "rounds": len(check.seconds["before"])}
 
 
-def run(checks: list[Check], rounds: int = ROUNDS, progress=None, env: dict | None = None) -> list[dict]:
+def run(checks: list[Check], rounds: int = ROUNDS, progress=None,
+        env: dict | None = None) -> list[dict]:
     """Measure every check's two sides in ``rounds`` interleaved rounds: one process per setting
     and round, timing all of that setting's cells; the order of the settings turns each round.
     Returns one record per check (verdict's, with the seconds and each side's threads)."""
@@ -131,7 +133,8 @@ def _measure(s: Setting, cells: list[tuple[str, str]], base: dict) -> dict:
     args = [s.python, "-c", _CHILD, json.dumps(cells), str(s.threads), str(SAMPLES), str(BUDGET_S)]
     failed = {"threads": None, "seconds": [None] * len(cells)}
     try:
-        p = subprocess.run(args, capture_output=True, text=True, env=s.environ(base), timeout=TIMEOUT_S)
+        p = subprocess.run(args, capture_output=True, text=True, env=s.environ(base),
+                           timeout=TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {**failed, "error": f"{s.python}: {exc}"}
     try:

@@ -24,14 +24,18 @@ from matmul_drift.measure.measure import (Measurement, Operands, Unavailable, bi
 from matmul_drift.probes import fixes, fixfind, interrupt, order_plan
 from matmul_drift.store import bounded
 
-DRIFT_KEYS = ("max_u", "max_u_entries", "frac_differ", "max_ulp", "sign_changes", "nonfinite_differ", "beyond_bound")
+DRIFT_KEYS = ("max_u", "max_u_entries", "frac_differ", "max_ulp", "sign_changes",
+              "nonfinite_differ", "beyond_bound")
 LEGEND = (
-    "u: the unit roundoff of the output dtype ({u}); errors and drifts in u are |difference| / (u · Σ|a·b|).",
-    "ulp: the gap between neighbouring floats at a value; an ulp count is how many floats lie between two results.",
-    "γ_K: K·u / (1 − K·u), the worst error (in u) any order of summing K products can make; none where K·u ≥ 1.",
+    "u: the unit roundoff of the output dtype ({u}); "
+    "errors and drifts in u are |difference| / (u · Σ|a·b|).",
+    "ulp: the gap between neighbouring floats at a value; "
+    "an ulp count is how many floats lie between two results.",
+    "γ_K: K·u / (1 − K·u), the worst error (in u) any order of summing K products can make; "
+    "none where K·u ≥ 1.",
 )
-TF32_LEGEND = ("γ_K(TF32): ((1 + 2^-10)² (1 + γ_K at 2u) − 1) / u, the same for TF32, which takes each input to 10 "
-               "fraction bits and adds cutting toward zero.")
+TF32_LEGEND = ("γ_K(TF32): ((1 + 2^-10)² (1 + γ_K at 2u) − 1) / u, the same for TF32, "
+               "which takes each input to 10 fraction bits and adds cutting toward zero.")
 
 
 def _worst(row: dict) -> tuple:
@@ -47,11 +51,12 @@ def _pick(rows: list[dict], want: int | None, key: str) -> dict | None:
     if not rows:
         return None
     worst = max(rows, key=_worst)
-    return {key: worst[key], **{k: worst[k] for k in ("form",) if k in worst}, **{k: worst[k] for k in DRIFT_KEYS}}
+    return {key: worst[key], **{k: worst[k] for k in ("form",) if k in worst},
+            **{k: worst[k] for k in DRIFT_KEYS}}
 
 
-def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = None, layout: dict | None = None,
-           rounding: dict | None = None) -> dict:
+def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = None,
+           layout: dict | None = None, rounding: dict | None = None) -> dict:
     """The JSON object of `explain --json`. Units: error_u, gamma_k_u and max_u in u of the
     output dtype; max_ulp in output ulps; frac_differ a fraction; seconds per product.
     ``rounding`` (files only): per operand, the counts of entries that rounding to the dtype
@@ -88,9 +93,11 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
     }
     nulls: dict[str, str] = {}
     if m.error_u is None:
-        nulls["error_u"] = "no entry is finite in both the product and the exact result, with Σ|a·b| > 0"
+        nulls["error_u"] = ("no entry is finite in both the product and the exact result, "
+                            "with Σ|a·b| > 0")
     if m.gamma_k_u is None:
-        nulls["gamma_k_u"] = ("2K·u ≥ 1: the γ_K(TF32) bound says nothing" if m.precision in numerics.TF32
+        nulls["gamma_k_u"] = ("2K·u ≥ 1: the γ_K(TF32) bound says nothing"
+                              if m.precision in numerics.TF32
                               else "K·u ≥ 1: the γ_K bound says nothing")
     out = _finite(out, "", nulls)
     out["nulls"] = nulls
@@ -135,7 +142,8 @@ def _finite(obj, path: str, nulls: dict):
 
 
 def _drifts(r: dict) -> list[tuple[str, dict]]:
-    out = [("slice_n", row) for row in r["slices"]["n"]] + [("slice_m", row) for row in r["slices"]["m"]]
+    out = ([("slice_n", row) for row in r["slices"]["n"]]
+           + [("slice_m", row) for row in r["slices"]["m"]])
     return out + [("run_to_run", r["run_to_run"])]
 
 
@@ -155,9 +163,11 @@ def verdict(r: dict) -> dict:
     lost = []
     for name, c in (r.get("rounding") or {}).items():
         if c["to_inf"]:
-            lost.append(f"{_count(c['to_inf'], 'finite entry', 'finite entries')} of {name.upper()} ±inf")
+            lost.append(f"{_count(c['to_inf'], 'finite entry', 'finite entries')} "
+                        f"of {name.upper()} ±inf")
         if c["to_zero"]:
-            lost.append(f"{_count(c['to_zero'], 'non-zero entry', 'non-zero entries')} of {name.upper()} 0")
+            lost.append(f"{_count(c['to_zero'], 'non-zero entry', 'non-zero entries')} "
+                        f"of {name.upper()} 0")
     if lost:
         said = lost[0] if len(lost) == 1 else f"{', '.join(lost[:-1])} and {lost[-1]}"
         v["text"] += f"; rounding the files to {r['dtype'].split('-', 1)[0]} made {said}"
@@ -178,55 +188,71 @@ def _judge(r: dict) -> dict:
     err, cover, nf = r["error_u"], r["error_entries"], r["nonfinite"]
     over = f"over {cover['entries']} of {cover['of']} entries"
     if cover["beyond_bound"]:
-        return {"kind": "defect", "text": f"DEFECT: {_count(cover['beyond_bound'], 'entry has', 'entries have')} an "
-                                          f"error beyond the {g} bound {gamma:.4g} u (error_u {_fmt(err)} u {over})"}
+        return {"kind": "defect",
+                "text": f"DEFECT: {_count(cover['beyond_bound'], 'entry has', 'entries have')} an "
+                        f"error beyond the {g} bound {gamma:.4g} u (error_u {_fmt(err)} u {over})"}
     if cover["zero_misses"]:
         return {"kind": "defect",
-                "text": f"DEFECT: {_outputs(cover['zero_misses'])} non-zero where every product term is zero"}
+                "text": f"DEFECT: {_outputs(cover['zero_misses'])} non-zero "
+                        "where every product term is zero"}
     for name, row in _drifts(r):
         if row.get("beyond_bound"):
             moves = _count(row["beyond_bound"], "entry", "entries")
-            return {"kind": "defect", "text": f"DEFECT: {name} {_where(name, row)} moves {moves} further than "
-                                              f"2·{g} = {2 * gamma:.4g} u (max_u {_fmt(row['max_u'])} u)"}
+            return {"kind": "defect",
+                    "text": f"DEFECT: {name} {_where(name, row)} moves {moves} further than "
+                            f"2·{g} = {2 * gamma:.4g} u (max_u {_fmt(row['max_u'])} u)"}
     err_text = _error_text(err, cover, over)
     ref = r.get("reference") or {}
     if not ref.get("exact_products", True) and (ref.get("error_bound_u") or 0) >= 1:
-        # float64 rows or columns too wide in range for the slices: error_u may be the reference's own
-        err_text += (f", against a reference good only to {ref['error_bound_u']:.2g} u here (rows of A or "
-                     "columns of B span too many binades for float64 to slice exactly)")
+        # float64 rows or columns too wide in range for the slices: error_u may be the
+        # reference's own
+        err_text += (f", against a reference good only to {ref['error_bound_u']:.2g} u here "
+                     "(rows of A or columns of B span too many binades for float64 to slice "
+                     "exactly)")
     elif cover["subnormal"]:
-        err_text += f", {cover['subnormal']} of them with Σ|a·b| below {dt}'s normal range, where rounding is absolute"
+        err_text += (f", {cover['subnormal']} of them with Σ|a·b| below {dt}'s normal range, "
+                     "where rounding is absolute")
     moved = [(name, row) for name, row in _drifts(r) if row["frac_differ"] > 0]
     drift_text = _drift_text(r, moved)
     if nf["a"] or nf["b"]:
         return {"kind": "non-finite inputs", "text": (
-            f"non-finite inputs: A has {_count(nf['a'], 'NaN or inf entry', 'NaN or inf entries')}, B {nf['b']}; "
-            f"{_outputs(nf['reference'])} NaN or inf in the exact result and {nf['product']} in the product"
-            + (f" ({nf['mismatch']} of them not the exact result's NaN or inf)" if nf["mismatch"] else "")
+            f"non-finite inputs: A has "
+            f"{_count(nf['a'], 'NaN or inf entry', 'NaN or inf entries')}, B {nf['b']}; "
+            f"{_outputs(nf['reference'])} NaN or inf in the exact result "
+            f"and {nf['product']} in the product"
+            + (f" ({nf['mismatch']} of them not the exact result's NaN or inf)"
+               if nf["mismatch"] else "")
             + f"; {err_text}; {drift_text}")}
     nonfinite_drift = [(name, row) for name, row in moved if row["nonfinite_differ"]]
     if nf["overflow"] or nf["spurious"] or nonfinite_drift:
         parts = []
         if nf["overflow"]:
-            parts.append(f"{_outputs(nf['overflow'])} inf because the exact value is beyond {dt}'s largest "
-                         f"finite value {numerics.finite_max(dt):.6g}, so inf is the rounded result")
+            parts.append(f"{_outputs(nf['overflow'])} inf because the exact value is beyond "
+                         f"{dt}'s largest finite value {numerics.finite_max(dt):.6g}, "
+                         "so inf is the rounded result")
         if nf["spurious"]:
-            parts.append(f"{_outputs(nf['spurious'])} NaN or inf although the exact value is finite and rounds "
-                         "to something else (an intermediate sum overflowed, or a sum just below the threshold "
-                         f"was rounded past it twice: in the wider accumulator, then to {dt})")
+            parts.append(f"{_outputs(nf['spurious'])} NaN or inf although the exact value is "
+                         "finite and rounds to something else (an intermediate sum overflowed, "
+                         "or a sum just below the threshold was rounded past it twice: "
+                         f"in the wider accumulator, then to {dt})")
         for name, row in nonfinite_drift:
             turns = _count(row["nonfinite_differ"], "entry", "entries")
             parts.append(f"{name} {_where(name, row)} turns {turns} between finite and NaN/inf")
-        return {"kind": "overflow", "text": "overflow: " + "; ".join(parts) + f"; {err_text}; {drift_text}"}
+        return {"kind": "overflow",
+                "text": "overflow: " + "; ".join(parts) + f"; {err_text}; {drift_text}"}
     if not moved:
         return {"kind": "bit-identical",
-                "text": f"bit-identical: every slice and every repeat gave the full product's bits; {err_text}"}
+                "text": "bit-identical: every slice and every repeat gave the full product's "
+                        f"bits; {err_text}"}
     name, row = max(moved, key=lambda x: _worst(x[1]))
     why = _why(_call_kernels(r, name, row) if name != "run_to_run" else None, r["kernels"]["full"])
-    bound = f"within the bound 2·{g} = {2 * gamma:.4g} u" if gamma else f"K·u ≥ 1, so {g} gives no bound"
-    if gamma and max(_worst(row)[1] for _, row in moved) > 2 * gamma:  # only the η term lets it be beyond
+    bound = (f"within the bound 2·{g} = {2 * gamma:.4g} u" if gamma
+             else f"K·u ≥ 1, so {g} gives no bound")
+    # only the η term lets it be beyond
+    if gamma and max(_worst(row)[1] for _, row in moved) > 2 * gamma:
         bound += f" plus twice (K+1)·η, the absolute rounding below {dt}'s normal range"
-    return {"kind": "rounding", "text": f"rounding-level drift: {drift_text}; {why}; {bound}; {err_text}"}
+    return {"kind": "rounding",
+            "text": f"rounding-level drift: {drift_text}; {why}; {bound}; {err_text}"}
 
 
 def _error_text(err: float | None, cover: dict, over: str) -> str:
@@ -234,10 +260,12 @@ def _error_text(err: float | None, cover: dict, over: str) -> str:
     output is 0 (``exact_zeros``; absent from reports saved before it was counted) are exact."""
     zeros = cover.get("exact_zeros", 0)
     if err is None and zeros == cover["of"]:  # an all-zero A or B: nothing to cover, nothing wrong
-        return f"every entry is exact: {_count(zeros, 'output is', 'outputs are')} 0, as is each of their product terms"
-    text = f"error_u {err:.3g} u {over}" if err is not None else f"no entry has a finite error ({over})"
-    return text + (f"; {_count(zeros, 'more output is', 'more outputs are')} exactly 0, as is each of their product "
-                   "terms" if zeros else "")
+        return (f"every entry is exact: {_count(zeros, 'output is', 'outputs are')} 0, "
+                "as is each of their product terms")
+    text = (f"error_u {err:.3g} u {over}" if err is not None
+            else f"no entry has a finite error ({over})")
+    return text + (f"; {_count(zeros, 'more output is', 'more outputs are')} exactly 0, "
+                   "as is each of their product terms" if zeros else "")
 
 
 def _why(call: list[str] | None, full: list[str]) -> str:
@@ -259,10 +287,12 @@ def _drift_text(r: dict, moved: list) -> str:
     if not moved:
         return "no drift between slices or repeats"
     name, row = max(moved, key=lambda x: _worst(x[1]))
-    text = f"{name} {_where(name, row)} moves {_pct(row['frac_differ'])} of entries by up to {_fmt(row['max_u'])} u"
+    text = (f"{name} {_where(name, row)} moves {_pct(row['frac_differ'])} of entries "
+            f"by up to {_fmt(row['max_u'])} u")
     text += f" (at most {row['max_ulp']} ulp apart"
     if row["sign_changes"]:
-        text += f"; {row['sign_changes']} entries change sign, so that count spans zero and says nothing of size"
+        text += (f"; {row['sign_changes']} entries change sign, "
+                 "so that count spans zero and says nothing of size")
     return text + ")"
 
 
@@ -286,7 +316,8 @@ def _fmt(x) -> str:
 def _seconds(s: dict | None) -> str:
     if not s:
         return "not timed"
-    text = (f"median {s['median']:.4g} s, IQR {s['iqr']:.3g} s over {s['runs']} runs of {s['calls_per_run']} "
+    text = (f"median {s['median']:.4g} s, IQR {s['iqr']:.3g} s over {s['runs']} runs of "
+            f"{s['calls_per_run']} "
             f"calls, {s['threads']} threads")
     if s.get("quantiles"):
         text += ", quantiles 0.2/0.5/0.8 " + "/".join(f"{q:.4g}" for q in s["quantiles"]) + " s"
@@ -305,18 +336,24 @@ def render(r: dict) -> str:
     head = [
         ["case", r["case"]], ["shape", shape], ["dtype", r["dtype"]], ["device", r["device"]],
         ["error_u (u)", f"{_fmt(r['error_u'])} over {cover['entries']} of {cover['of']} entries"
-                        + (f"; {cover['exact_zeros']} more exactly 0" if cover.get("exact_zeros") else "")],
-        [f"{numerics.bound_name(r['dtype'])} bound (u)", _fmt(r["gamma_k_u"]) if r["gamma_k_u"] else "none (K·u ≥ 1)"],
-        ["reference", f"{r['reference']['method']}, error ≤ {r['reference']['error_bound_u']:.2g} u"],
-        ["run-to-run", f"{_fmt(r['run_to_run']['max_u'])} u over {r['run_to_run']['repeat']} calls"],
-        ["seconds per product", _seconds(r["seconds"])], ["input checksum", r["input_checksum"][:16]],
+                        + (f"; {cover['exact_zeros']} more exactly 0"
+                           if cover.get("exact_zeros") else "")],
+        [f"{numerics.bound_name(r['dtype'])} bound (u)",
+         _fmt(r["gamma_k_u"]) if r["gamma_k_u"] else "none (K·u ≥ 1)"],
+        ["reference",
+         f"{r['reference']['method']}, error ≤ {r['reference']['error_bound_u']:.2g} u"],
+        ["run-to-run",
+         f"{_fmt(r['run_to_run']['max_u'])} u over {r['run_to_run']['repeat']} calls"],
+        ["seconds per product", _seconds(r["seconds"])],
+        ["input checksum", r["input_checksum"][:16]],
         ["kernel-id", r["kernel_id"]], ["env-id", r["env_id"]],
     ]
     bits = r.get("bits") or {}  # none in a report saved before outputs were hashed
     if bits:
         head.append(["bits-id", f"{r['bits_id']} (full product's sha256 {bits['full'][:12]})"])
     if r.get("layout"):
-        head.insert(4, ["layout", ", ".join(f"{k} strides {v['strides']}" for k, v in r["layout"].items()
+        head.insert(4, ["layout", ", ".join(f"{k} strides {v['strides']}"
+                                            for k, v in r["layout"].items()
                                             if isinstance(v, dict))])
     nf = r["nonfinite"]
     if any(nf.values()):
@@ -356,13 +393,15 @@ def _pair_text(p: dict) -> str:
         head += f" ({p['nonfinite_differ']} finite on one side only)"
     if not p["bands"]:
         return head + "."
-    rows = [[f"[{_fmt(b['lo'])}, {_fmt(b['hi'])})", _fmt(b["ulp"]), b["differ"], _fmt(b["max_abs"]), b["max_ulp"]]
+    rows = [[f"[{_fmt(b['lo'])}, {_fmt(b['hi'])})", _fmt(b["ulp"]), b["differ"],
+             _fmt(b["max_abs"]), b["max_ulp"]]
             for b in p["bands"]]
     low = p["bands"][0]["lo"]
     tail = (f"No entry below {_fmt(low)} differs ({p['below']} entries there)." if p.get("below")
             else f"Every entry compared is at least {_fmt(low)} in magnitude.")
     return "\n".join([head + "; by magnitude |y|:",
-                      tabulate(rows, headers=["|y| in", "ulp there", "entries differ", "largest |difference|",
+                      tabulate(rows, headers=["|y| in", "ulp there", "entries differ",
+                                              "largest |difference|",
                                               "in ulps"]), tail])
 
 
@@ -413,7 +452,8 @@ def prepare(req: Request) -> _Ready:
         raise UsageError(str(exc)) from None
     if req.m is not None:
         case = cases.adhoc(req.m, req.k, req.n)
-    if not files:  # before the device: a slice the case lacks says so on a machine without the GPU too
+    # before the device: a slice the case lacks says so on a machine without the GPU too
+    if not files:
         cases.check_slices(case, case.shape(req.device), req.slice_n, req.slice_m)
     try:
         check_device(req.device, req.dtype)
@@ -452,17 +492,22 @@ def explain(req: Request, ready: _Ready, fix_bar=None) -> dict:
             slice_n=slice_n or (), slice_m=slice_m or (), repeat=req.repeat or 3,
         )
     else:
-        m = measure(case, req.dtype, req.device, slice_n=slice_n, slice_m=slice_m, repeat=req.repeat)
-    r = report(m, req.slice_n, req.slice_m, layout=m.layout, rounding=rounding if ready.operands else None)
+        m = measure(case, req.dtype, req.device, slice_n=slice_n, slice_m=slice_m,
+                    repeat=req.repeat)
+    r = report(m, req.slice_n, req.slice_m, layout=m.layout,
+               rounding=rounding if ready.operands else None)
     if req.try_fixes:
         r["fixes"] = _try_fixes(req, case, slice_n, slice_m, fix_bar)
-    stopped = r.get("fixes", {}).get("stopped")  # a signal while trying fixes: the report so far, at once
+    # a signal while trying fixes: the report so far, at once
+    stopped = r.get("fixes", {}).get("stopped")
     if req.orders and not stopped:
         # here: explain --render imports this module and runs without torch
         from matmul_drift.probes import order
 
-        slices = [("n", s["n"], bool(s["max_ulp"] or s["frac_differ"]), s["form"]) for s in m.slice_n]
-        slices += [("m", s["m"], bool(s["max_ulp"] or s["frac_differ"]), "as-is") for s in m.slice_m]
+        slices = [("n", s["n"], bool(s["max_ulp"] or s["frac_differ"]), s["form"])
+                  for s in m.slice_n]
+        slices += [("m", s["m"], bool(s["max_ulp"] or s["frac_differ"]), "as-is")
+                   for s in m.slice_m]
         r["orders"] = order.slice_orders(case, req.dtype, req.device, slices)
     return r
 
@@ -481,7 +526,8 @@ def read_saved(path: Path) -> tuple[str, bool]:
         return render_all(r), r["verdict"]["kind"] == "defect"
     except (OSError, bounded.Refused) as exc:
         raise BadValue("render", str(path), f"cannot read it: {exc}", colon=True) from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, ArithmeticError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
+            ArithmeticError) as exc:
         raise BadValue("render", str(path), "not an explain report saved with --json "
                        f"({type(exc).__name__}: {exc})", colon=True) from None
 
@@ -493,14 +539,18 @@ def _file_case(req: Request):
 
     a, b = (files.load_array(p, req.host_check) for p in (req.a, req.b))
     if a.dim() not in (1, 2) or b.dim() != 2:
-        raise UsageError(f"A must be (M, K) or (K,) and B (K, N); got A {tuple(a.shape)} and B {tuple(b.shape)}")
+        raise UsageError(f"A must be (M, K) or (K,) and B (K, N); "
+                         f"got A {tuple(a.shape)} and B {tuple(b.shape)}")
     if a.shape[-1] != b.shape[0]:
-        raise UsageError(f"shapes do not match: A {tuple(a.shape)} @ B {tuple(b.shape)} (K {a.shape[-1]} != {b.shape[0]})")
+        raise UsageError(f"shapes do not match: A {tuple(a.shape)} @ B {tuple(b.shape)} "
+                         f"(K {a.shape[-1]} != {b.shape[0]})")
     m = 1 if a.dim() == 1 else a.shape[0]
     empty = [f"{d} = 0" for d, v in (("M", m), ("K", b.shape[0]), ("N", b.shape[1])) if v == 0]
     if empty:
-        raise UsageError(f"A {tuple(a.shape)} @ B {tuple(b.shape)} is empty ({', '.join(empty)}): nothing to measure"
-                         + (" (with K = 0 every output is exactly 0)" if "K = 0" in empty and len(empty) == 1 else ""))
+        raise UsageError(f"A {tuple(a.shape)} @ B {tuple(b.shape)} is empty "
+                         f"({', '.join(empty)}): nothing to measure"
+                         + (" (with K = 0 every output is exactly 0)"
+                            if "K = 0" in empty and len(empty) == 1 else ""))
     dt = getattr(torch, cases.storage_dtype(req.dtype))
     for path, t in ((req.a, a), (req.b, b)):
         try:  # one entry: float4_e2m1fn_x2 is a floating-point dtype that torch converts to nothing
@@ -509,15 +559,18 @@ def _file_case(req: Request):
             raise UsageError(f"{path}: torch cannot convert {t.dtype} to {req.dtype}") from None
     shape = cases.Shape(m, b.shape[0], b.shape[1])
     case = cases.Case(
-        f"files:{files.text_name(req.a)}@{files.text_name(req.b)}", "mv" if a.dim() == 1 else "mm", shape, shape, layout="strided",
+        f"files:{files.text_name(req.a)}@{files.text_name(req.b)}",
+        "mv" if a.dim() == 1 else "mm", shape, shape, layout="strided",
         forms=("as-is", "2d") if a.dim() == 1 else ("as-is",),
     )
     keep = req.keep_layout
-    gaps = sum((restride_elements(t, keep) or t.numel()) - t.numel() for t in (a, b))  # offsets and strides kept
+    # offsets and strides kept
+    gaps = sum((restride_elements(t, keep) or t.numel()) - t.numel() for t in (a, b))
     _check_memory(req, shape, gaps * dt.itemsize)  # before the files' values are read
     a_t, b_t = (restride(t, dt, req.device, keep) for t in (a, b))
     rounding = {"a": files.rounded_away(a, a_t), "b": files.rounded_away(b, b_t)}
-    return case, Operands(a_t, b_t, case.op, case.layout), inputs.checksum(tensor_bits(a_t), tensor_bits(b_t)), rounding
+    return (case, Operands(a_t, b_t, case.op, case.layout),
+            inputs.checksum(tensor_bits(a_t), tensor_bits(b_t)), rounding)
 
 
 def render_orders(o: dict) -> str:
@@ -535,10 +588,12 @@ def _check_memory(req: Request, shape: cases.Shape, extra: int = 0) -> None:
     """UsageError (one line) when measuring the product, and ``extra`` bytes more on its
     device, needs more memory than there is."""
     batch = shape.batch or 1
-    host, device = memory.bytes_needed(shape.m, shape.k, shape.n, cases.storage_dtype(req.dtype), req.device, batch,
+    host, device = memory.bytes_needed(shape.m, shape.k, shape.n, cases.storage_dtype(req.dtype),
+                                       req.device, batch,
                                        fixes=req.try_fixes)
     need = (host, device + extra) if req.device == "cuda" else (host + extra, device)
-    what = (f"the product, {'' if batch == 1 else f'batch={batch} '}m={shape.m} k={shape.k} n={shape.n} in {req.dtype}"
+    what = (f"the product, {'' if batch == 1 else f'batch={batch} '}"
+            f"m={shape.m} k={shape.k} n={shape.n} in {req.dtype}"
             f"{' with --try-fixes' * req.try_fixes},")
     try:
         memory.check(need, what, req.device, req.host_check)
@@ -551,15 +606,18 @@ def _try_fixes(req: Request, case: cases.Case, slice_n, slice_m, fix_bar) -> dic
     spec.update(dtype=req.dtype, device=req.device, repeat=req.repeat or 3,
                 slice_n=list(slice_n or case.slice_n), slice_m=list(slice_m or case.slice_m))
     isa = fixes.onednn_isa_in_force() if req.device == "cpu" else None
-    if req.device == "cuda":  # the measurement's blocks, cached by torch, back to the GPU for the candidates' processes
+    # the measurement's blocks, cached by torch, back to the GPU for the candidates' processes
+    if req.device == "cuda":
         import torch  # here: explain --render imports this module and runs without torch
 
         torch.cuda.empty_cache()
     # SIGINT or SIGTERM (`timeout` sends its command two: to it, then to its group) ends the
     # process in hand and starts none: the report so far is printed, not lost with the process.
-    with (fix_bar or _NoBar)("try-fixes", "process") as bar, interrupt.deferred([], escalate=False) as stopped:
+    with ((fix_bar or _NoBar)("try-fixes", "process") as bar,
+          interrupt.deferred([], escalate=False) as stopped):
         report = fixfind.try_fixes_many([spec], isa, timeout=req.fix_timeout or fixfind.TIMEOUT_S,
-                                        progress=bar.update, budget=req.fix_budget, stopped=stopped)[0]
+                                        progress=bar.update, budget=req.fix_budget,
+                                        stopped=stopped)[0]
     return json.loads(json.dumps(report, allow_nan=False))
 
 

@@ -21,9 +21,9 @@ DRIFTS = ("slice_n", "slice_m", "run_to_run")
 PAD_MULTIPLES = (4, 8, 16, 32)
 
 # oneDNN's ISA caps, highest first (ONEDNN_MAX_CPU_ISA); "a step down" is the next one.
-ONEDNN_ISAS = ("AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "AVX512_CORE_AMX", "AVX512_CORE_FP16",
-               "AVX512_CORE_BF16", "AVX512_CORE_VNNI", "AVX512_CORE", "AVX2_VNNI_2", "AVX2_VNNI", "AVX2",
-               "AVX", "SSE41")
+ONEDNN_ISAS = ("AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "AVX512_CORE_AMX",
+               "AVX512_CORE_FP16", "AVX512_CORE_BF16", "AVX512_CORE_VNNI", "AVX512_CORE",
+               "AVX2_VNNI_2", "AVX2_VNNI", "AVX2", "AVX", "SSE41")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class Candidate:
     setup: str = ""
     code: str | None = None
     needs: str | None = None
-    compute: str | None = None  # fixrun.py's name for the code change: contiguous, full, pad:<dim>:<k>
+    # fixrun.py's name for the code change: contiguous, full, pad:<dim>:<k>
+    compute: str | None = None
     precisions: tuple[str, ...] | None = None
 
     @property
@@ -64,7 +65,8 @@ CANDIDATES: tuple[Candidate, ...] = (
     # An environment variable, not allow_tf32 = False: the measurement sets the precision's own
     # flags after the candidate's setup (fixrun), and NVIDIA's libraries obey this over any flag.
     # Only the TF32 precisions use TF32: torch leaves it off for plain float32 by default.
-    Candidate("TF32 off", "cuda", DRIFTS, env={"NVIDIA_TF32_OVERRIDE": "0"}, precisions=("float32-tf32", "float32-high")),
+    Candidate("TF32 off", "cuda", DRIFTS, env={"NVIDIA_TF32_OVERRIDE": "0"},
+              precisions=("float32-tf32", "float32-high")),
     # torch 2.10 and newer take (allow_reduced_precision, allow_splitk): with split-K off,
     # cuBLASLt adds each output's K products in one kernel, as a different N may not
     # (the seed's suspect). An older torch refuses the tuple, and the row says "failed".
@@ -84,13 +86,15 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("deterministic algorithms", "cuda", DRIFTS, env={"CUBLAS_WORKSPACE_CONFIG": ":16:8"},
               setup="torch.use_deterministic_algorithms(True)"),
     Candidate("batch_invariant_ops kernels", "cuda", ("slice_n", "slice_m"),
-              # not set_batch_invariant_mode(): a context manager, which a bare call leaves unentered
+              # not set_batch_invariant_mode(): a context manager, which a bare
+              # call leaves unentered
               setup="import batch_invariant_ops\nbatch_invariant_ops.enable_batch_invariant_mode()",
               needs="batch_invariant_ops"),
     # Code changes, on any device
     Candidate("contiguous copy of the slice", "any", ("slice_n",), code="A @ B[:, :n].contiguous()",
               compute="contiguous"),
-    Candidate("full product, then slice", "any", ("slice_n", "slice_m"), code="(A @ B)[:, :n]  or  (A @ B)[:m]",
+    Candidate("full product, then slice", "any", ("slice_n", "slice_m"),
+              code="(A @ B)[:, :n]  or  (A @ B)[:m]",
               compute="full"),
 )
 
@@ -101,15 +105,17 @@ ONEDNN_ALIASES = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_
 
 
 def onednn_isa(flags: set[str] | list[str], cap: str | None = None) -> str:
-    """The highest oneDNN ISA name for a CPU with these /proc/cpuinfo flags (store/machine.py's), or
-    ``cap`` (this process's oneDNN cap, onednn_isa_in_force) where that is lower: the step down is taken
-    from what oneDNN runs now, not from above it."""
+    """The highest oneDNN ISA name for a CPU with these /proc/cpuinfo flags (store/machine.py's),
+    or ``cap`` (this process's oneDNN cap, onednn_isa_in_force) where that is lower: the step
+    down is taken from what oneDNN runs now, not from above it."""
     f = set(flags)
     top = "SSE41"
     for need, isa in (({"amx_tile", "amx_fp16", "avx512_fp16"}, "AVX512_CORE_AMX_FP16"),
-                      ({"amx_tile", "amx_bf16"}, "AVX512_CORE_AMX"), ({"avx512_fp16"}, "AVX512_CORE_FP16"),
+                      ({"amx_tile", "amx_bf16"}, "AVX512_CORE_AMX"),
+                      ({"avx512_fp16"}, "AVX512_CORE_FP16"),
                       ({"avx512_bf16"}, "AVX512_CORE_BF16"), ({"avx512_vnni"}, "AVX512_CORE_VNNI"),
-                      ({"avx512f", "avx512bw", "avx512vl"}, "AVX512_CORE"), ({"avx2"}, "AVX2"), ({"avx"}, "AVX")):
+                      ({"avx512f", "avx512bw", "avx512vl"}, "AVX512_CORE"), ({"avx2"}, "AVX2"),
+                      ({"avx"}, "AVX")):
         if need <= f:
             top = isa
             break
@@ -139,7 +145,8 @@ def padding(dim: str, multiple: int) -> Candidate:
     line = {"m": f"pad(A, rows to a multiple of {multiple}) @ B, then [:m]",
             "n": f"A @ pad(B, columns to a multiple of {multiple}), then [:, :n]",
             "k": f"pad(A, columns) @ pad(B, rows) to K a multiple of {multiple} (zeros)"}[dim]
-    return Candidate(f"pad {dim} to a multiple of {multiple}", "any", target, code=line, compute=f"pad:{dim}:{multiple}")
+    return Candidate(f"pad {dim} to a multiple of {multiple}", "any", target, code=line,
+                     compute=f"pad:{dim}:{multiple}")
 
 
 def candidates(device: str, drifts: set[str], along: str, onednn_isa: str | None = None,
@@ -153,7 +160,8 @@ def candidates(device: str, drifts: set[str], along: str, onednn_isa: str | None
     for c in table:
         if c.env.get("ONEDNN_MAX_CPU_ISA") == "":
             down = isa_step_down(onednn_isa)
-            c = Candidate(f"ONEDNN_MAX_CPU_ISA={down}", c.device, c.targets, env={"ONEDNN_MAX_CPU_ISA": down or ""})
+            c = Candidate(f"ONEDNN_MAX_CPU_ISA={down}", c.device, c.targets,
+                          env={"ONEDNN_MAX_CPU_ISA": down or ""})
             if down is None:
                 out.append((c, f"no ISA below {onednn_isa or 'this CPU'}'s is known"))
                 continue
@@ -161,14 +169,17 @@ def candidates(device: str, drifts: set[str], along: str, onednn_isa: str | None
     return out
 
 
-def why_not(c: Candidate, device: str, drifts: set[str], precision: str | None = None) -> str | None:
-    """None when ``c`` applies to a case on ``device`` in ``precision`` with ``drifts``; else the reason."""
+def why_not(c: Candidate, device: str, drifts: set[str],
+            precision: str | None = None) -> str | None:
+    """None when ``c`` applies to a case on ``device`` in ``precision`` with ``drifts``; else the
+    reason."""
     if c.device not in ("any", device):
         return f"a {c.device.upper()} setting; this case runs on {device}"
     if c.precisions and precision is not None and precision not in c.precisions:
         return f"changes {' and '.join(c.precisions)} only; this case is {precision}"
     if not set(c.targets) & drifts:
-        return f"targets {', '.join(c.targets)}; this case drifts in {', '.join(sorted(drifts)) or 'nothing'}"
+        return (f"targets {', '.join(c.targets)}; "
+                f"this case drifts in {', '.join(sorted(drifts)) or 'nothing'}")
     if c.needs and importlib.util.find_spec(c.needs) is None:
         return f"{c.needs} is not installed"
     return None

@@ -38,7 +38,8 @@ POLL_S = 0.05  # how often a running process is checked for its end, its timeout
 
 
 def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped: list[int] = (),
-           peer: str | None = None, entry: str = "matmul_drift.probes.fixrun", valid=None) -> list[dict]:
+           peer: str | None = None, entry: str = "matmul_drift.probes.fixrun",
+           valid=None) -> list[dict]:
     """One {code: result} (or {"failed": why}) per spec, from one fresh process under
     candidate ``c``'s setting (None: none); every spec failed alike if the process did, and
     {"not_tried": why} alike once ``stopped`` (signal numbers) is not empty. ``peer``: the
@@ -49,10 +50,13 @@ def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped
     code = prelude + f"from {entry} import main\nmain()\n"
     env = {**os.environ, **(c.env if c else {})}
     # Files, not pipes: the process is polled, not waited on, and nothing reads a pipe meanwhile.
-    with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
-        # Our process group, not one of its own: `timeout` signals the whole group, this process too.
+    with (tempfile.TemporaryFile("w+", errors="replace") as out,
+          tempfile.TemporaryFile("w+", errors="replace") as err):
+        # Our process group, not one of its own: `timeout` signals the whole group,
+        # this process too.
         fds = tuple(map(int, peer.split(","))) if peer else ()
-        p = subprocess.Popen([sys.executable, "-c", code, json.dumps(specs), *([peer] if peer else [])], env=env,
+        p = subprocess.Popen([sys.executable, "-c", code, json.dumps(specs),
+                              *([peer] if peer else [])], env=env,
                              stdout=out, stderr=err, pass_fds=fds)
         end = time.monotonic() + timeout
         try:
@@ -61,7 +65,8 @@ def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped
         finally:  # a KeyboardInterrupt too: no process is left running
             if p.returncode is None:
                 p.kill()  # not waited for when stopped: a CUDA process can take seconds to exit
-        if stopped and p.returncode != 0:  # ended by us, or by the signal itself (`timeout` signals the group)
+        # ended by us, or by the signal itself (`timeout` signals the group)
+        if stopped and p.returncode != 0:
             return [{"not_tried": f"stopped by {interrupt.name(stopped[0])}"}] * len(specs)
         if p.returncode is None:
             p.wait()
@@ -96,7 +101,8 @@ def _timer(stopped: list[int] = (), failed: list[str] | None = None):
     rep_r, rep_w = os.pipe()
     with tempfile.TemporaryFile("w+", errors="replace") as err:
         try:
-            p = subprocess.Popen([sys.executable, "-c", TIMER, f"{req_r},{rep_w}"], pass_fds=(req_r, rep_w),
+            p = subprocess.Popen([sys.executable, "-c", TIMER, f"{req_r},{rep_w}"],
+                                 pass_fds=(req_r, rep_w),
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         finally:
             os.close(req_r)
@@ -110,7 +116,8 @@ def _timer(stopped: list[int] = (), failed: list[str] | None = None):
             p.kill()
             if not stopped:  # not waited for when stopped, as _child's
                 p.wait()
-            if ended is not None and not stopped and failed is not None:  # a signal to the group ends it too
+            # a signal to the group ends it too
+            if ended is not None and not stopped and failed is not None:
                 failed.append(_crashed(ended, err))
 
 
@@ -145,7 +152,8 @@ def verdict(base: dict, got: dict) -> str:
     one whose full product has more NaN or inf entries than the default's ("adds NaN/inf")
     may agree with its slices only because both are NaN or inf."""
     want, left = drifting(base), drifting(got)
-    if got.get("nonfinite", 0) > base.get("nonfinite", 0):  # all NaN is bit-identical too: not a fix
+    # all NaN is bit-identical too: not a fix
+    if got.get("nonfinite", 0) > base.get("nonfinite", 0):
         return "adds NaN/inf"
     if not left:
         return "removes"
@@ -156,7 +164,8 @@ def verdict(base: dict, got: dict) -> str:
     return "reduces" if len(left) < len(want) or smaller else "no effect"
 
 
-def _table(spec: dict, drifts: set[str], onednn_isa: str | None) -> list[tuple[fixes.Candidate, str | None]]:
+def _table(spec: dict, drifts: set[str],
+           onednn_isa: str | None) -> list[tuple[fixes.Candidate, str | None]]:
     """The candidates for ``spec`` with its ``drifts``, once each, with why_not's reason; only
     those named in spec["only"] where it is given (a stored verdict confirmed: jobs/reuse.py)."""
     dims = [d for d, kind in (("n", "slice_n"), ("m", "slice_m")) if kind in drifts] or ["n"]
@@ -192,8 +201,10 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     none starts, and every report says ``stopped`` (the signal's name), its rows not measured
     "not tried"."""
     start = time.monotonic()
-    say = progress or (lambda msg, done, total: None)  # progress(what runs now, processes done, processes in all)
-    codes = [[c for c, why in _table(s, _slices(s) | {"run_to_run"}, onednn_isa) if c.compute and not why]
+    # progress(what runs now, processes done, processes in all)
+    say = progress or (lambda msg, done, total: None)
+    codes = [[c for c, why in _table(s, _slices(s) | {"run_to_run"}, onednn_isa)
+              if c.compute and not why]
              for s in specs]
     say("the default computation and its code changes", 0, 1)
     first = _child([{**s, "codes": [None, *(c.compute for c in cs)], "baseline": True, "lean": lean}
@@ -202,13 +213,15 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
     for s, got in zip(specs, first):
         if "failed" in got or "not_tried" in got:
             why = got["failed"] if "failed" in got else f"was {got['not_tried']}"
-            reports.append({"failed": f"the default computation {why}", "drifts": [], "candidates": [],
+            reports.append({"failed": f"the default computation {why}", "drifts": [],
+                            "candidates": [],
                             "cheapest": None})
             todos.append([])
             continue
         base = got["None"]
         drifts = drifting(base)
-        reports.append({"baseline": base, "drifts": sorted(drifts), "candidates": [], "cheapest": None})
+        reports.append({"baseline": base, "drifts": sorted(drifts), "candidates": [],
+                        "cheapest": None})
         todos.append(_table(s, drifts, onednn_isa) if drifts else [])
     settings: dict[str, fixes.Candidate] = {}
     for todo in todos:
@@ -218,21 +231,25 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
 
     def why_not() -> str | None:  # why no setting's process starts now
         return (f"stopped by {interrupt.name(stopped[0])}" if stopped
-                else f"the budget of {budget:g} s was spent" if budget is not None and time.monotonic() - start > budget
+                else f"the budget of {budget:g} s was spent"
+                if budget is not None and time.monotonic() - start > budget
                 else None)
 
     # The timer only where a setting's process may still start (none starts once stopped or
     # spent) and has something to time.
     timed = settings and not all(s.get("untimed") for s in specs)
-    with _timer(stopped, timer_failed) if timed and not why_not() else contextlib.nullcontext() as peer:
+    with (_timer(stopped, timer_failed) if timed and not why_not()
+          else contextlib.nullcontext()) as peer:
         for i, c in enumerate(settings.values(), 1):
-            idx = [j for j, todo in enumerate(todos) if any(t.name == c.name and not why for t, why in todo)]
+            idx = [j for j, todo in enumerate(todos)
+                   if any(t.name == c.name and not why for t, why in todo)]
             why = why_not()
             if why:
                 measured.update({(j, c.name): {"not_tried": why} for j in idx})
                 continue
             say(c.name, i, len(settings) + 1)
-            got = _child([{**specs[j], "codes": [None], "lean": lean, "drifts": reports[j]["drifts"]} for j in idx],
+            got = _child([{**specs[j], "codes": [None], "lean": lean,
+                           "drifts": reports[j]["drifts"]} for j in idx],
                          c, timeout, stopped, peer)
             measured.update({(j, c.name): g.get("None", g) for j, g in zip(idx, got)})
     say("done", len(settings) + 1, len(settings) + 1)
@@ -243,7 +260,8 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
             report["timer_failed"] = timer_failed[0]
         for c, why in todo:
             row = {"name": c.name, "code_change": c.code, "env": c.env, "setup": c.setup or None}
-            got = first[j].get(c.compute, {"failed": "not measured"}) if c.compute else measured.get((j, c.name))
+            got = (first[j].get(c.compute, {"failed": "not measured"}) if c.compute
+                   else measured.get((j, c.name)))
             if why:
                 row.update(verdict="not applicable", reason=why)
             elif "not_tried" in got:
@@ -251,8 +269,9 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
             elif "failed" in got:
                 row.update(verdict="failed", reason=got["failed"])
             else:
-                row.update(verdict=verdict(report["baseline"], got), drift=got["drift"], error_u=got.get("error_u"),
-                           nonfinite=got.get("nonfinite"), kernels=got.get("kernels"), seconds=got.get("seconds"),
+                row.update(verdict=verdict(report["baseline"], got), drift=got["drift"],
+                           error_u=got.get("error_u"), nonfinite=got.get("nonfinite"),
+                           kernels=got.get("kernels"), seconds=got.get("seconds"),
                            time_ratio=got.get("time_ratio"), spread=got.get("spread"))
                 note = not_in_force(c.env, got.get("kernels"))
                 if note:
@@ -261,9 +280,11 @@ def try_fixes_many(specs: list[dict], onednn_isa: str | None = None, timeout: fl
                 row["lands_on"] = lands_on(specs[j], c.compute)
                 dim = c.compute.split(":")[1]
                 family = set(sizes(specs[j].get(f"slice_{dim}")))
-                row["lands_on_slices"] = sorted({to for to in row["lands_on"].values() if to in family})
+                row["lands_on_slices"] = sorted({to for to in row["lands_on"].values()
+                                                 if to in family})
             report["candidates"].append(row)
-        removes = [r for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is not None]
+        removes = [r for r in report["candidates"]
+                   if r["verdict"] == "removes" and r.get("time_ratio") is not None]
         if removes:
             best = min(removes, key=lambda r: r["time_ratio"])
             report["cheapest"] = best["name"]
@@ -307,33 +328,48 @@ def render(report: dict) -> str:
     if "failed" in report:
         return f"matmul-drift explain --try-fixes: {report['failed']}; no candidate was tried\n"
     if not report["drifts"]:
-        return "matmul-drift explain --try-fixes: this case has no drift (slices and run-to-run are bit-identical): nothing to fix\n"
+        return ("matmul-drift explain --try-fixes: this case has no drift "
+                "(slices and run-to-run are bit-identical): nothing to fix\n")
     rows = []
     for r in report["candidates"]:
         d = r.get("drift") or {}
-        shown = set(report["drifts"]) | (drifting(r) if d else set())  # a drift the candidate adds too
-        cells = [f"{k}: {d[k]['max_ulp']} ulp, {d[k]['frac_differ']:.1%}" for k in sorted(shown) if k in d]
+        # a drift the candidate adds too
+        shown = set(report["drifts"]) | (drifting(r) if d else set())
+        cells = [f"{k}: {d[k]['max_ulp']} ulp, {d[k]['frac_differ']:.1%}"
+                 for k in sorted(shown) if k in d]
         t = r.get("time_ratio")
         rows.append([r["name"] + (" (code change)" if r["code_change"] else ""), r["verdict"],
                      "; ".join(cells) or r.get("reason", ""),
-                     "" if t is None else f"{t:.2f}x" + ("" if r.get("spread") is None else f" ± {r['spread']:.0%}"),
+                     "" if t is None
+                     else f"{t:.2f}x" + ("" if r.get("spread") is None
+                                         else f" ± {r['spread']:.0%}"),
                      "" if r.get("error_u") is None else f"{r['error_u']:.3g}"])
     base = report["baseline"]["drift"]
-    head = "drifts before: " + "; ".join(f"{k}: {base[k]['max_ulp']} ulp, {base[k]['frac_differ']:.1%}"
+    head = "drifts before: " + "; ".join(f"{k}: {base[k]['max_ulp']} ulp, "
+                                         f"{base[k]['frac_differ']:.1%}"
                                          for k in report["drifts"])
-    table = tabulate(rows, headers=["candidate", "verdict", "drift after (max ulp, share of entries)",
-                                    "time vs default", "error_u"], tablefmt="simple", disable_numparse=True)
-    unmeasured = [r["name"] for r in report["candidates"] if r["verdict"] in ("not tried", "failed")]
-    # a row that removes every drift with no time (the default's timer did not answer) may be the cheapest
-    untimed = [r["name"] for r in report["candidates"] if r["verdict"] == "removes" and r.get("time_ratio") is None]
-    among = " of those measured" if unmeasured or untimed else ""  # the others may remove it, and cost less
+    table = tabulate(rows, headers=["candidate", "verdict",
+                                    "drift after (max ulp, share of entries)",
+                                    "time vs default", "error_u"],
+                     tablefmt="simple", disable_numparse=True)
+    unmeasured = [r["name"] for r in report["candidates"]
+                  if r["verdict"] in ("not tried", "failed")]
+    # a row that removes every drift with no time (the default's timer did not answer) may
+    # be the cheapest
+    untimed = [r["name"] for r in report["candidates"]
+               if r["verdict"] == "removes" and r.get("time_ratio") is None]
+    # the others may remove it, and cost less
+    among = " of those measured" if unmeasured or untimed else ""
     if report["cheapest"] and report.get("tied"):  # timings this noisy name no cheapest
         names = [report["cheapest"], *report["tied"]]
-        last = (f"removes every drift{among}: {', '.join(names)}; their costs could not be told apart (the "
+        last = (f"removes every drift{among}: {', '.join(names)}; "
+                "their costs could not be told apart (the "
                 "timings' spreads overlap), so none is called the cheapest")
     elif report["cheapest"]:
-        c = {r["name"]: r for r in report["candidates"]}[report["cheapest"]]  # a saved report naming none: KeyError
-        last = (f"cheapest that removes every drift{among}: {c['name']} ({c['time_ratio']:.2f}x the default's time)"
+        # a saved report naming none: KeyError
+        c = {r["name"]: r for r in report["candidates"]}[report["cheapest"]]
+        last = (f"cheapest that removes every drift{among}: {c['name']} "
+                f"({c['time_ratio']:.2f}x the default's time)"
                 + (f"; a code change: {c['code_change']}" if c["code_change"] else ""))
     else:
         last = f"no candidate{among} removes every drift of this case"
@@ -347,13 +383,16 @@ def render(report: dict) -> str:
             landed.setdefault(tuple(r["lands_on"].items()), []).append(r["name"])
     family = {to for r in report["candidates"] for to in r.get("lands_on_slices") or []}
     for sizes_, names in landed.items():
-        where = ", ".join(f"{s} as {to}" + (" (itself one of this case's slices)" if to in family else "")
+        where = ", ".join(f"{s} as {to}"
+                          + (" (itself one of this case's slices)" if to in family else "")
                           for s, to in sizes_)
-        last += (f"; {' and '.join(names)} comput{'e' if len(names) > 1 else 'es'} {where}: the product of "
+        last += (f"; {' and '.join(names)} comput{'e' if len(names) > 1 else 'es'} {where}: "
+                 "the product of "
                  "that size, whose kernel decides the drift, not a fix of the size's own")
     ignored = [f"{r['name']} ({r['note']})" for r in report["candidates"] if r.get("note")]
     if ignored:
         last += f"; not in force here: {'; '.join(ignored)}"
     if "timer_failed" in report:
-        last += f"; the default's timer process {report['timer_failed']}, so the settings' times are missing"
+        last += (f"; the default's timer process {report['timer_failed']}, "
+                 "so the settings' times are missing")
     return f"{head}\n\n{table}\n\n{last}\n"

@@ -5,10 +5,10 @@ matmul_drift.probes.fixrun import main; main()" SPECS [FDS]`` with the candidate
 the setting is in force from library load on; FDS ("r,w"), for a setting's process, are the
 pipes to serve(), the default computation's timer in a process of its own. SPECS (a JSON
 list) holds one SPEC per case: the case (a catalog id, or m/k/n), dtype (a precision),
-device, the slices (``slice_n``, ``slice_m``: lists of sizes), the repeat count, the code changes to measure (``codes``:
-None for the computation as it is, "contiguous", "full", "pad:<dim>:<multiple>") and
-``lean``, the suite's mode: no exact reference (error_u None; max_u against |A||B| of
-reference.abs_product_pow2), no kernel trace, and only
+device, the slices (``slice_n``, ``slice_m``: lists of sizes), the repeat count, the code
+changes to measure (``codes``: None for the computation as it is, "contiguous", "full",
+"pad:<dim>:<multiple>") and ``lean``, the suite's mode: no exact reference (error_u None;
+max_u against |A||B| of reference.abs_product_pow2), no kernel trace, and only
 computations bit-identical in every kind (where ``drifts``, or the baseline's own drifts,
 has one) timed, with fewer samples, besides code None where ``baseline`` is set;
 ``untimed``: nothing timed (a stored verdict confirmed: its drifts checked, its cost kept).
@@ -16,8 +16,8 @@ Printed, one JSON line, a list with {code: result} per SPEC (or {"failed": why} 
 SPEC raised); a result holds, for each drift kind, the worst drift over the slices of
 the computation under the candidate against the full product under the same setting
 (max_ulp in output ulps, max_u in u, frac_differ a fraction); error_u of the full
-product (u); ``nonfinite``, the count of its NaN or ±inf entries; the routes (``kernels``: ``full``, the
-full product's under the setting, and each kind's names once, and
+product (u); ``nonfinite``, the count of its NaN or ±inf entries; the routes (``kernels``:
+``full``, the full product's under the setting, and each kind's names once, and
 ``"<kind> per call"``, one "n=8: name; name" line a call, where its slices' routes differ, as
 measure/measure.py's); and its seconds per call of its
 slices of the drifting kinds one after another, the full product once for "full" and
@@ -70,9 +70,9 @@ def _pad(t, dim: int, multiple: int):
 
 
 def computations(ops, case, spec: dict) -> list[tuple[str, str, object, tuple]]:
-    """(drift kind, the slice's label as measure/measure.py writes it: "n=8", "n=8 2d", "m=1", callable
-    giving the compared output, the cut of the full product) for every slice of ``spec``
-    under its code change ``spec["code"]``."""
+    """(drift kind, the slice's label as measure/measure.py writes it: "n=8", "n=8 2d", "m=1",
+    callable giving the compared output, the cut of the full product) for every slice of
+    ``spec`` under its code change ``spec["code"]``."""
     code = spec.get("code")
     out = []
     for n in sizes(spec.get("slice_n")):
@@ -90,7 +90,8 @@ def computations(ops, case, spec: dict) -> list[tuple[str, str, object, tuple]]:
             else:
                 call = lambda a=a, n=n: ops.product(a, ops.b_cols(n))  # noqa: E731
             label = f"n={n}" + (f" {form}" if len(case.forms) > 1 else "")
-            out.append(("slice_n", label, (lambda call=call: call().squeeze(0)) if form == "2d" else call, cut))
+            out.append(("slice_n", label,
+                        (lambda call=call: call().squeeze(0)) if form == "2d" else call, cut))
     for m in sizes(spec.get("slice_m")):
         cut = (Ellipsis, slice(0, m), slice(None))
         a_m = ops.a[..., :m, :]
@@ -130,20 +131,25 @@ def run(spec: dict, peer=None) -> dict:
     runs = {}
     with measure.precision_flags(precision):
         lean = bool(spec.get("lean"))
-        full: list[str] | None = None if lean else []  # its kernels: a setting may move the full product too
+        # its kernels: a setting may move the full product too
+        full: list[str] | None = None if lean else []
         if not lean:
             top = measure.top_product(ops, measure.traced_call(ops.product, device, full))
             bits, values = top.bits, top.values
             scaled, absexp = absprod = top.ref.absprod_pow2()
-            error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, scaled, dtype, k,
-                                     precision=precision, absexp=absexp)["error_u"]
-        else:  # drift only: |A||B| from a float64 product (times 2^-e where it overflows) scales max_u; no error_u
+            error_u = numerics.error(values, top.ref.hi, top.ref.lo, top.ref.finite, scaled,
+                                     dtype, k, precision=precision, absexp=absexp)["error_u"]
+        else:
+            # drift only: |A||B| from a float64 product (times 2^-e where it overflows)
+            # scales max_u; no error_u
             bits, values = measure.on_host(ops.product())
             absprod = reference.abs_product_pow2(ops.product, ops.a, ops.b)
             error_u = None
-        worst = measure.repeat_drift(ops, bits, values, absprod, dtype, k, spec.get("repeat", 3), precision)
+        worst = measure.repeat_drift(ops, bits, values, absprod, dtype, k, spec.get("repeat", 3),
+                                     precision)
         worst = {key: worst[key] for key in KEYS}
-        nonfinite = int(np.count_nonzero(~np.isfinite(values)))  # a setting that makes them NaN/inf fixes nothing
+        # a setting that makes them NaN/inf fixes nothing
+        nonfinite = int(np.count_nonzero(~np.isfinite(values)))
         for code in spec.get("codes", [None]):
             out: dict = {"drift": {}, "kernels": {} if lean else {"full": full}, "error_u": error_u,
                          "nonfinite": nonfinite, "seconds": None}
@@ -154,19 +160,23 @@ def run(spec: dict, peer=None) -> dict:
                 d = measure.compare(bits, values, y_host, absprod, dtype, cut, k, precision)
                 out["drift"][kind] = _worse(d, out["drift"].get(kind))
                 routes.setdefault(kind, []).append((label, names))
-            for kind, per_call in routes.items():  # each call's own route where they differ, as explain's
+            # each call's own route where they differ, as explain's
+            for kind, per_call in routes.items():
                 out["kernels"].update(kernels.merged(kind, per_call))
             out["drift"]["run_to_run"] = worst
             runs[str(code)] = out
         if spec.get("untimed"):
             return runs
         kinds = set(spec.get("drifts") or drifting(runs.get("None", {"drift": {}})))
-        quick = {"min_runs": 3, "min_seconds": 0.05} if lean else {}  # the suite's time is a rough guide
+        # the suite's time is a rough guide
+        quick = {"min_runs": 3, "min_seconds": 0.05} if lean else {}
         default = timed_calls(ops, case, spec, None, kinds)
         for code, out in runs.items():
-            if not lean or (code == "None" and spec.get("baseline")) or (kinds and not drifting(out)):
+            if (not lean or (code == "None" and spec.get("baseline"))
+                    or (kinds and not drifting(out))):
                 if code == "None" and spec.get("baseline"):  # the baseline's own row
-                    out["seconds"] = measure.time_call(lambda: [c() for c in default], device, **quick)
+                    out["seconds"] = measure.time_call(lambda: [c() for c in default], device,
+                                                       **quick)
                     continue
                 # Beside the default, round by round: in this process for a code change; for a
                 # setting (process-wide) from ``peer``, a process under the default setting.
@@ -181,7 +191,8 @@ def timed_calls(ops, case, spec: dict, code: str | None, kinds: set[str]) -> lis
     """What is timed for ``code``: the computations of the slices of the drifting ``kinds``,
     one after another (a slice that does not drift is no part of what a fix replaces); the
     full product once for "full", and where no slice drifts (repeats alone, or nothing)."""
-    todo = [call for kind, _, call, _ in computations(ops, case, {**spec, "code": code}) if kind in kinds]
+    todo = [call for kind, _, call, _ in computations(ops, case, {**spec, "code": code})
+            if kind in kinds]
     return [ops.product] if code == "full" or not todo else todo
 
 
@@ -189,7 +200,8 @@ def _round(todo: list, device: str) -> dict:
     """One short timing of ``todo`` one after another (time_call's dict, seconds per call):
     a warm-up call, then blocks of calls of about 1 ms, 5 ms in all or one call (CUDA:
     time_call's events). Short, so that the two timings of a pair see the same load."""
-    return measure.time_call(lambda: [c() for c in todo], device, min_runs=1, min_seconds=0.005, block_seconds=0.001)
+    return measure.time_call(lambda: [c() for c in todo], device, min_runs=1, min_seconds=0.005,
+                             block_seconds=0.001)
 
 
 def paired(todo: list, base, device: str, rounds: int) -> dict:
@@ -206,7 +218,8 @@ def paired(todo: list, base, device: str, rounds: int) -> dict:
         b = base() if i % 2 else b
         ratios.append(mine[-1]["median"] / b if b else None)
     last = mine[-1]
-    out = {"seconds": measure.spread([t["median"] for t in mine], last["calls_per_run"], last["threads"],
+    out = {"seconds": measure.spread([t["median"] for t in mine], last["calls_per_run"],
+                                     last["threads"],
                                      last["method"] + ", in rounds alternating with the default's"),
            "time_ratio": None, "spread": None}
     if None not in ratios:
@@ -266,8 +279,10 @@ def asker(fds: str):
     def ask(spec: dict, kinds: set[str]) -> float | None:
         tag = f"{os.getpid()}.{next(count)}"
         try:
-            os.write(w, (json.dumps({"tag": tag, "spec": spec, "kinds": sorted(kinds)}) + "\n").encode())
-            for line in replies:  # one to a request of a process killed before it read it may come first
+            os.write(w, (json.dumps({"tag": tag, "spec": spec, "kinds": sorted(kinds)})
+                         + "\n").encode())
+            # one to a request of a process killed before it read it may come first
+            for line in replies:
                 got = json.loads(line)
                 if got.get("tag") == tag:
                     return got["seconds"]

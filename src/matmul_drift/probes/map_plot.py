@@ -39,8 +39,10 @@ def from_entry(entry: dict) -> dict:
 
 
 def plot(records: list[dict], path: str) -> None:
-    """Write ``records`` (map records of one shape and device, one per dtype) as a PNG to ``path``."""
-    write_file(path, png(records), True, "the plot is in {kept}")  # never over a file made meanwhile
+    """Write ``records`` (map records of one shape and device, one per dtype) as a PNG to
+    ``path``."""
+    # never over a file made meanwhile
+    write_file(path, png(records), True, "the plot is in {kept}")
 
 
 def png(records: list[dict]) -> bytes:
@@ -60,7 +62,8 @@ def png(records: list[dict]) -> bytes:
                 else:
                     runs.append([m, 1, verdict])
             for first, count, verdict in runs:
-                ax.broken_barh([(first - 0.5, count)], (y + half + 0.03, 0.44), facecolors=COLOURS[verdict], lw=0)
+                ax.broken_barh([(first - 0.5, count)], (y + half + 0.03, 0.44),
+                               facecolors=COLOURS[verdict], lw=0)
         for m in range(lo + 1, hi + 1):  # the kernels change between m - 1 and m
             if m in states and m - 1 in states and states[m][0] != states[m - 1][0]:
                 ax.plot([m - 0.5, m - 0.5], [y, y + 1], color="k", lw=0.9)
@@ -68,21 +71,26 @@ def png(records: list[dict]) -> bytes:
         ax.plot(measured, [y + 0.5] * len(measured), "|", color="k", ms=4, mew=0.6)
     p = records[0]["params"]
     ax.set_yticks([len(records) - 1 - i + 0.5 for i in range(len(records))])
-    ax.set_yticklabels([f"{r['params']['dtype']}\n{r['measured']} of {r['range_size']} M\nmeasured" for r in records],
+    ax.set_yticklabels([f"{r['params']['dtype']}\n{r['measured']} of {r['range_size']} M\nmeasured"
+                        for r in records],
                        fontsize=8)
     ax.set_ylim(0, len(records))
     ax.set_xlim(lo - 0.5, hi + 0.5)
     shape = (f"--case {p['case']}, " if p["case"] else "") + f"k={p['k']}, n={p['n']}"
-    ax.set_xlabel(f"M (batch size); full product M = {p['m_full']} ({batchmap.FULL_WORDS[p['full']]})")
-    ax.set_title(f"batch-invariance map, {shape} on {p['device']}\nupper half of a row: row 0 against A[:1] @ B; "
+    ax.set_xlabel(f"M (batch size); full product M = {p['m_full']} "
+                  f"({batchmap.FULL_WORDS[p['full']]})")
+    ax.set_title(f"batch-invariance map, {shape} on {p['device']}\n"
+                 "upper half of a row: row 0 against A[:1] @ B; "
                  "lower half: the rows against the full product", fontsize=9)
     handles = [Patch(color=COLOURS[True], label="invariant (bit-identical)"),
                Patch(color=COLOURS[False], label="drifting"),
                Patch(color=COLOURS[None], label="not measured"),
-               plt.Line2D([], [], color="k", marker="|", ls="", label="measured M; the others take their alignment "
+               plt.Line2D([], [], color="k", marker="|", ls="",
+                          label="measured M; the others take their alignment "
                           "class's state, exact within the class (scan's search)"),
                plt.Line2D([], [], color="k", lw=0.9, label="kernel-id changes")]
-    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
     height = fig.get_figheight()  # inches: the legend and labels keep theirs whatever the rows
     fig.subplots_adjust(bottom=1.25 / height, top=1 - 0.5 / height, left=0.12, right=0.98)
     out = io.BytesIO()

@@ -39,7 +39,8 @@ class Prober:
     def __init__(self, t: Target, width: int | None = None, rows: int = 1):
         self.t = t
         self.width = width or t.width  # probes a call: the first `width` columns (rows)
-        self.rows = rows  # > 1: k's pieces spread over this many rows (columns) of the other operand
+        # > 1: k's pieces spread over this many rows (columns) of the other operand
+        self.rows = rows
         self.used = 0  # the most columns (rows) a call's probes filled
         a_shape, b_shape = measure.operand_shapes(t.case, t.device)
         dt = getattr(torch, t.dtype)
@@ -58,8 +59,8 @@ class Prober:
         self._masked = False  # whether _spread left masks in the other operand's rows (columns)
 
     def _buffer(self, cols: int) -> np.ndarray:
-        """The probes of one call, (K, cols) in float32, zeroed. Kept between calls and only as wide
-        as a call needs: first-touching a K x 51000 buffer alone took 1.8 s here."""
+        """The probes of one call, (K, cols) in float32, zeroed. Kept between calls and only as
+        wide as a call needs: first-touching a buffer as wide as K x 51000 is slow."""
         if self._buf is None or self._buf.shape[1] < cols:
             self._buf = np.zeros((self.t.k, cols), dtype=np.float32)
         out = self._buf[:, :cols]
@@ -113,7 +114,8 @@ class Prober:
             hit = sets.get(id(leaves))
             if hit is None:
                 arr = np.sort(np.asarray(leaves, dtype=np.int64))
-                hit = sets[id(leaves)] = ([arr[lo:hi] for lo, hi in chunks(len(arr), self.chunk)], [])
+                hit = sets[id(leaves)] = ([arr[lo:hi] for lo, hi in chunks(len(arr), self.chunk)],
+                                          [])
             hit[1].append(n)
         # piece-major: neighbouring probes share a piece, so each call fills a few blocks
         probes = [(n, piece) for pieces, ns in sets.values() for piece in pieces for n in ns]
@@ -149,8 +151,9 @@ class Prober:
             ok = np.isfinite(got) & (got == np.round(got)) & (got >= 0) & (got <= held)
             if not ok.all():
                 c = int(np.argmin(ok))
-                raise NotRevealed(f"probe ({i_[c]}, {j_[c]}) read {got[c]!r} products: not a count (the "
-                                        "kernel flushed or reordered by value, or M was not absorbed)")
+                raise NotRevealed(f"probe ({i_[c]}, {j_[c]}) read {got[c]!r} products: "
+                                  "not a count (the kernel flushed or reordered by value, "
+                                  "or M was not absorbed)")
             for n, h, x in zip(n_, held, got):
                 total[n] += int(h) - int(x)
             self.used = max(self.used, used)
@@ -174,7 +177,8 @@ class Prober:
                 masks[id(w)][np.asarray(w, dtype=np.int64)] = True
         total, n0 = [2] * len(pairs), 0
         while n0 < len(pairs):
-            size, pieces = spread_plan(pairs[n0:n0 + self.width], [masks[id(w)] for w in within[n0:n0 + self.width]],
+            size, pieces = spread_plan(pairs[n0:n0 + self.width],
+                                       [masks[id(w)] for w in within[n0:n0 + self.width]],
                                        self.chunk, self.rows)
             ns = range(n0, n0 + size)
             s_ = np.unique([x for n in ns for x in pairs[n]])
@@ -187,7 +191,8 @@ class Prober:
             buf[i_, cols], buf[j_, cols] = self.big, -self.big
             self._load(buf)
             self._loaded, self.used = size, max(self.used, size)
-            held_s = wm[s_].sum(0) - wm[i_, cols] - wm[j_, cols]  # base products of S in each column
+            # base products of S in each column
+            held_s = wm[s_].sum(0) - wm[i_, cols] - wm[j_, cols]
             absorbed = np.zeros(size, np.int64)
             got_s = None
             for q0 in range(0, max(1, len(pieces)), self.rows - 1):  # row 0 alone if no pieces
@@ -198,14 +203,18 @@ class Prober:
                     mask[q, piece] = 1
                 held = np.stack([held_s] + [wm[piece].sum(0) + held_s for piece in part])
                 got = self._spread_call(torch.from_numpy(mask), size) / self.base
-                if not (np.isfinite(got) & (got == np.round(got)) & (got >= 0) & (got <= held)).all():
-                    raise NotRevealed("a spread probe read a value that is not a count (the kernel flushed or "
-                                      "reordered by value, or M was not absorbed)")
+                if not (np.isfinite(got) & (got == np.round(got)) & (got >= 0)
+                        & (got <= held)).all():
+                    raise NotRevealed("a spread probe read a value that is not a count (the "
+                                      "kernel flushed or reordered by value, or M was not "
+                                      "absorbed)")
                 got = got.astype(np.int64)
-                lost = (held - got) - (held_s - got[0])  # each piece's products absorbed, S's taken out
+                # each piece's products absorbed, S's taken out
+                lost = (held - got) - (held_s - got[0])
                 if ((got_s is not None and (got[0] != got_s).any()) or (lost[1:] < 0).any()
                         or (lost[1:] > held[1:] - held_s).any()):
-                    raise NotRevealed("the rows of a spread probe disagree: they add in different orders")
+                    raise NotRevealed("the rows of a spread probe disagree: "
+                                      "they add in different orders")
                 got_s = got[0]
                 absorbed += lost[1:].sum(0)
                 if progress:
@@ -252,7 +261,8 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
     t0 = time.perf_counter()
     calls, why, axis = 0, None, "rows" if t.by_rows else "columns"
     other = "columns" if t.by_rows else "rows"
-    spread = spread_rows(t)  # first all of k's pieces in one call; where the rows disagree, as before
+    # first all of k's pieces in one call; where the rows disagree, the one-row tries below
+    spread = spread_rows(t)
     tries = [(w, 1) for w in widths(t)]
     for w, rows in ([(tries[0][0], spread)] if spread > 1 else []) + tries:
         expected = expected_calls(t, w, rows)
@@ -273,7 +283,8 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
                 out.tree, pairs, merged = fuse(out.tree, measured, t.k, p.chunk)
                 out.probes += pairs
                 if merged:
-                    out.notes.append(f"{trees.fused_nodes(out.tree)} fused adds, {merged} links of their chains merged")
+                    out.notes.append(f"{trees.fused_nodes(out.tree)} fused adds, "
+                                     f"{merged} links of their chains merged")
         except NotRevealed as exc:
             calls += p.calls
             why = f"{exc} ({where})"
@@ -289,14 +300,16 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
                    f"(first mismatch {out.verified['first_mismatch']}; {where})")
             continue
         out.calls, out.seconds, out.width = calls, time.perf_counter() - t0, used
-        out.notes.append(f"probes in the first {used} {axis}" + (f", k's pieces in {rows} {other}" if rows > 1 else ""))
+        out.notes.append(f"probes in the first {used} {axis}"
+                         + (f", k's pieces in {rows} {other}" if rows > 1 else ""))
         return out
     exc = NotRevealed(why or "no probe width fits the call budget")
     exc.calls = calls
     raise exc
 
 
-def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, prober: Prober | None = None) -> dict:
+def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1,
+           prober: Prober | None = None) -> dict:
     """The tree evaluated in numpy (evaluate, in the accumulator's precision, rounded once
     to the output dtype) against the kernel's own output, on ``draws`` random inputs whose
     products are exact: each call draws the entry's row of A and columns of B (rows of A and the
@@ -313,7 +326,8 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     dt = getattr(torch, t.dtype)
     products, kernel = np.empty((t.k, draws)), []
     # a tensor core's fused add aligns each product by its operands' exponents
-    exps = np.empty((t.k, draws), np.int16) if trees.fused_nodes(tree) and t.dtype in LEAST_NORMAL_EXPONENT else None
+    exps = (np.empty((t.k, draws), np.int16)
+            if trees.fused_nodes(tree) and t.dtype in LEAST_NORMAL_EXPONENT else None)
     if width > draws:
         spread = np.linspace(0, width - 1, draws).round().astype(np.int64)
         own = t.row if t.by_rows else t.col
@@ -348,18 +362,21 @@ def replay(t: Target, tree, draws: int = 100, seed: int = 0, width: int = 1, pro
     return match(tree, products, kernel, t.dtype, exps)
 
 
-def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True, memo: dict | None = None) -> dict:
+def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True,
+             memo: dict | None = None) -> dict:
     """What the probe says of ``t``'s entry: ``probed`` (False where it would need more than
     ``max_calls`` calls), ``tree`` (None unless revealed and, with ``verify``, replayed bit for
-    bit on 100 draws), ``order_id`` (12 hex, None unless revealed), ``summary``, ``calls`` (matmul
-    calls) and ``reason`` (why not revealed). With ``memo``, a computation already probed there
-    (Target.computation) is not probed again: its answer comes back with ``calls`` 0 and ``same_as``,
-    the label of the target first probed. A tree revealed there for the same K (``kin``) is
-    replayed first (``adopted``); only where none replays bit for bit is ``t`` probed."""
+    bit on 100 draws), ``order_id`` (12 hex, None unless revealed), ``summary``, ``calls``
+    (matmul calls) and ``reason`` (why not revealed). With ``memo``, a computation already
+    probed there (Target.computation) is not probed again: its answer comes back with ``calls``
+    0 and ``same_as``, the label of the target first probed. A tree revealed there for the same
+    K (``kin``) is replayed first (``adopted``); only where none replays bit for bit is ``t``
+    probed."""
     key = (t.computation(), max_calls, verify)
     if memo is not None and key in memo:
         return {**memo[key], "calls": 0}
-    got, spent = adopted(t, memo) if memo is not None and verify and not over_budget(t, max_calls) else (None, 0)
+    got, spent = (adopted(t, memo) if memo is not None and verify and not over_budget(t, max_calls)
+                  else (None, 0))
     if got is None:  # the calls of the replays that failed count with the probe's
         got = _order_of(t, max_calls, verify)
         got = {**got, "calls": got["calls"] + spent}
@@ -368,7 +385,8 @@ def order_of(t: Target, max_calls: int = MAX_CALLS, verify: bool = True, memo: d
     return got
 
 
-ADOPT_TRIES = 2  # distinct earlier trees replayed before the probe runs: a failed try costs a replay
+# distinct earlier trees replayed before the probe runs: a failed try costs a replay
+ADOPT_TRIES = 2
 
 
 def kin(t: Target, other: tuple) -> int | None:
@@ -391,23 +409,27 @@ def adopted(t: Target, memo: dict) -> tuple[dict | None, int]:
     found, seen = [], set()
     for (comp, *_), got in memo.items():
         near = kin(t, comp)
-        if near is None or got.get("k") != t.k or got.get("tree") is None or got["order_id"] in seen:
+        if (near is None or got.get("k") != t.k or got.get("tree") is None
+                or got["order_id"] in seen):
             continue
         seen.add(got["order_id"])
         found.append((near, got))
     calls, w = 0, widths(t)[0]
-    for _, got in sorted(found, key=lambda f: f[0])[:ADOPT_TRIES]:  # stable: the earliest first among equals
+    # stable: the earliest first among equals
+    for _, got in sorted(found, key=lambda f: f[0])[:ADOPT_TRIES]:
         r = replay(t, got["tree"], width=w)
         calls += replay_calls(r["draws"], w)
         if r["matched"] == r["draws"]:
-            return {"probed": True, "tree": got["tree"], "order_id": got["order_id"], "summary": got["summary"],
-                    "calls": calls, "reason": None, "adopted": got.get("adopted") or got["same_as"]}, calls
+            return {"probed": True, "tree": got["tree"], "order_id": got["order_id"],
+                    "summary": got["summary"], "calls": calls, "reason": None,
+                    "adopted": got.get("adopted") or got["same_as"]}, calls
     return None, calls
 
 
 def _order_of(t: Target, max_calls: int, verify: bool) -> dict:
 
-    out = {"probed": True, "tree": None, "order_id": None, "summary": "not revealed", "calls": 0, "reason": None}
+    out = {"probed": True, "tree": None, "order_id": None, "summary": "not revealed", "calls": 0,
+           "reason": None}
     refused = over_budget(t, max_calls)
     if refused:
         return {**out, "probed": False, "summary": "not probed", "reason": refused}
@@ -415,7 +437,8 @@ def _order_of(t: Target, max_calls: int, verify: bool) -> dict:
         r = reveal(t, max_calls=max_calls, verify=verify)
     except NotRevealed as exc:
         return {**out, "calls": exc.calls, "reason": str(exc)}
-    return {**out, "calls": r.calls, "tree": r.tree, "order_id": ids.hex_id(trees.order_id(r.tree, t.k)),
+    return {**out, "calls": r.calls, "tree": r.tree,
+            "order_id": ids.hex_id(trees.order_id(r.tree, t.k)),
             "summary": words.describe(r.tree)}
 
 
@@ -427,7 +450,8 @@ def _explained(got: dict) -> dict:
     return {k: got[k] for k in ("order_id", "summary", "calls", "same_as", "adopted") if k in got}
 
 
-def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[str, int, bool, str]],
+def slice_orders(case: cases.Case, dtype: str, device: str,
+                 slices: list[tuple[str, int, bool, str]],
                  max_calls: int = MAX_CALLS) -> dict:
     """explain's orders: entry (0, 0) of the full product and of each slice ((kind "n" or "m",
     size, whether its bits drift, A's form), each with its order-id, and a verdict per slice."""
@@ -435,15 +459,19 @@ def slice_orders(case: cases.Case, dtype: str, device: str, slices: list[tuple[s
     full = _explained(order_of(target(case, dtype, device), max_calls, memo=memo))
     out = {"full": full, "slices": []}
     for kind, size, drifts, form in slices:
-        t = target(case, dtype, device, size if kind == "n" else None, size if kind == "m" else None, form=form)
+        t = target(case, dtype, device, size if kind == "n" else None,
+                   size if kind == "m" else None, form=form)
         got = _explained(order_of(t, max_calls, memo=memo))
         if got["order_id"] is None or full["order_id"] is None:
             verdict = "order not revealed: " + (got.get("reason") or full.get("reason"))
         elif got["order_id"] == full["order_id"]:
             verdict = ("same order: identical bits expected" if not drifts else
-                       "same order, yet the bits differ: the drift is not in the order of entry (0, 0)")
+                       "same order, yet the bits differ: "
+                       "the drift is not in the order of entry (0, 0)")
         else:
-            verdict = (f"order differs: {full['summary']} (full) vs {got['summary']} (slice)" if drifts else
+            verdict = (f"order differs: {full['summary']} (full) vs {got['summary']} (slice)"
+                       if drifts else
                        "order differs, yet these inputs give identical bits")
-        out["slices"].append({"slice": kind, "size": size, "form": form, "drifts": drifts, **got, "verdict": verdict})
+        out["slices"].append({"slice": kind, "size": size, "form": form, "drifts": drifts, **got,
+                              "verdict": verdict})
     return out

@@ -40,7 +40,8 @@ def check(k: int, dtype: str) -> None:
     if k < 2:
         raise ProbeError(f"K = {k}: a sum of one product has no order to reveal")
     if k > MAX_K[dtype]:
-        raise ProbeError(f"K = {k} is beyond the probe's exact range for {dtype} (at most {MAX_K[dtype]}: "
+        raise ProbeError(f"K = {k} is beyond the probe's exact range for {dtype} "
+                         f"(at most {MAX_K[dtype]}: "
                          "the accumulator could not count the products)")
 
 
@@ -72,8 +73,10 @@ class Target:
     k: int
     rows: int
     cols: int
-    precision: str = ""  # the dtype plus its matmul flags (cases.PRECISIONS); "" for the dtype alone
-    form: str = "as-is"  # A as the case holds it, or "2d": a 1-D A as A.unsqueeze(0) (cases.Case.forms)
+    # the dtype plus its matmul flags (cases.PRECISIONS); "" for the dtype alone
+    precision: str = ""
+    # A as the case holds it, or "2d": a 1-D A as A.unsqueeze(0) (cases.Case.forms)
+    form: str = "as-is"
 
     @property
     def by_rows(self) -> bool:
@@ -86,7 +89,8 @@ class Target:
     @property
     def label(self) -> str:
         """The case and its slice as the product reads: ``seed A[:1] @ B``."""
-        a = "A.unsqueeze(0)" if self.form == "2d" else f"A[:{self.slice_m}]" if self.slice_m else "A"
+        a = ("A.unsqueeze(0)" if self.form == "2d" else f"A[:{self.slice_m}]" if self.slice_m
+             else "A")
         return f"{self.case.id} {a} @ " + (f"B[:, :{self.slice_n}]" if self.slice_n else "B")
 
     def bytes_needed(self) -> tuple[int, int]:
@@ -107,7 +111,8 @@ class Target:
         view = self.case.layout != "copy"  # a copy of a whole transposed W is not W
         n = None if self.slice_n == s.n and view else self.slice_n
         m = None if self.slice_m == s.m else self.slice_m
-        return (self.case.op, measure.operand_shapes(self.case, self.device), self.case.layout if n else "",
+        return (self.case.op, measure.operand_shapes(self.case, self.device),
+                self.case.layout if n else "",
                 n, m, self.precision or self.dtype, self.device, self.form, self.row, self.col)
 
 
@@ -127,7 +132,7 @@ def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=
         raise ProbeError(f"entry ({row}, {col}) is outside the {rows} x {cols} output")
     if case.compare_cols and col >= case.compare_cols:
         raise ProbeError(f"entry ({row}, {col}): {case.id}'s slices are compared in their first "
-                               f"{case.compare_cols} columns; choose a column below {case.compare_cols}")
+                         f"{case.compare_cols} columns; choose a column below {case.compare_cols}")
     check(s.k, dtype)
     return Target(case, dtype, device, slice_n, slice_m, row, col, s.k, rows, cols, precision, form)
 
@@ -175,7 +180,9 @@ def calls_per_round(t: Target, width: int | None = None) -> int:
     return ceil_div(2 * (t.k - 1) * len(chunks(t.k, chunk_size(t.dtype))), width or widths(t)[0])
 
 
-ROUNDS = 3  # rounds a CPU tree took here: 1 to 3 for every route of the catalog (docs/design.md, "Summation orders")
+# rounds a tree takes: the CPU routes of the catalog take 1 to 3 (docs/design.md, "Summation
+# orders")
+ROUNDS = 3
 
 
 def expected_calls(t: Target, width: int | None = None, rows: int = 1) -> int:
@@ -184,7 +191,8 @@ def expected_calls(t: Target, width: int | None = None, rows: int = 1) -> int:
     if rows == 1:
         return calls_per_round(t, width) * ROUNDS
     chunk, width = chunk_size(t.dtype), width or widths(t)[0]
-    best = max((c / group_calls(t.k - c - 1, chunk - c - 1, rows), c) for c in range(1, min(width, chunk - 3) + 1))
+    best = max((c / group_calls(t.k - c - 1, chunk - c - 1, rows), c)
+               for c in range(1, min(width, chunk - 3) + 1))
     return ceil_div(2 * (t.k - 1) * ROUNDS, int(best[0]))
 
 
@@ -232,7 +240,8 @@ def over_budget(t: Target, max_calls: int = MAX_CALLS) -> str | None:
     w = widths(t)[0]
     if expected_calls(t, w) <= max_calls:
         return None
-    return (f"revealing K = {t.k} over {w} probes a call needs about {expected_calls(t, w)} matmul calls "
+    return (f"revealing K = {t.k} over {w} probes a call needs about {expected_calls(t, w)} "
+            "matmul calls "
             f"({calls_per_round(t, w)} a round), more than {max_calls}")
 
 

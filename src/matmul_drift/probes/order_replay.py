@@ -23,12 +23,13 @@ from matmul_drift.probes.order_plan import PROBE
 # models it bit for bit (Xie et al., arXiv 2511.10909; `t_fdpa` in mmasim/arithmetic/fdpa.py):
 # each product aligned by the sum of its operands' exponents, every term cut toward zero to F
 # bits below the largest exponent (and e_zero), the sum cut toward zero to float32. F and e_zero
-# are MMA-Sim's (mmasim/nv_ptx/sim.py); docs/design.md "The order tree format" has the whole rule,
-# and how the names before issue 48 map onto these ("truncated-26" is F = 25).
+# are MMA-Sim's (mmasim/nv_ptx/sim.py); docs/design.md "The order tree format" has the whole rule.
 TENSOR_CORES = {  # name -> (F, e_zero), float32 output
-    "volta: aligned to the exponent sum, 23 bits, cut toward zero": (23, -131),  # Fasi et al.'s "24" on V100
+    # Fasi et al.'s "24" on V100
+    "volta: aligned to the exponent sum, 23 bits, cut toward zero": (23, -131),
     "turing/ampere/ada: aligned to the exponent sum, 24 bits, cut toward zero": (24, -132),
-    "hopper/blackwell: aligned to the exponent sum, 25 bits, cut toward zero": (25, -133),  # the H200's
+    # the H200's
+    "hopper/blackwell: aligned to the exponent sum, 25 bits, cut toward zero": (25, -133),
 }
 FUSED = ("exact", *TENSOR_CORES)
 
@@ -59,14 +60,17 @@ def truncated_sum(terms: np.ndarray, exps: np.ndarray, bits: int, zero: int) -> 
     exactly, the sum cut toward zero to float32: inf at 2^128 and beyond, +0 for zero, NaN as
     0x7fffffff. Returns float32 (draws,)."""
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN go through as IEEE says
-        e = np.where(terms == 0, zero, exps).max(axis=0, initial=zero).astype(np.int32)  # e_max, at least `zero`
+        # e_max, at least `zero`
+        e = np.where(terms == 0, zero, exps).max(axis=0, initial=zero).astype(np.int32)
         scale = (bits - e)[None, :]
         cut = np.ldexp(np.trunc(np.ldexp(terms, scale)), -scale)
-        s = cut.sum(axis=0)  # exact: multiples of 2^(e_max - bits), n of them each below 2^(e_max + 2)
+        # exact: multiples of 2^(e_max - bits), n of them each below 2^(e_max + 2)
+        s = cut.sum(axis=0)
         out = s.astype(np.float32)
         over = np.abs(out.astype(np.float64)) > np.abs(s)  # rounded away from zero: one step back
         out[over] = np.nextafter(out[over], np.float32(0))
-        big = np.abs(s) >= 2.0**128  # cut to 24 bits, still beyond float32: inf (MMA-Sim, the hardware)
+        # cut to 24 bits, still beyond float32: inf (MMA-Sim, the hardware)
+        big = np.abs(s) >= 2.0**128
         out[big] = np.copysign(np.float32(np.inf), s[big]).astype(np.float32)
     out += np.float32(0)  # -0 to +0
     out.view(np.uint32)[np.isnan(out)] = 0x7FFFFFFF
@@ -112,7 +116,8 @@ def evaluate(tree, values: np.ndarray, acc: np.dtype, fused: str = "exact",
         if len(node) > 2 and tc is not None:  # the products exact, each with its alignment exponent
             terms = np.stack([memo.pop(id(c)).astype(np.float64) if isinstance(c, list)
                               else np.asarray(values[c], dtype=np.float64) for c in node])
-            own = exponents(terms, "float32")  # the running sum's; a product's where no exps are given
+            # the running sum's; a product's where no exps are given
+            own = exponents(terms, "float32")
             if exps is not None:
                 leaf = [i for i, c in enumerate(node) if not isinstance(c, list)]
                 own[leaf] = exps[[node[i] for i in leaf]]
@@ -137,7 +142,8 @@ def draw_products(rng: np.random.Generator, k: int, draws: int, dtype: str) -> n
     acc = PROBE[dtype][0]
     big = 2.0**13 if acc == 24 else 2.0**26
     unit = big * 2.0 ** (1 - acc)
-    out = rng.choice([-unit, unit], (k, draws))  # in place below: a few k x draws arrays at most (memory.probe_bytes)
+    # in place below: a few k x draws arrays at most (memory.probe_bytes)
+    out = rng.choice([-unit, unit], (k, draws))
     out *= 1 + rng.integers(0, 8, (k, draws)) / 8
     out *= np.exp2(rng.integers(-2, 4, (k, draws)))
     for d in range(draws):

@@ -74,7 +74,8 @@ def _path(pivot: int, values: dict[int, int], total: int):
     for v in sorted(groups):
         g = sorted(groups[v])
         s = v - size  # the size of each of g's subtrees if they meet the pivot's side above `top`
-        if s > 0 and len(g) % s == 0:  # a new node above `top`: g is one subtree, or several of size s
+        # a new node above `top`: g is one subtree, or several of size s
+        if s > 0 and len(g) % s == 0:
             top, base = [top, _Hole(g, len(g) // s, s)], size
         elif base is not None and (t := v - base) > 0 and len(g) % t == 0 and isinstance(top, list):
             top.append(_Hole(g, len(g) // t, t))  # more children of the node `top` (summed exactly)
@@ -110,7 +111,8 @@ def tree_from_pairs(measure_pairs, k: int, max_rounds: int | None = None, progre
     NotRevealed when the counts fit no tree or the rounds run out (each round measures at
     most 2(k - 1) pairs; a tree of height t needs at most 2t rounds, usually log2 k)."""
     max_rounds = max_rounds or 2 * k.bit_length() + 64
-    holder: list = [_Hole(list(range(k)), 1, k)]  # the tree, its holes replaced in place as they resolve
+    # the tree, its holes replaced in place as they resolve
+    holder: list = [_Hole(list(range(k)), 1, k)]
     out = Reveal(tree=None, k=k)
     while True:
         found = list(_holes(holder))
@@ -133,18 +135,20 @@ def tree_from_pairs(measure_pairs, k: int, max_rounds: int | None = None, progre
         # Replace from the back of each parent, so that splices do not move the holes before them.
         for parent, i, h in sorted(holes, key=lambda t: (id(t[0]), -t[1])):
             views = [h.leaves[0], h.leaves[-1]] if h.first is not None else [h.leaves[0]]
-            readings = {**(h.first or {}), **{(p, j): got[(p, j)] for p in views[-1:] for j in h.leaves if j != p}}
+            readings = {**(h.first or {}),
+                        **{(p, j): got[(p, j)] for p in views[-1:] for j in h.leaves if j != p}}
             best = None
             for p in views:
                 seen = _path(p, {j: readings[(p, j)] for j in h.leaves if j != p}, len(h.leaves))
                 if seen is not None and (best is None or seen[1] < best[1]):
                     best = seen
-            if h.first is None and len(h.leaves) > 2 and (best is None or 2 * best[1] > len(h.leaves)):
+            if h.first is None and len(h.leaves) > 2 and (best is None
+                                                          or 2 * best[1] > len(h.leaves)):
                 h.first = readings  # seen from the last leaf too, next round
                 continue
             if best is None:
-                raise NotRevealed(f"the counts over products {h.leaves[0]}..{h.leaves[-1]} ({len(h.leaves)} of "
-                                  "them) fit no tree")
+                raise NotRevealed(f"the counts over products {h.leaves[0]}..{h.leaves[-1]} "
+                                  f"({len(h.leaves)} of them) fit no tree")
             node = best[0]
             if h.count == 1:
                 parent[i] = node
@@ -188,23 +192,29 @@ def fuse(tree, measure_pairs, k: int, sample: int | None = None):
         below = [(x, pair) for x, pair in zip(links, pairs) if parent[id(x)] is not None]
         held = []  # per link below the top: (products of its own held, those beside it)
         for x, _ in below:
-            others = itertools.chain.from_iterable(trees.iter_leaves(c) for c in parent[id(x)] if c is not x)
+            others = itertools.chain.from_iterable(trees.iter_leaves(c) for c in parent[id(x)]
+                                                   if c is not x)
             beside = list(itertools.islice(others, sample // 2))
-            held.append((list(itertools.islice(trees.iter_leaves(x), sample - len(beside))), beside))
-        got = measure_pairs([pair for _, pair in below], [own + beside for own, beside in held]) if below else []
+            held.append((list(itertools.islice(trees.iter_leaves(x), sample - len(beside))),
+                         beside))
+        got = (measure_pairs([pair for _, pair in below], [own + beside for own, beside in held])
+               if below else [])
         merged = set()
         for (x, (i, j)), (own, beside), r in zip(below, held, got):
             mine = 2 + len(own) - (i in own) - (j in own)
             if r == mine + len(beside):
                 merged.add(id(x))
             elif r != mine:
-                raise NotRevealed(f"the pair ({i}, {j}) counted {r}: neither the {mine} products of its node it holds "
-                                  f"(a rounded addition) nor {mine + len(beside)}, with the {len(beside)} beside it "
+                raise NotRevealed(f"the pair ({i}, {j}) counted {r}: neither the {mine} products "
+                                  f"of its node it holds (a rounded addition) nor "
+                                  f"{mine + len(beside)}, with the {len(beside)} beside it "
                                   "(a link of a fused add)")
-        if len(tree) == 2:  # apart: its k products take chunks of their own (spread where rows allow)
+        # apart: its k products take chunks of their own (spread where rows allow)
+        if len(tree) == 2:
             (r,) = measure_pairs([pairs[0]], [everything])
             if r != k:
-                raise NotRevealed(f"the pair {pairs[0]} of the top node, every product present, counted {r} of {k}")
+                raise NotRevealed(f"the pair {pairs[0]} of the top node, every product present, "
+                                  f"counted {r} of {k}")
     for x in reversed(order_):  # children first: a link's children go up into its parent's place
         if id(x) in merged:
             up = parent[id(x)]

@@ -41,7 +41,8 @@ def point_ok(p, lo: int, hi: int) -> bool:
     """What every point holds: a ``size`` in lo..hi, a ``kernel_id`` and ``kernels`` (strings)."""
     return (isinstance(p, dict) and integer(p.get("size")) and lo <= p["size"] <= hi
             and isinstance(p.get("kernel_id"), str)
-            and isinstance(p.get("kernels"), list) and all(isinstance(k, str) for k in p["kernels"]))
+            and isinstance(p.get("kernels"), list)
+            and all(isinstance(k, str) for k in p["kernels"]))
 
 
 def check(rec, params: dict, *, schema: str, what: str, point_ok, param_words=None) -> None:
@@ -73,7 +74,8 @@ def check(rec, params: dict, *, schema: str, what: str, point_ok, param_words=No
 
 def load(path: str) -> dict:
     """A record from ``path``; RecordError (one line) if unreadable."""
-    def parse_number(text):  # 1e400 is valid JSON, but inf once parsed, and no rewrite could write it
+    # 1e400 is valid JSON, but inf once parsed, and no rewrite could write it
+    def parse_number(text):
         x = float(text)
         if not math.isfinite(x):
             raise RecordError(f"{path} holds the number {text[:40]}, beyond the range of a double")
@@ -102,7 +104,8 @@ def dumps(rec: dict) -> str:
 def write_atomic(path: str, obj: dict, new: bool = False) -> None:
     """Write ``obj`` as JSON atomically: an interruption leaves the old file or the new one.
     ``new``: the record's first write, which leaves alone a file that appeared at ``path``."""
-    write_file(path, dumps(obj).encode(), new, "the record is in {kept}: --resume {kept} continues it")
+    write_file(path, dumps(obj).encode(), new,
+               "the record is in {kept}: --resume {kept} continues it")
 
 
 def write_file(path: str, data: bytes, new: bool, kept_words: str) -> None:
@@ -114,5 +117,6 @@ def write_file(path: str, data: bytes, new: bool, kept_words: str) -> None:
     except atomic.Taken as exc:
         raise RecordError(f"{path} appeared while the scan ran and is left as it is; "
                           + kept_words.format(kept=exc.kept)) from None
-    except OSError as exc:  # a folder made read-only meanwhile, a full disk, /proc (root passes os.access)
+    # a folder made read-only meanwhile, a full disk, /proc (root passes os.access)
+    except OSError as exc:
         raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None

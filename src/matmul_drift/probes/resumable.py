@@ -58,7 +58,8 @@ def drive(search, measure, make_record, done, *, words: Words, grid: int, path: 
     session = {"evaluated": 0, "seconds": 0.0, "complete": False}
     sessions.append(session)
     t0 = time.monotonic()
-    claimed = [resumed is not None]  # the record's file is ours: resumed, or created by the first write
+    # the record's file is ours: resumed, or created by the first write
+    claimed = [resumed is not None]
 
     def save(all_points: dict, complete: bool, report: dict | None = None) -> None:
         session["seconds"] = round(time.monotonic() - t0, 3)
@@ -97,7 +98,8 @@ def drive(search, measure, make_record, done, *, words: Words, grid: int, path: 
         except (KeyboardInterrupt, kernels.ProfilerLost) as exc:
             bar.close()
             if path and session["evaluated"]:
-                with interrupt.deferred(stopped, escalate=False):  # more Ctrl-C must not cut this write
+                # more Ctrl-C must not cut this write
+                with interrupt.deferred(stopped, escalate=False):
                     save(live, complete=False)  # the points since the last write (each is whole)
             where = (f"{path} holds them: continue with --resume {path}" if path
                      else "nothing was recorded (--json FILE keeps a resumable record)")

@@ -86,7 +86,8 @@ def record(params: Params, points: dict[int, dict], *, input_checksum: str, envi
 def check_record(rec, params: Params) -> None:
     """records.RecordError unless ``rec`` is a scan record of exactly the scan ``params``
     describe, with well-formed points and sessions."""
-    if isinstance(rec, dict) and rec.get("schema") in ("matmul-drift-scan/1", "matmul-drift-scan/2"):
+    if isinstance(rec, dict) and rec.get("schema") in ("matmul-drift-scan/1",
+                                                        "matmul-drift-scan/2"):
         raise records.RecordError(
             f"the record is from an older search ({rec['schema']}): its sizes were chosen without "
             "periods or spot checks and cannot be resumed by this search; start a new scan")
@@ -129,9 +130,11 @@ def render_saved(rec: dict, path: str) -> str:
     try:
         text = render(rec)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
-        raise ScanError(f"{path} is not a record `scan --json` writes ({type(exc).__name__}: {exc})") from None
+        raise ScanError(f"{path} is not a record `scan --json` writes "
+                        f"({type(exc).__name__}: {exc})") from None
     if not rec.get("complete"):
-        text = f"{path}: an unfinished scan (--resume {path} continues it); what it found so far:\n\n" + text
+        text = (f"{path}: an unfinished scan (--resume {path} continues it); "
+                "what it found so far:\n\n" + text)
     return text
 
 
@@ -143,11 +146,13 @@ def render(result: dict) -> str:
     if p.get("within"):
         fixed += f", slices of {p['vary']}={p['within']}"
     n_eval, dense = result["evaluations"], result["dense_equivalent"]
-    head = (f"scan of {p['vary']} over {p['lo']}..{p['hi']} ({fixed}), {p['dtype']} on {p['device']}: "
+    head = (f"scan of {p['vary']} over {p['lo']}..{p['hi']} ({fixed}), "
+            f"{p['dtype']} on {p['device']}: "
             f"{n_eval} evaluations for {dense} sizes ({n_eval / dense:.1%} of a dense sweep), "
             f"{boundary_count(result)} within the alignment classes")
     pattern = "\n".join(f"  {p['vary']} {seg['text']}" for seg in result["pattern"])
-    headers = ["class", "sizes", "kernel-id", "kernels"] + (["drift", "max ulp", "max_u"] if drift else []) + ["max error_u", "points"]
+    headers = (["class", "sizes", "kernel-id", "kernels"]
+               + (["drift", "max ulp", "max_u"] if drift else []) + ["max error_u", "points"])
     rows = []
     for r in sorted(result["regions"], key=lambda r: (r["lo"], r["class"])):
         cells = [r["drift"], _shown(r["max_ulp"]), _shown(r["max_u"])] if drift else []
@@ -158,12 +163,16 @@ def render(result: dict) -> str:
         brows = []
         for b in result["boundaries"]:
             before, after = b["before"], b["after"]
-            change = " and ".join(w for w, c in (("kernels", b["kernel_changed"]), ("drift", b["drift_changed"])) if c)
-            brows.append([b["class"], f"{b['lo']} → {b['hi']}", change, "\n".join(before["kernels"]),
-                          "(same)" if before["kernels"] == after["kernels"] else "\n".join(after["kernels"]),
+            change = " and ".join(w for w, c in (("kernels", b["kernel_changed"]),
+                                                 ("drift", b["drift_changed"])) if c)
+            brows.append([b["class"], f"{b['lo']} → {b['hi']}", change,
+                          "\n".join(before["kernels"]),
+                          "(same)" if before["kernels"] == after["kernels"]
+                          else "\n".join(after["kernels"]),
                           _shown_side(before, drift), _shown_side(after, drift)])
         what = "drift" if drift else "error_u"
-        parts.append(tabulate(brows, headers=["class", "boundary", "change", "kernels before", "kernels after",
+        parts.append(tabulate(brows, headers=["class", "boundary", "change", "kernels before",
+                                              "kernels after",
                                               f"{what} before", f"{what} after"]))
     search = result.get("search")
     period = search["period"] if search else 1
@@ -171,15 +180,17 @@ def render(result: dict) -> str:
     if search:
         parts.append("How: " + search_words(search, n_eval, dense, "size") + ".")
     if not gap or n_eval == dense:
-        parts.append("Every size was evaluated (a dense sweep): this is what holds at every size of the range.")
+        parts.append("Every size was evaluated (a dense sweep): "
+                     "this is what holds at every size of the range.")
     else:
         grid = f"every {p['step']} sizes" if p["step"] else f"{CLASS_INTERVALS} intervals"
-        parts.append(f"Each alignment class ({', '.join(result['classes'])}) was searched on its own coarse grid "
-                     f"({grid} per class, grid points up to {gap} sizes apart), then bisected to adjacent members: "
-                     "every boundary above is exact within its class, and routes that depend on the size "
-                     "modulo a power of two up to 32 (or the period found) show as patterns. Not seen but "
-                     "for the spot checks: kernels or drift that change and change back between two grid "
-                     f"points of a class (a run of fewer than {gap} sizes), or a size whose drift vanishes "
+        parts.append(f"Each alignment class ({', '.join(result['classes'])}) was searched on its "
+                     f"own coarse grid ({grid} per class, grid points up to {gap} sizes apart), "
+                     "then bisected to adjacent members: every boundary above is exact within its "
+                     "class, and routes that depend on the size modulo a power of two up to 32 "
+                     "(or the period found) show as patterns. Not seen but for the spot checks: "
+                     "kernels or drift that change and change back between two grid points of a "
+                     f"class (a run of fewer than {gap} sizes), or a size whose drift vanishes "
                      "only because these inputs "
                      "round alike there; --step S tightens the grid (--step 1 is a dense sweep).")
     return "\n\n".join(parts)

@@ -41,26 +41,32 @@ def plot(result: dict, path: str) -> None:
         colour = colours.setdefault(r["kernel_id"], f"C{len(colours) % 10}")
         row = rows[r["class"]]
         half = 2 ** min(row + 1, CLASS_TOP) / 2  # half the class's spacing: its stripe has no gaps
-        ax.axvspan(max(r["lo"] - half, p["lo"] - 0.5), min(r["hi"] + half, p["hi"] + 0.5), ymin=row * height, ymax=(row + 1) * height, color=colour,
+        ax.axvspan(max(r["lo"] - half, p["lo"] - 0.5), min(r["hi"] + half, p["hi"] + 0.5),
+                   ymin=row * height, ymax=(row + 1) * height, color=colour,
                    alpha=0.22, lw=0, hatch=_HATCH if r["drift"] == "non-zero" else None,
                    label=_label(r["kernel_id"], r["kernels"]) if first else None)
     for label, row in rows.items():
         ax.annotate(label, (0, (row + 0.5) * height), xycoords="axes fraction", xytext=(3, 0),
                     textcoords="offset points", fontsize=6, va="center", color="0.35")
-    errors = [q["error_u"] for q in points if q["error_u"] is not None and math.isfinite(q["error_u"])]
+    errors = [q["error_u"] for q in points
+              if q["error_u"] is not None and math.isfinite(q["error_u"])]
     if errors:
-        ax.plot(sizes, [math.nan if q["error_u"] is None else q["error_u"] for q in points], ".", color="0.25", ms=3, label="error_u (u), left axis")
+        ax.plot(sizes, [math.nan if q["error_u"] is None else q["error_u"] for q in points], ".",
+                color="0.25", ms=3, label="error_u (u), left axis")
         ax.set_ylabel("error_u (u of the output dtype)")
         top = max(errors + [1e-9]) * 1.15
         ax.set_ylim(-0.04 * top, top)  # a little below 0, so points at 0 stay visible
-    else:  # no entry finite on both sides at any size (every output inf, say): a scale would read as 0
+    else:
+        # no entry finite on both sides at any size (every output inf, say): a
+        # scale would read as 0
         ax.set_ylabel("error_u: not computed at any size")
         ax.set_yticks([])
     handles, labels = ax.get_legend_handles_labels()
     if p["vary"] != "k":
         ax2 = ax.twinx()
         ulps = [q["max_ulp"] for q in points]
-        (line,) = ax2.plot(sizes, ulps, "o", color="C3", ms=3.5, label="drift: max ulp vs the top of the range, right axis")
+        (line,) = ax2.plot(sizes, ulps, "o", color="C3", ms=3.5,
+                           label="drift: max ulp vs the top of the range, right axis")
         ax2.set_ylabel("drift (output ulps)")
         top = max(1, max(ulps)) * 1.15
         ax2.set_ylim(-0.04 * top, top)  # zero level with the left axis's
@@ -76,11 +82,14 @@ def plot(result: dict, path: str) -> None:
     fixed = ", ".join(f"{d}={p[d]}" for d in ("m", "k", "n") if d != p["vary"])
     ax.set_xlabel(f"{p['vary']} ({fixed})")
     ax.set_xlim(p["lo"] - 0.5, p["hi"] + 0.5)
-    ax.set_title(f"scan of {p['vary']}, {p['dtype']} on {p['device']}: {scan.boundary_count(result)}, "
-                 f"{result['evaluations']} evaluations for {result['dense_equivalent']} sizes", fontsize=10)
+    ax.set_title(f"scan of {p['vary']}, {p['dtype']} on {p['device']}: "
+                 f"{scan.boundary_count(result)}, "
+                 f"{result['evaluations']} evaluations for {result['dense_equivalent']} sizes",
+                 fontsize=10)
     fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=8, frameon=False)
     fig.subplots_adjust(bottom=0.16 + 0.045 * len(handles), top=0.92)
     png = io.BytesIO()
     fig.savefig(png, format="png")
     plt.close(fig)
-    records.write_file(path, png.getvalue(), True, "the plot is in {kept}")  # never over a file made meanwhile
+    # never over a file made meanwhile
+    records.write_file(path, png.getvalue(), True, "the plot is in {kept}")

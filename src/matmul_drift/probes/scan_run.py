@@ -17,12 +17,14 @@ def check_memory(vary: str, dims: dict, dtype: str, device: str, host: bool = Tr
     host (MemAvailable, unless not ``host``) or free on the GPU."""
     need = memory.bytes_needed(dims["m"], dims["k"], dims["n"], dtype, device, prefix_a=vary == "k")
     try:
-        memory.check(need, f"the top of the range, m={dims['m']} k={dims['k']} n={dims['n']} in {dtype},", device, host)
+        memory.check(need, f"the top of the range, m={dims['m']} k={dims['k']} n={dims['n']} "
+                     f"in {dtype},", device, host)
     except memory.TooLarge as exc:
         raise scan.ScanError(str(exc)) from None
 
 
-def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step: int, path: str | None,
+def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step: int,
+        path: str | None,
         resume: bool, prog: str = "matmul-drift scan", host_memory_check: bool = True,
         within: int | None = None) -> resumable.Outcome:
     """Scan ``vary`` over lo..hi with the ``fixed`` dimensions ({"m": .., "k": .., "n": ..},
@@ -63,7 +65,8 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
                 + (f"; record in {path}" if path else ""))
 
     return resumable.drive(
-        lambda evaluate, known: classsearch.checked_search(lo, hi, evaluate, known=known, step=step),
+        lambda evaluate, known: classsearch.checked_search(lo, hi, evaluate, known=known,
+                                                           step=step),
         lambda size: measure.scan_point(ops, vary, size, top, dtype=dtype, device=device),
         make_record, done, words=resumable.Words(prog, "size", "at {}", "evaluations"),
         grid=classsearch.grid_count(lo, hi, step), path=path, resumed=rec, points=points)
