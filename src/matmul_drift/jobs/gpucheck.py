@@ -69,7 +69,8 @@ def _unpack(archive: Path, into: Path) -> Path:
                 # before a byte is unpacked: a few MB of gzip can hold gigabytes
                 if total > MAX_UNPACKED:
                     raise ImportRefused(f"{archive}: unpacks to more than "
-                                        f"{MAX_UNPACKED >> 20} MiB, which no gpu_check archive does")
+                                        f"{MAX_UNPACKED >> 20} MiB, "
+                                        "which no gpu_check archive does")
             # tarfile's own "data" filter as well where it exists (Python 3.11.4 and later;
             # not 3.11.2)
             tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
