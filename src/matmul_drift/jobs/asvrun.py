@@ -118,7 +118,7 @@ def reap_orphans(root: Path) -> list[str]:
     (`benchmark.py run_server`, with any benchmark it forked) and its `benchmark.py
     setup_cache` (the whole suite, minutes on a slow route). asv starts each in a process
     group of its own, so killing the run's process group misses them: the forkserver waits on
-    its socket for ever (about 220 MB here), and the setup_cache goes on measuring beside the
+    its socket for ever, holding its memory, and the setup_cache goes on measuring beside the
     next run. One whose parent is still an asv process is left alone. Each is stopped with its
     process group, and its folder in the temporary directory removed. Returns one line per
     process stopped; nothing where /proc is missing."""
