@@ -29,7 +29,8 @@ def facts(path: str) -> dict:
           and re.fullmatch(r"[0-9a-f]{40}", found["commit"]) and type(found.get("date")) is int
           and isinstance(found.get("branch"), str) and found["branch"])
     if not ok:
-        raise util.UserError(f"recorded commit {path}: expected {{\"commit\": hash, \"date\": ms, \"branch\": name}}")
+        raise util.UserError(f"recorded commit {path}: expected "
+                             f"{{\"commit\": hash, \"date\": ms, \"branch\": name}}")
     return found
 
 
@@ -39,7 +40,8 @@ class RecordedCommit(Repo):
     def __init__(self, url, mirror_path):
         found = facts(url)
         self._path = url
-        self._commit, self._date, self._default_branch = found["commit"], found["date"], found["branch"]
+        self._commit, self._date, self._default_branch = (found["commit"], found["date"],
+                                                          found["branch"])
         self._pulled = True
 
     @classmethod
@@ -50,11 +52,13 @@ class RecordedCommit(Repo):
         pass
 
     def checkout(self, path, commit_hash):
-        raise util.UserError("a recorded commit has no files to check out: use an existing environment")
+        raise util.UserError("a recorded commit has no files to check out: "
+                             "use an existing environment")
 
     def get_hash_from_name(self, name):
         name = self.get_branch_name(name)
-        if name in ("HEAD", self._default_branch) or (len(name) >= 4 and self._commit.startswith(name)):
+        if (name in ("HEAD", self._default_branch)
+                or (len(name) >= 4 and self._commit.startswith(name))):
             return self._commit
         raise NoSuchNameError(name)
 

@@ -64,7 +64,8 @@ class UvVirtualenv(virtualenv.Virtualenv):
         report = os.path.join(self._path, "asv-pip-report.json")
         env = {**os.environ, **self.build_env_vars}
         # pip's verdict (no such torch, no network) fails the environment as asv's route would
-        self._run_pip(["install", "--dry-run", "--upgrade", "--quiet", "--report", report, *specs], env=env)
+        self._run_pip(["install", "--dry-run", "--upgrade", "--quiet", "--report", report, *specs],
+                      env=env)
         lines = pinned(report)
         _check_space(self._path, lines)
         t1 = time.monotonic()
@@ -75,14 +76,17 @@ class UvVirtualenv(virtualenv.Virtualenv):
             f.write("".join(line + "\n" for line in lines))
         try:
             # bytecode as pip's route writes it: without it, under PYTHONDONTWRITEBYTECODE (set on
-            # this project's machines) every benchmark process compiled torch again, ~1 s each
-            p = subprocess.run([uv, "pip", "install", "--quiet", "--no-deps", "--compile-bytecode", "--python",
-                                python, "-r", reqs],
-                               env=env, capture_output=True, text=True, timeout=self._install_timeout)
+            # this project's machines) every benchmark process would compile torch again
+            p = subprocess.run([uv, "pip", "install", "--quiet", "--no-deps", "--compile-bytecode",
+                                "--python", python, "-r", reqs],
+                               env=env, capture_output=True, text=True,
+                               timeout=self._install_timeout)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise UvFailed(f"uv pip install: {exc}") from None
         if p.returncode != 0:
-            raise UvFailed(f"uv pip install: {(p.stderr.strip().splitlines() or ['exit status %d' % p.returncode])[-1]}")
+            raise UvFailed(
+                "uv pip install: "
+                f"{(p.stderr.strip().splitlines() or ['exit status %d' % p.returncode])[-1]}")
         log.info(f"pip resolved {len(lines)} packages in {t1 - t0:.1f} s; uv installed them in "
                  f"{time.monotonic() - t1:.1f} s")
 

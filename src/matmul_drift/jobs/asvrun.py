@@ -40,7 +40,8 @@ class CutShort(Exception):
 
 
 def check_written(files: list[Path]) -> None:
-    """CutShort naming the first of ``files`` (asv's output in staging) that is not a JSON object."""
+    """CutShort naming the first of ``files`` (asv's output in staging) that is not a JSON
+    object."""
     for f in files:
         if json_object(f) is None:
             raise CutShort(f"asv's results file {f.name} is cut short (not a JSON object)")
@@ -71,10 +72,12 @@ def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | 
             sys.stderr.flush()
 
     stop = threading.Event()
-    follower = threading.Thread(target=_follow, args=(follow, show, stop), daemon=True) if follow else None
+    follower = (threading.Thread(target=_follow, args=(follow, show, stop), daemon=True)
+                if follow else None)
     with open(log or os.devnull, "a", encoding="utf-8") as fh, subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8",
-            errors="replace", bufsize=1, pass_fds=(hold.fileno(),) if hold else ()) as proc:
+            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            encoding="utf-8", errors="replace", bufsize=1,
+            pass_fds=(hold.fileno(),) if hold else ()) as proc:
         if follower:
             follower.start()
         try:
@@ -90,7 +93,8 @@ def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | 
     return proc.returncode, tail
 
 
-def _follow(path: Path, show: Callable[[str], None], stop: threading.Event, every: float = 0.5) -> None:
+def _follow(path: Path, show: Callable[[str], None], stop: threading.Event,
+            every: float = 0.5) -> None:
     """Passes each whole line added to ``path`` to ``show`` until ``stop`` is set, then the rest."""
     pos, part = 0, ""
     while True:
@@ -114,18 +118,20 @@ def reap_orphans(root: Path) -> list[str]:
     (`benchmark.py run_server`, with any benchmark it forked) and its `benchmark.py
     setup_cache` (the whole suite, minutes on a slow route). asv starts each in a process
     group of its own, so killing the run's process group misses them: the forkserver waits on
-    its socket for ever (about 220 MB here), and the setup_cache goes on measuring beside the
+    its socket for ever, holding its memory, and the setup_cache goes on measuring beside the
     next run. One whose parent is still an asv process is left alone. Each is stopped with its
     process group, and its folder in the temporary directory removed. Returns one line per
     process stopped; nothing where /proc is missing."""
     root_s, out = str(root.resolve()), []
     for d in Path("/proc").glob("[0-9]*"):
         try:
-            args = [a.decode("utf-8", "replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+            args = [a.decode("utf-8", "replace")
+                    for a in (d / "cmdline").read_bytes().split(b"\0") if a]
         except OSError:
             continue
         i = next((j for j, a in enumerate(args) if a in ("run_server", "setup_cache")), 0)
-        if not (i and args[i - 1].endswith(os.path.join("asv", "benchmark.py")) and len(args) > i + 2):
+        if not (i and args[i - 1].endswith(os.path.join("asv", "benchmark.py"))
+                and len(args) > i + 2):
             continue
         if not (args[i + 1] == root_s or args[i + 1].startswith(root_s + os.sep)):
             continue
@@ -134,7 +140,8 @@ def reap_orphans(root: Path) -> list[str]:
             ppid, pgrp = int(fields[1]), int(fields[2])
             parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes() if ppid > 1 else b""
             # run_server: its socket's folder; setup_cache: the folder asv made for its cache
-            tmp = Path(args[i + 2]).parent if args[i] == "run_server" else Path(os.readlink(d / "cwd"))
+            tmp = (Path(args[i + 2]).parent if args[i] == "run_server"
+                   else Path(os.readlink(d / "cwd")))
         except (OSError, ValueError, IndexError):
             continue
         if b"asv" in parent:  # a live run's, or a benchmark its forkserver forked
@@ -144,7 +151,8 @@ def reap_orphans(root: Path) -> list[str]:
             os.killpg(pid, signal.SIGKILL) if pgrp == pid else os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
-        if tmp.parent == Path(tempfile.gettempdir()) and tmp.name.startswith(("asv-forkserver-", "tmp")):
+        if (tmp.parent == Path(tempfile.gettempdir())
+                and tmp.name.startswith(("asv-forkserver-", "tmp"))):
             shutil.rmtree(tmp, ignore_errors=True)
         what = "forkserver" if args[i] == "run_server" else "setup_cache"
         out.append(f"stopped asv's {what} {pid} for {args[i + 1]}, left running by a killed run")
@@ -168,7 +176,7 @@ def recorded(results_dir: Path, machine: str, commit: str, env: str | None = Non
     """The results files ``machine`` has at ``commit`` (asv names them <commit8>-<env>.json,
     or <commit8>-env-<md5>.json for a name of 128 characters or more), in environment ``env``
     only when given."""
-    # here: asv costs about 1 s at the start of every command, whose parser imports this
+    # here, not at the top: importing asv is slow, and every command's parser imports this
     from asv.results import get_filename
 
     name = None if env is None else Path(get_filename(machine, commit, env)).name
@@ -176,7 +184,8 @@ def recorded(results_dir: Path, machine: str, commit: str, env: str | None = Non
             if p.name.startswith(commit[:8]) and (name is None or p.name == name)]
 
 
-def merge_benchmarks(path: Path, new: dict, warn: Callable[[str], None], keep: bool = False) -> None:
+def merge_benchmarks(path: Path, new: dict, warn: Callable[[str], None],
+                     keep: bool = False) -> None:
     """Merge a run's benchmarks.json into ``path``: every benchmark either knows, the newer
     description winning (``new``'s, or the file's where ``keep``: a run of an older commit),
     so results of a benchmark since removed can still be read. The file
@@ -212,19 +221,20 @@ def import_results(staging: Path, results_dir: Path, machine: str, old: list[Pat
     if old and not force:
         raise AlreadyRecorded(f"{old[0]} is already recorded; pass --force to replace it")
     dest, replaced = results_dir / machine, {p.name for p in old}
-    meanwhile = [dest / f.name for f in files if f.name not in replaced and (dest / f.name).exists()]
+    meanwhile = [dest / f.name for f in files
+                 if f.name not in replaced and (dest / f.name).exists()]
     if meanwhile:  # by another run since ``old`` was taken: never replaced, --force or not
         raise _meanwhile(meanwhile[0])
     if (staging / "benchmarks.json").exists():
         # asv publish draws only the results whose benchmark version is benchmarks.json's: a run
         # of an older commit (filling in history) must not hide the newer results of a benchmark
         # changed since.
-        dates = [d.get("date") for d in map(json_object, files)]  # each a JSON object: check_written
+        dates = [d.get("date") for d in map(json_object, files)]  # all JSON objects: check_written
         keep = all(isinstance(x, int) for x in dates) and recorded_later(results_dir, max(dates))
-        merge_benchmarks(results_dir / "benchmarks.json", json.loads((staging / "benchmarks.json").read_text()), log,
-                         keep=keep)
-    if (staging / machine / "machine.json").exists() and _new_hardware(staging / machine / "machine.json",
-                                                                      dest / "machine.json"):
+        merge_benchmarks(results_dir / "benchmarks.json",
+                         json.loads((staging / "benchmarks.json").read_text()), log, keep=keep)
+    if ((staging / machine / "machine.json").exists()
+            and _new_hardware(staging / machine / "machine.json", dest / "machine.json")):
         atomic.copy(staging / machine / "machine.json", dest / "machine.json")
     for p in old:
         log(f"replacing {p} (--force); the old file is kept as {backup(p).name}")

@@ -55,7 +55,8 @@ def _signature(d: date) -> str:
 
 def _body(d: date, parent: str | None) -> bytes:
     stamp = _signature(d)
-    head = [f"tree {EMPTY_TREE}", *([f"parent {parent}"] if parent else []), f"author {stamp}", f"committer {stamp}"]
+    head = [f"tree {EMPTY_TREE}", *([f"parent {parent}"] if parent else []),
+            f"author {stamp}", f"committer {stamp}"]
     return ("\n".join(head) + "\n\n" + message(d)).encode()
 
 

@@ -18,7 +18,8 @@ from matmul_drift.read import flags, history, rules, summary
 from matmul_drift.read.history import CONFIRM
 from matmul_drift.store import atomic
 
-TIME = "timing.Time.time_matmul"  # the series asv times; CUDA's own timing has no second process to ask
+# the series asv times; CUDA's own timing has no second process to ask
+TIME = "timing.Time.time_matmul"
 
 
 def env_python(repo: Path, conf: dict, env_name: str) -> Path:
@@ -28,10 +29,10 @@ def env_python(repo: Path, conf: dict, env_name: str) -> Path:
     env_dir = env_dir if env_dir.is_absolute() else repo / env_dir
     folder = hashlib.md5(env_name.encode("utf-8")).hexdigest()
     if conf.get("environment_type"):
-        # here: asv costs about 1 s at the start of every command, whose parser imports this
+        # here, not at the top: importing asv is slow, and every command's parser imports this
         from asv import environment, util
 
-        # here: asv costs about 1 s at the start of every command, whose parser imports this
+        # here, not at the top: importing asv is slow, and every command's parser imports this
         from matmul_drift.jobs import asvenv
         try:
             envs = asvenv.environments({**conf, "env_dir": str(env_dir)})
@@ -42,9 +43,11 @@ def env_python(repo: Path, conf: dict, env_name: str) -> Path:
 
 
 def suspects(hist: history.History, machine: str, commit: str) -> list[flags.Flag]:
-    """The CPU timing changes of ``machine``'s run at ``commit`` that no re-measurement has judged."""
+    """The CPU timing changes of ``machine``'s run at ``commit`` that no re-measurement has
+    judged."""
     s = summary.summarise(hist.of(machine), summary.Options(at=commit, timing="suspects"))
-    return [f for f in s.flags if f.kind == "timing" and f.benchmark == TIME and f.params.get("device") == "cpu"]
+    return [f for f in s.flags
+            if f.kind == "timing" and f.benchmark == TIME and f.params.get("device") == "cpu"]
 
 
 def _setting(repo: Path, conf: dict, hist: history.History, machine: str, side: flags.Side,
@@ -71,26 +74,32 @@ def run(repo: Path, conf: dict, machine: str, commit: str, hist: history.History
         return None
     checks, records = [], []
     for f in found:
-        (sb, rb), (sa, ra) = (_setting(repo, conf, hist, machine, s, f.params) for s in (f.before, f.after))
-        rec = {"benchmark": f.benchmark, "params": dict(f.params), "before": rb, "after": ra, "factor": factor,
-               "slower": f.direction == "slower"}
+        (sb, rb), (sa, ra) = (_setting(repo, conf, hist, machine, s, f.params)
+                              for s in (f.before, f.after))
+        rec = {"benchmark": f.benchmark, "params": dict(f.params), "before": rb, "after": ra,
+               "factor": factor, "slower": f.direction == "slower"}
         if sb is None or sa is None:
             records.append({**rec, "verdict": "not measured", "ratios": [], "rounds": 0,
                             "errors": ["the environment of a side is gone"]})
             continue
-        checks.append(confirm.Check(f.params["case"], f.params["dtype"], sb, sa, rec["slower"], factor))
+        checks.append(confirm.Check(f.params["case"], f.params["dtype"], sb, sa, rec["slower"],
+                                    factor))
         records.append(rec)
-    cells = ", ".join(f"{c.case} {c.dtype}" for c in checks[:4]) + (", ..." if len(checks) > 4 else "")
+    cells = (", ".join(f"{c.case} {c.dtype}" for c in checks[:4])
+             + (", ..." if len(checks) > 4 else ""))
     log(f"confirming {len(found)} suspected timing change{'s' * (len(found) != 1)} ({cells}): "
         f"{confirm.ROUNDS} rounds, both sides interleaved in fresh processes")
-    done = iter(confirm.run(checks, progress=lambda what, k, n: log(f"  re-measuring: {what} ({k + 1} of {n})")))
+    done = iter(confirm.run(checks, progress=lambda what, k, n:
+                            log(f"  re-measuring: {what} ({k + 1} of {n})")))
     records = [r if r.get("verdict") == "not measured" else {**r, **next(done)} for r in records]
     for r in records:
         p = r["params"]
         log(f"  {p['case']} {p['dtype']}: {rules.confirmed_text(r)}; {r['verdict']}")
     now = datetime.now(timezone.utc)
-    doc = {"version": 1, "machine": machine, "commit": commit, "measured": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "load": list(os.getloadavg()), "checks": records}
-    path = repo / "results" / CONFIRM / machine / f"{commit[:8]}-{now.strftime('%Y%m%dT%H%M%S%fZ')}.json"
+    doc = {"version": 1, "machine": machine, "commit": commit,
+           "measured": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "load": list(os.getloadavg()),
+           "checks": records}
+    path = (repo / "results" / CONFIRM / machine
+            / f"{commit[:8]}-{now.strftime('%Y%m%dT%H%M%S%fZ')}.json")
     atomic.write_new(path, (json.dumps(doc, indent=1, allow_nan=False) + "\n").encode())
     return path

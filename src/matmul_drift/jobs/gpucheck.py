@@ -32,8 +32,9 @@ from matmul_drift.jobs.nightly import UsageError, check_machine
 from matmul_drift.read import history
 from matmul_drift.store import atomic, bounded, catalog
 
-MAX_UNPACKED = 256 << 20  # bytes an archive may unpack to; a real check's come to well under 1 MiB
-MAX_TAIL = 1 << 20  # bytes after tar's end-of-archive block: its zero padding (10 KiB records in GNU tar)
+MAX_UNPACKED = 256 << 20  # bytes an archive may unpack to; a real check's is well under 1 MiB
+# bytes after tar's end-of-archive block: its zero padding (10 KiB records in GNU tar)
+MAX_TAIL = 1 << 20
 MAX_ENV_NAME = 120  # characters of an environment's name, a file name's part
 
 
@@ -60,14 +61,18 @@ def _unpack(archive: Path, into: Path) -> Path:
                 name = PurePosixPath(m.name)
                 if name.is_absolute() or ".." in name.parts:
                     raise ImportRefused(f"{archive}: {m.name} points outside the archive")
-                if m.isfile() and name in seen:  # tar unpacks the last silently: which one is the check's?
+                # tar unpacks the last silently: which one is the check's?
+                if m.isfile() and name in seen:
                     raise ImportRefused(f"{archive}: {m.name} is in it twice")
                 seen.add(name)
                 total += m.size
-                if total > MAX_UNPACKED:  # before a byte is unpacked: a few MB of gzip can hold gigabytes
-                    raise ImportRefused(f"{archive}: unpacks to more than {MAX_UNPACKED >> 20} MiB, "
+                # before a byte is unpacked: a few MB of gzip can hold gigabytes
+                if total > MAX_UNPACKED:
+                    raise ImportRefused(f"{archive}: unpacks to more than "
+                                        f"{MAX_UNPACKED >> 20} MiB, "
                                         "which no gpu_check archive does")
-            # tarfile's own "data" filter as well where it exists (Python 3.11.4 and later; not 3.11.2)
+            # tarfile's own "data" filter as well where it exists (Python 3.11.4 and later;
+            # not 3.11.2)
             tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
             # tarfile stops at tar's end, and silently at a damaged header too, and so never reads
             # the gzip trailer: read on to the stream's end, which checks the trailer's CRC and
@@ -75,7 +80,8 @@ def _unpack(archive: Path, into: Path) -> Path:
             tar.fileobj.seek(tar.offset)
             rest = tar.fileobj.read(MAX_TAIL + 1)
             if len(rest) > MAX_TAIL or rest.strip(b"\0"):
-                raise ImportRefused(f"{archive}: damaged: its tar cannot be read on from byte {tar.offset}")
+                raise ImportRefused(f"{archive}: damaged: its tar cannot be read on from byte "
+                                    f"{tar.offset}")
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise ImportRefused(f"{archive}: damaged, or not a gpu_check archive ({exc})") from None
     return into
@@ -97,8 +103,8 @@ def import_archive(archive: Path | str, results: Path | str, force: bool = False
     try:
         return _import(archive, results, force, done)
     except OSError as exc:  # results/ unwritable, or a file in a folder's place
-        raise ImportRefused(f"cannot import into {results}: {exc.strerror or exc} ({len(done.written)} files "
-                            "written before)") from None
+        raise ImportRefused(f"cannot import into {results}: {exc.strerror or exc} "
+                            f"({len(done.written)} files written before)") from None
 
 
 def _import(archive: Path, results: Path, force: bool, done: Imported) -> Imported:
@@ -123,16 +129,23 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
             why = f"it holds no asv results of {machine} at {commit[:8]}"
         # gpu_check.sh packs asv's results of one machine at one commit, in the folder named for
         # it beside its machine.json: any other is not left out in silence, nor taken half.
-        asv_src, ours = src / "results" / "asv", {r.path for r in runs if r.path.parent.name == machine}
+        asv_src, ours = (src / "results" / "asv",
+                         {r.path for r in runs if r.path.parent.name == machine})
         stray = [p for p in sorted(asv_src.glob("*/*.json"))
-                 if p.name != "machine.json" and p not in ours and asvrun.json_object(p) is not None]  # cut short: a suite step that did not finish
+                 if p.name != "machine.json" and p not in ours
+                 # cut short: a suite step that did not finish
+                 and asvrun.json_object(p) is not None]
         if stray:
-            raise ImportRefused(f"{archive}: {stray[0].relative_to(src)} is no asv result of {machine} at {commit[:8]} "
-                                f"in {machine}/ beside its machine.json" + ("" if runs else f"; {why}"))
+            raise ImportRefused(f"{archive}: {stray[0].relative_to(src)} is no asv result of "
+                                f"{machine} at {commit[:8]} in {machine}/ beside its machine.json"
+                                + ("" if runs else f"; {why}"))
         if not runs:
-            done.warnings.append(f"{archive}: {why}: the suite step did not finish; its other outputs are imported")
-        elif hist.warnings:  # asv wrote them: anything history doubts (a malformed benchmark) is not asv's
-            raise ImportRefused(f"{archive}: its asv results are not as asv writes them: {hist.warnings[0]}")
+            done.warnings.append(f"{archive}: {why}: the suite step did not finish; "
+                                 "its other outputs are imported")
+        elif hist.warnings:
+            # asv wrote them: anything history doubts (a malformed benchmark) is not asv's
+            raise ImportRefused(f"{archive}: its asv results are not as asv writes them: "
+                                f"{hist.warnings[0]}")
         # Every results file and output this archive gives, decided before anything is written,
         # so that a refusal leaves results/ as it was.
         asv_dst = results / "asv"
@@ -140,36 +153,45 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
         envs = [_env_name(run) for run in runs]
         for run, env in zip(runs, envs):
             if len(env) > MAX_ENV_NAME:
-                raise ImportRefused(f"{archive}: torch version {run.torch[:40]!r}... is too long to name an environment")
+                raise ImportRefused(f"{archive}: torch version {run.torch[:40]!r}... "
+                                    "is too long to name an environment")
         entries = _catalog_entries(archive, src / "results" / "catalog", results / "catalog")
         planned = [(asv_dst / machine / f"{run.commit[:8]}-{env}.json", _run_bytes(run, env))
                    for run, env in zip(runs, envs)]
-        outputs = [p for p in sorted(src.iterdir()) if p.is_file() and p.name not in ("MACHINE", "COMMIT")]
+        outputs = [p for p in sorted(src.iterdir())
+                   if p.is_file() and p.name not in ("MACHINE", "COMMIT")]
         beside = [archive.with_name(n) for n in BESIDE if archive.with_name(n).is_file()]
         outputs += [p for p in beside if not (src / p.name).exists()]
         for p in outputs:  # gpu_check.sh's own names, as what comes back from the device must have
             if not re.fullmatch(r"[A-Za-z0-9._-]+", p.name):
-                raise ImportRefused(f"{archive}: {p.name!r} is no name gpu_check.sh gives an output")
-        for p in outputs:  # a step that failed or was cut short leaves its output empty, or JSON cut short
+                raise ImportRefused(f"{archive}: {p.name!r} is no name gpu_check.sh gives "
+                                    "an output")
+        # a step that failed or was cut short leaves its output empty, or JSON cut short
+        for p in outputs:
             data = p.read_bytes()
-            unfinished = "empty" if not data else "no JSON" if p.suffix == ".json" and _not_json(p.name, data) else None
+            unfinished = ("empty" if not data else
+                          "no JSON" if p.suffix == ".json" and _not_json(p.name, data) else None)
             if unfinished:
-                done.warnings.append(f"{archive}: {p.name} is {unfinished}: its step did not finish; not imported")
+                done.warnings.append(f"{archive}: {p.name} is {unfinished}: "
+                                     "its step did not finish; not imported")
             else:
                 planned.append((extras / p.name, data))
         changed = [dst for dst, data in planned if dst.exists() and dst.read_bytes() != data]
         if changed and not force:
             others = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
-            raise ImportRefused(f"{changed[0]}{others} already recorded with other content; pass --force "
-                                "to keep the old beside and import the new")
-        # The catalog entries, benchmarks and machine.json first: a reader never meets a result without them.
+            raise ImportRefused(f"{changed[0]}{others} already recorded with other content; "
+                                "pass --force to keep the old beside and import the new")
+        # The catalog entries, benchmarks and machine.json first: a reader never meets a result
+        # without them.
         for p, dst in entries:
             done.written.append(atomic.copy(p, dst))
         if runs:
             # asv publish shows a result only where its benchmark version is benchmarks.json's: a
             # check of an older commit must not hide the newer results of a benchmark changed since.
-            asvrun.merge_benchmarks(asv_dst / "benchmarks.json", json.loads(_one_line(asv_src / "benchmarks.json", src)),
-                                    done.warnings.append, keep=asvrun.recorded_later(results, max(r.date for r in runs)))
+            asvrun.merge_benchmarks(asv_dst / "benchmarks.json",
+                                    json.loads(_one_line(asv_src / "benchmarks.json", src)),
+                                    done.warnings.append,
+                                    keep=asvrun.recorded_later(results, max(r.date for r in runs)))
             machine_json = asv_src / machine / "machine.json"
             if machine_json.is_file() and not (asv_dst / machine / "machine.json").exists():
                 done.written.append(atomic.copy(machine_json, asv_dst / machine / "machine.json"))
@@ -184,7 +206,8 @@ def _import(archive: Path, results: Path, force: bool, done: Imported) -> Import
 
 def _not_json(name: str, data: bytes) -> bool:
     """Whether ``data`` is no RFC 8259 JSON (what nightly --merge refuses in a tree). An order
-    report (order-*.json) is read as nightly --merge reads it: its tree may be K deep, past json.loads."""
+    report (order-*.json) is read as nightly --merge reads it: its tree may be K deep, past
+    json.loads."""
 
     try:
         if name.startswith("order-"):
@@ -202,12 +225,14 @@ def _catalog_entries(archive: Path, src: Path, dst: Path) -> list[tuple[Path, Pa
     taken by other content would keep the true entry out for good."""
     out = []
     for p in sorted(src.rglob("*")) if src.is_dir() else []:
-        if p.is_dir() or p.name.startswith(".tmp-"):  # a write a step's timeout cut short (store/atomic.py)
+        # .tmp-: a write a step's timeout cut short (store/atomic.py)
+        if p.is_dir() or p.name.startswith(".tmp-"):
             continue
         rel = p.relative_to(src)
         kind, name = rel.parts if len(rel.parts) == 2 else ("", "")
         if kind not in catalog.KINDS or not re.fullmatch(r"[0-9a-f]{12}\.json", name):
-            raise ImportRefused(f"{archive}: {rel} is not a catalog entry (KIND/12 hex digits.json)")
+            raise ImportRefused(f"{archive}: {rel} is not a catalog entry "
+                                "(KIND/12 hex digits.json)")
         try:
             catalog.load(src, kind, int(name[:12], 16))
         except catalog.MissingEntry as exc:
@@ -228,5 +253,6 @@ def _run_bytes(run: history.Run, env: str) -> bytes:
     data = json.loads(run.path.read_text(encoding="utf-8"))
     data["env_name"] = env
     data["params"] = {**data.get("params", {}), "torch": run.torch or "unknown"}
-    text = json.dumps(data, separators=(",", ":")) + "\n"  # asv's own format (it writes NaN for skipped)
+    # asv's own format (it writes NaN for skipped)
+    text = json.dumps(data, separators=(",", ":")) + "\n"
     return text.encode("utf-8")

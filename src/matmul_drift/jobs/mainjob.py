@@ -95,7 +95,7 @@ def log(msg: str) -> None:
 def project_config(repo: Path) -> dict:
     """asv.conf.json, checked for the shape the job reads: an object, its matrix an object
     and its paths strings. UsageError (one line) otherwise."""
-    # here: asv costs about 1 s at the start of every command, whose parser imports this
+    # here, not at the top: importing asv is slow, and every command's parser imports this
     from asv import util
 
     path = repo / "asv.conf.json"
@@ -113,10 +113,12 @@ def project_config(repo: Path) -> dict:
     # asv publish deletes html_dir before it writes the site: it must not hold what is kept.
     html = (repo / conf.get("html_dir", "html")).resolve()
     for what, kept in (("the results", (repo / RESULTS).resolve()),
-                       ("the benchmarks", (repo / conf.get("benchmark_dir", "benchmarks")).resolve())):
+                       ("the benchmarks",
+                        (repo / conf.get("benchmark_dir", "benchmarks")).resolve())):
         if kept.is_relative_to(html) or html.is_relative_to(kept):
-            raise UsageError(f"{path}: its html_dir {html} overlaps {what} ({kept}), which asv publish would "
-                             "delete; give the site a folder of its own (e.g. html)")
+            raise UsageError(f"{path}: its html_dir {html} overlaps {what} ({kept}), "
+                             "which asv publish would delete; give the site a folder of its own "
+                             "(e.g. html)")
     return conf
 
 
@@ -143,7 +145,8 @@ def build_config(repo: Path, conf: dict, build: str, results_dir: Path) -> dict:
     out = json.loads(json.dumps(conf))
     req = out.setdefault("matrix", {}).setdefault("req", {})
     req["torch"] = [build]
-    for key, default in (("env_dir", ".asv/env"), ("benchmark_dir", "benchmarks"), ("html_dir", "html")):
+    for key, default in (("env_dir", ".asv/env"), ("benchmark_dir", "benchmarks"),
+                         ("html_dir", "html")):
         out[key] = str((repo / out.get(key, default)).resolve())
     out["repo"] = str((repo / out.get("repo", ".")).resolve())
     out["results_dir"] = str(results_dir)
@@ -152,25 +155,28 @@ def build_config(repo: Path, conf: dict, build: str, results_dir: Path) -> dict:
 
 def env_name(conf: dict) -> str:
     """The name asv gives the (single) environment of ``conf``."""
-    # here: asv costs about 1 s at the start of every command, whose parser imports this
+    # here, not at the top: importing asv is slow, and every command's parser imports this
     from asv import util
 
-    # here: asv costs about 1 s at the start of every command, whose parser imports this
+    # here, not at the top: importing asv is slow, and every command's parser imports this
     from matmul_drift.jobs import asvenv
 
     try:
         names = [e.name for e in asvenv.environments(conf)]
     except (RuntimeError, util.UserError) as exc:  # "Environment type must be specified", ...
-        raise UsageError(f"asv.conf.json: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
+        raise UsageError("asv.conf.json: "
+                         f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
     if len(names) != 1:
-        raise UsageError(f"the matrix gives {len(names)} environments for one torch build; expected 1")
+        raise UsageError(f"the matrix gives {len(names)} environments for one torch build; "
+                         "expected 1")
     return names[0]
 
 
 def _git(repo: Path, *args: str) -> str:
     p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if p.returncode != 0:
-        raise UsageError(f"git {' '.join(args)}: {(p.stderr.strip().splitlines() or ['failed'])[0]}")
+        raise UsageError(f"git {' '.join(args)}: "
+                         f"{(p.stderr.strip().splitlines() or ['failed'])[0]}")
     return p.stdout.strip()
 
 
@@ -178,7 +184,8 @@ def head_commit(repo: Path) -> str:
     commit = _git(repo, "rev-parse", "HEAD")
     dirty = _git(repo, "status", "--porcelain", "--", "src", "pyproject.toml")
     if dirty:
-        log(f"warning: src/ has uncommitted changes; asv measures the package as committed at {commit[:8]}")
+        log("warning: src/ has uncommitted changes; asv measures the package as committed at "
+            f"{commit[:8]}")
     return commit
 
 
@@ -193,13 +200,15 @@ def _install_error(logfile: Path) -> str:
     install = any("Failure creating environment" in line or "ERROR: " in line for line in text)
     for pattern in (r"matmul-drift: (no room to install .*)",
                     r"ERROR: (No matching distribution.*)", r"ERROR: (Could not find a version.*)",
-                    r"ERROR: (Cannot install .*)", r"ERROR: (.*)", r"(Failure creating environment.*)",
-                    r"·+ (Error running .*)", r"(\S*Error: .*)"):
+                    r"ERROR: (Cannot install .*)", r"ERROR: (.*)",
+                    r"(Failure creating environment.*)", r"·+ (Error running .*)",
+                    r"(\S*Error: .*)"):
         for line in text:
             m = re.search(pattern, line)
             if m:
                 why = m.group(1).strip()
-                return f"cannot make its environment: pip: {why}" if install and "ERROR: " in line else why
+                return (f"cannot make its environment: pip: {why}"
+                        if install and "ERROR: " in line else why)
     return ""
 
 
@@ -219,7 +228,8 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     results_dir = o.repo / RESULTS / "asv"
     old = asvrun.recorded(results_dir, name, commit, env)
     if old and not o.force:
-        return Outcome(build, env, "already recorded", f"{old[0].relative_to(o.repo)}; pass --force to measure again")
+        return Outcome(build, env, "already recorded",
+                       f"{old[0].relative_to(o.repo)}; pass --force to measure again")
     path = asvrun.write_config(state / f"asv-torch-{build}.json", bconf)
     logfile = state / f"asv-torch-{build}.log"
     logfile.unlink(missing_ok=True)
@@ -227,7 +237,8 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     bench, shown = selection.bench_args(o.bench)
     args += ["--quick"] if o.quick else []
     args += ["--launch-method", o.launch_method] if o.launch_method else []
-    log(f"torch {build}: asv {' '.join(args)} {shown} in {env} (log: {logfile.relative_to(o.repo)})")
+    log(f"torch {build}: asv {' '.join(args)} {shown} in {env} "
+        f"(log: {logfile.relative_to(o.repo)})")
     args += bench
     envvars = {**os.environ, "MATMUL_DRIFT_CATALOG": str(o.repo / RESULTS / "catalog"),
                "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # forkserver: no CUDA before the fork
@@ -239,8 +250,8 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
     envvars[selection.PROGRESS_VAR] = str(setup_log)
     claim = scratch.claim(staging)  # a run killed from here on leaves it to the next run's sweep
     try:
-        rc, tail = asvrun.run(path, *args, cwd=o.repo, env=envvars, log=logfile, progress=_progress(build), hold=claim,
-                              follow=setup_log)
+        rc, tail = asvrun.run(path, *args, cwd=o.repo, env=envvars, log=logfile,
+                              progress=_progress(build), hold=claim, follow=setup_log)
         cost = [ln for ln in _lines(setup_log) if ln.startswith(selection.COST)]
         if cost:
             log(f"torch {build}: {cost[-1]}")
@@ -251,20 +262,23 @@ def run_build(o: Options, conf: dict, name: str, build: str, commit: str) -> Out
         scratch.keep(staging, claim)
         return Outcome(build, env, "already recorded", f"{exc}; this run's results are left in "
                        f"{staging.relative_to(o.repo)}", seconds=time.monotonic() - t0)
-    except asvrun.CutShort as exc:  # asv killed as it wrote: nothing recorded, the next run measures it
+    except asvrun.CutShort as exc:
+        # asv killed as it wrote: nothing recorded, the next run measures it
         return Outcome(build, env, "failed", f"{exc}; nothing recorded (asv exit status {rc}; see "
                        f"{logfile.relative_to(o.repo)})", seconds=time.monotonic() - t0)
     else:
         scratch.done(staging, claim)
     finally:
-        claim.release()  # its lock file stays where the folder does: the next run's sweep removes it
+        # its lock file stays where the folder does: the next run's sweep removes it
+        claim.release()
     seconds = time.monotonic() - t0
     if not files:
         why = _install_error(logfile) or (tail[-1] if tail else f"asv exit status {rc}")
-        return Outcome(build, env, "failed", f"{why} (see {logfile.relative_to(o.repo)})", seconds=seconds)
+        return Outcome(build, env, "failed", f"{why} (see {logfile.relative_to(o.repo)})",
+                       seconds=seconds)
     note = "" if rc == 0 else f" (asv exit status {rc}: some benchmark values failed; see the log)"
-    return Outcome(build, env, "recorded", ", ".join(str(f.relative_to(o.repo)) for f in files) + note,
-                   files, seconds)
+    return Outcome(build, env, "recorded",
+                   ", ".join(str(f.relative_to(o.repo)) for f in files) + note, files, seconds)
 
 
 def _lines(path: Path) -> list[str]:
@@ -298,14 +312,17 @@ def publish(repo: Path, conf: dict, name: str, commit: str) -> None:
     (every machine's latest commit against its previous one, and the kernel names)."""
     asvrun.checkpoint("publishing")
 
-    def build(folder: Path, lock) -> list[str]:  # into a scratch folder: html/ stays whole until it is done
+    def build(folder: Path, lock) -> list[str]:
+        # into a scratch folder: html/ stays whole until it is done
         path = asvrun.write_config(repo / STATE / "asv-publish.json",
-                                   {**build_config(repo, conf, matrix_builds(conf)[0], repo / RESULTS / "asv"),
+                                   {**build_config(repo, conf, matrix_builds(conf)[0],
+                                                   repo / RESULTS / "asv"),
                                     "matrix": conf.get("matrix", {}), "html_dir": str(folder)})
         rc, tail = asvrun.run(path, "publish", cwd=repo, log=repo / STATE / "asv-publish.log",
                               progress=lambda _: None, hold=lock)
         if rc != 0:
-            raise JobError(f"asv publish failed: {tail[-1] if tail else rc}; the site is left as it was")
+            raise JobError(f"asv publish failed: {tail[-1] if tail else rc}; "
+                           "the site is left as it was")
         hist = read(repo)
         result, runs = latest.runs(hist)
         return site.write(folder, hist, result, runs, title="the latest run on each machine")
@@ -321,7 +338,8 @@ def run(o: Options) -> Report:
     conf = project_config(o.repo)
     builds = [check_build(b) for b in (o.builds or matrix_builds(conf))]
     commit = head_commit(o.repo)
-    if o.machine and not machine.is_registered(o.machine):  # asv would fail each build, in several lines
+    if o.machine and not machine.is_registered(o.machine):
+        # asv would fail each build, in several lines
         raise Misuse(Param("machine"), f" {o.machine} is not in ~/.asv-machine.json: leave ",
                      Param("machine"), " out (this hardware registers itself), or add it with "
                      f"`asv machine --machine {o.machine}`")
@@ -330,27 +348,30 @@ def run(o: Options) -> Report:
     except machine.NotRegistered as exc:
         raise UsageError(str(exc)) from None
     log(f"machine {name}; commit {commit[:8]}; torch builds {', '.join(builds)}")
-    for line in asvrun.reap_orphans(o.repo) + scratch.sweep_staging(o.repo / STATE / "staging", o.repo):
+    for line in (asvrun.reap_orphans(o.repo)
+                 + scratch.sweep_staging(o.repo / STATE / "staging", o.repo)):
         log(f"recovered: {line}")
     outcomes = []
     for build in builds:
         out = run_build(o, conf, name, build, commit)
         outcomes.append(out)
-        log(f"torch {build}: {out.status}: {out.message}" + (f" ({out.seconds:.0f} s)" if out.seconds else ""))
+        log(f"torch {build}: {out.status}: {out.message}"
+            + (f" ({out.seconds:.0f} s)" if out.seconds else ""))
     left = o.publish and _left_unpublished(o.repo) == commit
     recorded = any(x.status == "recorded" for x in outcomes)
     if all(x.status == "already recorded" for x in outcomes) and not left:
         raise Misuse(f"every build is already recorded at {commit[:8]} on {name}; pass ",
                      Param("force"), " to measure again")
     if left and not recorded:
-        log(f"recovered: the results at {commit[:8]} were recorded by a run killed before its site was built; "
-            "publishing them")
+        log(f"recovered: the results at {commit[:8]} were recorded by a run killed before its "
+            "site was built; publishing them")
     result = None
     if recorded:  # before the site and the summary, which read the verdicts
         t_confirm = time.monotonic()
         kept = confirm.run(o.repo, conf, name, commit, read(o.repo, name), log)
         if kept is not None:
-            log(f"re-measured in {time.monotonic() - t_confirm:.0f} s; kept in {kept.relative_to(o.repo)}")
+            log(f"re-measured in {time.monotonic() - t_confirm:.0f} s; "
+                f"kept in {kept.relative_to(o.repo)}")
     if recorded or left:
         if o.publish:
             publish(o.repo, conf, name, commit)

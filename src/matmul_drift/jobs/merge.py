@@ -50,7 +50,8 @@ def _source_files(src: Path) -> list[Path]:
         if (src / top).is_symlink():  # os.walk follows a link it is given, though none below
             raise BadValue("merge", str(src), f"{top} is a symlink; a merge copies regular files "
                            "only, nothing merged", colon=True)
-        for dirpath, dirnames, filenames in os.walk(src / top):  # does not descend into symlinked folders
+        for dirpath, dirnames, filenames in os.walk(src / top):
+            # os.walk does not descend into symlinked folders
             for name in sorted(dirnames + filenames):
                 p = Path(dirpath) / name
                 if p.is_symlink():
@@ -72,14 +73,17 @@ def check_night_file(rel: Path, data: bytes) -> None:
         if not isinstance(night, dict):
             raise ValueError("not a JSON object")
         date, machine = night.get("date"), night.get("machine")
-        if not isinstance(date, str) or not isinstance(machine, str) or rel.name != f"{date}-{machine}.json":
+        if (not isinstance(date, str) or not isinstance(machine, str)
+                or rel.name != f"{date}-{machine}.json"):
             raise ValueError("its date and machine do not match its name")
         check_date(date)
         check_machine(machine)
         if not isinstance(night.get("environment"), dict):
             raise ValueError("its environment is not a JSON object")
-    except (ValueError, UsageError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        reason = "not valid JSON (truncated?)" if isinstance(exc, json.JSONDecodeError) else str(exc)
+    except (ValueError, UsageError) as exc:
+        # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        reason = ("not valid JSON (truncated?)" if isinstance(exc, json.JSONDecodeError)
+                  else str(exc))
         raise UsageError(f"malformed night file {rel}: {reason}; nothing merged") from None
 
 
@@ -101,7 +105,8 @@ def _loads(rel: Path, text: str):
     return json.loads(text)
 
 
-def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]], list[tuple[int | None, Path]], list[str]]:
+def plan_merge(tree: Path, sources: list[Path]) -> tuple[
+        list[tuple[Path, Path]], list[tuple[int | None, Path]], list[str]]:
     """(copies in writing order, benchmarks.json files, conflicts) for merging ``sources``
     into ``tree``. A file the tree lacks is copied; an identical one skipped; a different one
     is a conflict (and copied, after a backup, only with --force); machine.json is asv's
@@ -112,7 +117,8 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
     for src in sources:
         newest, found = None, []
         if not holds_a_tree(src):  # a machine's empty artifact must not stop the others' merge
-            log(f"warning: --merge {src} holds none of {', '.join(t + '/' for t in IMPORTED)}: nothing to take from it")
+            log(f"warning: --merge {src} holds none of {', '.join(t + '/' for t in IMPORTED)}: "
+                "nothing to take from it")
         for f in _source_files(src):
             rel = f.relative_to(src)
             try:
@@ -120,7 +126,8 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
             except (OSError, ValueError) as exc:
                 raise BadValue("merge", str(src), f"cannot read {rel}: {exc}; nothing merged",
                                colon=True) from None
-            if rel.parts[0] == NIGHTS and rel.suffix == ".json":  # not an old one a --force night kept beside
+            if rel.parts[0] == NIGHTS and rel.suffix == ".json":
+                # not an old one a --force night kept beside
                 check_night_file(rel, data)
             elif rel.suffix == ".json":
                 try:
@@ -131,8 +138,9 @@ def plan_merge(tree: Path, sources: list[Path]) -> tuple[list[tuple[Path, Path]]
                 if rel.name == "benchmarks.json" and not isinstance(doc, dict):
                     raise BadValue("merge", str(src), f"{rel} is not a JSON object; nothing "
                                    "merged", colon=True)
-                if rel.parts[:2] == (RESULTS, "asv") and len(rel.parts) == 4 and isinstance(doc, dict) \
-                        and rel.name != "machine.json" and type(doc.get("date")) is int:
+                if rel.parts[:2] == (RESULTS, "asv") and len(rel.parts) == 4 \
+                        and isinstance(doc, dict) and rel.name != "machine.json" \
+                        and type(doc.get("date")) is int:
                     newest = max(newest or doc["date"], doc["date"])
             if rel.name == "benchmarks.json":
                 found.append(f)
@@ -165,7 +173,8 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
         for line in git_step("repairing the results tree", resultsbranch.repair, tree, o.branch):
             log(f"recovered: {line}")
         if o.remote:
-            git_step("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
+            git_step("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote,
+                     not o.push)
         copies, benches, conflicts = plan_merge(tree, sources)
         if conflicts and not o.force:
             raise Misuse(f"{len(conflicts)} files conflict, nothing merged: {conflicts[0]}; pass ",
@@ -175,11 +184,13 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
         recorded = asvrun.newest_run(tree / RESULTS / "asv") if benches else None
         for newest, f in benches:
             keep = recorded is not None and (newest is None or newest < recorded)
-            asvrun.merge_benchmarks(tree / RESULTS / "asv" / "benchmarks.json", json.loads(f.read_text()), log, keep)
+            asvrun.merge_benchmarks(tree / RESULTS / "asv" / "benchmarks.json",
+                                    json.loads(f.read_text()), log, keep)
         imported = []
         for src, dst in copies:
             if dst.exists() and dst.name != "machine.json":
-                log(f"replacing {dst.relative_to(tree)}; the old file is kept as {atomic.backup(dst).name}")
+                log(f"replacing {dst.relative_to(tree)}; "
+                    f"the old file is kept as {atomic.backup(dst).name}")
             imported.append(atomic.copy(src, dst))
         imported += _left_by_a_killed_merge(tree, imported)
         log(f"merged {len(imported)} files from {len(sources)} sources")
@@ -188,14 +199,17 @@ def run_merge(o: Options, sources: list[Path]) -> Report:
         pairs, nights = latest.nights(hist)
         result = latest.compare(hist, pairs)
         md, js, plain = write_summary(tree, f"{o.date}-{ALL}", result, nights)
-        commit = git_step("committing the merge", resultsbranch.commit, tree, [".gitignore", RESULTS, SUMMARIES, NIGHTS],
-                      merge_message(o.date, result, len(pairs), imported), f"{o.date}T00:00:00+00:00")
+        commit = git_step("committing the merge", resultsbranch.commit, tree,
+                          [".gitignore", RESULTS, SUMMARIES, NIGHTS],
+                          merge_message(o.date, result, len(pairs), imported),
+                          f"{o.date}T00:00:00+00:00")
         if o.remote and o.push:
             commit = git_step("pushing the merge", resultsbranch.push, tree, o.branch, o.remote)
         if o.publish:
             publish(tree, o.repo, o.branch)
         log(f"merge done in {time.monotonic() - t0:.0f} s; summary {md}")
-        return Report(commit, md, js, len(result.flags), len(result.failing(summary.DEFAULT_FAIL_ON)),
+        return Report(commit, md, js, len(result.flags),
+                      len(result.failing(summary.DEFAULT_FAIL_ON)),
                       [f for n in nights for f in n["failed"]], imported, o.publish, plain)
     finally:
         lock.release()
@@ -206,17 +220,20 @@ def _left_by_a_killed_merge(tree: Path, copied: list[Path]) -> list[Path]:
     this merge found them already there and copied nothing, but its commit brings them in,
     so its message counts and names them (benchmarks.json and files kept beside excluded)."""
     waiting = {tree / f for f in resultsbranch.uncommitted(tree, [RESULTS, NIGHTS])} - set(copied)
-    return sorted(p for p in waiting if p.name != "benchmarks.json" and not atomic.is_backup(p) and p.is_file())
+    return sorted(p for p in waiting
+                  if p.name != "benchmarks.json" and not atomic.is_backup(p) and p.is_file())
 
 
 def merge_message(date: str, result: summary.Summary, machines: int, imported: list[Path]) -> str:
     """The merge's commit message: the summary's counts, then each night it brought in, named
     by torch version, git hash, CUDA and machine."""
-    nights = [json.loads(p.read_text(encoding="utf-8")) for p in imported if p.parent.name == NIGHTS]
+    nights = [json.loads(p.read_text(encoding="utf-8"))
+              for p in imported if p.parent.name == NIGHTS]
     failing = len(result.failing(summary.DEFAULT_FAIL_ON))
     who = ", ".join(n["machine"] for n in nights)
     counts = f"{len(result.flags)} flags, {failing} failing, on {machines} machines"
-    lines = [f"night {date}: {who} merged; {counts}" if nights else f"summary {date}: {counts}; no new night", ""]
+    lines = [f"night {date}: {who} merged; {counts}" if nights
+             else f"summary {date}: {counts}; no new night", ""]
     lines += [night_title(n) for n in nights]
     lines += [f"merged {len(imported)} files"]
     return "\n".join(lines) + "\n"
@@ -233,5 +250,5 @@ def _check_commits(tree: Path, hist: history.History) -> None:
             except axis.AxisError:
                 on_axis = False
             if not on_axis:
-                log(f"warning: {r.path.relative_to(tree)} names commit {r.commit[:12]}, which is not asv's "
-                     f"axis commit for {night}; asv publish will leave it out")
+                log(f"warning: {r.path.relative_to(tree)} names commit {r.commit[:12]}, "
+                    f"which is not asv's axis commit for {night}; asv publish will leave it out")

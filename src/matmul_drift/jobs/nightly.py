@@ -8,7 +8,8 @@ A *results tree* is a worktree of the results branch (see resultsbranch.py)::
     summaries/<date>-<machine>.{md,json}  the night against the machine's previous night
     summaries/<date>-all.{md,json}      a merge: every machine's latest night against its previous
     html/                               asv publish, plus drift.html (site.py); not committed
-    .nightly/                           lock, generated asv configs, staging, the axis; not committed
+    .nightly/                           lock, generated asv configs, staging, the axis;
+                                        not committed
 
 asv's commit axis is axis.py's derived chain with one commit per day (``.nightly/axis.git``,
 rebuilt on demand): results name the day's commit, which cannot be the commit that holds
@@ -136,7 +137,8 @@ def check_date(text: str, tonight: bool = False) -> str:
     """The night ``text`` names, on asv's axis; with ``tonight`` (the CLI's --date) no later than
     tomorrow (UTC; tomorrow for a clock ahead of it). BadValue (``date``) otherwise."""
     try:
-        night = datetime.strptime(text, "%Y-%m-%d").date().isoformat()  # strftime writes year 1 as "1"
+        # strftime writes year 1 as "1"
+        night = datetime.strptime(text, "%Y-%m-%d").date().isoformat()
         axis.commit(night)
     except ValueError:
         raise BadValue("date", repr(text), "is not a date like 2026-01-31") from None
@@ -173,14 +175,16 @@ def describe_python(python: str) -> dict:
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         raise UsageError(f"{python} cannot describe its torch environment "
-                         f"(it needs torch, asv and matmul-drift): {lines[-1] if lines else p.returncode}")
+                         "(it needs torch, asv and matmul-drift): "
+                         f"{lines[-1] if lines else p.returncode}")
     lines = p.stdout.strip().splitlines()
     try:
         got = json.loads(lines[-1]) if lines else None
     except ValueError:
         got = None
     if not isinstance(got, dict) or not {"python", "device", "environment"} <= got.keys():
-        raise UsageError(f"{python} is not a Python that can describe its torch environment: it ran, and printed "
+        raise UsageError(f"{python} is not a Python that can describe its torch environment: "
+                         "it ran, and printed "
                          + (f"{lines[-1][:60]!r} last" if lines else "nothing"))
     return got
 
@@ -194,13 +198,15 @@ def gpu_clocks() -> list[dict] | None:
     if exe is None:
         return None
     try:
-        p = subprocess.run([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+        p = subprocess.run([exe, f"--query-gpu={','.join(fields)}",
+                            "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if p.returncode != 0:
         return None
-    return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in p.stdout.splitlines() if line.strip()]
+    return [dict(zip(fields, (v.strip() for v in line.split(","))))
+            for line in p.stdout.splitlines() if line.strip()]
 
 
 def _object(x) -> dict:
@@ -246,7 +252,8 @@ def axis_repo(tree: Path, last: str, branch: str) -> Path:
     try:
         axis.build(path, last, branch)
     except axis.AxisError as first:
-        # Derived from dates alone: a repository a killed run left locked (a ref's .lock) is made again.
+        # Derived from dates alone: a repository a killed run left locked (a ref's .lock) is made
+        # again.
         log(f"recovered: asv's commit axis could not be extended ({first}); building it again")
         shutil.rmtree(path, ignore_errors=True)
         try:
@@ -260,7 +267,7 @@ def asv_config(repo: Path, tree: Path, branch: str, results_dir: Path) -> dict:
     """asv's config for the results tree: the project's, with the tree's axis repository
     (its ``branch`` is the commit axis), the project's benchmarks, and ``results_dir``.
     A point's link opens the drift page at that night."""
-    # here: asv costs about 1 s at the start of every command, whose parser imports this
+    # here, not at the top: importing asv is slow, and every command's parser imports this
     from asv import util
 
     conf = util.load_json(str(repo / "asv.conf.json"), js_comments=True)
@@ -269,7 +276,8 @@ def asv_config(repo: Path, tree: Path, branch: str, results_dir: Path) -> dict:
     out = {k: conf[k] for k in keep if k in conf}
     out.update({
         "show_commit_url": f"{site.PAGE}#night-",
-        "repo": str(_axis_dir(tree)), "dvcs": "git", "branches": [branch], "environment_type": "existing",
+        "repo": str(_axis_dir(tree)), "dvcs": "git", "branches": [branch],
+        "environment_type": "existing",
         "benchmark_dir": str((repo / conf.get("benchmark_dir", "benchmarks")).resolve()),
         "results_dir": str(results_dir), "html_dir": str(tree / "html"),
     })
@@ -293,11 +301,13 @@ def _replacing(msg: str) -> None:
     asvrun.checkpoint("replaced")  # a recorded file moved aside, its successor not yet copied
 
 
-def import_night(staging: Path, results_dir: Path, machine: str, commit: str, force: bool) -> list[Path]:
+def import_night(staging: Path, results_dir: Path, machine: str, commit: str,
+                 force: bool) -> list[Path]:
     """asvrun.import_results for a night: every result ``machine`` has at ``commit`` is the
     night's (its environment is named after the Python's path, which may change)."""
     try:
-        return asvrun.import_results(staging, results_dir, machine, asvrun.recorded(results_dir, machine, commit),
+        return asvrun.import_results(staging, results_dir, machine,
+                                     asvrun.recorded(results_dir, machine, commit),
                                      force, _replacing)
     except asvrun.AlreadyRecorded as exc:
         raise UsageError(str(exc)) from None
@@ -310,15 +320,16 @@ def _failed_md(nights: list[dict], limit: int = 20) -> list[str]:
     out = []
     for n in nights:
         if n["failed"]:
-            out += ["", f"#### {render.md_escape(n['machine'])}: {len(n['failed'])} benchmark values failed "
-                        f"on {n['date']} (asv recorded null; see the job log)", ""]
+            out += ["", f"#### {render.md_escape(n['machine'])}: {len(n['failed'])} benchmark "
+                        f"values failed on {n['date']} (asv recorded null; see the job log)", ""]
             out += [f"- {render.md_escape(f)}" for f in n["failed"][:limit]]
             if len(n["failed"]) > limit:
                 out.append(f"- ... and {len(n['failed']) - limit} more")
     return out
 
 
-def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[dict]) -> tuple[Path, Path, str]:
+def write_summary(tree: Path, name: str, result: summary.Summary,
+                  nights: list[dict]) -> tuple[Path, Path, str]:
     """summaries/<name>.md (GitHub Markdown) and .json (read/render.py's schema plus "nights");
     the Markdown also goes to $GITHUB_STEP_SUMMARY in GitHub Actions. Returns both paths
     and the plain-text report."""
@@ -331,14 +342,15 @@ def write_summary(tree: Path, name: str, result: summary.Summary, nights: list[d
     doc["nights"] = nights
     doc["issues"] = incident_issues(result, fail_on)
     texts = {tree / SUMMARIES / f"{name}.md": md,
-             tree / SUMMARIES / f"{name}.json": json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"}
+             tree / SUMMARIES / f"{name}.json":
+                 json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"}
     for path, text in texts.items():
         old = path.read_bytes() if path.is_file() else None
         if old == text.encode("utf-8"):  # a merge run again with nothing new: left as it is
             continue
         if old is not None:
-            log(f"replacing {path.relative_to(tree)}: {name} was summarised before (that summary stays in the "
-                 "branch's history)")
+            log(f"replacing {path.relative_to(tree)}: {name} was summarised before "
+                "(that summary stays in the branch's history)")
         atomic.write_text(path, text)
     md_path, json_path = texts
     step = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -358,7 +370,8 @@ def incident_issues(result: summary.Summary, fail_on) -> list[dict]:
     out = []
     for k, inc in enumerate(ordered(result.incidents, fail_on), 1):
         title = f"matmul-drift: {render.visible(inc.cause)}"
-        title = (title if len(title) <= ISSUE_TITLE else title[:ISSUE_TITLE - 1] + "…") + f" [{inc.key}]"
+        title = ((title if len(title) <= ISSUE_TITLE else title[:ISSUE_TITLE - 1] + "…")
+                 + f" [{inc.key}]")
         out.append({"key": inc.key, "failing": inc.failing(fail_on), "title": title,
                     "body": "\n".join(render.incident_markdown(k, inc, fail_on)) + "\n"})
     return out
@@ -377,13 +390,16 @@ def publish(tree: Path, repo: Path, branch: str) -> None:
     dates = [latest.night_date(r.date) for runs in hist.runs.values() for r in runs]
     axis_repo(tree, max(dates, default=today()), branch)
 
-    def build(folder: Path, lock) -> list[str]:  # into a scratch folder: html/ stays whole until it is done
+    def build(folder: Path, lock) -> list[str]:
+        # into a scratch folder: html/ stays whole until it is done
         conf = _write_config(tree, "asv-publish.json",
-                             {**asv_config(repo, tree, branch, tree / RESULTS / "asv"), "html_dir": str(folder)})
-        rc, tail = asvrun.run(conf, "publish", cwd=tree, env=_asv_env(tree), log=tree / STATE / "asv-publish.log",
-                              hold=lock)
+                             {**asv_config(repo, tree, branch, tree / RESULTS / "asv"),
+                              "html_dir": str(folder)})
+        rc, tail = asvrun.run(conf, "publish", cwd=tree, env=_asv_env(tree),
+                              log=tree / STATE / "asv-publish.log", hold=lock)
         if rc != 0:
-            raise NightError(f"asv publish failed: {tail[-1] if tail else rc}; the site is left as it was")
+            raise NightError(f"asv publish failed: {tail[-1] if tail else rc}; "
+                             "the site is left as it was")
         pairs, nights = latest.nights(hist)
         runs = [{**n, "line": latest.night_line(n)} for n in nights]
         return site.write(folder, hist, latest.compare(hist, pairs), runs, _recorded_nights(tree))
@@ -430,17 +446,21 @@ def run_night(o: Options) -> Report:
 
 def _night(o: Options, tree: Path, t0: float) -> Report:
     # Everything that can fail on the tree runs here, before asv (which can take hours).
-    for line in (git_step("repairing the results tree", resultsbranch.repair, tree, o.branch) + asvrun.reap_orphans(Path(o.repo))
+    for line in (git_step("repairing the results tree", resultsbranch.repair, tree, o.branch)
+                 + asvrun.reap_orphans(Path(o.repo))
                  + scratch.sweep_staging(tree / STATE / "staging", tree)):
         log(f"recovered: {line}")
     finished = _finish_pending(tree)
     said = finished.said if finished else ""
     pushed = 0
     if o.remote:
-        git_step("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote, not o.push)
-        pushed = git_step("checking what is unpushed", resultsbranch.unpushed, tree, o.branch, o.remote) if o.push else 0
+        git_step("syncing with the remote", resultsbranch.sync, tree, o.branch, o.remote,
+                 not o.push)
+        pushed = (git_step("checking what is unpushed", resultsbranch.unpushed, tree, o.branch,
+                           o.remote) if o.push else 0)
         if pushed:
-            git_step("pushing what an earlier run left unpushed", resultsbranch.push, tree, o.branch, o.remote)
+            git_step("pushing what an earlier run left unpushed", resultsbranch.push, tree,
+                     o.branch, o.remote)
             log(f"recovered: pushed {pushed} commit(s) an earlier run made and did not push")
     point = axis.commit(o.date)
     rel = f"{NIGHTS}/{o.date}-{o.machine}.json"
@@ -473,7 +493,8 @@ def _night(o: Options, tree: Path, t0: float) -> Report:
         _publish_night(o, tree, point)
     _pending_path(tree).unlink(missing_ok=True)
     report = _report(tree, o.date, o.machine, commit, imported, o.publish, said + text)
-    log(f"night {o.date} on {o.machine} done in {time.monotonic() - t0:.0f} s; summary {report.summary_md}")
+    log(f"night {o.date} on {o.machine} done in {time.monotonic() - t0:.0f} s; "
+        f"summary {report.summary_md}")
     return report
 
 
@@ -485,7 +506,8 @@ def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> tuple[
     hist = read_tree(tree)
     pair = latest.night_pair(hist, machine, point)
     if pair is None:
-        raise NightError(f"the results of night {date} (asv commit {point[:12]}) cannot be read back")
+        raise NightError(f"the results of night {date} (asv commit {point[:12]}) "
+                         "cannot be read back")
     info = latest.night_info(hist, machine, *pair)
     result = latest.compare(hist, {machine: pair})
     _, _, plain = write_summary(tree, f"{date}-{machine}", result, [info])
@@ -493,26 +515,29 @@ def _record(tree: Path, night: dict, point: str, imported: list[Path]) -> tuple[
         log(f"warning: {w}")
     failing = len(result.failing(summary.DEFAULT_FAIL_ON))
     if info["failed"]:
-        log(f"{len(info['failed'])} benchmark values failed (recorded as null), e.g. {info['failed'][0]}; "
-             f"asv's output: {tree / STATE / f'asv-{date}-{machine}.log'}")
-    outcome = f"summary: {len(result.flags)} flags, {failing} failing, {len(info['failed'])} failed values"
-    own = [".gitignore", f"{NIGHTS}/{date}-{machine}.json", f"{RESULTS}/catalog", f"{RESULTS}/asv/benchmarks.json",
-           f"{RESULTS}/asv/{machine}/machine.json", f"{SUMMARIES}/{date}-{machine}.md",
-           f"{SUMMARIES}/{date}-{machine}.json", f":(glob){RESULTS}/asv/{machine}/{point[:8]}-*"]
-    commit = git_step("committing the night", resultsbranch.commit, tree, own, commit_message(night, outcome),
-                  f"{date}T00:00:00+00:00")
+        log(f"{len(info['failed'])} benchmark values failed (recorded as null), e.g. "
+            f"{info['failed'][0]}; asv's output: {tree / STATE / f'asv-{date}-{machine}.log'}")
+    outcome = (f"summary: {len(result.flags)} flags, {failing} failing, "
+               f"{len(info['failed'])} failed values")
+    own = [".gitignore", f"{NIGHTS}/{date}-{machine}.json", f"{RESULTS}/catalog",
+           f"{RESULTS}/asv/benchmarks.json", f"{RESULTS}/asv/{machine}/machine.json",
+           f"{SUMMARIES}/{date}-{machine}.md", f"{SUMMARIES}/{date}-{machine}.json",
+           f":(glob){RESULTS}/asv/{machine}/{point[:8]}-*"]
+    commit = git_step("committing the night", resultsbranch.commit, tree, own,
+                      commit_message(night, outcome), f"{date}T00:00:00+00:00")
     # the next run publishes it, remote or none
     _set_pending(tree, Stage.COMMITTED, night, point, [])
     asvrun.checkpoint(Stage.COMMITTED.value)
     return commit, plain
 
 
-def _report(tree: Path, date: str, machine: str, commit: str | None, imported: list[Path], published: bool,
-            text: str) -> Report:
+def _report(tree: Path, date: str, machine: str, commit: str | None, imported: list[Path],
+            published: bool, text: str) -> Report:
     md, js = tree / SUMMARIES / f"{date}-{machine}.md", tree / SUMMARIES / f"{date}-{machine}.json"
     doc = json.loads(js.read_text(encoding="utf-8"))
     failed = [f for n in doc.get("nights", []) for f in n.get("failed", [])]
-    return Report(commit, md, js, len(doc.get("flags", [])), int(doc.get("failing", 0)), failed, imported, published, text)
+    return Report(commit, md, js, len(doc.get("flags", [])), int(doc.get("failing", 0)), failed,
+                  imported, published, text)
 
 
 def _publish_night(o: Options, tree: Path, point: str) -> None:
@@ -549,7 +574,8 @@ def _finish_pending(tree: Path) -> Finished | None:
         return None
     try:
         p = json.loads(path.read_text(encoding="utf-8"))
-        date, machine, point, stage, files = p["date"], p["machine"], p["point"], p["stage"], list(p["files"])
+        date, machine, point, stage, files = (p["date"], p["machine"], p["point"], p["stage"],
+                                              list(p["files"]))
         whole = stage == Stage.COPIED and files and all((tree / f).is_file() for f in files)
         night = (json.loads((tree / NIGHTS / f"{date}-{machine}.json").read_text(encoding="utf-8"))
                  if whole else None)
@@ -563,14 +589,18 @@ def _finish_pending(tree: Path) -> Finished | None:
         log(f"recovered: night {date} on {machine} was killed {how}; publishing it")
         return Finished(date, machine, "")
     if night is not None:
-        log(f"recovered: night {date} on {machine} was killed after its results were copied; committing it")
+        log(f"recovered: night {date} on {machine} was killed after its results were copied; "
+            "committing it")
         return Finished(date, machine, _record(tree, night, point, [tree / f for f in files])[1])
-    loose = git_step("reading what a killed night copied", resultsbranch.uncommitted, tree, files) if files else []
+    loose = (git_step("reading what a killed night copied", resultsbranch.uncommitted, tree, files)
+             if files else [])
     aside = [atomic.backup(tree / f) for f in loose if (tree / f).exists()]
-    back = git_step("putting back what a killed night moved aside", resultsbranch.restore, tree, loose)
+    back = git_step("putting back what a killed night moved aside", resultsbranch.restore, tree,
+                    loose)
     path.unlink()
     log(f"recovered: night {date} on {machine} was killed while its results were copied; "
-         f"{len(aside)} file(s) set aside (*.replaced-*)" + (f", {len(back)} put back as recorded" if back else "")
+         f"{len(aside)} file(s) set aside (*.replaced-*)"
+         + (f", {len(back)} put back as recorded" if back else "")
          + ", the night runs again")
     return None
 
@@ -589,8 +619,9 @@ def _describe_night(o: Options, tree: Path, rel: str) -> dict:
     """Describe the Python under test into _staged_night (written atomically) and return it."""
     log(f"describing {o.python} ...")
     described = describe_python(o.python)
-    night = {"date": o.date, "machine": o.machine, "python": o.python, "python_version": described["python"],
-             "device": described["device"], "environment": described["environment"], "gpu_clocks": gpu_clocks(),
+    night = {"date": o.date, "machine": o.machine, "python": o.python,
+             "python_version": described["python"], "device": described["device"],
+             "environment": described["environment"], "gpu_clocks": gpu_clocks(),
              "started_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     atomic.write_text(_staged_night(tree, rel), json.dumps(night, indent=2, sort_keys=True) + "\n")
     log(night_title(night))
@@ -620,8 +651,8 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
         hardware.register(as_name=o.machine)
     except hardware.NotRegistered as exc:
         raise NightError(str(exc)) from None
-    args = ["run", "-E", f"existing:{o.python}", f"--set-commit-hash={commit}", "--machine", o.machine,
-            "--show-stderr"]
+    args = ["run", "-E", f"existing:{o.python}", f"--set-commit-hash={commit}", "--machine",
+            o.machine, "--show-stderr"]
     bench, shown = selection.bench_args(o.bench)
     args += ["--quick"] if o.quick else []
     args += ["--launch-method", o.launch_method] if o.launch_method else []
@@ -635,13 +666,16 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
         dest = Path(RESULTS) / "asv" / o.machine
         made = asvrun.results_files(staging / o.machine)
         if not made:  # nothing reaches the tree: it stays as it was
-            raise NightError(f"asv run recorded no results (exit status {rc}): {tail[-1] if tail else ''}; see {asv_log}")
+            raise NightError(f"asv run recorded no results (exit status {rc}): "
+                             f"{tail[-1] if tail else ''}; see {asv_log}")
         try:  # before the pending state: a night that copies nothing leaves nothing to recover
             asvrun.check_written(made)
         except asvrun.CutShort as exc:
-            raise NightError(f"{exc}; nothing of the night reached the tree (asv exit status {rc}; see {asv_log})") from None
+            raise NightError(f"{exc}; nothing of the night reached the tree "
+                             f"(asv exit status {rc}; see {asv_log})") from None
         # what import_night moves aside (--force) too: another Python's results have other names
-        aside = [str(p.relative_to(tree)) for p in asvrun.recorded(tree / RESULTS / "asv", o.machine, commit)]
+        aside = [str(p.relative_to(tree))
+                 for p in asvrun.recorded(tree / RESULTS / "asv", o.machine, commit)]
         copying = list(dict.fromkeys([str(dest / f.name) for f in made] + aside + [rel]))
         _set_pending(tree, Stage.COPYING, night, commit, copying)
         imported = import_night(staging, tree / RESULTS / "asv", o.machine, commit, o.force)
@@ -655,7 +689,8 @@ def _run_asv(o: Options, tree: Path, commit: str, rel: str) -> list[Path]:
         _staged_night(tree, rel).unlink()
         scratch.done(staging, claim)
     finally:
-        claim.release()  # its lock file stays where the folder does: the next run's sweep removes it
+        # its lock file stays where the folder does: the next run's sweep removes it
+        claim.release()
     log(f"results: {', '.join(str(p.relative_to(tree)) for p in imported)}"
          + ("" if rc == 0 else f" (asv exit status {rc}: some benchmarks failed)"))
     return imported

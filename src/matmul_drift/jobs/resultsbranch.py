@@ -16,8 +16,10 @@ from pathlib import Path
 from matmul_drift.store.atomic import backup
 from matmul_drift.store.git import TEXT, GitError, git
 
-IGNORE = ".nightly/\nhtml/\n.html.new-*\n.tmp-*.part\n"  # run state, the built site and one being built, interrupted writes
-IDENTITY = {"GIT_AUTHOR_NAME": "matmul-drift nightly", "GIT_AUTHOR_EMAIL": "nightly@matmul-drift.invalid"}
+# run state, the built site and one being built, interrupted writes
+IGNORE = ".nightly/\nhtml/\n.html.new-*\n.tmp-*.part\n"
+IDENTITY = {"GIT_AUTHOR_NAME": "matmul-drift nightly",
+            "GIT_AUTHOR_EMAIL": "nightly@matmul-drift.invalid"}
 
 
 def ok(cwd, *args) -> bool:
@@ -47,13 +49,15 @@ def check_names(branch: str, remote: str | None) -> None:
     name, path or URL; neither may start with "-", where git would read an option."""
     if branch.startswith("-") or not ok(".", "check-ref-format", "--branch", branch):
         raise ValueError(f"--branch {branch!r} is not a valid git branch name")
-    if remote is not None and (not remote or remote.startswith("-") or any(ord(c) < 32 for c in remote)):
+    if remote is not None and (not remote or remote.startswith("-")
+                               or any(ord(c) < 32 for c in remote)):
         raise ValueError(f"--remote {remote!r} is not a git remote name, path or URL")
 
 
 def _identity(cwd) -> dict:
     # CI runners have no git identity; a configured one wins.
-    if git(cwd, "config", "user.name", check=False) and git(cwd, "config", "user.email", check=False):
+    if (git(cwd, "config", "user.name", check=False)
+            and git(cwd, "config", "user.email", check=False)):
         return {}
     return {**IDENTITY, "GIT_COMMITTER_NAME": IDENTITY["GIT_AUTHOR_NAME"],
             "GIT_COMMITTER_EMAIL": IDENTITY["GIT_AUTHOR_EMAIL"]}
@@ -63,7 +67,8 @@ def fetch(repo: Path | str, branch: str, remote: str) -> bool:
     """Fetch ``remote``'s ``branch`` into refs/remotes; False when the remote has no such branch."""
     if not git(repo, "ls-remote", "--heads", "--", remote, branch):
         return False
-    git(repo, "fetch", "--quiet", "--", remote, f"+refs/heads/{branch}:refs/remotes/{remote}/{branch}")
+    git(repo, "fetch", "--quiet", "--", remote,
+        f"+refs/heads/{branch}:refs/remotes/{remote}/{branch}")
     return True
 
 
@@ -80,8 +85,10 @@ def ensure_tree(repo: Path | str, tree: Path | str, branch: str, remote: str | N
     if tree.exists() and any(tree.iterdir()):  # git fills an empty directory
         if not ok(tree, "rev-parse", "--is-inside-work-tree") or toplevel(tree) != tree.resolve():
             raise GitError(f"{tree} exists but is not a git work tree")
-        current = git(tree, "branch", "--show-current") or rebasing(tree)  # repair() aborts that rebase
-        if not current and not ok(tree, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}") \
+        # repair() aborts that rebase
+        current = git(tree, "branch", "--show-current") or rebasing(tree)
+        if not current \
+                and not ok(tree, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}") \
                 and [p.name for p in tree.iterdir()] == [".git"]:
             _unborn(tree, branch)  # a creation killed before the tree took its branch: finish it
             current = branch
@@ -111,7 +118,8 @@ def _unlock_killed_add(repo: Path | str, tree: Path) -> None:
     for line in git(repo, "worktree", "list", "--porcelain").splitlines():
         if line.startswith("worktree "):
             where = line[len("worktree "):]
-        elif line.split(" ", 1)[0] == "locked" and where and os.path.realpath(where) == os.path.realpath(tree):
+        elif (line.split(" ", 1)[0] == "locked" and where
+              and os.path.realpath(where) == os.path.realpath(tree)):
             git(repo, "worktree", "unlock", "--", where)
 
 
@@ -178,8 +186,9 @@ def unpushed(tree: Path | str, branch: str, remote: str) -> int:
 
 def uncommitted(tree: Path | str, paths: list[str]) -> list[str]:
     """Which of ``paths`` (relative to ``tree``) differ from HEAD or are untracked."""
-    p = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "-z", "--", *paths],
-                       cwd=tree, capture_output=True, **TEXT)  # not git(): it strips the status column
+    # not git(): it strips the status column
+    p = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "-z", "--",
+                        *paths], cwd=tree, capture_output=True, **TEXT)
     if p.returncode != 0:
         raise GitError(f"git status: {(p.stderr.strip().splitlines() or ['?'])[0]}")
     return [entry[3:] for entry in p.stdout.split("\0") if entry[3:]]
@@ -191,7 +200,8 @@ def restore(tree: Path | str, paths: list[str]) -> list[str]:
     missing); returns them."""
     if not paths or not born(tree):
         return []
-    held = [f for f in git(tree, "ls-tree", "-r", "--name-only", "-z", "HEAD", "--", *paths).split("\0") if f]
+    held = [f for f in git(tree, "ls-tree", "-r", "--name-only", "-z", "HEAD", "--",
+                           *paths).split("\0") if f]
     if held:
         git(tree, "checkout", "HEAD", "--", *held)
     return held
@@ -222,8 +232,9 @@ def sync(tree: Path | str, branch: str, remote: str, adopt: bool = False) -> Non
         # Unborn (another machine made the branch first) or adopting: take the remote's
         # branch; a file it also has takes its content, any other file stays as it was.
         # The index and files first, the branch last: killed in between, the branch is still
-        # the old one and the next run does this again. (Moved first, the branch held the
-        # remote's commit over the old index, and the next night's commit deleted the remote's files.)
+        # the old one and the next run does this again. (Were the branch moved first, it would
+        # hold the remote's commit over the old index, and the next night's commit would delete
+        # the remote's files.)
         if has_head:
             git(tree, "update-ref", f"refs/nightly-unpushed/{head(tree)[:12]}", "HEAD")
         git(tree, "read-tree", upstream)
@@ -241,7 +252,8 @@ def _clear_killed_checkout(tree, upstream: str) -> None:
     in_way = [f for f in uncommitted(tree, changed) if Path(tree, f).is_file()] if changed else []
     if not in_way:
         return
-    entries = (ln.split("\t", 1) for ln in git(tree, "ls-tree", "-z", upstream, "--", *in_way).split("\0") if ln)
+    entries = (ln.split("\t", 1)
+               for ln in git(tree, "ls-tree", "-z", upstream, "--", *in_way).split("\0") if ln)
     theirs = {name: meta.split()[2] for meta, name in entries}  # "<mode> blob <id>\t<path>"
     mine = git(tree, "hash-object", "--", *in_way).split()
     for f, blob in zip(in_way, mine):
@@ -253,16 +265,18 @@ def _clear_killed_checkout(tree, upstream: str) -> None:
 
 def _rebase(tree, upstream: str) -> None:
     # Commits whose changes the remote already has become empty and are dropped.
-    p = subprocess.run(["git", "rebase", "--quiet", upstream], cwd=tree, capture_output=True, **TEXT,
-                       env={**os.environ, **_identity(tree)})
+    p = subprocess.run(["git", "rebase", "--quiet", upstream], cwd=tree, capture_output=True,
+                       **TEXT, env={**os.environ, **_identity(tree)})
     if p.returncode != 0:
         subprocess.run(["git", "rebase", "--abort"], cwd=tree, capture_output=True)
-        raise GitError(f"the results branch conflicts with {upstream}; local commits kept as they were")
+        raise GitError(f"the results branch conflicts with {upstream}; "
+                       "local commits kept as they were")
 
 
 def commit(tree: Path | str, paths: list[str], message: str, date: str | None = None) -> str | None:
     """Commit ``paths`` (relative to ``tree``, or ":(glob)" pathspecs) with ``message``; the new
-    HEAD, or None when nothing changed. ``date`` (ISO 8601) is the author date: the night it records."""
+    HEAD, or None when nothing changed. ``date`` (ISO 8601) is the author date: the night it
+    records."""
     # A plain path that does not exist is left out (git add refuses it unless tracked); a
     # ":(glob)" pathspec is given as is: it also stages the deletion of a file moved aside.
     specs = [p for p in paths if p.startswith(":(glob)") or (Path(tree) / p).exists()]
