@@ -52,7 +52,8 @@ def jobs():
     yield "error", n, lambda: numerics.error(c, hi, lo, finite, absprod, "float32", 8192)
     yield "nonfinite", n, lambda: numerics.nonfinite(c, hi, finite, "float32")
     yield "drift, none moved", n, lambda: numerics.drift(cb, same, c, c, absprod, "float32", 8192)
-    yield "drift, 1 in 8 moved", n, lambda: numerics.drift(cb, mb, c, moved, absprod, "float32", 8192)
+    yield "drift, 1 in 8 moved", n, lambda: numerics.drift(cb, mb, c, moved, absprod,
+                                                           "float32", 8192)
 
 
 def main() -> int:
@@ -61,7 +62,8 @@ def main() -> int:
     args = parser.parse_args()
     print(f"numpy {np.__version__}, {DEFAULT_WORKERS()} cores, blocks of {DEFAULT_SIZE} entries, "
           f"{args.repeat} rounds, median seconds")
-    print(f"{'work':>22} {'entries':>10} " + " ".join(f"{w:>8}" for w in WAYS) + f" {'whole/threads':>14}")
+    print(f"{'work':>22} {'entries':>10} " + " ".join(f"{w:>8}" for w in WAYS)
+          + f" {'whole/threads':>14}")
     for name, size, run in jobs():
         times = {w: [] for w in WAYS}
         answers = {}
@@ -71,7 +73,8 @@ def main() -> int:
                 t0 = time.perf_counter()
                 got = run()
                 times[way].append(time.perf_counter() - t0)
-                answers[way] = hashlib.sha256(got).hexdigest() if isinstance(got, np.ndarray) else repr(got)
+                answers[way] = (hashlib.sha256(got).hexdigest() if isinstance(got, np.ndarray)
+                                else repr(got))
                 del got
         configure("threads", size)
         if len(set(answers.values())) != 1:

@@ -21,7 +21,8 @@ import time
 
 def wall(args: list[str]) -> float:
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "explain", *args], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "explain", *args],
+                       capture_output=True, text=True)
     if p.returncode not in (0, 1):
         raise SystemExit(f"explain {' '.join(args)} failed: {p.stderr.strip().splitlines()[-1:]}")
     return time.monotonic() - t0
@@ -33,23 +34,28 @@ def under_load(repeats: int) -> None:
     from matmul_drift.measure import measure
     from matmul_drift.probes import fixrun
 
-    burner = subprocess.Popen([sys.executable, "-c", "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"])
+    burner = subprocess.Popen([sys.executable, "-c",
+                               "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"])
     try:
         spec = {"m": 64, "k": 512, "n": 256, "dtype": "float32", "device": "cpu", "slice_m": [1]}
         case, ops = fixrun.operands(spec)
         ops.product()  # as in the fix finder's processes: the full product ran before any timing
-        default, pad = (fixrun.timed_calls(ops, case, spec, code, {"slice_m"}) for code in (None, "pad:m:4"))
+        default, pad = (fixrun.timed_calls(ops, case, spec, code, {"slice_m"})
+                        for code in (None, "pad:m:4"))
         both = {"old": [], "new": []}
         took = {"old": 0.0, "new": 0.0}
-        base = measure.time_call(lambda: [c() for c in default], "cpu")["median"]  # the old way: once, first
+        # the old way: once, first
+        base = measure.time_call(lambda: [c() for c in default], "cpu")["median"]
         for _ in range(repeats):
             t0 = time.monotonic()
-            both["old"].append(measure.time_call(lambda: [c() for c in pad], "cpu")["median"] / base)
+            both["old"].append(measure.time_call(lambda: [c() for c in pad], "cpu")["median"]
+                               / base)
             t1 = time.monotonic()
-            both["new"].append(fixrun.paired(pad, lambda: fixrun._round(default, "cpu")["median"], "cpu",
-                                             fixrun.ROUNDS)["time_ratio"])
+            both["new"].append(fixrun.paired(pad, lambda: fixrun._round(default, "cpu")["median"],
+                                             "cpu", fixrun.ROUNDS)["time_ratio"])
             took["old"], took["new"] = took["old"] + t1 - t0, took["new"] + time.monotonic() - t1
-        for way, what in (("old", "the default timed once, first"), ("new", "paired rounds beside the default")):
+        for way, what in (("old", "the default timed once, first"),
+                          ("new", "paired rounds beside the default")):
             v = np.array(both[way])
             print(f"{way} ({what}): " + " ".join(f"{x:.3g}" for x in v)
                   + f"; range {v.min():.3g}..{v.max():.3g}, max/min {v.max() / v.min():.3g}, "
@@ -60,7 +66,8 @@ def under_load(repeats: int) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for d, v in (("m", 2048), ("k", 4096), ("n", 1024), ("slice-m", 5)):
         ap.add_argument(f"--{d}", type=int, default=v)
     ap.add_argument("--load", action="store_true")
@@ -71,11 +78,12 @@ def main() -> int:
               "a CPU burner on core 0:")
         under_load(a.repeats)
         return 0
-    case = ["--m", str(a.m), "--k", str(a.k), "--n", str(a.n), "--slice-m", str(a.slice_m), "--dtype", "float32"]
+    case = ["--m", str(a.m), "--k", str(a.k), "--n", str(a.n), "--slice-m", str(a.slice_m),
+            "--dtype", "float32"]
     plain = wall(case)
     fixes = wall([*case, "--try-fixes"])
-    print(f"explain {a.m}x{a.k}x{a.n} fp32 slice_m {a.slice_m}: plain {plain:.1f} s, --try-fixes {fixes:.1f} s, "
-          f"ratio {fixes / plain:.1f} (target at most 10)")
+    print(f"explain {a.m}x{a.k}x{a.n} fp32 slice_m {a.slice_m}: plain {plain:.1f} s, --try-fixes "
+          f"{fixes:.1f} s, ratio {fixes / plain:.1f} (target at most 10)")
     return 0
 
 

@@ -3,8 +3,9 @@ both builds by default; extra arguments go to it) and prints, for each build, fr
 
 - its wall time (seconds), and of it: setup_cache's measuring (the exact reference's share),
   order probes, fix finder and batch-invariance maps, with how many trees, fix verdicts and
-  maps were reused and from which commit (the suite's "matmul-drift cost:" line); the timing and track benchmarks (asv's
-  durations); and asv's own overhead, the rest (environment, install, discovery, processes);
+  maps were reused and from which commit (the suite's "matmul-drift cost:" line); the timing
+  and track benchmarks (asv's durations); and asv's own overhead, the rest (environment,
+  install, discovery, processes);
 - the whole run's wall time.
 
 --twice: runs it first with nothing reused ($MATMUL_DRIFT_REUSE=0), then again reusing the
@@ -32,17 +33,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COST = re.compile(r"torch (\S+): matmul-drift cost: measuring ([\d.]+) s \(exact reference ([\d.]+) s\), "
+# maps optional: no maps before the suite mapped
+COST = re.compile(r"torch (\S+): matmul-drift cost: measuring ([\d.]+) s "
+                  r"\(exact reference ([\d.]+) s\), "
                   r"orders ([\d.]+) s \((\d+) reused\), fixes ([\d.]+) s \((\d+) reused\)"
-                  r"(?:, maps ([\d.]+) s \((\d+) reused\))?; (.*)$")  # no maps before the suite mapped
+                  r"(?:, maps ([\d.]+) s \((\d+) reused\))?; (.*)$")
 BUILD = re.compile(r"torch (\S+): recorded: (.*?)(?: \(asv exit status.*)? \((\d+) s\)$")
 
 
 def run_once(argv: list[str], reuse: bool) -> tuple[float, str] | None:
-    env = {**os.environ, "MATMUL_DRIFT_REUSE": os.environ.get("MATMUL_DRIFT_REUSE", "") if reuse else "0"}
+    env = {**os.environ,
+           "MATMUL_DRIFT_REUSE": os.environ.get("MATMUL_DRIFT_REUSE", "") if reuse else "0"}
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "run", "--force", *argv], cwd=ROOT, env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "run", "--force", *argv],
+                       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wall = time.monotonic() - t0
     if p.returncode != 0:
         print(p.stderr[-3000:], file=sys.stderr)
@@ -64,16 +68,18 @@ def report(title: str, wall: float, stderr: str) -> dict[str, tuple[float, float
             benches += sum(r[col] or 0.0 for r in d["results"].values() if len(r) > col)
         c = costs.get(build)
         if c is None:
-            print(f"  torch {build}: {seconds:.0f} s; no cost line (a setup_cache of an older suite?)")
+            print(f"  torch {build}: {seconds:.0f} s; no cost line (a setup_cache of an older "
+                  "suite?)")
             continue
         measuring, reference, orders, fixes = (float(c.group(i)) for i in (2, 3, 4, 6))
         maps = float(c.group(8) or 0.0)
         setup = measuring + orders + fixes + maps
         parts[build] = (seconds, orders + fixes + maps)
-        print(f"  torch {build}: {seconds:.0f} s = setup_cache {setup:.1f} s (measuring {measuring:.1f} s, of it exact "
-              f"reference {reference:.1f} s; orders {orders:.1f} s, {c.group(5)} reused; fixes {fixes:.1f} s, "
-              f"{c.group(7)} reused; maps {maps:.1f} s, {c.group(9) or 0} reused, {100 * maps / seconds:.1f}% of the "
-              f"build; {c.group(10)}) + benchmarks {benches:.1f} s + asv's own {seconds - setup - benches:.1f} s")
+        print(f"  torch {build}: {seconds:.0f} s = setup_cache {setup:.1f} s (measuring "
+              f"{measuring:.1f} s, of it exact reference {reference:.1f} s; orders {orders:.1f} s, "
+              f"{c.group(5)} reused; fixes {fixes:.1f} s, {c.group(7)} reused; maps {maps:.1f} s, "
+              f"{c.group(9) or 0} reused, {100 * maps / seconds:.1f}% of the build; {c.group(10)}) "
+              f"+ benchmarks {benches:.1f} s + asv's own {seconds - setup - benches:.1f} s")
     return parts
 
 
@@ -81,13 +87,15 @@ def parameters() -> None:
     try:
         import torch  # noqa: F401  the main job's own Python needs none; this part does
     except ImportError:
-        print("most expensive parameters: not measured (no torch in this Python: pip install torch==2.13.0)")
+        print("most expensive parameters: not measured (no torch in this Python: pip install "
+              "torch==2.13.0)")
         return
     from matmul_drift.core import cases
     from matmul_drift.jobs import suite
 
     log = io.StringIO()
-    suite.measure_all(devices=("cpu",), precisions=cases.DTYPES, root=ROOT / ".asv" / "bench-catalog", log=log)
+    suite.measure_all(devices=("cpu",), precisions=cases.DTYPES,
+                      root=ROOT / ".asv" / "bench-catalog", log=log)
     costs, prev = [], 0.0
     for line in log.getvalue().splitlines():
         m = re.match(r"\[\d+/\d+\s+([\d.]+)s\] (.*): ok", line)
@@ -102,9 +110,11 @@ def parameters() -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--twice", action="store_true", help="afresh, then reusing the first run")
-    ap.add_argument("--parameters", action="store_true", help="the most expensive setup_cache parameters too")
+    ap.add_argument("--parameters", action="store_true",
+                    help="the most expensive setup_cache parameters too")
     args, rest = ap.parse_known_args()
     first = run_once(rest, reuse=not args.twice)
     if first is None:
@@ -119,8 +129,9 @@ def main() -> int:
         # What reuse can save (orders, fixes, maps) apart from what every night measures again.
         for build in sorted(before.keys() & after.keys()):
             (b, bp), (a, ap) = before[build], after[build]
-            print(f"  torch {build}: second / first {a / b:.2f}; orders, fixes and maps {ap:.1f} s / {bp:.1f} s = "
-                  f"{ap / bp if bp else float('nan'):.2f}; the rest {a - ap:.1f} s / {b - bp:.1f} s")
+            print(f"  torch {build}: second / first {a / b:.2f}; orders, fixes and maps "
+                  f"{ap:.1f} s / {bp:.1f} s = {ap / bp if bp else float('nan'):.2f}; "
+                  f"the rest {a - ap:.1f} s / {b - bp:.1f} s")
     if args.parameters:
         parameters()
     return 0

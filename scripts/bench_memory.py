@@ -28,8 +28,10 @@ from matmul_drift.measure import memory
 
 SHAPES = [(64, 4096, 46000), (46000, 4096, 64), (4096, 256, 4096), (2048, 2048, 4096)]
 DTYPES = ["float16", "float32", "float64"]
-FIXES = (1024, 2048, 2048, "float32")  # drifts in slice_m on the Xeon: three processes at once (1254 MiB)
-OVERFLOWS = (4096, 256, 4096)  # A ~ N(0, 1)·2^1000, B ~ N(0, 1)·2^18: |A||B| beyond float64, the exact values within
+# drifts in slice_m on the Xeon: three processes at once (1254 MiB)
+FIXES = (1024, 2048, 2048, "float32")
+# A ~ N(0, 1)·2^1000, B ~ N(0, 1)·2^18: |A||B| beyond float64, the exact values within
+OVERFLOWS = (4096, 256, 4096)
 SCANS = [  # (vary, lo, hi, fixed dims, dtype)
     ("n", 44000, 46000, {"m": 64, "k": 4096}, "float16"),
     ("k", 4000, 6000, {"m": 8192, "n": 64}, "float64"),
@@ -66,37 +68,46 @@ def main() -> int:
     ratios = []
     for m, k, n in SHAPES:
         for dtype in DTYPES:
-            peak = peak_bytes(["explain", "--m", str(m), "--k", str(k), "--n", str(n), "--dtype", dtype])
-            ratios.append(show(f"explain {m} x {k} x {n} {dtype}", peak, memory.bytes_needed(m, k, n, dtype, "cpu")[0]))
+            peak = peak_bytes(["explain", "--m", str(m), "--k", str(k), "--n", str(n),
+                               "--dtype", dtype])
+            ratios.append(show(f"explain {m} x {k} x {n} {dtype}", peak,
+                               memory.bytes_needed(m, k, n, dtype, "cpu")[0]))
     m, k, n, dtype = FIXES
-    peak = peak_bytes(["explain", "--m", str(m), "--k", str(k), "--n", str(n), "--dtype", dtype, "--try-fixes",
-                       "--fix-budget", "20"], ok=(0, 1))
+    peak = peak_bytes(["explain", "--m", str(m), "--k", str(k), "--n", str(n), "--dtype", dtype,
+                       "--try-fixes", "--fix-budget", "20"], ok=(0, 1))
     ratios.append(show(f"explain --try-fixes {m} x {k} x {n} {dtype}", peak,
                        memory.bytes_needed(m, k, n, dtype, "cpu", fixes=True)[0]))
     with tempfile.TemporaryDirectory() as tmp:
-        m, k, n = OVERFLOWS  # float64 files whose |A||B| ~ 2^1025 overflows everywhere: the reference's scaled copy
+        # float64 files whose |A||B| ~ 2^1025 overflows everywhere: the reference's scaled copy
+        m, k, n = OVERFLOWS
         g = np.random.default_rng(0)
         np.save(os.path.join(tmp, "a.npy"), np.ldexp(g.standard_normal((m, k)), 1000))
         np.save(os.path.join(tmp, "b.npy"), np.ldexp(g.standard_normal((k, n)), 18))
-        peak = peak_bytes(["explain", "--a", os.path.join(tmp, "a.npy"), "--b", os.path.join(tmp, "b.npy"), "--dtype",
+        peak = peak_bytes(["explain", "--a", os.path.join(tmp, "a.npy"),
+                           "--b", os.path.join(tmp, "b.npy"), "--dtype",
                            "float64", "--slice-n", str(n - 1), "--slice-m", "1"], ok=(0, 1))
         ratios.append(show(f"explain --a/--b {m} x {k} x {n} float64 |A||B| > 2^1024", peak,
                            memory.bytes_needed(m, k, n, "float64", "cpu")[0]))
         for vary, lo, hi, fixed, dtype in SCANS:
             dims = {**fixed, vary: hi}
             fixed_args = [a for d, v in fixed.items() for a in (f"--{d}", str(v))]
-            peak = peak_bytes(["scan", "--vary", vary, "--range", f"{lo}:{hi}", *fixed_args, "--dtype", dtype,
-                               "--step", str((hi - lo) // 2), "--json", os.path.join(tmp, f"{vary}.json")])
-            need = memory.bytes_needed(dims["m"], dims["k"], dims["n"], dtype, "cpu", prefix_a=vary == "k")[0]
+            peak = peak_bytes(["scan", "--vary", vary, "--range", f"{lo}:{hi}", *fixed_args,
+                               "--dtype", dtype, "--step", str((hi - lo) // 2),
+                               "--json", os.path.join(tmp, f"{vary}.json")])
+            need = memory.bytes_needed(dims["m"], dims["k"], dims["n"], dtype, "cpu",
+                                       prefix_a=vary == "k")[0]
             ratios.append(show(f"scan {vary} {lo}:{hi} {fixed} {dtype}", peak, need))
         env = {**os.environ, "MATMUL_DRIFT_CATALOG": tmp}
         for args in ORDERS:  # 1: not revealed on this route, measured all the same
             peak = peak_bytes(["order", *args, "--verify"], env, ok=(0, 1))
-            ratios.append(show(f"order {' '.join(args)}", peak, _order_target(args).bytes_needed()[0]))
+            ratios.append(show(f"order {' '.join(args)}", peak,
+                               _order_target(args).bytes_needed()[0]))
     print(f"largest peak/estimate {max(ratios):.2f} (above 1: the estimate is too low)")
     return 0
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help, before minutes of measuring
+    # --help, before minutes of measuring
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

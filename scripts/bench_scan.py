@@ -91,20 +91,24 @@ def main() -> int:
             got, want = states(rec), states(dense)
             flips = sum(want[s] != want[s + 1] for s in range(min(want), max(want)))
             missed = [s for s in want if got.get(s) != want[s]]
-            print(f"{' '.join(args[:4])}: {rec['evaluations']} evaluations / {dense['evaluations']} dense = "
-                  f"{rec['evaluations'] / dense['evaluations']:.1%} ({secs:.1f} s vs {dsecs:.1f} s); "
-                  f"dense flips {flips}; every size stated as dense: {not missed}"
+            print(f"{' '.join(args[:4])}: {rec['evaluations']} evaluations / "
+                  f"{dense['evaluations']} dense = {rec['evaluations'] / dense['evaluations']:.1%} "
+                  f"({secs:.1f} s vs {dsecs:.1f} s); dense flips {flips}; every size stated as "
+                  f"dense: {not missed}"
                   + (f" (not at {len(missed)} sizes: {missed[:10]})" if missed else "") + "; "
                   f"periodic segments {sum(seg['periodic'] for seg in rec['pattern'])}", flush=True)
             if missed:
                 held = other_draws(args, missed[:10], got)
                 for size, n in held.items():
-                    print(f"  at {size}: the scan states {got[size]}, the dense sweep {want[size]}; "
-                          f"{n} of {len(SEEDS)} other draws give the scan's state: "
-                          + ("values coincide, not a missed route" if n else "a missed flip"), flush=True)
+                    print(f"  at {size}: the scan states {got[size]}, the dense sweep "
+                          f"{want[size]}; {n} of {len(SEEDS)} other draws give the scan's state: "
+                          + ("values coincide, not a missed route" if n else "a missed flip"),
+                          flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help, before minutes of measuring
+    # --help, before minutes of measuring
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

@@ -34,10 +34,11 @@ TORCH = ("2.12.0", "2.13.0", "2.14.1")
 BUDGET_S = 5.0
 
 
-def build(root: Path, n_commits: int, builds: int = len(TORCH), machine: str = "synthetic") -> F.Tree:
+def build(root: Path, n_commits: int, builds: int = len(TORCH),
+          machine: str = "synthetic") -> F.Tree:
     cat = root / "results" / "catalog"
-    new_kernel = catalog.store(cat, "kernels", {"device": "cuda", "full": ["aten::matmul", "aten::mm",
-                                                "nvjet_sm90_tst_384x8_64x4_2x1_v_bz_TNT"]})
+    new_kernel = catalog.store(cat, "kernels", {"device": "cuda", "full": [
+        "aten::matmul", "aten::mm", "nvjet_sm90_tst_384x8_64x4_2x1_v_bz_TNT"]})
 
     def adjust(ci: int, ei: int, data: dict) -> None:
         # Something to report: every 73rd commit one environment picks another kernel for
@@ -50,8 +51,8 @@ def build(root: Path, n_commits: int, builds: int = len(TORCH), machine: str = "
                 row[F.COL[k]] = list(row[F.COL[k]])
                 row[F.COL[k]][2] = F.get_value(data, F.TIME, 2) / 1.5 * f
 
-    return F.write_tree(root / "results", n_commits=n_commits, torch_versions=TORCH[:builds], cases=CASES,
-                        devices=("cpu", "cuda"), adjust=adjust, machine=machine)
+    return F.write_tree(root / "results", n_commits=n_commits, torch_versions=TORCH[:builds],
+                        cases=CASES, devices=("cpu", "cuda"), adjust=adjust, machine=machine)
 
 
 def time_summary(results: Path, repeat: int) -> tuple[list[float], int]:
@@ -90,7 +91,8 @@ def main(argv=None) -> int:
                   f"{len(files)} files, {size:.0f} MB (built in {built:.1f} s); summary "
                   f"{', '.join(f'{t:.2f}' for t in times)} s (best {best[scale]:.2f} s), exit {rc}")
     if 1 in best:
-        print(f"1x best {best[1]:.2f} s: {'within' if best[1] <= BUDGET_S else 'OVER'} the {BUDGET_S:g} s budget")
+        print(f"1x best {best[1]:.2f} s: {'within' if best[1] <= BUDGET_S else 'OVER'} the "
+              f"{BUDGET_S:g} s budget")
         for s in scales:
             if s != 1:
                 print(f"{s}x/1x ratio: {best[s] / best[1]:.2f} (linear would be {s})")

@@ -25,8 +25,9 @@ SHAPES = [(8, 64, 16), (64, 512, 256), (256, 1024, 1024), (2048, 4096, 4096)]
 
 def explain_seconds(m: int, k: int, n: int, threads: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "explain", "--m", str(m), "--k", str(k),
-                        "--n", str(n), "--dtype", "float32", "--json"], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-m", "matmul_drift.cli", "explain", "--m", str(m),
+                        "--k", str(k), "--n", str(n), "--dtype", "float32", "--json"],
+                       capture_output=True, text=True, env=env)
     if p.returncode not in (0, 1):
         raise SystemExit(f"explain {m}x{k}x{n} failed: {p.stderr.strip()}")
     return json.loads(p.stdout)["seconds"]
@@ -34,13 +35,15 @@ def explain_seconds(m: int, k: int, n: int, threads: int) -> dict:
 
 def timer_seconds(m: int, k: int, n: int, threads: int) -> float:
     a, b = torch.rand(m, k), torch.rand(k, n)
-    return Timer("a @ b", globals={"a": a, "b": b}, num_threads=threads).blocked_autorange(min_run_time=1.0).median
+    return Timer("a @ b", globals={"a": a, "b": b},
+                 num_threads=threads).blocked_autorange(min_run_time=1.0).median
 
 
 def main(quick: bool = False) -> int:
     shapes = SHAPES[:3] if quick else SHAPES
     print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}")
-    print(f"{'shape':>16} {'thr':>3} {'explain median':>15} {'IQR':>10} {'runs':>5} {'Timer median':>13} {'ratio':>6}")
+    print(f"{'shape':>16} {'thr':>3} {'explain median':>15} {'IQR':>10} {'runs':>5} "
+          f"{'Timer median':>13} {'ratio':>6}")
     worst = 1.0
     for m, k, n in shapes:
         for threads in (1, 2):
@@ -49,13 +52,14 @@ def main(quick: bool = False) -> int:
             ratio = s["median"] / t
             worst = max(worst, ratio, 1 / ratio)
             flag = " noisy" if s["noisy"] else ""
-            print(f"{f'{m}x{k}x{n}':>16} {threads:>3} {s['median']:>15.4g} {s['iqr']:>10.3g} {s['runs']:>5} "
-                  f"{t:>13.4g} {ratio:>6.3f}{flag}", flush=True)
+            print(f"{f'{m}x{k}x{n}':>16} {threads:>3} {s['median']:>15.4g} {s['iqr']:>10.3g} "
+                  f"{s['runs']:>5} {t:>13.4g} {ratio:>6.3f}{flag}", flush=True)
     print(f"worst ratio {worst:.3f} (target ≤ 1.3)")
     return 0
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the three smaller shapes")
     sys.exit(main(ap.parse_args().quick))

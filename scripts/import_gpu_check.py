@@ -26,11 +26,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # errors: one line
-    parser.add_argument("archive", type=Path, help="gpu-check.tar.gz as the GPU machine's OUT brought it back")
-    parser.add_argument("--results", type=folder, default=Path(__file__).resolve().parents[1] / "results",
-                        help="the results folder to import into (default: this checkout's results/)")
-    parser.add_argument("--force", action="store_true", help="replace results already recorded (kept beside)")
+    parser = Parser(prog=PROG, description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)  # errors: one line
+    parser.add_argument("archive", type=Path,
+                        help="gpu-check.tar.gz as the GPU machine's OUT brought it back")
+    parser.add_argument("--results", type=folder,
+                        default=Path(__file__).resolve().parents[1] / "results",
+                        help="the results folder to import into (default: this checkout's "
+                             "results/)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace results already recorded (kept beside)")
     try:
         args = parser.parse_args(argv)
         done = gpucheck.import_archive(args.archive, args.results, args.force)

@@ -44,7 +44,8 @@ def bench_regex(text: str) -> str:
     """asv's --bench: a Python regular expression, checked before asv starts (it would fail
     after building its environments); "" is refused: it matches every benchmark."""
     if not text:
-        raise argparse.ArgumentTypeError("needs a regular expression, got an empty one (it would match every benchmark)")
+        raise argparse.ArgumentTypeError("needs a regular expression, got an empty one (it would "
+                                         "match every benchmark)")
     try:
         re.compile(text)
     except re.error as exc:
@@ -115,15 +116,16 @@ def add_shape_arguments(p: argparse.ArgumentParser) -> None:
 def add_memory_argument(p: argparse.ArgumentParser, what: str) -> None:
     """--no-host-memory-check, as explain and scan take it."""
     p.add_argument("--no-host-memory-check", action="store_true",
-                   help=f"start even when {what} needs more than MemAvailable (a virtual machine whose "
-                        "memory grows as it is used reports too little); the GPU's free memory is still checked")
+                   help=f"start even when {what} needs more than MemAvailable (a virtual machine "
+                        "whose memory grows as it is used reports too little); the GPU's free "
+                        "memory is still checked")
 
 
 class Bar:
     """A tqdm bar on stderr when it is a terminal: update(what runs now, done, total)."""
 
     def __init__(self, desc: str, unit: str):
-        from tqdm import tqdm  # here: 0.1 to 0.4 s at every command's start otherwise
+        from tqdm import tqdm  # here: at the top it would slow every command's start
 
         self.bar = tqdm(total=1, desc=desc, unit=unit, file=sys.stderr,
                         disable=not sys.stderr.isatty(), leave=False)

@@ -15,14 +15,17 @@ PROG = "matmul-drift"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("id", metavar="ID", help="12 hex digits, or the number asv shows (143656636881798.0, 1.9e+12)")
-    p.add_argument("--root", type=folder, help="the catalog (default: results/catalog of the checkout)")
+    p.add_argument("id", metavar="ID",
+                   help="12 hex digits, or the number asv shows (143656636881798.0, 1.9e+12)")
+    p.add_argument("--root", type=folder,
+                   help="the catalog (default: results/catalog of the checkout)")
 
 
 def run(args) -> int:
     """Print every catalog entry the id can name; 2 when none does or one is unreadable."""
     root = args.root or catalog.default_root()
-    if args.root is not None and not args.root.is_dir():  # was "no catalog entry under it has the id"
+    # a missing folder is named as such, not reported as "no catalog entry under it has the id"
+    if args.root is not None and not args.root.is_dir():
         raise UsageError(f"--root {args.root}: no such folder")
     try:
         found = catalog.find(root, args.id)
@@ -45,9 +48,11 @@ def run(args) -> int:
                 if product != "device":
                     # a hostile entry's escape sequences must not reach the terminal
                     print(f"  {visible(product)} ({visible(entry.get('device', '?'))}):")
-                    print("".join(f"    {visible(n)}\n" for n in (names if isinstance(names, list) else [names])), end="")
+                    print("".join(f"    {visible(n)}\n"
+                                  for n in (names if isinstance(names, list) else [names])), end="")
         elif kind == "orders":  # a tree K deep: json.dumps would recurse
-            print(f"  K = {entry['k']}: {words.describe(entry['tree'])}\n  {trees.to_json(entry['tree'])}")
+            print(f"  K = {entry['k']}: {words.describe(entry['tree'])}\n  "
+                  f"{trees.to_json(entry['tree'])}")
         else:
             print("  " + json.dumps(entry, indent=2, sort_keys=True).replace("\n", "\n  "))
     if broken:

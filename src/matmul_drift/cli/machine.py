@@ -14,7 +14,8 @@ PROG = "matmul-drift"
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--register", action="store_true",
-                   help="also record it in ~/.asv-machine.json (as `asv machine --yes` does), for `asv run --machine NAME`")
+                   help="also record it in ~/.asv-machine.json (as `asv machine --yes` does), for "
+                        "`asv run --machine NAME`")
 
 
 def run(args) -> int:

@@ -14,7 +14,8 @@ import importlib
 import os
 import sys
 
-# Only the standard library up here: every other import happens inside main's try, where Ctrl-C is one line.
+# Only the standard library up here: every other import happens inside main's try, where Ctrl-C is
+# one line.
 
 EXIT_USAGE = 2
 COMMANDS = {
@@ -40,7 +41,8 @@ def command(name: str):
 def build_parser() -> argparse.ArgumentParser:
     from matmul_drift.cli.args import Parser  # here: see _main
 
-    p = Parser(prog="matmul-drift", description="Why does torch.matmul drift? Measure, explain and track it.")
+    p = Parser(prog="matmul-drift",
+               description="Why does torch.matmul drift? Measure, explain and track it.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     for name, text in COMMANDS.items():
         command(name).configure(sub.add_parser(name, help=text))
@@ -131,7 +133,8 @@ def _main(argv) -> int:
     except KeyboardInterrupt:
         print("matmul-drift: interrupted", file=sys.stderr)
         return 130
-    except (MemoryError, RuntimeError) as exc:  # the estimate ahead of time can err: one line, not a traceback
+    # the estimate ahead of time can err: one line, not a traceback
+    except (MemoryError, RuntimeError) as exc:
         from matmul_drift.measure.kernels import ProfilerLost  # here: see _main
 
         if isinstance(exc, ProfilerLost):
@@ -141,5 +144,6 @@ def _main(argv) -> int:
         if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
                 or "can't allocate memory" in text):
             raise
-        say_error("matmul-drift", f"out of memory: {text.splitlines()[0] if text else type(exc).__name__}")
+        say_error("matmul-drift",
+                  f"out of memory: {text.splitlines()[0] if text else type(exc).__name__}")
         return 1

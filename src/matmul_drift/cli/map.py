@@ -39,18 +39,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", required=True, choices=cases.PRECISIONS)
     parser.add_argument("--device", default="cpu", choices=cases.DEVICES)
     parser.add_argument("--range", type=_range, metavar="LO:HI",
-                        help=f"batch sizes M, both included (default 1:{batchmap.DEFAULT_TOP['cpu']} on the CPU, "
+                        help="batch sizes M, both included (default "
+                             f"1:{batchmap.DEFAULT_TOP['cpu']} on the CPU, "
                              f"1:{batchmap.DEFAULT_TOP['cuda']} on CUDA, at most a case's M)")
-    parser.add_argument("--json", type=file_name, metavar="FILE", help="write the record here, once a second and "
+    parser.add_argument("--json", type=file_name, metavar="FILE",
+                        help="write the record here, once a second and "
                         "at the end (refuses an existing FILE: use --resume)")
     parser.add_argument("--resume", type=file_name, metavar="FILE",
-                        help="continue the map recorded in FILE (same parameters) and write it back there")
-    parser.add_argument("--plot", type=file_name, metavar="FILE.png", help="draw the map (matplotlib)")
+                        help="continue the map recorded in FILE (same parameters) and write it "
+                             "back there")
+    parser.add_argument("--plot", type=file_name, metavar="FILE.png",
+                        help="draw the map (matplotlib)")
     parser.add_argument("--modes", action="store_true",
-                        help="map again under each path that claims determinism or batch invariance (torch's "
-                             "deterministic algorithms, cuBLAS workspace, split-K off, batch_invariant_ops; one "
-                             "thread and MKL_CBWR on the CPU), each in a fresh process, with its time against the "
-                             "default's; a path not available here is listed with the reason")
+                        help="map again under each path that claims determinism or batch "
+                             "invariance (torch's deterministic algorithms, cuBLAS workspace, "
+                             "split-K off, batch_invariant_ops; one thread and MKL_CBWR on the "
+                             "CPU), each in a fresh process, with its time against the default's; "
+                             "a path not available here is listed with the reason")
     add_memory_argument(parser, "the full product")
 
 
@@ -65,13 +70,14 @@ def _run(args) -> int:
 
     path = _check_paths(args)
     out = batchmap_run.run(args.case, args.k, args.n, args.range, args.dtype, args.device, path,
-                           resume=bool(args.resume), prog=PROG, host_memory_check=not args.no_host_memory_check)
+                           resume=bool(args.resume), prog=PROG,
+                           host_memory_check=not args.no_host_memory_check)
     print(f"{PROG}: {out.message}", file=sys.stderr, flush=True)
     if out.record is None:
         return out.status
     print(batchmap.render(out.record))
     if args.plot:
-        # here: matplotlib costs 1 to 2.4 s at every command's start
+        # here: importing matplotlib slows every command's start
         from matmul_drift.probes import map_plot
 
         map_plot.plot([out.record], args.plot)
@@ -80,8 +86,9 @@ def _run(args) -> int:
         from matmul_drift.probes import batchmap_modes
 
         p = out.record["params"]
-        spec = {"case": args.case, "k": args.k, "n": args.n, "range": [p["lo"], p["hi"]], "precision": args.dtype,
-                "device": args.device, "host_memory_check": not args.no_host_memory_check}
+        spec = {"case": args.case, "k": args.k, "n": args.n, "range": [p["lo"], p["hi"]],
+                "precision": args.dtype, "device": args.device,
+                "host_memory_check": not args.no_host_memory_check}
         stopped: list[int] = []
         with interrupt.deferred(stopped):
             print(batchmap_modes.words(batchmap_modes.run_modes(spec, stopped)))

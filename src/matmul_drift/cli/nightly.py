@@ -28,28 +28,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     run = parser.add_argument_group("one night")
     run.add_argument("--python", metavar="PY", help="the Python holding the torch build under test "
-                     "(with asv and matmul-drift installed); asv runs in it as an existing environment")
-    run.add_argument("--machine", metavar="NAME", help="asv machine name: results go to results/asv/NAME/")
+                     "(with asv and matmul-drift installed); asv runs in it as an existing "
+                     "environment")
+    run.add_argument("--machine", metavar="NAME",
+                     help="asv machine name: results go to results/asv/NAME/")
     run.add_argument("--bench", metavar="REGEX", action="append", default=[], type=bench_regex,
                      help="only benchmarks matching REGEX (asv run --bench; repeatable)")
     run.add_argument("--quick", action="store_true", help="asv run --quick")
     run.add_argument("--launch-method", choices=("spawn", "forkserver"), help="asv's launch method")
     parser.add_argument("--merge", nargs="*", metavar="SRC", type=folder,
                         help="merge these results trees or artifact folders (results/, summaries/, "
-                             "nights/) into the tree, summarise every machine's latest night, publish")
+                             "nights/) into the tree, summarise every machine's latest night, "
+                             "publish")
     parser.add_argument("--date", help="the night, YYYY-MM-DD (default: today, UTC)")
     parser.add_argument("--tree", type=folder, metavar="DIR",
-                        help="the results worktree (default: REPO/nightly; created on the branch if absent)")
+                        help="the results worktree (default: REPO/nightly; created on the branch "
+                             "if absent)")
     parser.add_argument("--repo", type=folder, metavar="DIR",
-                        help="the project checkout: its asv.conf.json and benchmarks/ (default: the one here)")
+                        help="the project checkout: its asv.conf.json and benchmarks/ (default: "
+                             "the one here)")
     parser.add_argument("--branch", default="results", help="the results branch (default: results)")
     parser.add_argument("--remote", metavar="NAME",
-                        help="git remote shared by several machines: fetch before, push the commit after")
+                        help="git remote shared by several machines: fetch before, push the commit "
+                             "after")
     parser.add_argument("--no-push", dest="push", action="store_false",
-                        help="fetch from --remote but push nothing (a CI matrix: the merge job commits the night)")
+                        help="fetch from --remote but push nothing (a CI matrix: the merge job "
+                             "commits the night)")
     parser.add_argument("--force", action="store_true",
-                        help="run a night that already has results again (the old files are kept beside)")
-    parser.add_argument("--no-publish", dest="publish", action="store_false", help="skip asv publish")
+                        help="run a night that already has results again (the old files are kept "
+                             "beside)")
+    parser.add_argument("--no-publish", dest="publish", action="store_false",
+                        help="skip asv publish")
 
 
 def _error(message: str, status: int = 2) -> int:
@@ -61,7 +70,8 @@ def options(args: argparse.Namespace) -> nightly.Options:
     """Checked Options from parsed ``args``; UsageError names what is wrong."""
     merging = args.merge is not None
     if merging and (args.python or args.machine or args.bench or args.quick or args.launch_method):
-        raise UsageError("--merge takes no --python, --machine, --bench, --quick or --launch-method")
+        raise UsageError("--merge takes no --python, --machine, --bench, --quick or "
+                         "--launch-method")
     if not merging and (not args.python or not args.machine):
         raise UsageError("give --python PY and --machine NAME for a night, or --merge [SRC ...]")
     try:
@@ -82,13 +92,16 @@ def options(args: argparse.Namespace) -> nightly.Options:
     for src in args.merge or []:
         if not src.is_dir():
             raise UsageError(f"--merge {src}: not a directory")
-        if src.name in merge.IMPORTED and not merge.holds_a_tree(src):  # merged 0 files, and said nothing
-            raise UsageError(f"--merge {src}: a {src.name}/ folder itself; give the folder that holds it, "
-                                     f"--merge {src.parent}")
+        # merged 0 files, and said nothing
+        if src.name in merge.IMPORTED and not merge.holds_a_tree(src):
+            raise UsageError(f"--merge {src}: a {src.name}/ folder itself; give the folder that "
+                             f"holds it, --merge {src.parent}")
     return nightly.Options(
         machine=None if merging else nightly.check_machine(args.machine),
-        date=nightly.check_date(args.date, tonight=True) if args.date is not None else nightly.today(),
-        tree=(args.tree or repo / "nightly").absolute(), repo=repo, python=python, branch=args.branch,
+        date=(nightly.check_date(args.date, tonight=True) if args.date is not None
+              else nightly.today()),
+        tree=(args.tree or repo / "nightly").absolute(), repo=repo, python=python,
+        branch=args.branch,
         remote=args.remote, push=args.push, force=args.force, bench=args.bench, quick=args.quick,
         launch_method=args.launch_method, publish=args.publish,
     )
@@ -104,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
             report = nightly.run_night(o)
     except nightly.NightError as exc:
         return _error(str(exc), 1)
-    except OSError as exc:  # a full disk, a read-only tree: recorded files stay whole (atomic writes)
+    # a full disk, a read-only tree: recorded files stay whole (atomic writes)
+    except OSError as exc:
         return _error(os_error(exc), 1)
     sys.stdout.write(report.text)  # last: all is recorded, whether stdout takes it or not
     return 0

@@ -30,14 +30,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slice-n", type=positive, help="with --case: the product A @ B[:, :N]")
     p.add_argument("--slice-m", type=positive, help="with --case: the product A[:M] @ B")
     p.add_argument("--form", default="as-is", choices=("as-is", "2d"),
-                   help="with --case: A as the case holds it, or a 1-D A as A.unsqueeze(0) (the seed's 2d form)")
+                   help="with --case: A as the case holds it, or a 1-D A as A.unsqueeze(0) (the "
+                        "seed's 2d form)")
     p.add_argument("--dtype", required=True, choices=cases.DTYPES)
     p.add_argument("--device", default="cpu", choices=cases.DEVICES)
     p.add_argument("--row", type=int, default=0, help="the entry's row (default 0)")
     p.add_argument("--col", type=int, default=0, help="the entry's column (default 0)")
     p.add_argument("--json", type=file_name, metavar="FILE",
                    help="write the tree and what was measured")
-    p.add_argument("--verify", action="store_true", help="replay the tree against the kernel on 100 random draws")
+    p.add_argument("--verify", action="store_true",
+                   help="replay the tree against the kernel on 100 random draws")
     p.add_argument("--max-calls", type=positive, default=4000,
                    help="refuse a probe expected to need more matmul calls (default 4000)")
     add_memory_argument(p, "the probe")
@@ -52,7 +54,8 @@ def _target(args):
         raise UsageError("--slice-n and --slice-m go with --case")
     if args.slice_n and args.slice_m:
         raise UsageError("give one of --slice-n and --slice-m")
-    if args.json and os.path.lexists(args.json):  # as scan's --json: nothing recorded is overwritten (a link either)
+    # as scan's --json: nothing recorded is overwritten (a link either)
+    if args.json and os.path.lexists(args.json):
         raise UsageError(f"--json {args.json} exists; remove it or choose another name")
     problem = args.json and atomic.folder_problem(args.json)
     if problem:
@@ -69,8 +72,8 @@ def run(args) -> int:
     t = _target(args)
     with Bar("order", "call") as bar:
         try:
-            r = order.reveal(t, progress=lambda calls, expected: bar.update(f"{calls} calls", calls,
-                                                                                  max(expected, calls + 1)),
+            r = order.reveal(t, progress=lambda calls, expected: bar.update(
+                                 f"{calls} calls", calls, max(expected, calls + 1)),
                                    max_calls=args.max_calls, verify=args.verify)
         except order_tree.NotRevealed as exc:
             print(f"matmul-drift order: order not revealed after {exc.calls} matmul calls: {exc}")
@@ -81,11 +84,13 @@ def run(args) -> int:
         raise UsageError(f"cannot store the tree in the catalog: {exc.strerror or exc}") from None
     reading = words.describe(r.tree)
     verified = r.verified
-    if args.json:  # before the lines below: a reader that closes stdout early (| head) must not cost the file
-        meta = {"case": t.case.id, "slice_n": t.slice_n, "slice_m": t.slice_m, "form": t.form, "dtype": t.dtype,
-                "device": t.device,
-                "row": t.row, "col": t.col, "k": t.k, "order_id": ids.hex_id(oid), "summary": reading,
-                "calls": r.calls, "pairs": r.probes, "rounds": r.rounds, "seconds": round(r.seconds, 3), "notes": r.notes,
+    # before the lines below: a reader that closes stdout early (| head) must not cost the file
+    if args.json:
+        meta = {"case": t.case.id, "slice_n": t.slice_n, "slice_m": t.slice_m, "form": t.form,
+                "dtype": t.dtype, "device": t.device,
+                "row": t.row, "col": t.col, "k": t.k, "order_id": ids.hex_id(oid),
+                "summary": reading, "calls": r.calls, "pairs": r.probes, "rounds": r.rounds,
+                "seconds": round(r.seconds, 3), "notes": r.notes,
                 "verified": verified}
         try:  # whole or not at all, and never over a file made while probing
             atomic.write_new(args.json, trees.report_text(meta, r.tree).encode())
@@ -94,14 +99,16 @@ def run(args) -> int:
                              f"the tree is in {exc.kept}") from None
         except OSError as exc:
             raise UsageError(f"cannot write --json {args.json}: {exc.strerror or exc}") from None
-    where = f"{t.case.id}" + (f"[:, :{t.slice_n}]" if t.slice_n else f"[:{t.slice_m}]" if t.slice_m else "")
+    where = f"{t.case.id}" + (f"[:, :{t.slice_n}]" if t.slice_n
+                              else f"[:{t.slice_m}]" if t.slice_m else "")
     where += " (A 2-D)" if t.form == "2d" else ""
     print(f"{where} {t.dtype} on {t.device}, entry ({t.row}, {t.col}), K = {t.k}: {reading}")
-    print(f"order-id {ids.hex_id(oid)}; {r.calls} matmul calls, {r.probes} pairs, {r.rounds} round{'s' * (r.rounds != 1)}, "
-          f"{r.seconds:.1f} s; {'; '.join(r.notes)}")
+    print(f"order-id {ids.hex_id(oid)}; {r.calls} matmul calls, {r.probes} pairs, {r.rounds} "
+          f"round{'s' * (r.rounds != 1)}, {r.seconds:.1f} s; {'; '.join(r.notes)}")
     if verified:
         ways = verified.get("fused_add")
-        print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to the kernel"
+        print(f"replay: {verified['matched']} of {verified['draws']} random draws bit-identical to "
+              "the kernel"
               + (f"; its fused adds round as {' or '.join(ways)}" if ways else ""))
     else:  # the tree fits the probe's readings; only a replay shows it reproduces the kernel's bits
         print("replay: not run (--verify replays the tree against the kernel)")

@@ -25,18 +25,24 @@ PROG = "matmul-drift run"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     parser.add_argument("--torch", metavar="VERSION", action="append", default=[],
-                        help="only this torch build (repeatable, or a comma list; default: every build in "
-                             "asv.conf.json's matrix; the environment variable TORCH_VERSION does the same)")
+                        help="only this torch build (repeatable, or a comma list; default: every "
+                             "build in asv.conf.json's matrix; the environment variable "
+                             "TORCH_VERSION does the same)")
     parser.add_argument("--force", action="store_true",
-                        help="measure builds already recorded at this commit again (the old files are kept beside)")
+                        help="measure builds already recorded at this commit again (the old files "
+                             "are kept beside)")
     parser.add_argument("--bench", metavar="REGEX", action="append", default=[], type=bench_regex,
                         help="only benchmarks matching REGEX (asv run --bench; repeatable)")
     parser.add_argument("--quick", action="store_true", help="asv run --quick: one sample each")
-    parser.add_argument("--launch-method", choices=("spawn", "forkserver"), help="asv's launch method")
-    parser.add_argument("--no-publish", dest="publish", action="store_false", help="skip asv publish and the site")
+    parser.add_argument("--launch-method", choices=("spawn", "forkserver"),
+                        help="asv's launch method")
+    parser.add_argument("--no-publish", dest="publish", action="store_false",
+                        help="skip asv publish and the site")
     parser.add_argument("--machine", metavar="NAME",
-                        help="asv machine name (default: named after this hardware, see `matmul-drift machine`)")
-    parser.add_argument("--repo", type=folder, metavar="DIR", help="the project checkout (default: the one here)")
+                        help="asv machine name (default: named after this hardware, see "
+                             "`matmul-drift machine`)")
+    parser.add_argument("--repo", type=folder, metavar="DIR",
+                        help="the project checkout (default: the one here)")
 
 
 def _minutes(seconds: float) -> str:
@@ -54,7 +60,8 @@ def options(args: argparse.Namespace) -> mainjob.Options:
     builds = [b for t in given for b in t.split(",") if b.strip()]
     if given and not builds:  # not every build of the matrix, silently
         where = "--torch" if args.torch else "$TORCH_VERSION"
-        raise UsageError(f"{where} {','.join(given)!r} names no torch version (e.g. --torch 2.13.0,2.14.1)")
+        raise UsageError(f"{where} {','.join(given)!r} names no torch version (e.g. --torch "
+                         "2.13.0,2.14.1)")
     if args.machine is not None:
         check_machine(args.machine)
     return mainjob.Options(repo=repo, builds=builds or None, force=args.force, bench=args.bench,
@@ -68,13 +75,15 @@ def run(args: argparse.Namespace) -> int:
     except mainjob.JobError as exc:
         say_error(PROG, exc)
         return 1
-    except OSError as exc:  # a full disk, a read-only checkout: recorded files stay whole (atomic writes)
+    # a full disk, a read-only checkout: recorded files stay whole (atomic writes)
+    except OSError as exc:
         say_error(PROG, os_error(exc))
         return 1
-    parts = [f"torch {o.build} {o.status}" + (f" ({_minutes(o.seconds)})" if o.seconds else "") for o in report.outcomes]
-    print(f"{PROG}: done in {_minutes(report.seconds)} on {report.machine} at {report.commit[:8]}: {'; '.join(parts)}. "
-          f"Results under results/asv/{report.machine}/, site under html/ (drift.html names the kernels; "
-          "`asv preview` serves it)", file=sys.stderr)
+    parts = [f"torch {o.build} {o.status}" + (f" ({_minutes(o.seconds)})" if o.seconds else "")
+             for o in report.outcomes]
+    print(f"{PROG}: done in {_minutes(report.seconds)} on {report.machine} at {report.commit[:8]}: "
+          f"{'; '.join(parts)}. Results under results/asv/{report.machine}/, site under html/ "
+          "(drift.html names the kernels; `asv preview` serves it)", file=sys.stderr)
     for o in report.failed:
         say_error(PROG, f"torch {o.build}: {o.message}")
     return 1 if report.failed else 0

@@ -2,8 +2,9 @@
 
 Varies n, m or k over LO:HI with the other two fixed, measures each size the way
 `explain` measures a slice, and searches each alignment class down to exact boundaries
-(probes/scan.py; the driver is probes/scan_run.py: this module parses and prints). Prints a table of regions and boundaries; --json FILE keeps every evaluated
-point (rewritten atomically after each one, so --resume FILE continues an interrupted
+(probes/scan.py; the driver is probes/scan_run.py: this module parses and prints).
+Prints a table of regions and boundaries; --json FILE keeps every evaluated point
+(rewritten atomically after each one, so --resume FILE continues an interrupted
 scan); --plot FILE.png draws it. Exit status: 0, 2 for bad input (one line), 130 after
 Ctrl-C and 143 after SIGTERM (the record kept either way).
 """
@@ -36,27 +37,36 @@ def _range(text: str) -> tuple[int, int]:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the scan's arguments to ``parser`` (a subcommand parser of matmul-drift)."""
     parser.description = __doc__.splitlines()[0]
-    parser.add_argument("--vary", choices=scan.DIMS, help="the dimension to vary (required, but with --render)")
+    parser.add_argument("--vary", choices=scan.DIMS,
+                        help="the dimension to vary (required, but with --render)")
     parser.add_argument("--range", type=_range, metavar="LO:HI",
-                        help="sizes of the varied dimension, both included (required, but with --render)")
+                        help="sizes of the varied dimension, both included (required, but with "
+                             "--render)")
     for d in scan.DIMS:
-        parser.add_argument(f"--{d}", type=positive, help=f"{d}, fixed (give the two dimensions not varied)")
+        parser.add_argument(f"--{d}", type=positive,
+                            help=f"{d}, fixed (give the two dimensions not varied)")
     parser.add_argument("--within", type=positive, metavar="W",
-                        help="n or m: slice every size from an operand W wide (default HI), as a slice of a wider "
+                        help="n or m: slice every size from an operand W wide (default HI), as a "
+                             "slice of a wider "
                              "tensor is laid out: the seed's v[:, :n] is --within 51000")
     parser.add_argument("--dtype", choices=cases.DTYPES, help="required, but with --render")
     parser.add_argument("--device", default="cpu", choices=cases.DEVICES)
     parser.add_argument("--step", type=positive, metavar="S",
-                        help="coarse grid spacing in sizes within each alignment class (default: each class "
-                             "in 20 pieces); kernels or drift that change and change back between two grid points "
-                             "of a class are missed, --step 1 is a dense sweep")
-    parser.add_argument("--json", type=file_name, metavar="FILE", help="write every point, boundary and region here, "
+                        help="coarse grid spacing in sizes within each alignment class (default: "
+                             "each class in 20 pieces); kernels or drift that change and change "
+                             "back between two grid points of a class are missed, --step 1 is a "
+                             "dense sweep")
+    parser.add_argument("--json", type=file_name, metavar="FILE",
+                        help="write every point, boundary and region here, "
                         "once a second and at the end (refuses an existing FILE: use --resume)")
-    parser.add_argument("--resume", type=file_name, metavar="FILE", help="continue the scan recorded in FILE (same "
+    parser.add_argument("--resume", type=file_name, metavar="FILE",
+                        help="continue the scan recorded in FILE (same "
                         "parameters) and write it back there")
-    parser.add_argument("--plot", type=file_name, metavar="FILE.png", help="draw the regions and the drift (matplotlib)")
+    parser.add_argument("--plot", type=file_name, metavar="FILE.png",
+                        help="draw the regions and the drift (matplotlib)")
     parser.add_argument("--render", type=file_name, metavar="FILE",
-                        help="print a record saved with --json as text (a GPU's, say), measuring nothing")
+                        help="print a record saved with --json as text (a GPU's, say), measuring "
+                             "nothing")
     add_memory_argument(parser, "the top of the range")
 
 
@@ -66,14 +76,17 @@ def _check_paths(args) -> str | None:
         raise UsageError("--resume FILE writes back to FILE; drop --json or give it the same FILE")
     path = args.resume or args.json
     if path and args.plot and os.path.realpath(path) == os.path.realpath(args.plot):
-        raise UsageError(f"--plot {args.plot} is the record's file too; the plot would replace the record: name it apart")
+        raise UsageError(f"--plot {args.plot} is the record's file too; the plot would replace the "
+                         "record: name it apart")
     if args.resume:
         _regular_file(args.resume)
     for flag, p in (("--json", args.json), ("--plot", args.plot)):  # --resume: "not a regular file"
         if p and os.path.isdir(p):  # was "exists; continue it with --resume" for a folder
             raise UsageError(f"{flag} {p}: a folder; name a file in it")
-    if args.json and not args.resume and os.path.lexists(args.json):  # a dangling link too: the write would fail
-        raise UsageError(f"{args.json} exists; continue it with --resume {args.json}, or choose another name")
+    # a dangling link too: the write would fail
+    if args.json and not args.resume and os.path.lexists(args.json):
+        raise UsageError(f"{args.json} exists; continue it with --resume {args.json}, or choose "
+                         "another name")
     if args.plot:
         if not args.plot.lower().endswith(".png"):
             raise UsageError(f"--plot {args.plot}: the plot is a PNG; name it FILE.png")
@@ -93,7 +106,8 @@ def _regular_file(path: str) -> None:
     and the record is written back by replacing ``path``, which would put a file in a link's
     place and leave the record it points to behind."""
     if os.path.islink(path):
-        raise UsageError(f"--resume {path}: a symbolic link; resume the record itself ({os.path.realpath(path)})")
+        raise UsageError(f"--resume {path}: a symbolic link; resume the record itself "
+                         f"({os.path.realpath(path)})")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -105,7 +119,8 @@ def _regular_file(path: str) -> None:
 
 
 def _dims(args) -> dict:
-    """m, k and n at the top of the range; UsageError unless exactly the two fixed ones are given."""
+    """m, k and n at the top of the range; UsageError unless exactly the two fixed ones
+    are given."""
     lo, hi = args.range
     given = {d: getattr(args, d) for d in scan.DIMS}
     if given[args.vary] is not None:
@@ -115,9 +130,11 @@ def _dims(args) -> dict:
         raise UsageError(f"--vary {args.vary} needs {' and '.join(missing)}")
     if args.within is not None:
         if args.vary == "k":
-            raise UsageError("--within goes with --vary n or m (each k is its own contiguous product)")
+            raise UsageError("--within goes with --vary n or m (each k is its own contiguous "
+                             "product)")
         if args.within < hi:
-            raise UsageError(f"--within {args.within} is below the range's top, {hi}: the sizes are slices of it")
+            raise UsageError(f"--within {args.within} is below the range's top, {hi}: the sizes "
+                             "are slices of it")
     return {**given, args.vary: _within(args) or hi}
 
 
@@ -133,20 +150,24 @@ def run(args: argparse.Namespace) -> int:
 
 def _render(args) -> int:
     """A saved record as text: what `scan` printed at its end."""
-    given = [f"--{k.replace('_', '-')}" for k in ("vary", "range", "m", "k", "n", "within", "dtype", "step", "json",
-                                                   "resume", "plot") if getattr(args, k) is not None]
+    given = [f"--{k.replace('_', '-')}" for k in ("vary", "range", "m", "k", "n", "within", "dtype",
+                                                  "step", "json", "resume", "plot")
+             if getattr(args, k) is not None]
     given += ["--device"] * (args.device != "cpu")
     if given:  # ignored, they would mislead: the record is as it was saved
-        raise UsageError(f"--render prints a saved record as text and measures nothing; it takes no {given[0]}")
+        raise UsageError("--render prints a saved record as text and measures nothing; it takes "
+                         f"no {given[0]}")
     text = scan.render_saved(records.load(args.render), args.render)
-    print(render_visible(text, newlines=True))  # a saved file's escape sequences must not reach the terminal
+    # a saved file's escape sequences must not reach the terminal
+    print(render_visible(text, newlines=True))
     return 0
 
 
 def _run(args) -> int:
     if args.render is not None:
         return _render(args)
-    missing = [f for f, v in (("--vary", args.vary), ("--range", args.range), ("--dtype", args.dtype)) if v is None]
+    missing = [f for f, v in (("--vary", args.vary), ("--range", args.range),
+                              ("--dtype", args.dtype)) if v is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)}")
     lo, hi = args.range
@@ -154,14 +175,15 @@ def _run(args) -> int:
     path = _check_paths(args)
     fixed = {d: getattr(args, d) for d in scan.DIMS}
     out = scan_run.run(args.vary, lo, hi, fixed, args.dtype, args.device, args.step or 0, path,
-                       resume=bool(args.resume), prog=PROG, host_memory_check=not args.no_host_memory_check,
+                       resume=bool(args.resume), prog=PROG,
+                       host_memory_check=not args.no_host_memory_check,
                        within=_within(args))
     print(f"{PROG}: {out.message}", file=sys.stderr, flush=True)
     if out.record is None:
         return out.status
     print(scan.render(out.record))
     if args.plot:
-        # here: matplotlib costs 1 to 2.4 s at every command's start
+        # here: importing matplotlib slows every command's start
         from matmul_drift.probes import scan_plot
 
         scan_plot.plot(out.record, args.plot)

@@ -23,38 +23,51 @@ PROG = "matmul-drift summary"
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the summary's arguments to ``parser`` (a subcommand parser of matmul-drift)."""
     parser.description = __doc__.splitlines()[0]
-    parser.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR", type=folder,
+    parser.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR",
+                        type=folder,
                         help="results/ (asv results in results/asv, catalog in results/catalog), "
-                             "or asv's results dir itself (catalog then at ../catalog); default: results")
+                             "or asv's results dir itself (catalog then at ../catalog); default: "
+                             "results")
     parser.add_argument("--machine", metavar="NAME", help="only this asv machine")
     parser.add_argument("--across", choices=summary.ACROSS, default=None,
                         help="commits: neighbouring commits in one environment; envs: neighbouring "
-                             "torch versions at one commit; both (default); machines: one commit and "
-                             "environment on two machines or hardwares (never compared otherwise)")
+                             "torch versions at one commit; both (default); "
+                             "machines: one commit and environment on two machines or hardwares "
+                             "(never compared otherwise)")
     parser.add_argument("--base", metavar="REF", help="compare only this commit (hash prefix) ...")
-    parser.add_argument("--head", metavar="REF", help="... with this one, environment by environment")
-    parser.add_argument("--at", metavar="REF", help="only what changed at this commit: its torch builds "
+    parser.add_argument("--head", metavar="REF",
+                        help="... with this one, environment by environment")
+    parser.add_argument("--at", metavar="REF",
+                        help="only what changed at this commit: its torch builds "
                         "side by side, and each against the machine's previous commit")
     parser.add_argument("--format", choices=render.FORMATS, default="plain",
-                        help="plain tables (default), github Markdown, or json (schema: matmul_drift.read.render)")
+                        help="plain tables (default), github Markdown, or json (schema: "
+                             "matmul_drift.read.render)")
     parser.add_argument("--fail-on", metavar="KINDS", default=None,
-                        help=f"comma list of {', '.join(flags.KINDS)}, or none, or all; "
-                             f"default: {','.join(k for k in flags.KINDS if k in summary.DEFAULT_FAIL_ON)}")
-    parser.add_argument("--output", metavar="FILE", help="write the report to this new file (never over one that exists) instead of stdout")
-    parser.add_argument("--catalog", metavar="DIR", help="catalog directory (default: beside the asv results)")
-    parser.add_argument("--u-tolerance", type=float, default=summary.DEFAULT_U_TOLERANCE, metavar="F",
+                        help=f"comma list of {', '.join(flags.KINDS)}, or none, or all; default: "
+                             f"{','.join(k for k in flags.KINDS if k in summary.DEFAULT_FAIL_ON)}")
+    parser.add_argument("--output", metavar="FILE",
+                        help="write the report to this new file (never over one that exists) "
+                             "instead of stdout")
+    parser.add_argument("--catalog", metavar="DIR",
+                        help="catalog directory (default: beside the asv results)")
+    parser.add_argument("--u-tolerance", type=float, default=summary.DEFAULT_U_TOLERANCE,
+                        metavar="F",
                         help="flag error_u when it grows or shrinks by more than this factor "
-                             f"(default {summary.DEFAULT_U_TOLERANCE:g}: identical kernels give identical "
-                             "bits, so any change is a new route; 2x keeps tiny reorderings out)")
+                             f"(default {summary.DEFAULT_U_TOLERANCE:g}: "
+                             "identical kernels give identical bits, so any change is a new route; "
+                             "2x keeps tiny reorderings out)")
     parser.add_argument("--ulp-growth", type=float, default=summary.DEFAULT_ULP_GROWTH, metavar="F",
                         help=f"report non-zero ulp drift that grows by more than this factor "
                              f"(informational; default {summary.DEFAULT_ULP_GROWTH:g})")
-    parser.add_argument("--time-factor", type=float, default=summary.DEFAULT_TIME_FACTOR, metavar="F",
-                        help="suspect a time whose ratio exceeds this factor and whose 99%% CIs are apart "
-                             f"(default {summary.DEFAULT_TIME_FACTOR:g}, as asv compare)")
+    parser.add_argument("--time-factor", type=float, default=summary.DEFAULT_TIME_FACTOR,
+                        metavar="F",
+                        help="suspect a time whose ratio exceeds this factor and whose 99%% CIs "
+                             f"are apart (default {summary.DEFAULT_TIME_FACTOR:g}, as asv compare)")
     parser.add_argument("--timing", choices=summary.TIMING, default="evidence",
-                        help="evidence (default): flag a suspected time only on evidence across runs (a "
-                             "re-measurement, or the next run); suspects: every suspect not yet re-measured")
+                        help="evidence (default): flag a suspected time only on evidence across "
+                             "runs (a re-measurement, or the next run); suspects: every suspect "
+                             "not yet re-measured")
 
 
 def _error(message: str) -> int:
@@ -101,7 +114,8 @@ def _write_output(path: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the summary for parsed ``args``; returns the exit status."""
     problem = _output_problem(args.output) if args.output is not None else None
-    if args.catalog is not None and not (args.catalog and Path(args.catalog).is_dir()):  # else a warning per id
+    # else a warning per id
+    if args.catalog is not None and not (args.catalog and Path(args.catalog).is_dir()):
         problem = f"--catalog {args.catalog or repr('')} is not a directory"
     if problem:
         return _error(problem)
@@ -124,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             _write_output(args.output, text)
         except atomic.Taken as exc:
-            return _error(f"{args.output} appeared meanwhile and is left as it is; the report is in {exc.kept}")
+            return _error(f"{args.output} appeared meanwhile and is left as it is; the report is "
+                          f"in {exc.kept}")
         except OSError as exc:
             return _error(f"cannot write {args.output}: {exc.strerror}")
     else:

@@ -44,7 +44,8 @@ def check(device: str, precision: str) -> None:
     measure.check_device(device, precision)
     if device == "cuda" and storage_dtype(precision) == "bfloat16":
         if not torch.cuda.is_bf16_supported(including_emulation=False):
-            raise measure.Unavailable(f"this GPU ({torch.cuda.get_device_name()}) has no bfloat16 matmul")
+            raise measure.Unavailable(f"this GPU ({torch.cuda.get_device_name()}) has no bfloat16 "
+                                      "matmul")
 
 
 def anchors(ops: measure.Operands, made: dict | None = None) -> Anchors:
@@ -75,7 +76,8 @@ def batch_point(ops: measure.Operands, size: int, anc: Anchors, *, dtype: str, d
     a_m = ops.a[..., :size, :]
     out, names = (made or {}).get(size) or kernels.traced(lambda: ops.product(a_m), device)
     y_bits, y = measure.on_host(out)
-    point = {"size": size, "kernel_id": ids.hex_id(ids.object_id(measure.kernel_entry(device, {"full": names}))),
+    point = {"size": size,
+             "kernel_id": ids.hex_id(ids.object_id(measure.kernel_entry(device, {"full": names}))),
              "kernels": names}
     against = {"row0": (1, anc.one_bits, anc.one_values),
                "rows": (size, anc.full_bits[..., :size, :], anc.full_values[..., :size, :])}

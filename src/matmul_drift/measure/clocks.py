@@ -189,6 +189,6 @@ def verdict(before: dict | None, after: dict | None, window: float | None = None
         # two instants alone (nvidia-smi): a cap that lifted between them leaves no trace, so
         # "did not fall" is not known; a fall seen at either end still is
         return {"before": before, "after": after, "fell": None,
-                "why": "no slowdown counters over the timed window (nvidia-smi reads two instants): "
-                       "cuda_clock_fell is absent"}
+                "why": "no slowdown counters over the timed window (nvidia-smi reads two "
+                       "instants): cuda_clock_fell is absent"}
     return {"before": before, "after": after, "fell": bool(why), "why": "; ".join(why) or None}

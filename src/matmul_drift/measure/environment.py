@@ -23,7 +23,8 @@ ROUTE_VARS = (
     "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
     "NVIDIA_TF32_OVERRIDE", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT",
     # cuBLAS 12.9 and newer: fp32 (and fp64) emulated on tensor cores, and how eagerly
-    "CUBLAS_EMULATE_SINGLE_PRECISION", "CUBLAS_EMULATE_DOUBLE_PRECISION", "CUBLAS_EMULATION_STRATEGY",
+    "CUBLAS_EMULATE_SINGLE_PRECISION", "CUBLAS_EMULATE_DOUBLE_PRECISION",
+    "CUBLAS_EMULATION_STRATEGY",
 )
 
 
@@ -59,7 +60,8 @@ def _float32_precision(torch) -> str:
         return torch.get_float32_matmul_precision()
     except RuntimeError:
         return ", ".join(f"{name}={_safe(lambda b=b: b.matmul.fp32_precision)}"
-                         for name, b in (("mkldnn", torch.backends.mkldnn), ("cuda", torch.backends.cuda)))
+                         for name, b in (("mkldnn", torch.backends.mkldnn),
+                                         ("cuda", torch.backends.cuda)))
 
 
 def flags() -> dict:
@@ -71,8 +73,10 @@ def flags() -> dict:
         "float32_matmul_precision": _float32_precision(torch),
         "cuda_matmul_allow_tf32": bool(m.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-        "allow_fp16_reduced_precision_reduction": _safe(lambda: bool(m.allow_fp16_reduced_precision_reduction)),
-        "allow_bf16_reduced_precision_reduction": _safe(lambda: bool(m.allow_bf16_reduced_precision_reduction)),
+        "allow_fp16_reduced_precision_reduction":
+            _safe(lambda: bool(m.allow_fp16_reduced_precision_reduction)),
+        "allow_bf16_reduced_precision_reduction":
+            _safe(lambda: bool(m.allow_bf16_reduced_precision_reduction)),
         # torch 2.7 and newer: fp16 accumulation and split-K's reduction. (Not fp32_precision: it
         # reads "none" until a precision is first set, then "ieee", within one process.)
         "allow_fp16_accumulation": _safe(lambda: bool(m.allow_fp16_accumulation)),
@@ -80,7 +84,8 @@ def flags() -> dict:
             _safe(lambda: bool(m.allow_fp16_reduced_precision_reduction_split_k)),
         "allow_bf16_reduced_precision_reduction_split_k":
             _safe(lambda: bool(m.allow_bf16_reduced_precision_reduction_split_k)),
-        "preferred_blas_library": _safe(lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]),
+        "preferred_blas_library":
+            _safe(lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
     }
@@ -153,7 +158,8 @@ def _driver_version() -> str | None:
 
 
 def cuda_info(index: int = 0) -> dict:
-    """CUDA, cuBLAS, cuDNN, driver and GPU facts. Initialises CUDA: call in a benchmark child only."""
+    """CUDA, cuBLAS, cuDNN, driver and GPU facts. Initialises CUDA: call in a benchmark
+    child only."""
     import torch  # here: torch-free commands (explain --render, run) import this module
 
     props = torch.cuda.get_device_properties(index)
@@ -173,7 +179,8 @@ def describe(device: str, mkl_banner: str | None = None) -> dict:
     import torch  # here: torch-free commands (explain --render, run) import this module
 
     return {
-        "torch": {"version": torch.__version__, "git": torch.version.git_version, "cuda_build": torch.version.cuda},
+        "torch": {"version": torch.__version__, "git": torch.version.git_version,
+                  "cuda_build": torch.version.cuda},
         "cuda": cuda_info() if device == "cuda" else None,
         "cpu": {
             "model": cpu_model(),

@@ -17,7 +17,8 @@ from matmul_drift.store import bounded
 
 def load_array(path: Path, host_check: bool = True):
     """A float array from .npy or .pt, as a torch tensor; UsageError if unreadable.
-    ``host_check``: refuse a file that must be read whole (legacy .pt) when it exceeds MemAvailable."""
+    ``host_check``: refuse a file that must be read whole (legacy .pt) when it exceeds
+    MemAvailable."""
     import torch  # here: torch-free commands (explain --render, run) import this module
 
     try:
@@ -28,24 +29,31 @@ def load_array(path: Path, host_check: bool = True):
         # Mapped, not read: the memory check comes before a single value is, so a file larger
         # than memory is one line, not an OOM kill (restride copies them after the check).
         if path.suffix == ".npy":
-            with warnings.catch_warnings():  # torch warns that the mapping is read-only: it is never written
+            # torch warns that the mapping is read-only: it is never written
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 arr = np.load(path, allow_pickle=False, mmap_mode="r")
-                if not arr.dtype.isnative:  # torch.from_numpy refuses it: swapped, which reads it whole
-                    _check_read_whole(path, host_check, "values in the other byte order, swapped to this machine's,",
+                # torch.from_numpy refuses it: swapped, which reads it whole
+                if not arr.dtype.isnative:
+                    _check_read_whole(path, host_check,
+                                      "values in the other byte order, swapped to this machine's,",
                                       "or re-save it in this machine's byte order, which is mapped")
-                    arr = arr.astype(arr.dtype.newbyteorder("="))  # order "K": a Fortran array stays one
+                    # order "K": a Fortran array stays one
+                    arr = arr.astype(arr.dtype.newbyteorder("="))
                 t = torch.from_numpy(arr)
         elif path.suffix == ".pt":
-            with warnings.catch_warnings():  # torch warns that sparse CSR is beta: the refusal below says enough
+            # torch warns that sparse CSR is beta: the refusal below says enough
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 try:
                     t = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
                 except RuntimeError as exc:  # torch's legacy format cannot be mapped: read it
                     if "_use_new_zipfile_serialization" not in str(exc):
                         raise
-                    _check_read_whole(path, host_check, "torch's legacy format,",  # before the product's check
-                                      "or re-save it with torch.save's default format, which is mapped")
+                    # before the product's check
+                    _check_read_whole(path, host_check, "torch's legacy format,",
+                                      "or re-save it with torch.save's default format, which is "
+                                      "mapped")
                     t = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(t, torch.Tensor):
                 raise UsageError(f"{path}: expected one tensor, found {type(t).__name__}")
@@ -54,13 +62,18 @@ def load_array(path: Path, host_check: bool = True):
     except UsageError:
         raise
     except Exception as exc:
-        raise UsageError(f"cannot read {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise UsageError(f"cannot read {path}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                         ) from None
     if t.is_nested:  # before anything asks its shape: a nested tensor has none
         raise UsageError(f"{path}: a nested tensor; explain measures dense operands")
-    if t.layout != torch.strided:  # refused, not densified: torch.sparse's kernels are not the dense GEMM measured here
-        raise UsageError(f"{path}: a sparse tensor ({t.layout}); explain measures dense operands (save t.to_dense())")
+    # refused, not densified: torch.sparse's kernels are not the dense GEMM measured here
+    if t.layout != torch.strided:
+        raise UsageError(f"{path}: a sparse tensor ({t.layout}); explain measures dense operands "
+                         "(save t.to_dense())")
     if t.is_meta:
-        raise UsageError(f"{path}: a meta tensor, shape {tuple(t.shape)} and no values: nothing to measure")
+        raise UsageError(f"{path}: a meta tensor, shape {tuple(t.shape)} and no values: nothing to "
+                         "measure")
     if not t.is_floating_point():
         raise UsageError(f"{path}: expected a floating-point array, found {t.dtype}")
     return t.detach()  # requires_grad (an nn.Parameter): the values are what is measured
@@ -86,10 +99,13 @@ def rounded_away(t, rounded) -> dict:
     # here: torch-free commands (explain --render, run) import this module
     from matmul_drift.measure.reference import all_finite
 
-    if t.dtype.itemsize == 1:  # the float8 kinds: torch counts nothing in them; float32 holds each value
+    # the float8 kinds: torch counts nothing in them; float32 holds each value
+    if t.dtype.itemsize == 1:
         t = t.float()
-    to_inf = 0 if all_finite(rounded) else int(torch.isfinite(t).sum()) - int(torch.isfinite(rounded).sum())
-    return {"to_inf": to_inf, "to_zero": int(torch.count_nonzero(t)) - int(torch.count_nonzero(rounded))}
+    to_inf = (0 if all_finite(rounded)
+              else int(torch.isfinite(t).sum()) - int(torch.isfinite(rounded).sum()))
+    return {"to_inf": to_inf,
+            "to_zero": int(torch.count_nonzero(t)) - int(torch.count_nonzero(rounded))}
 
 
 def text_name(path: Path) -> str:

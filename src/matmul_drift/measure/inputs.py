@@ -18,9 +18,11 @@ from matmul_drift.core import blocks
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_CHUNK = 1 << 16  # entries per step within a block (blocks.SIZE): its two uint64 buffers (1 MiB) stay in L2
+# entries per step within a block (blocks.SIZE): its two uint64 buffers (1 MiB) stay in L2
+_CHUNK = 1 << 16
 
-BITS_DTYPE = {"float64": np.uint64, "float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
+BITS_DTYPE = {"float64": np.uint64, "float32": np.uint32, "float16": np.uint16,
+              "bfloat16": np.uint16}
 DISTRIBUTIONS = ("uniform", "signed", "int")
 
 
@@ -58,7 +60,8 @@ def _fill(out: np.ndarray, start: int, key: np.uint64, dist: str, int_range: int
             if dist == "uniform":
                 np.multiply(k, np.float32(2.0**-24), out=out[at:stop], casting="unsafe")
             elif dist == "signed":
-                out[at:stop] = (k.astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(2.0**-23)
+                out[at:stop] = ((k.astype(np.int64) - (1 << 23)).astype(np.float32)
+                                * np.float32(2.0**-23))
             else:
                 out[at:stop] = (k % np.uint64(2 * int_range + 1)).astype(np.int64) - int_range
 
@@ -70,7 +73,8 @@ def _check(dist: str | None = None, dtype: str | None = None) -> None:
         raise ValueError(f"unknown dtype {dtype!r}")
 
 
-def draw(seed: int, name: str, shape: tuple[int, ...], dist: str = "uniform", int_range: int = 2) -> np.ndarray:
+def draw(seed: int, name: str, shape: tuple[int, ...], dist: str = "uniform",
+         int_range: int = 2) -> np.ndarray:
     """Exact float32 values of ``shape``.
 
     dist: ``uniform`` k/2^24 in [0, 1); ``signed`` in [−1, 1) on a 2^-23 grid;
@@ -106,7 +110,8 @@ def round_bits(values: np.ndarray, dtype: str) -> np.ndarray:
     its bits. Once: torch takes float64 to float16 or bfloat16 through float32 on the CPU, so
     1 + 2^-11 + 2^-40 became 1 there, not 1 + 2^-10."""
     _check(dtype=dtype)
-    v = np.ascontiguousarray(values, dtype=np.float64 if np.asarray(values).dtype == np.float64 else np.float32)
+    v = np.ascontiguousarray(values, dtype=np.float64 if np.asarray(values).dtype == np.float64
+                             else np.float32)
     out = np.empty(v.shape, dtype=BITS_DTYPE[dtype])
     src, dst = v.reshape(-1), out.reshape(-1)
     blocks.map_blocks(src.size, lambda part: _round_into(src[part], dst[part], dtype))

@@ -27,9 +27,9 @@ _MKL_KEEP = ("CNR", "NThr")
 VIEW_OPS = frozenset(
     "aten::" + op
     for op in (
-        "as_strided as_strided_ unsqueeze unsqueeze_ squeeze squeeze_ resolve_conj resolve_neg view "
-        "_unsafe_view reshape _reshape_alias expand t transpose permute slice select alias detach "
-        "lift_fresh empty empty_strided empty_like"
+        "as_strided as_strided_ unsqueeze unsqueeze_ squeeze squeeze_ resolve_conj resolve_neg "
+        "view _unsafe_view reshape _reshape_alias expand t transpose permute slice select alias "
+        "detach lift_fresh empty empty_strided empty_like"
     ).split()
 )
 _SPACES = re.compile(r"\s+")
@@ -57,7 +57,8 @@ def normalise_mkl(line: str) -> str | None:
 
 def normalise_onednn(line: str) -> str | None:
     """An ``onednn_verbose,...,primitive,exec,cpu,matmul,<impl>,..,<descs>,..,<sizes>,<ms>`` line
-    -> ``oneDNN matmul <impl> <data types> <attributes>``; None for headers, info and creation lines."""
+    -> ``oneDNN matmul <impl> <data types> <attributes>``; None for headers, info and creation
+    lines."""
     parts = line.strip().split(",")
     if not parts or not parts[0].endswith("_verbose") or "exec" not in parts:
         return None
@@ -67,8 +68,10 @@ def normalise_onednn(line: str) -> str | None:
     except ValueError:
         return None
     types = " ".join(_onednn_desc(d) for d in descs.split() if d.count(":") >= 1)
-    # attributes change the sum (attr-fpmath:bf16: products in bfloat16); the scratchpad's owner does not
-    kept = " ".join(a for a in attrs.split() if a.startswith("attr-") and not a.startswith("attr-scratchpad"))
+    # attributes change the sum (attr-fpmath:bf16: products in bfloat16); the scratchpad's
+    # owner does not
+    kept = " ".join(a for a in attrs.split()
+                    if a.startswith("attr-") and not a.startswith("attr-scratchpad"))
     return f"oneDNN {prim} {impl} {types} {kept}".strip()
 
 
@@ -161,13 +164,14 @@ def profiled(*activities):
     yields the profiler. torch 2.11 warns at every profiler's start that it keeps one cycle's
     events ("set acc_events=True"), once per process, onto stderr: one cycle is all it runs
     here, so that warning alone is silenced (torch 2.13 no longer gives it). The CPU's routes
-    read the autograd profiler instead (cpu_route): the CUDA path keeps this one, as the H200
-    check ran it."""
+    read the autograd profiler instead (cpu_route): the CUDA path keeps this one, the
+    profiler its GPU check runs."""
     # here: torch-free commands (explain --render, run) import this module
     from torch.profiler import profile
 
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events",
+                                category=UserWarning)
         with profile(activities=list(activities)) as prof:
             yield prof
 
@@ -209,7 +213,8 @@ _KINETO_NOTE = re.compile(r"USDT:|ERROR:.*\] gpuGetDeviceCount failed with code 
 
 def _pass_on_stderr(text: str) -> None:
     """Re-emit captured stderr, less Kineto's notes (``_KINETO_NOTE``)."""
-    rest = "".join(line for line in text.splitlines(True) if not _KINETO_NOTE.match(line.rstrip("\n")))
+    rest = "".join(line for line in text.splitlines(True)
+                   if not _KINETO_NOTE.match(line.rstrip("\n")))
     if rest:
         sys.stderr.write(rest)
 
@@ -224,11 +229,10 @@ def cpu_route(fn) -> tuple[object, list[str]]:
     from torch.autograd.profiler import profile
 
     with captured_fds() as box:
-        with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON), torch.backends.mkldnn.verbose(
-            torch.backends.mkldnn.VERBOSE_ON
-        ):
+        with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON), \
+                torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
             # the profiler under torch.profiler's: the same CPU events, without the import of
-            # torch._inductor that torch.profiler makes at its first start (1 s a process)
+            # torch._inductor that torch.profiler makes at its first start (slow, once a process)
             with profile(use_kineto=True) as prof:
                 result = fn()
     _pass_on_stderr(box[2])
@@ -236,7 +240,8 @@ def cpu_route(fn) -> tuple[object, list[str]]:
     banner = mkl_banner(text)
     if banner and not _BANNER:
         _BANNER.append(banner)
-    ops = unique(e.name for e in prof.function_events if e.name.startswith("aten::") and e.name not in VIEW_OPS)
+    ops = unique(e.name for e in prof.function_events
+                 if e.name.startswith("aten::") and e.name not in VIEW_OPS)
     route = unique(route_lines(text)) or ["native"]
     return result, ops + route
 
@@ -267,7 +272,7 @@ class Event(NamedTuple):
 def session_events(prof) -> list:
     """A profiler session's events as ``prof.events()`` lists them (name and device type, in
     time order), read from Kineto's records without building ``prof.events()``'s tree, which
-    costs about 30 µs an event: the sentinels' padding may put thousands of markers in each
+    is slow per event: the sentinels' padding may put thousands of markers in each
     session of a long scan when the profiler loses records. ``prof.events()`` where torch has
     no such records."""
     try:
@@ -277,7 +282,8 @@ def session_events(prof) -> list:
         raw = prof.profiler.kineto_results.events()
     except (AttributeError, ImportError):
         return [Event(e.name, e.device_type) for e in prof.events()]
-    kept = [e for e in raw if not _filter_name(e.name()) and not getattr(e, "is_hidden_event", lambda: False)()]
+    kept = [e for e in raw
+            if not _filter_name(e.name()) and not getattr(e, "is_hidden_event", lambda: False)()]
     kept.sort(key=lambda e: (e.start_ns(), -e.end_ns()))  # prof.events()'s order
     # prof.events() demangles every name (Kineto demangles kernels, but not every record)
     return [Event(_rewrite_name(e.name(), with_wildcard=True), e.device_type()) for e in kept]
@@ -289,7 +295,8 @@ def device_names(events, cuda_type) -> list[str]:
     return [normalise_cuda(e.name) for e in events if getattr(e, "device_type", None) == cuda_type]
 
 
-def bracketed(names: list[str], marks: tuple[str, str], pad: tuple[int, int]) -> tuple[list[str] | None, tuple]:
+def bracketed(names: list[str], marks: tuple[str, str],
+              pad: tuple[int, int]) -> tuple[list[str] | None, tuple]:
     """(the call's kernels, or None where some may be lost; the records lost at the head and at
     the end, at least) from one session's ``names``: ``pad[0]`` spins, the call's kernels,
     ``pad[1]`` byte adds (``marks``: the spin's and the add's names). Whole only between a
@@ -318,14 +325,16 @@ class Sentinels:
 
     def __init__(self, record_alone):
         self.lost = (0, 0)
-        self.calls = self.retried = self.failed = 0  # traced calls; those traced again; those given up
+        # traced calls; those traced again; those given up
+        self.calls = self.retried = self.failed = 0
         self.marks = None
         for n in (8, 64, 512, 4096):
             names = record_alone((n, n))  # spins, then byte adds
             if names and names[0] != names[-1]:
                 self.marks = (names[0], names[-1])
                 return
-        print("matmul-drift: warning: the profiler showed no sentinel kernels; CUDA kernel lists go unchecked",
+        print("matmul-drift: warning: the profiler showed no sentinel kernels; "
+              "CUDA kernel lists go unchecked",
               file=sys.stderr)
 
     @property
@@ -352,8 +361,9 @@ class Sentinels:
                 return got
             seen.append(len(names))
         self.failed += 1
-        raise ProfilerLost(f"the profiler lost kernel records at each of {len(pads)} tries (markers before and after "
-                           f"the call: {', '.join(f'{a}+{b}' for a, b in pads)}; device events seen: "
+        raise ProfilerLost(f"the profiler lost kernel records at each of {len(pads)} tries "
+                           "(markers before and after the call: "
+                           f"{', '.join(f'{a}+{b}' for a, b in pads)}; device events seen: "
                            f"{', '.join(map(str, seen))})")
 
     def report(self) -> str | None:
@@ -362,9 +372,9 @@ class Sentinels:
         whose every marker went counts its whole padding as lost)."""
         if self.lost == (0, 0):
             return None
-        return (f"the profiler lost kernel records; of {self.calls} traced calls, {self.retried} were traced again "
-                f"with more markers and {self.failed} given up; markers now {self.pad[0]} before a call and "
-                f"{self.pad[1]} after it")
+        return (f"the profiler lost kernel records; of {self.calls} traced calls, {self.retried} "
+                f"were traced again with more markers and {self.failed} given up; markers now "
+                f"{self.pad[0]} before a call and {self.pad[1]} after it")
 
 
 _SENTINELS: list[Sentinels] = []
@@ -421,12 +431,15 @@ class BlasLog:
         self.legacy_text: list[str] = []
         self.notes: list[str] = []
         self.states: list[dict] = []  # the handle's state of each block read (read_logs)
-        # kept on self: ctypes frees a callback nothing refers to, and the library would call freed memory
-        self._lt_cb = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p)(self._on_lt)
+        # kept on self: ctypes frees a callback nothing refers to, and the library would call
+        # freed memory
+        self._lt_cb = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p)(
+            self._on_lt)
         self._blas_cb = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(self._on_blas)
         if self.lt is not None and self._status(self.lt, "cublasLtLoggerSetCallback", self._lt_cb):
             self.lt = None
-        if self.blas is not None and self._status(self.blas, "cublasSetLoggerCallback", self._blas_cb):
+        if self.blas is not None and self._status(self.blas, "cublasSetLoggerCallback",
+                                                  self._blas_cb):
             self.blas = None
 
     def _status(self, lib, name: str, *args) -> str | None:
@@ -442,7 +455,8 @@ class BlasLog:
 
     def _on_lt(self, level: int, function: bytes, message: bytes) -> None:
         if self.on:  # as a line of its log file, less time and pid (core/blaslog.py reads both)
-            self.lt_text.append(f"[cublasLt][][{_LT_LEVELS.get(level, level)}][{(function or b'').decode()}] "
+            self.lt_text.append(f"[cublasLt][][{_LT_LEVELS.get(level, level)}]"
+                                f"[{(function or b'').decode()}] "
                                 f"{(message or b'').decode('utf-8', 'replace')}")
 
     def _on_blas(self, message: bytes) -> None:
@@ -500,7 +514,8 @@ def _blas_log() -> BlasLog:
         except OSError:
             libs[key] = None
     log = BlasLog(libs)
-    log.notes += [f"{prefix} not loaded" for key, prefix in (("lt", "libcublasLt"), ("blas", "libcublas"))
+    log.notes += [f"{prefix} not loaded"
+                  for key, prefix in (("lt", "libcublasLt"), ("blas", "libcublas"))
                   if libs[key] is None]
     return log
 
@@ -509,7 +524,8 @@ def _cublas_lines(text: str) -> tuple[str, str]:
     """(the cuBLAS and cuBLASLt log lines in captured stdout, the rest)."""
     keep, rest = [], []
     for line in text.splitlines(True):
-        (keep if "[cublasLt]" in line or line.startswith(("I! cuBLAS", "i!")) else rest).append(line)
+        (keep if "[cublasLt]" in line or line.startswith(("I! cuBLAS", "i!"))
+         else rest).append(line)
     return "".join(keep), "".join(rest)
 
 
@@ -554,7 +570,8 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
         return device_names(session_events(prof), torch.autograd.DeviceType.CUDA)
 
     if not _SENTINELS:  # a torch without _sleep has no spin: tracing goes unchecked
-        _SENTINELS.append(Sentinels(lambda pad: record(pad, call=False) if hasattr(torch.cuda, "_sleep") else []))
+        _SENTINELS.append(Sentinels(lambda pad: record(pad, call=False)
+                                    if hasattr(torch.cuda, "_sleep") else []))
         atexit.register(_report_at_exit)
     names = _SENTINELS[0].kernels(record)
     return box[0], (names or ["(no kernel)"]) + recipes

@@ -97,7 +97,7 @@ def operand_shapes(case: Case, device: str) -> tuple[tuple[int, ...], tuple[int,
 # Row-slice products A[..., :m, :] @ B as measure_operands made them (the output tensor and
 # its kernels; the full product at m = A's rows), by (case id, operands' checksum, precision,
 # device, threads, m): the batch-invariance map of the same inputs asks for them again
-# (batchpoint.py). Under the AVX2 caps skinny's M = 1..8 cost about 4 s a 16-bit dtype.
+# (batchpoint.py), which would otherwise measure every one of them again.
 # Outputs of at most ROWS_BYTES each, ROWS_TOTAL in all: a process that measures on and on
 # (explain's fuzz tests, a long scan) keeps no more; the suite's batched CPU cases hold 10 MB.
 _ROWS: dict[tuple, tuple] = {}
@@ -119,7 +119,8 @@ def _keep_rows(key: tuple, m: int, y, names: list[str] | None) -> None:
     """Keeps ``y`` (with its kernel names) as the row slice m of ``key``'s operands, within
     ROWS_BYTES and ROWS_TOTAL; nothing without a checksum or a trace."""
     held = sum(_nbytes(t) for t, _ in _ROWS.values())
-    if key[1] and names is not None and _nbytes(y) <= ROWS_BYTES and held + _nbytes(y) <= ROWS_TOTAL:
+    if (key[1] and names is not None and _nbytes(y) <= ROWS_BYTES
+            and held + _nbytes(y) <= ROWS_TOTAL):
         _ROWS[(*key, m)] = (y, names)
 
 
@@ -226,17 +227,21 @@ def restride(t, dtype, device: str, keep: bool = True):
     import torch  # here: torch-free commands (explain --render, run) import this module
 
     extent, src = restride_elements(t, keep), t
-    if t.dtype == torch.float64 and dtype in (torch.float16, torch.bfloat16):  # rounded once, not through float32
+    # rounded once, not through float32
+    if t.dtype == torch.float64 and dtype in (torch.float16, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        src = to_tensor(inputs.round_bits(t.cpu().numpy(), name), name, "cpu")  # t's shape, contiguous
+        # t's shape, contiguous
+        src = to_tensor(inputs.round_bits(t.cpu().numpy(), name), name, "cpu")
     if extent is not None:
-        out = torch.zeros(extent, dtype=dtype, device=device).as_strided(t.shape, t.stride(), t.storage_offset())
+        out = torch.zeros(extent, dtype=dtype, device=device).as_strided(t.shape, t.stride(),
+                                                                         t.storage_offset())
         try:
             out.copy_(src)
             return out
         except RuntimeError:  # strides that overlap some other way
             pass
-    return src.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)  # never the file's mapping
+    # never the file's mapping
+    return src.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)
 
 
 def restride_elements(t, keep: bool = True) -> int | None:
@@ -250,8 +255,10 @@ def restride_elements(t, keep: bool = True) -> int | None:
 
 def describe_layout(t) -> dict:
     """Shape, strides (elements), storage offset and order (C, F or strided) of a tensor."""
-    order = "C" if t.is_contiguous() else "F" if t.dim() == 2 and t.t().is_contiguous() else "strided"
-    return {"shape": list(t.shape), "strides": list(t.stride()), "offset": int(t.storage_offset()), "order": order}
+    order = ("C" if t.is_contiguous() else "F" if t.dim() == 2 and t.t().is_contiguous()
+             else "strided")
+    return {"shape": list(t.shape), "strides": list(t.stride()), "offset": int(t.storage_offset()),
+            "order": order}
 
 
 def make_operands(a_bits, b_bits, dtype: str, device: str, case: Case) -> Operands:
@@ -291,8 +298,8 @@ def compare(x_bits, x, y_host: tuple, absprod: tuple, dtype, cut, k, precision=N
     nowhere)."""
     y_bits, y = y_host
     scaled, e = absprod
-    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], scaled[cut], dtype, k, precision,
-                          None if e is None else e[cut])
+    return numerics.drift(x_bits[cut], y_bits[cut], x[cut], y[cut], scaled[cut], dtype, k,
+                          precision, None if e is None else e[cut])
 
 
 @dataclass
@@ -359,9 +366,12 @@ def measure_operands(
         kern = {"full": full} if with_kernels else {}
         c_bits, c_val, ref = top.bits, top.values, top.ref
         slack = ref.slack_or_relative()  # how far hi + lo may be from the exact value, per entry
-        scaled, absexp = absprod = ref.absprod_pow2()  # |A||B| = scaled·2^absexp: finite where it overflows
-        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, scaled, dtype, k, precision, slack, absexp)
-        # an exact reference's hi is the exact value rounded: it alone says where inf is the rounding
+        # |A||B| = scaled·2^absexp: finite where it overflows
+        scaled, absexp = absprod = ref.absprod_pow2()
+        err = numerics.error(c_val, ref.hi, ref.lo, ref.finite, scaled, dtype, k, precision, slack,
+                             absexp)
+        # an exact reference's hi is the exact value rounded: it alone says where inf is
+        # the rounding
         near = () if ref.exact else (slack, ref.lo)
         nonfinite = {"a": _count_nonfinite(ops.a), "b": _count_nonfinite(ops.b),
                      **numerics.nonfinite(c_val, ref.hi, ref.finite, dtype, *near)}
@@ -402,10 +412,13 @@ def measure_operands(
                     cut = (Ellipsis, slice(0, cols))
                     (xa, va), (xb, vb) = held[na], held[nb]
                     pairs.append({"a": na, "b": nb, "form": form, "cols": cols,
-                                  **numerics.by_magnitude(xa[cut], xb[cut], va[cut], vb[cut], dtype)})
-                    for n, (x, v) in ((na, held[na]), (nb, held[nb])):  # each against the full product
+                                  **numerics.by_magnitude(xa[cut], xb[cut], va[cut], vb[cut],
+                                                          dtype)})
+                    # each against the full product
+                    for n, (x, v) in ((na, held[na]), (nb, held[nb])):
                         pairs.append({"a": n, "b": "full", "form": form, "cols": cols,
-                                      **numerics.by_magnitude(x[cut], c_bits[cut], v[cut], c_val[cut], dtype)})
+                                      **numerics.by_magnitude(x[cut], c_bits[cut], v[cut],
+                                                              c_val[cut], dtype)})
         slices_m = []
         rows = _rows_key(case.id, checksum, precision, device)
         if ops.a.dim() > 1:
@@ -424,7 +437,8 @@ def measure_operands(
         if routes_m:
             kern.update(kernels.merged("slice_m", routes_m))
 
-        run_to_run = {"repeat": repeat, **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat, precision)}
+        run_to_run = {"repeat": repeat,
+                      **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat, precision)}
         seconds = time_call(ops.product, device) if timing else None
         env = environment.describe(device, kernels.mkl_code_path() if device == "cpu" else None)
         if device == "cuda":  # the handle's set-up is no part of the kernel-id (core/blaslog.py)
@@ -433,8 +447,8 @@ def measure_operands(
     s = case.shape(device)
     return Measurement(
         case=case.id, precision=precision, device=device, m=s.m, k=k, n=s.n, batch=s.batch,
-        error_u=err.pop("error_u"), gamma_k_u=numerics.bound_u(k, dtype, precision), error=err, nonfinite=nonfinite,
-        reference=ref.describe(u), slice_n=slices_n, slice_m=slices_m,
+        error_u=err.pop("error_u"), gamma_k_u=numerics.bound_u(k, dtype, precision), error=err,
+        nonfinite=nonfinite, reference=ref.describe(u), slice_n=slices_n, slice_m=slices_m,
         run_to_run=run_to_run, kernels=kern, kernel_id=ids.object_id(kernel_entry(device, kern)),
         bits=bits, bits_id=ids.object_id(bits),
         environment=env, env_id=ids.object_id(env), input_checksum=checksum, seconds=seconds,
@@ -448,8 +462,8 @@ def repeat_drift(ops: Operands, c_bits, c_val, absprod: tuple, dtype: str, k: in
     """The worst drift (by share of entries, then ulps) of ``repeat`` − 1 more full products
     against the first (``c_bits``/``c_val``; ``absprod`` as ``compare`` takes it);
     numerics.drift's keys, all 0 when none differ."""
-    worst = {"max_ulp": 0, "max_u": 0.0, "max_u_entries": 0, "frac_differ": 0.0, "nonfinite_differ": 0,
-             "sign_changes": 0, "beyond_bound": 0}
+    worst = {"max_ulp": 0, "max_u": 0.0, "max_u_entries": 0, "frac_differ": 0.0,
+             "nonfinite_differ": 0, "sign_changes": 0, "beyond_bound": 0}
     for _ in range(max(repeat - 1, 0)):
         d = compare(c_bits, c_val, on_host(ops.product()), absprod, dtype, (Ellipsis,), k,
                     precision)
@@ -484,11 +498,13 @@ def measure(case: Case, precision: str, device: str, *, slice_n=None, slice_m=No
 
 
 NOISY = 0.1  # IQR / median above which a time is marked noisy
-BLOCK_SECONDS, MIN_RUNS, MIN_SECONDS = 0.02, 5, 0.2  # CPU: blocks of calls long against the timer's overhead
+# CPU: blocks of calls long against the timer's overhead
+BLOCK_SECONDS, MIN_RUNS, MIN_SECONDS = 0.02, 5, 0.2
 
 
-def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_BYTES, min_runs: int = MIN_RUNS,
-              min_seconds: float = MIN_SECONDS, block_seconds: float = BLOCK_SECONDS) -> dict:
+def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_BYTES,
+              min_runs: int = MIN_RUNS, min_seconds: float = MIN_SECONDS,
+              block_seconds: float = BLOCK_SECONDS) -> dict:
     """Seconds per call of ``fn``, with its spread.
 
     Returns ``median`` and ``iqr`` (seconds per call), ``runs`` (samples behind them),
@@ -521,8 +537,8 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_B
         samples: list[float] = []
         while len(samples) < min_runs or sum(samples) * per_run < min_seconds:
             samples.append(block(per_run))
-        method = (f"time.perf_counter around blocks of calls of about {block_seconds * 1e3:g} ms, at least {min_runs} blocks and "
-                  f"{min_seconds} s, at the process's thread count")
+        method = (f"time.perf_counter around blocks of calls of about {block_seconds * 1e3:g} ms, "
+                  f"at least {min_runs} blocks and {min_seconds} s, at the process's thread count")
     else:
         cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
 
@@ -559,8 +575,9 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_B
         before, t0 = clocks.read(uuid), time.perf_counter()
         samples = timed(n)
         window = time.perf_counter() - t0
-        per_run, method = 1, ("CUDA events, L2 flushed before each call; about 25 ms of warm-up and 100 ms of "
-                              "flushed calls, sized on 5 flushed calls (triton.testing.do_bench)")
+        per_run, method = 1, ("CUDA events, L2 flushed before each call; about 25 ms of warm-up "
+                              "and 100 ms of flushed calls, sized on 5 flushed calls "
+                              "(triton.testing.do_bench)")
         out = spread(samples, per_run, threads, method)
         q = np.quantile(np.asarray(samples, dtype=np.float64), clocks.QUANTILES)
         # the GPU's slowdown counters over the timed window: a cap that lifted at the end shows
@@ -573,8 +590,9 @@ def spread(samples: list[float], per_run: int, threads: int, method: str) -> dic
     """The dict of time_call from per-call samples (seconds)."""
     q = np.quantile(np.asarray(samples, dtype=np.float64), [0.25, 0.5, 0.75])
     median, iqr = float(q[1]), float(q[2] - q[0])
-    return {"median": median, "iqr": iqr, "runs": len(samples), "calls_per_run": per_run, "threads": threads,
-            "noisy": bool(median > 0 and iqr / median > NOISY), "method": method}
+    return {"median": median, "iqr": iqr, "runs": len(samples), "calls_per_run": per_run,
+            "threads": threads, "noisy": bool(median > 0 and iqr / median > NOISY),
+            "method": method}
 
 
 # --- one point of a scan --------------------------------------------------------------
@@ -583,7 +601,8 @@ def spread(samples: list[float], per_run: int, threads: int, method: str) -> dic
 # explain's for the same shape, dtype and device.
 
 
-def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: str, device: str) -> dict:
+def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: str,
+               device: str) -> dict:
     """One scan point: the product at ``size`` of the varied dimension, plain data.
 
     n: ``A @ B[:, :size]`` (B's columns as ``Operands.b_cols`` takes them) against the
@@ -621,7 +640,8 @@ def scan_point(ops: Operands, vary: str, size: int, top: Top | None, *, dtype: s
         "size": size,
         "kernel_id": ids.hex_id(ids.object_id(kernel_entry(device, {"full": names}))),
         "kernels": names,
-        "error_u": numerics.error(y, ref.hi, ref.lo, ref.finite, scaled, dtype, absexp=absexp)["error_u"],
+        "error_u": numerics.error(y, ref.hi, ref.lo, ref.finite, scaled, dtype,
+                                  absexp=absexp)["error_u"],
         **drift,
     }
 
@@ -637,4 +657,5 @@ def cpu_product(case: str, precision: str):
         raise NotImplementedError(str(exc)) from None
     c = cases.get(case)
     a, b, _ = operand_bits(c, storage_dtype(precision), "cpu", with_checksum=False)
-    return make_operands(a, b, storage_dtype(precision), "cpu", c).product  # CPU precisions set no flags
+    # CPU precisions set no flags
+    return make_operands(a, b, storage_dtype(precision), "cpu", c).product

@@ -41,7 +41,8 @@ CUDA_CONTEXT_BYTES = 512 << 20
 
 
 def process_bytes() -> int:
-    """Bytes resident in a measuring process before any operand (PROCESS_BYTES), for the torch installed."""
+    """Bytes resident in a measuring process before any operand (PROCESS_BYTES), for the
+    torch installed."""
     import torch  # here: torch-free commands (explain --render, run) import this module
 
     return PROCESS_BYTES[bool(torch.version.cuda or getattr(torch.version, "hip", None))]
@@ -58,12 +59,8 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     (``prefix_a``: one more copy of A, for a scan along k). ``fixes``: explain --try-fixes,
     which then waits, holding about process_bytes(), while a process of its own measures the
     product under each candidate, one at a time, and another (fixfind's default timer) holds
-    the operands to time the default computation beside it (measured before 171d8ea, when
-    each process also held torch._inductor's ~70 MiB, peaks of explain while waiting and of its
-    candidate's process, MiB: 305 + 303 at 2x8x8 float32, 460 + 531 at 1024x2048x2048 float32,
-    365 + 1875 at 4096x256x4096 float64; the estimates for one are now 384, 688 and 2522; the
-    three processes together, their resident sizes summed every 50 ms: 842 at 64x512x256
-    float32, 1254 at 1024x2048x2048 float32).
+    the operands to time the default computation beside it (the three processes' measured
+    peaks are in docs/performance.md).
 
     Inputs: the drawn float32 values and their bits. The reference: float64 copies of A and
     B and of their absolute values for dtypes narrower than float64; for float64, Ozaki's
@@ -86,12 +83,14 @@ def bytes_needed(m: int, k: int, n: int, dtype: str, device: str, batch: int = 1
     host = (process_bytes() * (1 + 2 * fixes) + (a + b) * (4 + itemsize) * (1 + fixes)
             + outs * (64 + 4 * itemsize + outs_extra))
     if device == "cuda":
-        gpu = (a + 2 * b + fixes * (a + b)) * itemsize + prefix + ref + outs * (16 + 2 * itemsize + outs_extra)
+        gpu = ((a + 2 * b + fixes * (a + b)) * itemsize + prefix + ref
+               + outs * (16 + 2 * itemsize + outs_extra))
         return host, gpu + FLUSH_BYTES * (1 + 2 * fixes) + CUDA_CONTEXT_BYTES * 2 * fixes
     return host + prefix + ref, 0
 
 
-def probe_bytes(a: int, b: int, out: int, k: int, width: int, dtype: str, device: str) -> tuple[int, int]:
+def probe_bytes(a: int, b: int, out: int, k: int, width: int, dtype: str,
+                device: str) -> tuple[int, int]:
     """(host, device) bytes of the order probe (order.reveal with its replay) of a product
     whose operands hold ``a`` and ``b`` entries as stored (a copied slice of B counted in
     ``b``) and whose output holds ``out`` entries, in ``dtype``, on ``device``; the host also
@@ -126,13 +125,16 @@ def check(need: tuple[int, int], what: str, device: str, host: bool = True) -> N
     beyond ANY_MACHINE."""
     beyond = max(need)
     if beyond > ANY_MACHINE:  # also where a size would overflow torch's int64 element counts
-        raise TooLarge(f"{what} needs about {beyond / 2**30:.3g} GiB, beyond any machine's memory (1 EiB)")
+        raise TooLarge(f"{what} needs about {beyond / 2**30:.3g} GiB, beyond any machine's memory "
+                       "(1 EiB)")
     have_host, gpu = available(device)
     have_host = have_host if host else None
-    for n, have, where in ((need[0], have_host, "memory available (MemAvailable); --no-host-memory-check starts "
-                            "anyway, where memory grows as it is used"), (need[1], gpu, "GPU memory free")):
+    for n, have, where in ((need[0], have_host, "memory available (MemAvailable); "
+                            "--no-host-memory-check starts anyway, where memory grows as it is "
+                            "used"), (need[1], gpu, "GPU memory free")):
         if have is not None and n > have:
-            raise TooLarge(f"{what} needs about {n / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of {where}")
+            raise TooLarge(f"{what} needs about {n / 2**30:.1f} GiB, more than the "
+                           f"{have / 2**30:.1f} GiB of {where}")
 
 
 SAMPLE_S = 0.025  # peak_bytes's sampling of the whole process tree
@@ -140,11 +142,12 @@ SAMPLE_S = 0.025  # peak_bytes's sampling of the whole process tree
 # A process's own high-water mark (VmHWM, KiB), written as it exits with its parent's resident
 # size then (VmRSS: the parent waits on it). Not wait4's ru_maxrss: Linux carries the exec-ing
 # process's peak into it, so after a test that grew pytest to 3.5 GiB every child read 3544 MiB.
-_HWM = """import atexit, os
+_HWM = ("""import atexit, os
 def _kib(pid, key):
     return next(int(ln.split()[1]) for ln in open(f"/proc/{pid}/status") if ln.startswith(key))
-atexit.register(lambda: open(OUT, "a").write(f"{_kib('self', 'VmHWM:')}+{_kib(os.getppid(), 'VmRSS:')} "))
-"""
+atexit.register(lambda: open(OUT, "a").write(f"{_kib('self', 'VmHWM:')}+"""
+        """{_kib(os.getppid(), 'VmRSS:')} "))
+""")
 _PEAK_CHILD = f"""import runpy, subprocess, sys
 hwm = "OUT = %r\\n" % sys.argv.pop(1) + {_HWM!r}
 exec(hwm)
@@ -187,18 +190,21 @@ def peak_bytes(args: list[str], env: dict | None = None) -> tuple[int, int, str]
     processes summed every SAMPLE_S seconds (explain --try-fixes holds three at once: itself,
     a candidate's, and fixfind's default timer, which is killed, so writes no peak of its
     own); what the estimate is checked against."""
-    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile("w+", errors="replace") as err:
+    with tempfile.TemporaryDirectory() as tmp, \
+            tempfile.TemporaryFile("w+", errors="replace") as err:
         out = os.path.join(tmp, "peak")
-        p = subprocess.Popen([sys.executable, "-c", _PEAK_CHILD, out, *args], stdout=subprocess.DEVNULL,
-                             stderr=err, env=env)
+        p = subprocess.Popen([sys.executable, "-c", _PEAK_CHILD, out, *args],
+                             stdout=subprocess.DEVNULL, stderr=err, env=env)
         tree = 0
         while p.poll() is None:
             tree = max(tree, _tree_kib(p.pid))
             time.sleep(SAMPLE_S)
         with open(out) as f:
-            *children, own = ([int(kib) for kib in x.split("+")] for x in f.read().split())  # atexit: its own last
+            # atexit: its own last
+            *children, own = ([int(kib) for kib in x.split("+")] for x in f.read().split())
         err.seek(0)
-        return p.returncode, max([own[0], tree] + [child + held for child, held in children]) * 1024, err.read()
+        return (p.returncode,
+                max([own[0], tree] + [child + held for child, held in children]) * 1024, err.read())
 
 
 def huge_page_switch():
@@ -211,11 +217,10 @@ def huge_page_switch():
 def small_pages():
     """numpy's large arrays made without its huge-page advice for the duration, then as before.
 
-    Measuring only, where nothing is timed on the CPU: huge pages read faster (the seed's
-    float16 product 0.25 s against 0.32 s a call under the AVX2 caps), so asv's timed operands
-    keep them. Fresh huge pages are what a ballooned guest serves slowest: one float64 draw of
-    the seed's B took 4-5 s with them, 0.6 s without (docs/performance.md). A numpy without the
-    switch is left as it is.
+    Measuring only, where nothing is timed on the CPU: huge pages read faster, so asv's timed
+    operands keep them. Fresh huge pages are what a ballooned guest serves slowest: a large
+    float64 draw takes several times longer with them (docs/performance.md). A numpy without
+    the switch is left as it is.
     """
     advise = huge_page_switch()
     before = advise(False) if advise else None

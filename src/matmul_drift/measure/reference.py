@@ -130,7 +130,8 @@ def _scratch(ws: dict | None, name: str, like):
     than the arithmetic on them (the seed: 0.8-1.4 M page faults a float64 reference)."""
     if ws is None:
         return None
-    if name not in ws or ws[name].shape != like.shape:  # the last block may be narrower: one set at a time
+    # the last block may be narrower: one set at a time
+    if name not in ws or ws[name].shape != like.shape:
         ws[name] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
     return ws[name]
 
@@ -147,10 +148,13 @@ def _split(x, dim: int, r: int, ws: dict | None = None) -> tuple[list, object, f
             break
         e = _pow2_scale(rest, dim, mu) + r
         sigma = torch.ldexp(one, e.to(x.dtype))
-        part = torch.add(rest, sigma, out=_scratch(ws, f"slice{len(out)}", rest)).sub_(sigma)  # the leading 53 − ρ bits
+        # the leading 53 − ρ bits
+        part = torch.add(rest, sigma, out=_scratch(ws, f"slice{len(out)}", rest)).sub_(sigma)
         out.append(part)
-        step = min(step, int(e[mu > 0].min()) - 53)  # an exponent: 2^step may be below float64's range
-        rest = torch.sub(rest, part, out=_scratch(ws, "rest", rest)) if rest is x else rest.sub_(part)  # exact; x is kept
+        # an exponent: 2^step may be below float64's range
+        step = min(step, int(e[mu > 0].min()) - 53)
+        rest = (torch.sub(rest, part, out=_scratch(ws, "rest", rest)) if rest is x
+                else rest.sub_(part))  # exact; x is kept
     return out, rest, step
 
 
@@ -214,7 +218,8 @@ def abs_product_pow2(product, a, b) -> tuple[np.ndarray, np.ndarray | None]:
     absprod = product(a_abs, b_abs)
     if all_finite(absprod) or not bool(torch.isinf(absprod).any()):  # NaN alone: non-finite inputs
         return absprod.cpu().numpy(), None
-    a_s, ea = _pow2_scaled(a_abs.nan_to_num_(0.0, 0.0, 0.0), -1)  # in place: the first product is made
+    # in place: the first product is made
+    a_s, ea = _pow2_scaled(a_abs.nan_to_num_(0.0, 0.0, 0.0), -1)
     del a_abs
     b_s, eb = _pow2_scaled(b_abs.nan_to_num_(0.0, 0.0, 0.0), -2)
     del b_abs
@@ -223,7 +228,7 @@ def abs_product_pow2(product, a, b) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 # B's float64 bytes per block of columns. Small blocks reuse freed heap memory; blocks of
-# 256 MB were served fresh pages by the kernel each time and took twice as long on the seed.
+# 256 MB are served fresh pages by the kernel each time, which is slower.
 CHUNK_BYTES = 8 << 20
 
 
@@ -248,14 +253,15 @@ def exact_product(product, a, b) -> Reference:
     step = max(1, CHUNK_BYTES // per_col)
     if n > step:
         ws: dict = {}  # one block's temporaries, made once and filled again by every block
-        parts = [_exact_block(product, sa, _sliced(b[..., j:j + step], -2, r, ws)) for j in range(0, n, step)]
+        parts = [_exact_block(product, sa, _sliced(b[..., j:j + step], -2, r, ws))
+                 for j in range(0, n, step)]
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=-1)  # noqa: E731
         slack = None if all(p.slack is None for p in parts) else np.concatenate(
             [p.slack_or_relative() for p in parts], axis=-1)
         over = any(p.absexp is not None for p in parts)
         scaled = (np.concatenate([p.absprod_pow2()[0] for p in parts], axis=-1),
-                  np.concatenate([np.zeros(p.absprod.shape, np.int16) if p.absexp is None else p.absexp
-                                  for p in parts], axis=-1)) if over else (None, None)
+                  np.concatenate([np.zeros(p.absprod.shape, np.int16) if p.absexp is None
+                                  else p.absexp for p in parts], axis=-1)) if over else (None, None)
         return Reference(cat("hi"), cat("lo"), cat("finite"), cat("absprod"),
                          tuple(max(p.slices[i] for p in parts) for i in (0, 1)),
                          all(p.exact for p in parts), max(p.bound_rel for p in parts), slack=slack,
@@ -294,8 +300,8 @@ def _float64_gemm(product, a, b) -> Reference:
         hi, finite = _nonfinite(product, a, b, hi)
     k = int(a.shape[-1])
     bound = k * 2.0**-53 / (1 - k * 2.0**-53)
-    return Reference(hi.cpu().numpy(), np.zeros(tuple(hi.shape)), finite.cpu().numpy(), absprod.cpu().numpy(),
-                     (0, 0), False, bound, "float64-gemm")
+    return Reference(hi.cpu().numpy(), np.zeros(tuple(hi.shape)), finite.cpu().numpy(),
+                     absprod.cpu().numpy(), (0, 0), False, bound, "float64-gemm")
 
 
 @dataclass
@@ -303,8 +309,9 @@ class _Sliced:
     """One float64 operand made ready for Ozaki's product: ``x64`` as given, ``absf`` the
     absolute value of its finite part, ``scaled`` that finite part times 2^-e per row or
     column (max near 2^HEADROOM), ``slices`` and ``rest`` of ``scaled`` (``whole``: rest is all
-    zero, and None), ``clean`` whether it had no NaN/inf, ``lost`` whether scaling rounded an entry, and
-    ``step`` the exponent of the smallest power of two every slice entry is a multiple of."""
+    zero, and None), ``clean`` whether it had no NaN/inf, ``lost`` whether scaling rounded an
+    entry, and ``step`` the exponent of the smallest power of two every slice entry is a
+    multiple of."""
 
     x64: object
     absf: object
@@ -357,7 +364,8 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     scale = _out_exponent(a.e, b.e, a.x64.dim() == 1)
     # |A||B| beyond float64: kept as |A||B|·2^-(e_i + e_j), so its entries are judged too
     pow2 = _overflow_pow2(product, absprod, a_s, b_s, scale)  # on the device, for the reach below
-    absprod_scaled, absexp = (None, None) if pow2 is None else (pow2[0].cpu().numpy(), pow2[1].cpu().numpy())
+    absprod_scaled, absexp = ((None, None) if pow2 is None
+                              else (pow2[0].cpu().numpy(), pow2[1].cpu().numpy()))
     if not exact or a.lost or b.lost or under:
         rel, err = _left_out(product, a, b, absprod, under, bound)
         bound += rel
@@ -371,11 +379,13 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
     # sit on the wrong side of the overflow threshold, inf or the largest value (0 when n = 0);
     # from |A||B|·2^-e where |A||B| overflows (inf there would call every such entry near)
     n = len(sa) * len(sb)
-    reach = (n * 2.0**-50) ** 2 * absprod if pow2 is None else _ldexp((n * 2.0**-50) ** 2 * pow2[0], pow2[1])
+    reach = ((n * 2.0**-50) ** 2 * absprod if pow2 is None
+             else _ldexp((n * 2.0**-50) ** 2 * pow2[0], pow2[1]))
     near = torch.isfinite(scaled_hi) & (hi.abs() + reach >= F64_MAX)
     if bool(near.any()):
         hi, lo = _resum_near_overflow(product, a, b, scale, near, hi, lo)
-    del scaled_hi, near, reach, pow2  # before the IEEE indicators below: each as large as the output
+    # before the IEEE indicators below: each as large as the output
+    del scaled_hi, near, reach, pow2
     lo = torch.where(torch.isfinite(hi), lo, 0.0)  # beyond float64's range: hi is ±inf alone
     finite = torch.ones_like(hi, dtype=torch.bool)
     if not (a.clean and b.clean):
@@ -383,10 +393,12 @@ def _exact_block(product, a: _Sliced, b: _Sliced) -> Reference:
         lo = torch.where(finite, lo, 0.0)
     absprod = absprod.cpu().numpy()
     tiny = absprod[absprod > 0]
-    if tiny.size and tiny.min() < 2.0**-960:  # lo lands among the subnormals: absolute steps 2^-1074
+    # lo lands among the subnormals: absolute steps 2^-1074
+    if tiny.size and tiny.min() < 2.0**-960:
         bound += 4 * SMALLEST / float(tiny.min())
     return Reference(hi.cpu().numpy(), lo.cpu().numpy(), finite.cpu().numpy(), absprod,
-                     (len(sa), len(sb)), exact, bound, slack=slack, absprod_scaled=absprod_scaled, absexp=absexp)
+                     (len(sa), len(sb)), exact, bound, slack=slack, absprod_scaled=absprod_scaled,
+                     absexp=absexp)
 
 
 def _resum_near_overflow(product, a: _Sliced, b: _Sliced, scale, over, hi, lo) -> tuple:
@@ -398,7 +410,8 @@ def _resum_near_overflow(product, a: _Sliced, b: _Sliced, scale, over, hi, lo) -
     exact sum rounds to inf (a kernel's correct inf would read as a spurious one). math.fsum
     rounds the exact sum of each entry's slice products once; scaling by a power of two
     keeps where it rounds, so ±inf is left only where the slices' sum rounds to it."""
-    terms = torch.stack([product(x, y)[over] for x in a.slices for y in b.slices], -1).cpu().tolist()
+    terms = torch.stack([product(x, y)[over] for x in a.slices for y in b.slices],
+                        -1).cpu().tolist()
     at = over.nonzero(as_tuple=True)
     shift = torch.broadcast_to(scale, over.shape)[over].cpu().tolist()
     fixed_hi, fixed_lo = [], []
@@ -427,12 +440,17 @@ def _left_out(product, a: _Sliced, b: _Sliced, absprod, under: bool, base: float
     Computed in float64 and rounded up: K·2^-52 relative, K·2^-1074 absolute."""
     a_s, b_s, k = a.scaled.abs(), b.scaled.abs(), int(a.scaled.shape[-1])
     whole = product(a_s, b_s)
-    floor = whole * (1 - (k + 2) * 2.0**-52) - k * SMALLEST  # at most |A||B| (scaled), however whole rounded
-    err = k * SMALLEST * (len(a.slices) * len(b.slices) * under + 2.0 ** (HEADROOM + 1) * (a.lost + b.lost) + 3)
+    # at most |A||B| (scaled), however whole rounded
+    floor = whole * (1 - (k + 2) * 2.0**-52) - k * SMALLEST
+    err = k * SMALLEST * (len(a.slices) * len(b.slices) * under
+                          + 2.0 ** (HEADROOM + 1) * (a.lost + b.lost) + 3)
     if not (a.whole and b.whole):
-        ra, rb = (torch.zeros_like(x.scaled) if x.whole else x.rest.abs() for x in (a, b))  # whole: no rest kept
-        err = err + (product(ra, b_s) + product(a_s, rb) + product(ra, rb)) * (1 + (k + 2) * 2.0**-52)
-    some = (whole > 0) | (torch.as_tensor(absprod, device=whole.device) > 0)  # |A||B| = 0: an exact zero
+        # whole: no rest kept
+        ra, rb = (torch.zeros_like(x.scaled) if x.whole else x.rest.abs() for x in (a, b))
+        err = err + ((product(ra, b_s) + product(a_s, rb) + product(ra, rb))
+                     * (1 + (k + 2) * 2.0**-52))
+    # |A||B| = 0: an exact zero
+    some = (whole > 0) | (torch.as_tensor(absprod, device=whole.device) > 0)
     rel = torch.where(floor > 0, err / torch.where(floor > 0, floor, 1.0), LOST)
     worst = min(float(torch.where(some, rel, 0.0).max()), LOST) if rel.numel() else 0.0
     return worst, err + base * whole * (1 + (k + 2) * 2.0**-52)
@@ -448,7 +466,7 @@ def _nonfinite(product, a, b, hi):
     def some(*pairs):
         """Where a product of the 0/1 indicators of a and b that a pair of tests makes is non-zero
         (sums of 0/1 terms are exact in float64). One pair's indicators at a time: a dozen of
-        each operand at once took up to 1.7x what memory.bytes_needed counts."""
+        each operand at once would go beyond what memory.bytes_needed counts."""
         total = None
         for test_a, test_b in pairs:
             p = product(test_a(a).to(torch.float64), test_b(b).to(torch.float64))
@@ -456,7 +474,8 @@ def _nonfinite(product, a, b, hi):
             del p  # not held while the next is made
         return total > 0
 
-    is_nan = some((torch.isnan, every), (every, torch.isnan), (torch.isinf, zero), (zero, torch.isinf))
+    is_nan = some((torch.isnan, every), (every, torch.isnan), (torch.isinf, zero),
+                  (zero, torch.isinf))
     plus = some((pinf, pos), (ninf, neg), (pos, pinf), (neg, ninf))
     minus = some((pinf, neg), (ninf, pos), (pos, ninf), (neg, pinf))
     is_nan |= plus & minus
