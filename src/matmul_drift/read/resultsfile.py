@@ -237,7 +237,7 @@ def _floats(name: str, column: str, lst, n: int, stats: bool = False,
             odd: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask or None; None
     for a ``stats`` column). An entry that is neither a number nor null (true, "1.5", a list), an
-    integer no float64 holds (10**400: numpy raised, and the whole file was dropped), or
+    integer no float64 holds (10**400: numpy raises on it, which would drop the whole file), or
     is ±Infinity in a result (no value of this suite, and one the judge could not compare),
     becomes NaN, and its description is appended to ``odd``: numpy alone would read true as 1
     and "1.5" as 1.5. In a stats column ±Infinity is kept: asv writes a one-sample 99 % CI

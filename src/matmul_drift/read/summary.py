@@ -104,7 +104,7 @@ def parse_fail_on(text: str | None) -> frozenset[str]:
     if words == ["all"]:
         return frozenset(KINDS)
     alone = [w for w in ("none", "all") if w in words]
-    if alone:  # was "unknown kind 'all'" beside another word
+    if alone:  # "none" or "all" beside another word: not an unknown kind, but misplaced
         raise BadValue("fail_on", None, f"{alone[0]} stands alone; give it by itself, or a comma "
                        f"list of {', '.join(KINDS)}", colon=True)
     unknown = [w for w in words if w not in KINDS]
