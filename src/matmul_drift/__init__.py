@@ -10,19 +10,22 @@ __version__ = "0.1.0"
 
 # old flat module -> where it lives now (no aliases: each is one ImportError that says where)
 MOVED = {
-    "asv_commit": "jobs.asv_commit", "asvrun": "jobs.asvrun", "atomic": "store.atomic", "axis": "jobs.axis",
-    "blocks": "core.blocks", "bounded": "store.bounded", "cases": "core.cases", "catalog": "store.catalog",
-    "cli_args": "cli.args", "cli_nightly": "cli.nightly", "cli_order": "cli.order", "cli_run": "cli.run",
+    "asv_commit": "jobs.asv_commit", "asvrun": "jobs.asvrun", "atomic": "store.atomic",
+    "axis": "jobs.axis", "blocks": "core.blocks", "bounded": "store.bounded", "cases": "core.cases",
+    "catalog": "store.catalog", "cli_args": "cli.args", "cli_nightly": "cli.nightly",
+    "cli_order": "cli.order", "cli_run": "cli.run",
     "cli_scan": "cli.scan", "cli_summary": "cli.summary", "environment": "measure.environment",
-    "explain": "probes.explain", "fixes": "probes.fixes", "fixfind": "probes.fixfind", "fixrun": "probes.fixrun",
-    "gitorder": "read.commits", "gpucheck": "jobs.gpucheck", "history": "read.history", "inputs": "measure.inputs",
-    "interrupt": "probes.interrupt", "kernels": "measure.kernels", "lock": "store.lock", "machine": "store.machine",
+    "explain": "probes.explain", "fixes": "probes.fixes", "fixfind": "probes.fixfind",
+    "fixrun": "probes.fixrun", "gitorder": "read.commits", "gpucheck": "jobs.gpucheck",
+    "history": "read.history", "inputs": "measure.inputs", "interrupt": "probes.interrupt",
+    "kernels": "measure.kernels", "lock": "store.lock", "machine": "store.machine",
     "mainjob": "jobs.mainjob", "memory": "measure.memory", "nightly": "jobs.nightly",
-    "numerics": "core.numerics", "order": "core.trees (the tree format), core.words (in words), probes.order (the probe)",
+    "numerics": "core.numerics",
+    "order": "core.trees (the tree format), core.words (in words), probes.order (the probe)",
     "order_probe": "probes.order", "reference": "measure.reference", "render": "read.render",
     "resultsbranch": "jobs.resultsbranch", "scan": "probes.scan", "scan_plot": "probes.scan_plot",
-    "scan_run": "probes.scan_run", "scratch": "store.scratch", "site": "jobs.site", "suite": "jobs.suite",
-    "summary": "read.summary",
+    "scan_run": "probes.scan_run", "scratch": "store.scratch", "site": "jobs.site",
+    "suite": "jobs.suite", "summary": "read.summary",
 }
 
 
@@ -35,7 +38,8 @@ class _Moved:
         head, _, rest = name.partition(".")
         if head == __name__ and rest in MOVED:
             new = ", ".join(f"{__name__}.{p}" for p in MOVED[rest].split(", "))
-            raise ModuleNotFoundError(f"{name} moved to {new}")  # no name=: `from matmul_drift import x` keeps the message
+            # no name=: `from matmul_drift import x` keeps the message
+            raise ModuleNotFoundError(f"{name} moved to {new}")
         return None
 
 

@@ -43,8 +43,9 @@ class Case:
     slice_n / slice_m: the column counts n for ``A @ B[:, :n]`` vs ``(A @ B)[:, :n]`` and
     the row counts m for ``A[:m] @ B`` vs ``(A @ B)[:m]``. ``compare_cols`` limits the
     compared columns (the seed compares its first 45000 outputs). ``pairs``: two slice_n
-    sizes whose products are also compared with each other (the seed's 45999 and 46000). ``forms`` lists the A
-    forms tried for slice_n: ``as-is`` and, for a 1-D A, ``2d`` = ``A.unsqueeze(0)``.
+    sizes whose products are also compared with each other (the seed's 45999 and 46000).
+    ``forms`` lists the A forms tried for slice_n: ``as-is`` and, for a 1-D A, ``2d`` =
+    ``A.unsqueeze(0)``.
     """
 
     id: str
@@ -68,16 +69,18 @@ class Case:
 CASES: tuple[Case, ...] = (
     Case(
         "seed", "mv", Shape(1, 4096, 51000), Shape(1, 4096, 51000), layout="strided",
-        slice_n=(51000, 50000, 46000, 45999), compare_cols=45000, pairs=((45999, 46000),), forms=("as-is", "2d"),
-        about="s (4096,) @ v (4096, 51000) uniform [0,1); slices of v compared on the first 45000 outputs",
+        slice_n=(51000, 50000, 46000, 45999), compare_cols=45000, pairs=((45999, 46000),),
+        forms=("as-is", "2d"),
+        about=("s (4096,) @ v (4096, 51000) uniform [0,1); slices of v compared on the first "
+               "45000 outputs"),
     ),
     Case("square", "mm", Shape(512, 512, 512), Shape(8192, 8192, 8192), about="square GEMM"),
     Case(
         "skinny", "mm", Shape(8, 4096, 4096), Shape(8, 8192, 16384), slice_m=(1, 2, 3, 4, 5, 6, 7),
         about="GEMV-like: M = 8, and every M from 1 to 7 as a row slice of it",
     ),
-    # Recorded until 2026-11 as "batch-invariance" with the CPU shape 2048x4096x1024: 17 GFLOP,
-    # 33 s a product in fp16 on CPUs without a native fp16 kernel (AMD EPYC, 2 cores).
+    # "-2" keeps these results apart from "batch-invariance", the id of a larger CPU shape,
+    # too slow in fp16 on CPUs without a native fp16 kernel.
     Case(
         "batch-invariance-2", "mm", Shape(256, 2048, 512), Shape(8192, 4096, 4096),
         slice_m=(1, 2, 3, 7, 8, 64), about="A[:m] @ B against (A @ B)[:m]",
@@ -98,7 +101,8 @@ CASES: tuple[Case, ...] = (
         "linear", "linear", Shape(256, 1024, 1024), Shape(8192, 8192, 8192), slice_m=(1, 7),
         about="F.linear(x, W): B = W.t(), as an nn.Linear weight",
     ),
-    Case("bmm", "bmm", Shape(64, 256, 64, batch=16), Shape(512, 1024, 512, batch=64), slice_m=(1,), about="batched GEMM"),
+    Case("bmm", "bmm", Shape(64, 256, 64, batch=16), Shape(512, 1024, 512, batch=64), slice_m=(1,),
+         about="batched GEMM"),
 )
 
 BY_ID = {c.id: c for c in CASES}
@@ -126,7 +130,8 @@ def adhoc(m: int, k: int, n: int, slice_n: int | None = None, slice_m: int | Non
     )
 
 
-def check_slices(case: Case, shape: Shape, slice_n: int | None, slice_m: int | None, form: str = "as-is") -> None:
+def check_slices(case: Case, shape: Shape, slice_n: int | None, slice_m: int | None,
+                 form: str = "as-is") -> None:
     """BadValue (one line) when slice_n or slice_m asks for more than the case has.
     form "2d" (order's form) makes a 1-D A into one row, which slice_m can take."""
     if slice_n is not None and slice_n > shape.n:

@@ -14,7 +14,8 @@ ID_HEX_DIGITS = 12
 
 def canonical(obj) -> str:
     """The one JSON text for ``obj``: sorted keys, no spaces, UTF-8."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
 
 
 def text_id(text: str) -> int:

@@ -24,7 +24,8 @@ def misfit(runs) -> str | None:
         return "no runs of M"
     seen = 0
     for r in runs:
-        ok = isinstance(r, dict) and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool)
+        ok = isinstance(r, dict) and all(isinstance(r.get(k), int)
+                                         and not isinstance(r.get(k), bool)
                                          for k in ("lo", "hi"))
         if not (ok and 1 <= r["lo"] <= r["hi"] and isinstance(r.get("kernel_id"), str)
                 and isinstance(r.get("row0"), bool) and isinstance(r.get("rows"), bool)):
@@ -39,7 +40,8 @@ def misfit(runs) -> str | None:
 
 def per_m(runs: list[dict]) -> dict[int, State]:
     """{M: (kernel-id, row 0 invariant?, rows invariant?)} from a map's runs."""
-    return {m: (r["kernel_id"], r["row0"], r["rows"]) for r in runs for m in range(r["lo"], r["hi"] + 1)}
+    return {m: (r["kernel_id"], r["row0"], r["rows"])
+            for r in runs for m in range(r["lo"], r["hi"] + 1)}
 
 
 def spans(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -81,7 +83,8 @@ def _transition(old: State, new: State) -> str:
     bbb (was aaa)'; the parts joined by ' and '."""
     parts = []
     for went, word in ((True, "invariant"), (False, "drifting")):
-        props = [PROPERTY_WORDS[p] for i, p in ((1, "row0"), (2, "rows")) if old[i] != new[i] and new[i] is went]
+        props = [PROPERTY_WORDS[p] for i, p in ((1, "row0"), (2, "rows"))
+                 if old[i] != new[i] and new[i] is went]
         if props:
             parts.append(f"became {word} ({'; '.join(props)})")
     if old[0] != new[0]:
@@ -103,5 +106,6 @@ def changes(before: list[dict], after: list[dict]) -> list[str]:
              for what, ms in sorted(by_change.items(), key=lambda x: x[1][0])]
     for only, side in ((sb.keys() - sa.keys(), "before"), (sa.keys() - sb.keys(), "now")):
         if only:
-            lines.append(f"M = {spans_text(_sizes_as_spans(list(only)), MAX_LISTED)} mapped {side} only")
+            lines.append(f"M = {spans_text(_sizes_as_spans(list(only)), MAX_LISTED)} "
+                         f"mapped {side} only")
     return lines

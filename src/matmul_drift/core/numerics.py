@@ -35,7 +35,8 @@ def unit_roundoff(dtype: str) -> float:
     try:
         return UNIT_ROUNDOFF[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(UNIT_ROUNDOFF)}") from None
+        raise ValueError(f"unknown dtype {dtype!r}; "
+                         f"expected one of {', '.join(UNIT_ROUNDOFF)}") from None
 
 
 def gamma_k_u(k: int, u: float) -> float | None:
@@ -113,7 +114,8 @@ def underflow_step(dtype: str) -> float:
     return 2.0 ** (1 - EXPONENT_BIAS[dtype] - MANTISSA_BITS[dtype] - 1)
 
 
-def allowance(absprod: np.ndarray, k: int, dtype: str, precision: str | None = None) -> np.ndarray | None:
+def allowance(absprod: np.ndarray, k: int, dtype: str,
+              precision: str | None = None) -> np.ndarray | None:
     """The largest error a correct kernel may make per entry (output units):
     γ_K·u·|A||B| + (K+1)·η, the γ_K bound (``bound_u``: TF32's for a TF32 ``precision``) with
     gradual underflow (K products and one final rounding may each lose η; additions are exact
@@ -142,8 +144,8 @@ def drift(
     ``absprod`` is |A||B| in float64 for the same entries (output units) or, given ``absexp``
     (an integer per entry: Reference.absprod_pow2()), |A||B|·2^-absexp, finite where |A||B|
     overflows float64: max_u and beyond_bound judge those entries on x·2^-absexp and
-    y·2^-absexp, as numerics.error does (2^0, no change, where |A||B| is finite). Two entries agree when their
-    bits are equal after ±0 folding, or both are NaN. Returns
+    y·2^-absexp, as numerics.error does (2^0, no change, where |A||B| is finite). Two entries
+    agree when their bits are equal after ±0 folding, or both are NaN. Returns
     ``frac_differ`` (fraction of entries that disagree, non-finite ones included),
     ``nonfinite_differ`` (entries that disagree where either side is NaN or ±inf: a
     finite value turned into inf, NaN into a number),
@@ -183,7 +185,8 @@ def drift(
     x, y, absprod = x[both_finite], y[both_finite], absprod[both_finite]
     with np.errstate(over="ignore"):  # finite values 2^1024 apart or more: inf in output units
         diff = np.abs(x - y)
-    diff_u = diff  # in absprod's units; scaled before subtracting, as x − y may overflow where |A||B| does
+    # in absprod's units; scaled before subtracting, as x − y may overflow where |A||B| does
+    diff_u = diff
     if shift is not None:
         shift = shift[at][both_finite]
         diff_u = np.abs(np.ldexp(x, shift) - np.ldexp(y, shift))
@@ -197,7 +200,8 @@ def drift(
         "max_ulp": max_ulp,
         "frac_differ": float(np.count_nonzero(~same)) / n if n else 0.0,
         "nonfinite_differ": int(np.count_nonzero(~same & ~both_finite)),
-        "sign_changes": int(np.count_nonzero((np.signbit(x) != np.signbit(y)) & (x != 0) & (y != 0))),
+        "sign_changes": int(np.count_nonzero((np.signbit(x) != np.signbit(y))
+                                             & (x != 0) & (y != 0))),
         "max_u": normalised_max(diff_u, absprod, unit_roundoff(dtype)),
         "max_u_entries": max_u_entries,
         "max_abs": max_abs,
@@ -219,7 +223,8 @@ def _beyond(absdiff: np.ndarray, absprod: np.ndarray, k: int | None, dtype: str,
 
 
 def normalised_max(absdiff: np.ndarray, absprod: np.ndarray, u: float) -> float:
-    """max of absdiff / (u·absprod) over entries with 0 < absprod < inf, in units of u (0.0 if none)."""
+    """max of absdiff / (u·absprod) over entries with 0 < absprod < inf, in units of u (0.0 if
+    none)."""
     absdiff = np.asarray(absdiff, dtype=np.float64)
     absprod = np.asarray(absprod, dtype=np.float64)
     keep = (absprod > 0) & np.isfinite(absprod)
@@ -235,9 +240,9 @@ def _kept(keep: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
     return arrays if keep.all() else tuple(a[keep] for a in arrays)
 
 
-def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarray, absprod: np.ndarray,
-          dtype: str, k: int | None = None, precision: str | None = None, ref_slack: np.ndarray | None = None,
-          absexp: np.ndarray | None = None) -> dict:
+def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarray,
+          absprod: np.ndarray, dtype: str, k: int | None = None, precision: str | None = None,
+          ref_slack: np.ndarray | None = None, absexp: np.ndarray | None = None) -> dict:
     """The error of a product C against the exact product hi + lo (double-double, float64).
 
     c, hi, lo and ``ref_slack`` are in output units. ``absprod`` is |A||B| (output units)
@@ -274,7 +279,8 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
 
     def part(at: slice) -> tuple:
         c, hi, lo, absprod, *slack = (v[at] for v in flat)
-        if shift is not None:  # the same units as absprod: 2^0 (no change) wherever |A||B| is finite
+        # the same units as absprod: 2^0 (no change) wherever |A||B| is finite
+        if shift is not None:
             c, hi, lo, *slack = (np.ldexp(v, shift[at]) for v in (c, hi, lo, *slack))
         ok = np.isfinite(c) & fin[at] & np.isfinite(hi)
         keep = ok & (absprod > 0) & np.isfinite(absprod)
@@ -287,13 +293,16 @@ def error(c: np.ndarray, hi: np.ndarray, lo: np.ndarray, exact_finite: np.ndarra
         diff = np.abs((c - hi) - lo)
         subnormal = int(np.count_nonzero(absprod < smallest_normal))
         return (normalised_max(diff, absprod, u), c.size, zero_misses, subnormal,
-                _beyond(diff, absprod, k, dtype, 1.0, precision, slack[0] if slack else None), exact_zeros)
+                _beyond(diff, absprod, k, dtype, 1.0, precision, slack[0] if slack else None),
+                exact_zeros)
 
     parts = blocks.map_blocks(fin.size, part)
     worst = [p[0] for p in parts if p[0] is not None]
-    entries, zero_misses, subnormal, beyond, exact_zeros = (sum(p[i] for p in parts) for i in range(1, 6))
+    entries, zero_misses, subnormal, beyond, exact_zeros = (sum(p[i] for p in parts)
+                                                            for i in range(1, 6))
     return {"error_u": max(worst) if worst else None, "entries": entries, "of": fin.size,
-            "zero_misses": zero_misses, "exact_zeros": exact_zeros, "subnormal": subnormal, "beyond_bound": beyond}
+            "zero_misses": zero_misses, "exact_zeros": exact_zeros, "subnormal": subnormal,
+            "beyond_bound": beyond}
 
 
 def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: str,
@@ -312,14 +321,16 @@ def nonfinite(c: np.ndarray, hi: np.ndarray, exact_finite: np.ndarray, dtype: st
     """
     c, hi = (np.asarray(v, dtype=np.float64).reshape(-1) for v in (c, hi))
     fin = np.asarray(exact_finite, dtype=bool).reshape(-1)
-    slack, lo = (np.zeros(1) if v is None else np.asarray(v, dtype=np.float64).reshape(-1) for v in (slack, lo))
+    slack, lo = (np.zeros(1) if v is None else np.asarray(v, dtype=np.float64).reshape(-1)
+                 for v in (slack, lo))
     over = overflow_threshold(dtype)
 
     def part(at: slice) -> tuple:
         c_, hi_, fin_ = c[at], hi[at], fin[at]
         s, lo_ = (v if v.size == 1 else v[at] for v in (slack, lo))
         bad = ~np.isfinite(c_)
-        sign_ok = (np.sign(c_) == np.sign(hi_)) | (np.abs(hi_) <= s)  # within the slack of 0: either sign
+        # within the slack of 0: either sign
+        sign_ok = (np.sign(c_) == np.sign(hi_)) | (np.abs(hi_) <= s)
         # |hi + lo| + slack, the small parts first: hi alone may sit at float64's largest value
         # while hi + lo is the overflow threshold itself (and the sum then inf, on purpose)
         with np.errstate(over="ignore"):
@@ -348,7 +359,8 @@ def ulp_of(x: float, dtype: str) -> float:
     return 2.0 ** (e - p)
 
 
-def by_magnitude(x_bits: np.ndarray, y_bits: np.ndarray, x: np.ndarray, y: np.ndarray, dtype: str) -> dict:
+def by_magnitude(x_bits: np.ndarray, y_bits: np.ndarray, x: np.ndarray, y: np.ndarray,
+                 dtype: str) -> dict:
     """Two outputs of one dtype compared entry by entry (``x`` and ``y`` their float64 values,
     output units): how many entries differ, and per binade [2^e, 2^(e+1)) of the larger |value|
     the entries that differ, the largest |difference| and the ulp there (output units). An
@@ -356,7 +368,8 @@ def by_magnitude(x_bits: np.ndarray, y_bits: np.ndarray, x: np.ndarray, y: np.nd
     width = WIDTH[dtype]
     finite = np.isfinite(x) & np.isfinite(y)
     differ = (ulp_distance(x_bits, y_bits, width) > 0) & ~(np.isnan(x) & np.isnan(y))
-    out = {"entries": int(x.size), "differ": int(differ.sum()), "nonfinite_differ": int((differ & ~finite).sum()),
+    out = {"entries": int(x.size), "differ": int(differ.sum()),
+           "nonfinite_differ": int((differ & ~finite).sum()),
            "bands": []}
     both = differ & finite
     if not both.any():
@@ -368,7 +381,8 @@ def by_magnitude(x_bits: np.ndarray, y_bits: np.ndarray, x: np.ndarray, y: np.nd
     for b in np.unique(e):
         sel = e == b
         lo = 2.0 ** int(b)
-        out["bands"].append({"lo": lo, "hi": 2 * lo, "ulp": ulp_of(lo, dtype), "differ": int(sel.sum()),
+        out["bands"].append({"lo": lo, "hi": 2 * lo, "ulp": ulp_of(lo, dtype),
+                             "differ": int(sel.sum()),
                              "max_abs": float(diff[sel].max()), "max_ulp": int(steps[sel].max())})
     out["below"] = int((np.maximum(np.abs(x), np.abs(y))[finite] < out["bands"][0]["lo"]).sum())
     return out

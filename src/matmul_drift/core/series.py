@@ -35,8 +35,9 @@ UNITS = {
 # once, in a note. tests/test_method.py holds the code behind each version and fails when that
 # code changes until the version moves (or the change is recorded as keeping the method).
 METHOD = {
-    "error_u": 1, "nonfinite": 2, "gamma_k_u": 1, "slice_n_ulp": 1, "slice_m_ulp": 1, "run_to_run_ulp": 1,
-    "kernel_id": 6, "input_id": 1, "cuda_seconds": 3, "fix_cost": 1, "fix_id": 1, "order_id": 4, "time_matmul": 1,
+    "error_u": 1, "nonfinite": 2, "gamma_k_u": 1, "slice_n_ulp": 1, "slice_m_ulp": 1,
+    "run_to_run_ulp": 1, "kernel_id": 6, "input_id": 1, "cuda_seconds": 3, "fix_cost": 1,
+    "fix_id": 1, "order_id": 4, "time_matmul": 1,
     "map_id": 3, "cuda_q20_seconds": 2, "cuda_q80_seconds": 2, "cuda_clock_fell": 2, "bits_id": 1,
 }
 
@@ -44,14 +45,22 @@ METHOD = {
 # that recorded no version (one made before versions were recorded) takes its version from its
 # commit: 1 plus the changes of the series at or before that commit in git's history.
 METHOD_CHANGES = (
-    ("nonfinite", 2, "fb9413632f513ca9b98983dbea219fa972fdce9f", "an inexact float64 reference at the overflow threshold no longer counts a correct inf"),
-    ("kernel_id", 2, "d9dd2c6a07c6480eb74c63f6ce6f78a6080ca81b", "oneDNN kernel names keep the operands' layout"),
-    ("kernel_id", 3, "ffc0077995e3881195caa836548e1be44b69aff4", "oneDNN kernel names drop attr-fpmath"),
-    ("kernel_id", 4, "8f18f719a7dfe745d133d3fc340a6bfbf629895f", "a kernel-id names the route of each slice, call by call"),
-    ("kernel_id", 5, "e4b7c26390bf85176ef8b47cd829a3e217610edc", "a CUDA kernel list takes in cuBLASLt's and cuBLAS's recipe for each call"),
-    ("order_id", 2, "58b7dc6ffbc1f9de4e7944395dad7babaeb87381", "the probe tries the first tiles before the entry's column; a verified tree must replay"),
-    ("order_id", 3, "c2d87faae535035d9fc782b23ae54af555b97ca4", "the replay no longer passes any tree on an fp16 or bf16 kernel"),
-    ("order_id", 4, "a33612ce21c09ade9ac9b0883f6b672ab924fe69", "one tree has one order-id, however its children are written"),
+    ("nonfinite", 2, "fb9413632f513ca9b98983dbea219fa972fdce9f",
+     "an inexact float64 reference at the overflow threshold no longer counts a correct inf"),
+    ("kernel_id", 2, "d9dd2c6a07c6480eb74c63f6ce6f78a6080ca81b",
+     "oneDNN kernel names keep the operands' layout"),
+    ("kernel_id", 3, "ffc0077995e3881195caa836548e1be44b69aff4",
+     "oneDNN kernel names drop attr-fpmath"),
+    ("kernel_id", 4, "8f18f719a7dfe745d133d3fc340a6bfbf629895f",
+     "a kernel-id names the route of each slice, call by call"),
+    ("kernel_id", 5, "e4b7c26390bf85176ef8b47cd829a3e217610edc",
+     "a CUDA kernel list takes in cuBLASLt's and cuBLAS's recipe for each call"),
+    ("order_id", 2, "58b7dc6ffbc1f9de4e7944395dad7babaeb87381",
+     "the probe tries the first tiles before the entry's column; a verified tree must replay"),
+    ("order_id", 3, "c2d87faae535035d9fc782b23ae54af555b97ca4",
+     "the replay no longer passes any tree on an fp16 or bf16 kernel"),
+    ("order_id", 4, "a33612ce21c09ade9ac9b0883f6b672ab924fe69",
+     "one tree has one order-id, however its children are written"),
     ("kernel_id", 6, "cebdce9f3d3fa096ccca2a952cf15c4edae468df",
      "a CUDA recipe is the product's own calls; the handle's set-up, workspace and math mode "
      "are the environment's"),

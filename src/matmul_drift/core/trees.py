@@ -117,17 +117,20 @@ def from_json(text: str):
     return root
 
 
-_NUMBER = re.compile(r"0(?![0-9])|[1-9][0-9]*")  # JSON's: ASCII digits, no leading zero (str.isdigit takes '٠')
+# JSON's: ASCII digits, no leading zero (str.isdigit takes '٠')
+_NUMBER = re.compile(r"0(?![0-9])|[1-9][0-9]*")
 
 
 def check_tree(tree, k: int) -> None:
     """ValueError unless ``tree`` adds each of the K products once (leaves 0..K-1) and every
     inner node adds two or more: what a revealed tree is, and a file read back must be."""
-    bad = next((x for x in inner_nodes(tree) if len(x) < 2), None) if isinstance(tree, list) else None
+    bad = (next((x for x in inner_nodes(tree) if len(x) < 2), None) if isinstance(tree, list)
+           else None)
     if bad is not None:
         raise ValueError(f"not an order tree: a node adds {len(bad)} term{'s' * (len(bad) != 1)}")
     if tree is not None and sorted(leaves(tree)) != list(range(k)):
-        raise ValueError(f"not an order tree over K = {k}: its leaves are not 0..{k - 1}, each once")
+        raise ValueError(f"not an order tree over K = {k}: its leaves are not 0..{k - 1}, "
+                         "each once")
 
 
 def parse_entry(text: str) -> dict:
@@ -153,7 +156,8 @@ def read_report(text: str) -> dict:
     """report_text's inverse, the tree read without recursion (json.loads stops at about 1000
     levels, and a sequential loop is K deep). ValueError for anything else, NaN and Infinity
     tokens too (report_text writes none)."""
-    head, sep, tail = text.replace("\r\n", "\n").rstrip().rpartition(TREE_MEMBER)  # a copy with CRLF too
+    # a copy with CRLF too
+    head, sep, tail = text.replace("\r\n", "\n").rstrip().rpartition(TREE_MEMBER)
     if not sep or not tail.endswith("}"):
         raise ValueError("not an order report: no tree at its end")
     obj = json.loads(head + "\n}", parse_constant=ids.no_constant)
@@ -168,7 +172,8 @@ def read_report(text: str) -> dict:
 
 
 def order_id(tree, k: int) -> int:
-    """The content id of a tree over K products (12 hex digits as an int), its children in any order."""
+    """The content id of a tree over K products (12 hex digits as an int), its children in any
+    order."""
     return ids.text_id(entry_text(tree, k))
 
 

@@ -36,11 +36,13 @@ def describe(node, depth: int = 0) -> str:
     multiple of the lanes, "3 chunks of 32 and 1 of 4; each: ..." where it is no multiple of the
     block; two or three parts of two sizes named one by one in index order, "2 chunks of 28 and 4;
     each: ..." where they read alike; two or three that read otherwise, whatever their sizes,
-    "2 chunks of 32 [its reading] and 4 [pairwise]; ...", and more "varied"), and a scalar loop's remainder: "...; then 2 more
-    products sequential" (added to the sum), "4 lanes × 2 sequential, then 2 more products into
-    lane 0; ...", "8 lanes × 4 pairwise, then 1 more product into each of lanes 0..4; ...", and a running sum over blocks of neighbours added in the same steps: "4 blocks of
-    8: the first pairwise, then each of the 3 others added to the running sum in 4 steps (offsets
-    in the block): 6, 4, 5+7, (0+2)+(1+3)" ("2 blocks of 8: ..., then the second added ..." where
+    "2 chunks of 32 [its reading] and 4 [pairwise]; ...", and more "varied"), and a scalar
+    loop's remainder: "...; then 2 more products sequential" (added to the sum), "4 lanes × 2
+    sequential, then 2 more products into lane 0; ...", "8 lanes × 4 pairwise, then 1 more
+    product into each of lanes 0..4; ...", and a running sum over blocks of neighbours added in
+    the same steps: "4 blocks of 8: the first pairwise, then each of the 3 others added to the
+    running sum in 4 steps (offsets in the block): 6, 4, 5+7, (0+2)+(1+3)" ("2 blocks of 8: ...,
+    then the second added ..." where
     one block follows the first), and a running sum carried from the first product into the first
     product (lane 0) of each later run of neighbours: "product 0, then 2 runs, the sum so far added
     first to each one's first product: 1..48 [16 lanes × 3 sequential; lanes then pairwise], 49..62
@@ -79,25 +81,30 @@ def _stages(node: list, depth: int) -> str | None:
     if depth > 3:
         return None
     held = _held(node)
-    end = fold(node, lambda c: (c, c), lambda v: (min(e[0] for e in v), max(e[1] for e in v)))  # (smallest, largest)
+    # (smallest, largest)
+    end = fold(node, lambda c: (c, c), lambda v: (min(e[0] for e in v), max(e[1] for e in v)))
     lo, hi = end(node)
     if hi - lo != held(node) - 1:
         return None  # runs are named by their first and last products: neighbours only
-    # The path down to the first product, and the cuts on it: nodes [sum of products lo..c-1, product c].
+    # The path down to the first product, and the cuts on it: nodes [sum of products lo..c-1,
+    # product c].
     path, steps, cuts = [node], [], []
     while isinstance(x := path[-1], list):
         i = min(range(len(x)), key=lambda i: end(x[i])[0])
-        if len(x) == 2 and not isinstance(c := x[1 - i], list) and end(x[i])[1] == c - 1 == lo + held(x[i]) - 1:
+        if (len(x) == 2 and not isinstance(c := x[1 - i], list)
+                and end(x[i])[1] == c - 1 == lo + held(x[i]) - 1):
             cuts.append(len(path) - 1)
         path.append(x[i])
         steps.append(i)
     if not cuts or cuts[-1] != len(path) - 2 or cuts[-2:-1] == [len(path) - 3]:
         return None  # the first product goes into no run, or into the second alone
     items, alone = [], []  # alone: runs of one product in a row, not yet said
-    said = lambda: f"{alone[0]}..{alone[-1]} [sequential]" if len(alone) > 1 else f"{alone[0]}"  # noqa: E731
+    said = lambda: (f"{alone[0]}..{alone[-1]} [sequential]"  # noqa: E731
+                    if len(alone) > 1 else f"{alone[0]}")
     for at, above in zip(cuts[::-1], [*cuts[-2::-1], -1]):  # each cut, the first product's first
         run = path[at][1 - steps[at]]  # the run's first product
-        for k in range(at - 1, above, -1):  # the run: its tree, the cut replaced by its first product
+        # the run: its tree, the cut replaced by its first product
+        for k in range(at - 1, above, -1):
             run = [*path[k][:steps[k]], run, *path[k][steps[k] + 1:]]
         if not isinstance(run, list):
             alone.append(run)
@@ -113,7 +120,8 @@ def _stages(node: list, depth: int) -> str | None:
     if alone:
         items.append(said())
     each = "its" if len(items) == 1 else "each one's"
-    return (f"product {lo}, then {len(items)} run{'s' * (len(items) != 1)}, the sum so far added first to {each} "
+    return (f"product {lo}, then {len(items)} run{'s' * (len(items) != 1)}, "
+            f"the sum so far added first to {each} "
             "first product: " + ", ".join(items))
 
 
@@ -220,7 +228,8 @@ def _remainder(node: list, depth: int) -> str | None:
     # Or into a lane; else, where they are the last products of K in index order, on top of
     # whatever the rest is (blocks added to a running sum, _blocks): x has no such tail of its own,
     # so describe(x) comes back here no further.
-    if (into := _into_lane(node, depth)) is None and tail and tail[::-1] == list(range(tail[-1], tail[-1] + len(tail))):
+    if ((into := _into_lane(node, depth)) is None and tail
+            and tail[::-1] == list(range(tail[-1], tail[-1] + len(tail)))):
         if tail[0] == max(leaves(node)):
             return f"{describe(x, depth)}; then {more}"
     return into
@@ -260,29 +269,34 @@ def _lanes(parts: list) -> bool:
     parts are added in (a horizontal reduction adds lane 4 to lane 0 first)."""
     held = sorted(sorted(leaves(p)) for p in parts)
     n, start = len(parts), held[0][0]
-    return n > 1 and all(h == list(range(start + i, start + i + n * len(h), n)) for i, h in enumerate(held))
+    return n > 1 and all(h == list(range(start + i, start + i + n * len(h), n))
+                         for i, h in enumerate(held))
 
 
 def _spread(node: list) -> bool:
     """Whether a subtree's finest reading adds parts pairwise, or lanes (of two products or more,
     in any order)."""
     found = _finest(node) if len(node) == 2 else None
-    return found is not None and (found[1] == "pairwise" or _lanes(found[0]) and any(isinstance(p, list) for p in found[0]))
+    return found is not None and (found[1] == "pairwise" or _lanes(found[0])
+                                  and any(isinstance(p, list) for p in found[0]))
 
 
 def _running(node) -> str | None:
     """A tensor core's loop in words: a left-deep chain of fused adds, each of the running sum
     and a group of products, down to a first group; None for any other tree."""
     groups, x = [], node  # each group's products, the last added first
-    while isinstance(x, list) and len(x) > 2 and len(sums := [c for c in x if isinstance(c, list)]) == 1:
-        groups.append(sorted(c for c in x if not isinstance(c, list)))  # the running sum: any child (canonical order)
+    while (isinstance(x, list) and len(x) > 2
+           and len(sums := [c for c in x if isinstance(c, list)]) == 1):
+        # the running sum: any child (canonical order)
+        groups.append(sorted(c for c in x if not isinstance(c, list)))
         x = sums[0]
     if not groups or not isinstance(x, list) or any(isinstance(c, list) for c in x):
         return None
     groups.append(sorted(x))
     sizes = [len(g) for g in groups]
     size = f"{sizes[0]}" if len(set(sizes)) == 1 else f"{min(sizes)}..{max(sizes)}"
-    return (f"sequential in {len(groups)} fused groups of {size}, each added with the running sum in one rounding"
+    return (f"sequential in {len(groups)} fused groups of {size}, "
+            "each added with the running sum in one rounding"
             + _index_order([k for g in reversed(groups) for k in g]))
 
 
@@ -296,7 +310,8 @@ def _blocks(node: list, depth: int) -> tuple[str, int] | None:
     chain is walked with a loop: it is K deep."""
     held = _held(node)
     stops = _down(node, held)
-    chain = [node, *(x for x, _ in stops)]  # chain[s]: the running sum before rights[s - 1], ..., rights[0] are added
+    # chain[s]: the running sum before rights[s - 1], ..., rights[0] are added
+    chain = [node, *(x for x, _ in stops)]
     rights = [r for _, r in stops]
     total, lo = held(node), min(leaves(node))
     for s in range(len(chain) - 1, 0, -1):  # the smallest first block first: the finest reading
@@ -311,15 +326,19 @@ def _blocks(node: list, depth: int) -> tuple[str, int] | None:
             continue
         added = rights[s - 1::-1]  # in the order added
         steps = [_sum_text(r, lo + b) for r in added[:m]]
-        if (all(not isinstance(r, list) for r in added[:m]) or sorted(leaves(chain[s])) != list(range(lo, lo + b))
-                or sorted(k for r in added[:m] for k in leaves(r)) != list(range(lo + b, lo + 2 * b))):
+        if (all(not isinstance(r, list) for r in added[:m])
+                or sorted(leaves(chain[s])) != list(range(lo, lo + b))
+                or (sorted(k for r in added[:m] for k in leaves(r))
+                    != list(range(lo + b, lo + 2 * b)))):
             continue
-        if all(_sum_text(added[t * m + i], lo + (t + 1) * b) == steps[i] for t in range(1, others) for i in range(m)):
+        if all(_sum_text(added[t * m + i], lo + (t + 1) * b) == steps[i]
+               for t in range(1, others) for i in range(m)):
             first = describe(chain[s], depth + 1)
             said = [_step(r, w, lo + b, depth) for w, r in zip(steps, added)]
             each = "the second" if others == 1 else f"each of the {others} others"
             return (f"{others + 1} blocks of {b}: the first {_bracket(first)}, then {each} "
-                    f"added to the running sum in {m} step{'s' * (m != 1)} (offsets in the block): " + ", ".join(said),
+                    f"added to the running sum in {m} step{'s' * (m != 1)} "
+                    "(offsets in the block): " + ", ".join(said),
                     others + 1)
     return None
 
@@ -385,7 +404,8 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     lanes = _lanes(parts)
     short = not same and not lanes and _short_last(parts)  # "3 chunks of 32 and 1 of 4"
     # chunks: runs of neighbouring products; parts that interleave otherwise are only parts
-    word = "lanes" if lanes else "chunks" if all(h[-1] - h[0] == len(h) - 1 for h in held) else "parts"
+    word = ("lanes" if lanes else "chunks" if all(h[-1] - h[0] == len(h) - 1 for h in held)
+            else "parts")
     then = f"{word} then {how}" if lanes else f"{word} {how}"
     ordered = sorted(parts, key=lambda p: min(leaves(p)))  # in index order
     inner = None
@@ -397,13 +417,16 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
             inner = words[0] if len(set(words)) == 1 else None
         elif lanes:  # lanes of two sizes: their common reading, where they share one
             inner = _merge([w for p, w in zip(ordered, words) if isinstance(p, list)])
-            if inner is None and not into and (found := _last_into_lanes(ordered, words, depth)) is not None:
+            if (inner is None and not into
+                    and (found := _last_into_lanes(ordered, words, depth)) is not None):
                 return f"{len(parts)} lanes × {found}; {then}"
         elif short:
             inner = _common(words, ordered[-1], depth)
-        elif (inner := _merge(words)) is not None:  # a few parts read alike: their sizes in index order
+        elif (inner := _merge(words)) is not None:
+            # a few parts read alike: their sizes in index order
             listed = [str(len(leaves(p))) for p in ordered]
-            return f"{len(parts)} {word} of {', '.join(listed[:-1])} and {listed[-1]}; each: {inner}; {then}"
+            return (f"{len(parts)} {word} of {', '.join(listed[:-1])} and {listed[-1]}; "
+                    f"each: {inner}; {then}")
     if inner is None and len(parts) <= 3:
         # a few parts that read otherwise: each one's size and reading, in index order,
         # bracketed (a reading holds ';'): "2 chunks of 32 [...] and 4 [pairwise]; chunks added"
@@ -414,7 +437,8 @@ def _parts(parts: list, how: str, depth: int, into: str = "") -> str:
     if lanes:
         return f"{len(parts)} lanes × {size} {_bracket(inner)}{into}; {then}"
     if short:
-        return f"{len(parts) - 1} chunks of {len(held[0])} and 1 of {len(held[-1])}; each: {inner}; {then}"
+        return (f"{len(parts) - 1} chunks of {len(held[0])} and 1 of {len(held[-1])}; "
+                f"each: {inner}; {then}")
     return f"{len(parts)} {word} of {size}; each: {inner}; {then}"
 
 
@@ -424,7 +448,8 @@ def _last_into_lanes(ordered: list, words: list[str], depth: int) -> str | None:
     of K spread over the lanes after the lanes' loop): "4 pairwise (out of index order), then 1
     more product into each of lanes 0..4"; None for any other."""
     most = max(len(leaves(p)) for p in ordered)
-    r = sum(len(leaves(p)) == most for p in ordered)  # the first r lanes: _lanes holds them by stride
+    # the first r lanes: _lanes holds them by stride
+    r = sum(len(leaves(p)) == most for p in ordered)
     rest = []
     for p in ordered[:r]:
         last = max(leaves(p))
@@ -439,8 +464,9 @@ def _last_into_lanes(ordered: list, words: list[str], depth: int) -> str | None:
 
 
 def _bracket(words: str) -> str:
-    """A reading set inside another, bracketed where it has parts of its own (';' or ':'), so that
-    "8 lanes × 125 [2 parts of 62; ...]; lanes then pairwise" does not run on into the outer one."""
+    """A reading set inside another, bracketed where it has parts of its own (';' or ':'), so
+    that "8 lanes × 125 [2 parts of 62; ...]; lanes then pairwise" does not run on into the
+    outer one."""
     return f"[{words}]" if ";" in words or ":" in words else words
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from matmul_drift.core import series
 from matmul_drift.store import git
 
-MAX_CONF_BYTES = 1 << 20  # an asv.conf.json is a few kB; json5 would crawl through a planted 64 MiB one
+# an asv.conf.json is a few kB; json5 would crawl through a planted 64 MiB one
+MAX_CONF_BYTES = 1 << 20
 
 
 def find_repo(asv_dir: Path) -> tuple[Path, bool]:
@@ -38,7 +39,8 @@ def find_repo(asv_dir: Path) -> tuple[Path, bool]:
             repo = conf_dir / str(data.get("repo"))
             if results.is_dir() and os.path.samefile(results, asv_dir) and repo.is_dir():
                 return repo, True
-        except Exception:  # noqa: BLE001  asv.util.UserError, json5, OSError: a config that cannot be read names no repository
+        except Exception:  # noqa: BLE001
+            # asv.util.UserError, json5, OSError: a config that cannot be read names no repository
             continue
     try:
         return Path.cwd(), False
@@ -76,7 +78,8 @@ def commit_ranks(dates: dict[str, int], asv_dir: Path, warnings: list[str]) -> d
         known = set()
     elif len(known) < len(by_date):
         missing = [c for c in by_date if c not in known]
-        warnings.append(f"git at {repo} does not know {len(missing)} of the {len(by_date)} commits in the results "
+        warnings.append(f"git at {repo} does not know {len(missing)} of the {len(by_date)} "
+                        f"commits in the results "
                         f"(e.g. {missing[0][:8]}); those are placed by their commit dates")
     fill = iter(sorted(known, key=rev.__getitem__))
     order = [next(fill) if c in known else c for c in by_date]
@@ -85,18 +88,22 @@ def commit_ranks(dates: dict[str, int], asv_dir: Path, warnings: list[str]) -> d
 
 
 def _warn_ties(placed: list[str], dates: dict[str, int], warnings: list[str]) -> None:
-    """One line naming commits ``placed`` by date (in date order) that share their date with another."""
+    """One line naming commits ``placed`` by date (in date order) that share their date with
+    another."""
     groups: dict[int, list[str]] = {}
     for c, d in dates.items():
         groups.setdefault(d, []).append(c)
-    ties = [sorted(groups[d]) for d in dict.fromkeys(dates[c] for c in placed) if len(groups[d]) > 1]
+    ties = [sorted(groups[d]) for d in dict.fromkeys(dates[c] for c in placed)
+            if len(groups[d]) > 1]
     if not ties:
         return
-    when = datetime.fromtimestamp(dates[ties[0][0]] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    when = datetime.fromtimestamp(dates[ties[0][0]] / 1000,
+                                  timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     more = f" ({len(ties) - 1} more dates shared likewise)" if len(ties) > 1 else ""
-    warnings.append(f"commits {', '.join(c[:8] for c in ties[0])} share the commit date {when}{more} and no git "
-                    "repository at hand orders them (run the summary in the project's checkout); they are taken "
-                    "in hash order, so a change between them may be put on the wrong commit or read reversed")
+    warnings.append(f"commits {', '.join(c[:8] for c in ties[0])} share the commit date "
+                    f"{when}{more} and no git repository at hand orders them (run the summary "
+                    "in the project's checkout); they are taken in hash order, so a change "
+                    "between them may be put on the wrong commit or read reversed")
 
 
 def descendants(repo: Path, commit: str) -> set[str]:
@@ -110,13 +117,15 @@ def descendants(repo: Path, commit: str) -> set[str]:
     return {commit, *out.split()}
 
 
-def method_versions(commits: list[str], asv_dir: Path, warnings: list[str]) -> dict[str, dict[str, int]]:
+def method_versions(commits: list[str], asv_dir: Path,
+                    warnings: list[str]) -> dict[str, dict[str, int]]:
     """{commit: {series: method version}} for the commits git knows (series.METHOD_CHANGES: 1
     plus the changes at or before the commit), for results that recorded no version."""
     repo, _ = find_repo(asv_dir)
     try:
         known = set(revisions(repo))
-        after = {c: descendants(repo, c) for c in dict.fromkeys(x[2] for x in series.METHOD_CHANGES)}
+        after = {c: descendants(repo, c)
+                 for c in dict.fromkeys(x[2] for x in series.METHOD_CHANGES)}
     except (OSError, git.GitError):
         return {}
     out = {}

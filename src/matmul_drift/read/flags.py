@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from matmul_drift.core.ids import hex_id
 
-KINDS = ("bits", "kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input", "fix", "timing",
-         "ulp-growth", "failure")
+KINDS = ("bits", "kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input", "fix",
+         "timing", "ulp-growth", "failure")
 ID_UNITS = ("bits-id", "kernel-id", "env-id", "input-id", "fix-id", "order-id", "map-id")
 
 
@@ -94,7 +94,8 @@ def _leaf(v) -> str:
                     stack.append(_Text(", "))
             text = "{" if isinstance(x, dict) else "["
         else:
-            text = "none" if x is None else ("true" if x else "false") if isinstance(x, bool) else str(x)
+            text = ("none" if x is None else ("true" if x else "false") if isinstance(x, bool)
+                    else str(x))
         parts.append(text)
         size += len(text)
     out = "".join(parts)

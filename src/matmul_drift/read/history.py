@@ -2,10 +2,12 @@
 
 Layout read (asv 0.6 result format version 2, as written by ``asv.results.Results.save``)::
 
-    <asv dir>/benchmarks.json                  name -> {"unit", "params", "param_names", "version", ...}
+    <asv dir>/benchmarks.json                  name -> {"unit", "params", "param_names",
+                                               "version", ...}
     <asv dir>/<machine>/machine.json           {"machine": name, ...}
     <asv dir>/<machine>/<commit8>-<env>.json   one run: a commit in an environment
-    <catalog dir>/{kernels,env,fixes}/<12 hex>.json  content-addressed entries (see store/catalog.py)
+    <catalog dir>/{kernels,env,fixes}/<12 hex>.json  content-addressed entries
+                                                     (see store/catalog.py)
 
 One results file becomes a Run (resultsfile.py); the runs, the benchmarks and the catalog
 become a History, and its observations.
@@ -125,8 +127,10 @@ class History:
         return {name: b.unit for name, b in self.benchmarks.items()}
 
     def of(self, machine: str) -> History:
-        """The history of ``machine`` alone: its runs (the same objects), the warnings list shared."""
-        return History(self.asv_dir, self.catalog, self.benchmarks, {machine: self.machines.get(machine, {})},
+        """The history of ``machine`` alone: its runs (the same objects), the warnings list
+        shared."""
+        return History(self.asv_dir, self.catalog, self.benchmarks,
+                       {machine: self.machines.get(machine, {})},
                        {machine: self.runs.get(machine, [])}, self.warnings, self.confirmations)
 
     def param_names(self, benchmark: str, params: tuple) -> list[str]:
@@ -187,7 +191,8 @@ def display_param(text: str) -> str:
 _ENV_TORCH = re.compile(r"torch[=<>~!_-]*v?(\d+(?:\.\d+)+[^-]*)")
 
 
-def resolve_dirs(path: Path | str = "results", catalog: Path | str | None = None) -> tuple[Path, Path]:
+def resolve_dirs(path: Path | str = "results",
+                 catalog: Path | str | None = None) -> tuple[Path, Path]:
     """(asv results dir, catalog dir) for RESULTS_DIR.
 
     ``results/`` means ``results/asv`` and ``results/catalog``; a directory that is itself
@@ -252,7 +257,8 @@ def read_history(
         name, other = info["machine"], dirs_by_machine.get(info["machine"])
         if other is not None:  # two folders, one machine: asv keeps one, named for it
             keep, drop = (d, other) if d.name == name != other.name else (other, d)
-            warnings.append(f"skipping results in {drop}: its machine.json names {name!r}, as {keep}'s does; "
+            warnings.append(f"skipping results in {drop}: its machine.json names {name!r}, "
+                            f"as {keep}'s does; "
                             "asv keeps one folder per machine, named for it")
             if keep is other:
                 continue
@@ -261,7 +267,8 @@ def read_history(
     if machine is not None:
         if machine not in dirs_by_machine:
             known = ", ".join(sorted(dirs_by_machine)) or "none"
-            raise HistoryError(f"unknown machine {machine!r} under {asv_dir}; known: {known}", warnings)
+            raise HistoryError(f"unknown machine {machine!r} under {asv_dir}; known: {known}",
+                               warnings)
         dirs_by_machine = {machine: dirs_by_machine[machine]}
         machines = {machine: machines[machine]}
 
@@ -271,7 +278,8 @@ def read_history(
         runs = []
         for entry in sorted(os.scandir(d), key=lambda e: e.name):
             if not entry.name.endswith(".json") or entry.name in _SKIP_FILES:
-                continue  # anything else named .json (a FIFO, a link) is refused below, with a warning
+                # anything else named .json (a FIFO, a link) is refused below, with a warning
+                continue
             p = Path(entry.path)
             if _shown(entry.name) != entry.name:
                 warnings.append(f"skipping {_shown(p)}: the file's name is not UTF-8")
@@ -298,7 +306,8 @@ def read_history(
             run.rank = ranks[run.commit]
         runs.sort(key=lambda r: r.order_key)
     _methods(history, asv_dir)
-    history.confirmations = read_confirmations(asv_dir.parent / CONFIRM, set(history.runs), warnings)
+    history.confirmations = read_confirmations(asv_dir.parent / CONFIRM, set(history.runs),
+                                               warnings)
     return history
 
 
@@ -319,11 +328,14 @@ def read_confirmations(folder: Path, machines: set[str], warnings: list[str]) ->
                 doc = json.loads(bounded.read_bytes(p, folder))
                 for c in doc["checks"]:
                     b, a = c["before"], c["after"]
-                    key = (machine, c["benchmark"], tuple(sorted((str(k), str(v)) for k, v in c["params"].items())),
+                    key = (machine, c["benchmark"],
+                           tuple(sorted((str(k), str(v)) for k, v in c["params"].items())),
                            b["commit"], b["env"], a["commit"], a["env"])
                     out[key] = c
-            except (OSError, ValueError, KeyError, TypeError, AttributeError, bounded.Refused) as exc:
-                warnings.append(f"skipping {_shown(p)}: not a re-measurement record ({type(exc).__name__}: {exc})")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError,
+                    bounded.Refused) as exc:
+                warnings.append(f"skipping {_shown(p)}: not a re-measurement record "
+                                f"({type(exc).__name__}: {exc})")
     return out
 
 
@@ -339,14 +351,16 @@ def _methods(history: History, asv_dir: Path) -> None:
         for env_id in () if s is None else dict.fromkeys(s.values[np.isfinite(s.values)].tolist()):
             entry = history.catalog.get("env", env_id)
             if isinstance(entry, dict) and isinstance(entry.get("method"), dict):
-                found = {k: v for k, v in entry["method"].items() if isinstance(v, int) and not isinstance(v, bool)}
+                found = {k: v for k, v in entry["method"].items()
+                         if isinstance(v, int) and not isinstance(v, bool)}
                 break
         if found is not None:
             run.method, run.method_recorded = found, True
         else:
             unrecorded.append(run)
     if unrecorded:
-        derived = gitorder.method_versions(list(dict.fromkeys(r.commit for r in unrecorded)), asv_dir, [])
+        derived = gitorder.method_versions(list(dict.fromkeys(r.commit for r in unrecorded)),
+                                           asv_dir, [])
         for run in unrecorded:
             run.method = derived.get(run.commit)
 
@@ -357,7 +371,8 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return "not UTF-8 text"
     if isinstance(exc, json.JSONDecodeError):
-        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); truncated or corrupt?"
+        return (f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+                "truncated or corrupt?")
     if isinstance(exc, RecursionError):
         return "JSON nested too deeply"
     return f"malformed results file ({type(exc).__name__}: {exc})"
@@ -420,15 +435,18 @@ def _read_benchmarks(asv_dir: Path, warnings: list[str]) -> dict[str, Benchmark]
                 raise TypeError
             version = b.get("version")
             out[name] = Benchmark(name, b["unit"], str(b.get("type", "")), list(names),
-                                  [list(p) for p in params], None if version is None else str(version))
+                                  [list(p) for p in params],
+                                  None if version is None else str(version))
         except (TypeError, KeyError, AttributeError):
-            warnings.append(f"benchmarks.json: entry {name!r} is malformed; its results are not judged")
+            warnings.append(f"benchmarks.json: entry {name!r} is malformed; "
+                            "its results are not judged")
     return out
 
 
 # How strictly a unit is judged (summary.py's rules): ids, u, ulp and counts give failing
 # flags by default; seconds and the u bound only inform.
-_STRICTNESS = {"kernel-id": 2, "input-id": 2, "env-id": 2, "fix-id": 2, "order-id": 2, "map-id": 2, "u": 2, "ulp": 2, "count": 2, "u-bound": 1,
+_STRICTNESS = {"kernel-id": 2, "input-id": 2, "env-id": 2, "fix-id": 2, "order-id": 2, "map-id": 2,
+               "u": 2, "ulp": 2, "count": 2, "u-bound": 1,
                "seconds": 1, "ratio": 1, "q20-seconds": 1, "q80-seconds": 1, "clock-fell": 1}
 
 
@@ -443,7 +461,8 @@ def _check_units(benchmarks: dict[str, Benchmark], warnings: list[str]) -> None:
         if want is None or want == b.unit:
             continue
         use = b.unit if _STRICTNESS.get(b.unit, 0) > _STRICTNESS[want] else want
-        warnings.append(f"benchmarks.json gives {name} the unit {b.unit!r}, the suite's record {want!r}; "
+        warnings.append(f"benchmarks.json gives {name} the unit {b.unit!r}, "
+                        f"the suite's record {want!r}; "
                         f"judged as {use!r}")
         b.unit = use
 

@@ -72,7 +72,8 @@ def group(flags: list[Flag], entry) -> list[Incident]:
         inc = out.get(key)
         if inc is None:
             eb, ea = (entry(e) if math.isfinite(e) else None for e in f.envs)
-            cause = cause_line(changes, eb, ea) if changes else "no recorded difference between the two runs"
+            cause = (cause_line(changes, eb, ea) if changes
+                     else "no recorded difference between the two runs")
             where = f" at {f.after.commit[:8]}" if f.across != "machines" else f" ({f.machine})"
             ident = _key([f.machine, f.across, changes or list(key)])
             inc = out[key] = Incident(ident, f.machine, f.across, f.after.commit, f.before, f.after,
@@ -137,11 +138,13 @@ def cause_line(changes: list[str], eb, ea) -> str:
     used.update(k for k, _ in cuda)
     parts += [f"CUDA {k.split('.', 1)[1].replace('_', ' ')} {o} -> {n}" for k, (o, n) in cuda]
     threads = take("threads")
-    thread_vars = [k for k in diff if k.split(".", 1)[-1] in THREAD_VARS and k.startswith("env_vars.")]
+    thread_vars = [k for k in diff
+                   if k.split(".", 1)[-1] in THREAD_VARS and k.startswith("env_vars.")]
     if threads:
         used.update(thread_vars)
         names = ", ".join(k.split(".", 1)[1] for k in thread_vars)
-        parts.append(f"threads {threads[0][1][0]} -> {threads[0][1][1]}" + (f" ({names})" if names else ""))
+        parts.append(f"threads {threads[0][1][0]} -> {threads[0][1][1]}"
+                     + (f" ({names})" if names else ""))
     for k in [k for k in diff if k.startswith("env_vars.") and k not in used]:
         used.add(k)
         parts.append(_variable(k.split(".", 1)[1], *diff[k]))
@@ -151,7 +154,8 @@ def cause_line(changes: list[str], eb, ea) -> str:
     hardware = [k for k in diff if k.startswith("cpu.") or k.startswith("gpu") or k == "device"]
     if hardware:
         used.update(hardware)
-        parts.append("hardware: " + ", ".join(f"{k} {diff[k][0]} -> {diff[k][1]}" for k in hardware))
+        parts.append("hardware: " + ", ".join(f"{k} {diff[k][0]} -> {diff[k][1]}"
+                                               for k in hardware))
     parts += [f"{k} {o} -> {n}" for k, (o, n) in diff.items() if k not in used]
     return "; ".join(parts)
 
@@ -201,7 +205,8 @@ def verdict(flags: list[Flag]) -> list[str]:
     worse = [f for f in acc if not f.benign and _ratio(f) >= 1]
     better = [f for f in acc if f not in worse]
     if worse:
-        out.append(f"accuracy worse ({_cells_text(worse)}, up to {max(_ratio(f) for f in worse):.3g}x)")
+        out.append(f"accuracy worse ({_cells_text(worse)}, "
+                   f"up to {max(_ratio(f) for f in worse):.3g}x)")
     if better:
         out.append(f"accuracy better ({_cells_text(better)})")
     if not acc:
@@ -272,7 +277,8 @@ def cells(flags: list[Flag]) -> list[dict]:
             row[col] = "; ".join(filter(None, [row.get(col), _mark(f)]))
         if "bits" not in row:
             b = found[0].bits
-            row["bits"] = ("same" if b[0] == b[1] else "changed") if all(map(math.isfinite, b)) else ""
+            row["bits"] = (("same" if b[0] == b[1] else "changed")
+                           if all(map(math.isfinite, b)) else "")
         rows.append(row)
     return rows
 
@@ -322,7 +328,8 @@ def repros(f: Flag, eb, ea) -> list[dict]:
     for side, own, other, threads, other_threads, s in (("before", vb, va, tb, ta, f.before),
                                                         ("after", va, vb, ta, tb, f.after)):
         own = dict(own)
-        if isinstance(threads, int) and threads != other_threads and not set(THREAD_VARS) & own.keys():
+        if (isinstance(threads, int) and threads != other_threads
+                and not set(THREAD_VARS) & own.keys()):
             own["OMP_NUM_THREADS"] = str(threads)  # what this side's default gave on its machine
         words = [f"{k}={shlex.quote(v)}" for k, v in sorted(own.items())]
         unset = sorted(k for k in other if k not in own)
@@ -334,7 +341,8 @@ def repros(f: Flag, eb, ea) -> list[dict]:
 def _vars(entry) -> dict[str, str]:
     if not isinstance(entry, dict) or not isinstance(entry.get("env_vars"), dict):
         return {}
-    return {str(k): str(v) for k, v in entry["env_vars"].items() if str(k).replace("_", "").isalnum()}
+    return {str(k): str(v) for k, v in entry["env_vars"].items()
+            if str(k).replace("_", "").isalnum()}
 
 
 def _notes(flags: list[Flag]) -> list[str]:

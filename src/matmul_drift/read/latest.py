@@ -18,7 +18,8 @@ def _commits(runs: list[history.Run]) -> list[str]:
     return list(dict.fromkeys(r.commit for r in runs))  # runs are in night (date) order
 
 
-def night_pair(hist: history.History, machine: str, commit: str | None = None) -> tuple[str | None, str] | None:
+def night_pair(hist: history.History, machine: str,
+               commit: str | None = None) -> tuple[str | None, str] | None:
     """(previous night's commit on the same hardware or None, the night's commit) for
     ``machine``: ``commit``, or its latest night when None. None if the machine has no
     readable results. The summary never compares two hardwares (pairing.hardware_key)."""
@@ -30,7 +31,8 @@ def night_pair(hist: history.History, machine: str, commit: str | None = None) -
     return (same.commit if same else None), head
 
 
-def _one_environment(hist: history.History, machine: str, commits: tuple[str, str]) -> dict[str, str]:
+def _one_environment(hist: history.History, machine: str,
+                     commits: tuple[str, str]) -> dict[str, str]:
     """Give ``machine``'s nights up to the later of ``commits`` one environment name, so that the
     summary pairs the two nights and judges what the earlier lacks against the nights before it.
     asv names an existing environment after its Python's path, so a fresh venv each night is a
@@ -58,7 +60,9 @@ def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> 
         if prev is None:
             continue  # a machine's first night has nothing to compare with
         own = _one_environment(hist, machine, (prev, head))
-        try:  # this machine's results alone: its flags (labelled "machine [hardware]" on two), pairs, warnings
+        # this machine's results alone: its flags (labelled "machine [hardware]" on two), pairs,
+        # warnings
+        try:
             s = summary.summarise(hist.of(machine), summary.Options(base=prev, head=head))
         finally:
             for r in hist.runs[machine]:
@@ -70,7 +74,8 @@ def compare(hist: history.History, pairs: dict[str, tuple[str | None, str]]) -> 
         method += s.method_notes
         incidents += s.incidents
         bits += s.bits_notes
-    return summary.Summary(flags, npairs, sorted(pairs), list(dict.fromkeys(hist.warnings)), method_notes=method,
+    return summary.Summary(flags, npairs, sorted(pairs), list(dict.fromkeys(hist.warnings)),
+                           method_notes=method,
                            incidents=incidents, bits_notes=bits)
 
 
@@ -87,7 +92,8 @@ def night_info(hist: history.History, machine: str, prev: str | None, head: str)
     # with no previous night on its hardware, the latest earlier night on another, not compared
     other = None if before else pairing.earlier_runs(hist.runs[machine], head)[1]
     return {"machine": machine, "date": night_date(run.date), "commit": head, "torch": run.torch,
-            "previous": None if before is None else {"commit": prev, "date": night_date(before.date),
+            "previous": None if before is None else {"commit": prev,
+                                                      "date": night_date(before.date),
                                                      "torch": before.torch},
             "other_hardware": other and {"commit": other.commit, "date": night_date(other.date)},
             "failed": failed_in(hist, machine, head)}
@@ -95,13 +101,17 @@ def night_info(hist: history.History, machine: str, prev: str | None, head: str)
 
 def bridged(n: dict, result: summary.Summary) -> list[dict]:
     """The earlier nights that flags of night ``n`` (night_info) were judged against, as the
-    night before had no value there (summary's bridge): {"commit", "date", "flags"}, newest first."""
+    night before had no value there (summary's bridge): {"commit", "date", "flags"}, newest
+    first."""
     prev = (n["previous"] or {}).get("commit")
     out: dict[str, dict] = {}
     for f in result.flags:
-        mine = f.machine == n["machine"] or f.machine.startswith(f"{n['machine']} [")  # "vm [cpu, ...]" on two hardwares
+        # "vm [cpu, ...]" on two hardwares
+        mine = f.machine == n["machine"] or f.machine.startswith(f"{n['machine']} [")
         if mine and f.after.commit == n["commit"] and f.before.commit != prev:
-            out.setdefault(f.before.commit, {"commit": f.before.commit, "date": night_date(f.before.date), "flags": 0})["flags"] += 1
+            out.setdefault(f.before.commit, {"commit": f.before.commit,
+                                             "date": night_date(f.before.date),
+                                             "flags": 0})["flags"] += 1
     return sorted(out.values(), key=lambda b: b["date"], reverse=True)
 
 
@@ -115,8 +125,9 @@ def night_line(n: dict) -> str:
                else "the first night: nothing to compare with")
     line = f"{n['machine']}: {n['date']} ({n['commit'][:8]}, torch {n['torch']}), {against}"
     if n.get("bridged"):
-        earlier = " and ".join(f"{b['flags']}{' flag' + 's' * (b['flags'] != 1) if i == 0 else ''} against {b['date']} ({b['commit'][:8]})"
-                               for i, b in enumerate(n["bridged"]))
+        earlier = " and ".join(
+            f"{b['flags']}{' flag' + 's' * (b['flags'] != 1) if i == 0 else ''} against "
+            f"{b['date']} ({b['commit'][:8]})" for i, b in enumerate(n["bridged"]))
         line += f"; {earlier} instead, where {prev['date']} had no value"
     return line
 
@@ -146,12 +157,13 @@ def runs(hist: history.History) -> tuple[summary.Summary, list[dict]]:
         builds = [r.torch or r.env_name for r in machine_runs if r.commit == head]
         same, other = pairing.earlier_runs(machine_runs, head)
         against = (f"against {same.commit[:8]}" if same
-                   else f"its first recorded commit on this hardware ({other.commit[:8]} ran on other hardware; "
-                        "not compared)" if other else "its first recorded commit")
+                   else f"its first recorded commit on this hardware ({other.commit[:8]} ran on "
+                        "other hardware; not compared)" if other else "its first recorded commit")
         runs.append({"machine": name, "commit": head,
                      "line": f"{name}: {head[:8]}, torch {', '.join(builds)}; {against}",
                      "failed": failed_in(one, name, head)})
-    return summary.Summary(flags, pairs, sorted(hist.runs), list(dict.fromkeys(hist.warnings)), notes, method,
+    return summary.Summary(flags, pairs, sorted(hist.runs), list(dict.fromkeys(hist.warnings)),
+                           notes, method,
                            incidents=incidents, bits_notes=bits), runs
 
 

@@ -73,14 +73,16 @@ def _hardware_value(params: dict, key: str) -> str:
     v = params.get(key)
     if key == "gpu" and v in (None, ""):
         return "none"
-    return v if isinstance(v, str) else str(v) if isinstance(v, int) and not isinstance(v, bool) else repr(v)
+    return (v if isinstance(v, str) else str(v) if isinstance(v, int) and not isinstance(v, bool)
+            else repr(v))
 
 
 def _hardware_text(run: Run) -> str:
     p = run.env_params
     gpu = _hardware_value(p, "gpu")
     return ", ".join(str(x) for x in (p.get("cpu"), f"{p.get('num_cpu')} cpus", p.get("arch"),
-                                       p.get("isa") and f"isa {p['isa']}", gpu != "none" and f"gpu {gpu}") if x)
+                                       p.get("isa") and f"isa {p['isa']}",
+                                       gpu != "none" and f"gpu {gpu}") if x)
 
 
 def hardware_groups(history: History) -> dict[str, list[Run]]:
@@ -110,7 +112,8 @@ def hardware_changes(history: History) -> list[str]:
             if hardware_key(a) != hardware_key(b):
                 notes.append(f"{machine}: {a.commit[:8]} ({_hardware_text(a)}) and {b.commit[:8]} "
                              f"({_hardware_text(b)}) are different hardware; not compared "
-                             "(--across machines compares runs of one commit and torch build on two hardwares)")
+                             "(--across machines compares runs of one commit and torch build "
+                             "on two hardwares)")
     return list(dict.fromkeys(notes))
 
 
@@ -125,7 +128,8 @@ def make_pairs(history: History, options) -> list[Pair]:
             for r in runs:
                 by_build.setdefault((r.commit, r.env_name), []).append((label, r))
         for found in by_build.values():
-            pairs += [Pair(f"{la} vs {lb}", "machines", a, b) for (la, a), (lb, b) in zip(found, found[1:])]
+            pairs += [Pair(f"{la} vs {lb}", "machines", a, b)
+                      for (la, a), (lb, b) in zip(found, found[1:])]
         return pairs
 
     if options.base is not None:
@@ -137,14 +141,16 @@ def make_pairs(history: History, options) -> list[Pair]:
             at_head = {r.env_name: r for r in runs if r.commit == head}
             for env in sorted(at_base.keys() ^ at_head.keys()):
                 side = "base" if env in at_base else "head"
-                history.warnings.append(f"{machine}: environment {env} has results only at {side}; not compared")
+                history.warnings.append(f"{machine}: environment {env} has results only at "
+                                        f"{side}; not compared")
             for env in sorted(at_base.keys() & at_head.keys()):
                 # What base lacks is judged against the runs before it, as on the commits axis
                 # (none when head is the earlier: there is nothing between to step over).
                 chain = [r for r in runs if r.env_name == env]
                 k = next(i for i, r in enumerate(chain) if r is at_base[env])
                 later = at_base[env].order_key < at_head[env].order_key
-                pairs.append(Pair(machine, "commits", at_base[env], at_head[env], *((chain, k) if later else ())))
+                pairs.append(Pair(machine, "commits", at_base[env], at_head[env],
+                                  *((chain, k) if later else ())))
         return pairs
 
     at = resolve_commit(history, options.at) if options.at is not None else None
@@ -154,7 +160,8 @@ def make_pairs(history: History, options) -> list[Pair]:
             for r in runs:  # already in commit order
                 by_env.setdefault(r.env_name, []).append(r)
             for env_runs in by_env.values():
-                pairs += [Pair(machine, "commits", a, b, env_runs, k) for k, (a, b) in enumerate(zip(env_runs, env_runs[1:]))
+                pairs += [Pair(machine, "commits", a, b, env_runs, k)
+                          for k, (a, b) in enumerate(zip(env_runs, env_runs[1:]))
                           if at is None or b.commit == at]
         if options.across in ("envs", "both"):
             by_commit: dict[str, list[Run]] = {}
@@ -164,5 +171,6 @@ def make_pairs(history: History, options) -> list[Pair]:
                 if at is not None and commit != at:
                     continue
                 commit_runs.sort(key=lambda r: (version_key(r.torch), r.env_name))
-                pairs += [Pair(machine, "envs", a, b, commit_runs, k) for k, (a, b) in enumerate(zip(commit_runs, commit_runs[1:]))]
+                pairs += [Pair(machine, "envs", a, b, commit_runs, k)
+                          for k, (a, b) in enumerate(zip(commit_runs, commit_runs[1:]))]
     return pairs

@@ -121,8 +121,10 @@ def notes(summary: Summary) -> list[tuple[str, list[str]]]:
     """(heading, lines) of what was not compared or not flagged, after the flags."""
     return [(h, lines) for h, lines in (
         (f"method changed ({len(summary.method_notes)}, not compared)", summary.method_notes),
-        (f"timing differences without evidence ({len(summary.timing_notes)}, not flagged)", summary.timing_notes),
-        (f"different hardware ({len(summary.different_hardware)}, not compared)", summary.different_hardware),
+        (f"timing differences without evidence ({len(summary.timing_notes)}, not flagged)",
+         summary.timing_notes),
+        (f"different hardware ({len(summary.different_hardware)}, not compared)",
+         summary.different_hardware),
         ("output bits not recorded (judged as before)", summary.bits_notes),
     ) if lines]
 
@@ -138,7 +140,8 @@ def headline(summary: Summary, fail_on) -> str:
     n = len(summary.incidents)
     bad = sum(i.failing(fail_on) for i in summary.incidents)
     return (f"{n} incident{'s' * (n != 1)} ({bad} failing): "
-            f"{len(summary.flags)} flag{'s' if len(summary.flags) != 1 else ''}, {fails}, in {where}")
+            f"{len(summary.flags)} flag{'s' if len(summary.flags) != 1 else ''}, {fails}, "
+            f"in {where}")
 
 
 def incident_title(k: int, inc: Incident, fail_on) -> str:
@@ -192,7 +195,8 @@ def _side_text(side: Side, unit: str) -> str:
 # Control characters (C0 but newline, C1), the bidirectional controls that reorder what a
 # reader sees ("Trojan Source"), and lone surrogates (a JSON "\udcff"), which no UTF-8 output
 # can hold, in names that come from results trees: shown as \uXXXX.
-_INVISIBLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_INVISIBLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                        "\u2066-\u2069\ud800-\udfff]")
 
 
 def visible(text, newlines: bool = False) -> str:
@@ -204,7 +208,8 @@ def visible(text, newlines: bool = False) -> str:
 
 def row(f: Flag) -> list[str]:
     params = " ".join(visible(v) for v in f.params.values()) if f.params else "(all)"
-    return [visible(_short_bench(f.benchmark)), params, visible(_side_text(f.before, f.unit), newlines=True),
+    return [visible(_short_bench(f.benchmark)), params,
+            visible(_side_text(f.before, f.unit), newlines=True),
             visible(_side_text(f.after, f.unit), newlines=True), visible(f.detail, newlines=True),
             "\n".join(visible(a) for a in f.attribution), visible(repro(f) or "")]
 
@@ -258,7 +263,8 @@ def render_plain(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
     if summary.flags:
         out += ["", "== the flags, by machine and kind =="]
     for machine, kind, flags in groups(summary, fail_on):
-        out += ["", f"== {visible(machine)}: {kind} ({len(flags)}, {group_status(flags, fail_on)}) =="]
+        out += ["", f"== {visible(machine)}: {kind} ({len(flags)}, "
+                    f"{group_status(flags, fail_on)}) =="]
         for f in flags:
             out += _block(f)
     for heading, lines in notes(summary):
@@ -285,9 +291,11 @@ def _md_text(line: str) -> str:
     for i, c in enumerate(line):
         if c == "&":
             out.append("&amp;")
-        elif c in _MD_SPECIAL or (c in "#>+-" and i == 0):  # a heading, quote or list at a line's start
+        elif c in _MD_SPECIAL or (c in "#>+-" and i == 0):
+            # a heading, quote or list at a line's start
             out.append("\\" + c)
-        elif c == "_" and not (i > 0 and line[i - 1].isalnum() and i + 1 < len(line) and line[i + 1].isalnum()):
+        elif c == "_" and not (i > 0 and line[i - 1].isalnum() and i + 1 < len(line)
+                               and line[i + 1].isalnum()):
             out.append("\\_")
         else:
             out.append(c)
@@ -298,7 +306,8 @@ def md_escape(text: str) -> str:
     """Text safe in a GitHub Markdown table cell, list item or heading; renders as the text
     itself, and reads as it raw."""
     text = visible(str(text).replace("\r\n", "\n").replace("\r", "\n"), newlines=True)
-    return "<br>".join(_md_code(line) if _LINKISH.search(line) else _md_text(line) for line in text.split("\n"))
+    return "<br>".join(_md_code(line) if _LINKISH.search(line) else _md_text(line)
+                       for line in text.split("\n"))
 
 
 def _md_code(line: str) -> str:
@@ -330,8 +339,10 @@ INCIDENT_MARK = "<!-- matmul-drift incident {key} -->"  # how a nightly finds an
 def incident_markdown(k: int, inc: Incident, fail_on=DEFAULT_FAIL_ON) -> list[str]:
     """One incident as a Markdown section: its cause as the heading, where, the verdict, a
     repro per side, then its cells' table and its flags folded in <details>."""
-    out = [f"#### {md_escape(incident_title(k, inc, fail_on))}", INCIDENT_MARK.format(key=inc.key), "",
-           md_escape(incident_where(inc)), "", "**Verdict:** " + md_escape("; ".join(inc.verdict())), ""]
+    out = [f"#### {md_escape(incident_title(k, inc, fail_on))}",
+           INCIDENT_MARK.format(key=inc.key), "",
+           md_escape(incident_where(inc)), "",
+           "**Verdict:** " + md_escape("; ".join(inc.verdict())), ""]
     out += [f"- {md_escape(repro_label(r))}: {_md_code(visible(r['command']))}" for r in inc.repros]
     out += [f"- {md_escape(n)}" for n in inc.notes]
     heads, rows = cell_table(inc)
@@ -347,7 +358,8 @@ def incident_markdown(k: int, inc: Incident, fail_on=DEFAULT_FAIL_ON) -> list[st
         cells[4] = "\n".join(cut(d) for d in cells[4].split("\n"))
         cells[5] = cut(why(f))
         cells[6] = _md_code(cells[6]) if cells[6] else ""
-        out.append("| " + " | ".join(md_escape(c) if k != 6 else c for k, c in enumerate(cells)) + " |")
+        out.append("| " + " | ".join(md_escape(c) if k != 6 else c for k, c in enumerate(cells))
+                   + " |")
     return out + ["", "</details>"]
 
 
@@ -405,13 +417,15 @@ def render_json(summary: Summary, fail_on=DEFAULT_FAIL_ON) -> str:
         "failing": len(summary.failing(fail_on)),
         "pairs": summary.pairs,
         "machines": list(summary.machines),
-        "incidents": [incident_record(inc, fail_on, index) for inc in ordered(summary.incidents, fail_on)],
+        "incidents": [incident_record(inc, fail_on, index)
+                      for inc in ordered(summary.incidents, fail_on)],
         "flags": [flag_record(f, fail_on) for f in listed],
         "different_hardware": list(summary.different_hardware),
         "method_notes": list(summary.method_notes),
         "timing_notes": list(summary.timing_notes),
         "bits_notes": list(summary.bits_notes),
-        "warnings": list(dict.fromkeys(summary.warnings)),  # a JSON reader learns what was left out too
+        # a JSON reader learns what was left out too
+        "warnings": list(dict.fromkeys(summary.warnings)),
     }
     text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     return visible(text, newlines=True)  # as JSON escapes: the same data reads back

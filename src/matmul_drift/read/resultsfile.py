@@ -157,7 +157,8 @@ def read_results_file(path: Path, machine: str, interned: dict | None = None,
             f"asv results format version {d.get('version')!r}; this reader understands "
             f"version {RESULTS_API_VERSION} (asv 0.5+; run `asv update` on older results)"
         )
-    commit, env_name, date, env_params = d.get("commit_hash"), d.get("env_name"), d.get("date"), d.get("params")
+    commit, env_name, date, env_params = (d.get("commit_hash"), d.get("env_name"), d.get("date"),
+                                          d.get("params"))
     if not isinstance(commit, str) or not commit:
         raise BadFile("no commit_hash")
     if not isinstance(env_name, str):
@@ -165,7 +166,8 @@ def read_results_file(path: Path, machine: str, interned: dict | None = None,
     if not isinstance(env_params, dict):
         raise BadFile("no environment params")
     if env_params.get("machine", machine) != machine:
-        raise BadFile(f"machine is {env_params.get('machine')!r}, not {machine!r} as machine.json says")
+        raise BadFile(f"machine is {env_params.get('machine')!r}, "
+                      f"not {machine!r} as machine.json says")
     if isinstance(date, bool) or not isinstance(date, (int, float)):
         raise BadFile("no commit date")
     if not 0 <= date <= MAX_DATE_MS or date != int(date):  # NaN fails the first test
@@ -189,7 +191,8 @@ def read_results_file(path: Path, machine: str, interned: dict | None = None,
             raise BadFile(f"{name}: row is not a list")
         series[name] = _read_row(name, row, col, interned, odd)
     if odd and warnings is not None:
-        warnings.append(f"{path}: {len(odd)} values are not finite numbers, skipped (e.g. {odd[0]})")
+        warnings.append(f"{path}: {len(odd)} values are not finite numbers, skipped "
+                        f"(e.g. {odd[0]})")
     return Run(machine, commit, env_name, int(date), env_params, path, series)
 
 
@@ -225,7 +228,8 @@ def _read_row(name: str, row: list, col: dict, interned: dict, odd: list[str]) -
         stats = {}
         for k in _STATS:
             v = _column(row, col, k)
-            stats[k[6:]] = np.full(n, np.nan) if v is None else _floats(name, k, v, n, stats=True, odd=odd)[0]
+            stats[k[6:]] = (np.full(n, np.nan) if v is None
+                            else _floats(name, k, v, n, stats=True, odd=odd)[0])
     return Series(params_t, version, values, failed, stats)
 
 
@@ -233,13 +237,14 @@ def _floats(name: str, column: str, lst, n: int, stats: bool = False,
             odd: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """A JSON list of numbers/nulls as (float64 array with NaN for null, null mask or None; None
     for a ``stats`` column). An entry that is neither a number nor null (true, "1.5", a list), an
-    integer no float64 holds (10**400: numpy raised, and the whole file was dropped), or
+    integer no float64 holds (10**400: numpy raises on it, which would drop the whole file), or
     is ±Infinity in a result (no value of this suite, and one the judge could not compare),
     becomes NaN, and its description is appended to ``odd``: numpy alone would read true as 1
     and "1.5" as 1.5. In a stats column ±Infinity is kept: asv writes a one-sample 99 % CI
     (asv run --quick) as [-Infinity, Infinity]."""
     if not isinstance(lst, list) or len(lst) != n:
-        raise BadFile(f"{name}: {column} has {len(lst) if isinstance(lst, list) else 'no'} entries, "
+        raise BadFile(f"{name}: {column} has "
+                      f"{len(lst) if isinstance(lst, list) else 'no'} entries, "
                       f"params give {n}")
     # `None in lst` scans in C; the common no-failure case then skips the Python loop.
     if stats:
@@ -250,7 +255,8 @@ def _floats(name: str, column: str, lst, n: int, stats: bool = False,
         failed = np.zeros(n, dtype=bool)
     bad = [i for i, v in enumerate(lst)
            if v is not None and (not -_INT_PAST_FLOAT < v < _INT_PAST_FLOAT if type(v) is int else
-                                 type(v) is not float or (not stats and v in (math.inf, -math.inf)))]
+                                 type(v) is not float
+                                 or (not stats and v in (math.inf, -math.inf)))]
     if bad:
         if odd is not None:
             odd += [f"{name} {column}[{i}] = {json.dumps(lst[i])[:40]}" for i in bad]

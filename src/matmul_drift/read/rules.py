@@ -1,7 +1,8 @@
 """One rule per unit: how a change of one series between two runs is judged. Never imports
 torch.
 
-Each benchmark series is judged by its asv unit (docs/design.md, "Units and how a change is judged"):
+Each benchmark series is judged by its asv unit (docs/design.md, "Units and how a change is
+judged"):
 
 ==========  =========================================================================
 unit        flag kind and rule
@@ -13,7 +14,8 @@ kernel-id   ``kernel``: the id differs (any change of the ordered kernel list); 
 ulp         ``invariance``: 0 -> non-zero (lost) or non-zero -> 0 (regained);
             ``ulp-growth`` (informational): non-zero and grew by more than ``ulp_growth``.
 u           ``accuracy``: max/min of the two values exceeds ``u_tolerance``, or the value
-            crosses the bound (γ_K, or γ_K(TF32)) read from the ``u-bound`` series of the same class.
+            crosses the bound (γ_K, or γ_K(TF32)) read from the ``u-bound`` series of the same
+            class.
 seconds     ``timing``: the ratio exceeds ``time_factor`` and, where asv recorded stats
             for both sides (repeat > 1), the 99 % confidence intervals do not overlap
             (IQR where there is no CI); with no stats, the ratio alone decides.
@@ -140,7 +142,8 @@ def _kernel(ctx: Ctx, vb, va, both) -> list[Flag]:
         kb, ka = cat.get("kernels", vb[i]), cat.get("kernels", va[i])
         detail = kernel_detail(vb[i], va[i], kb, ka)
         ob, oa = ctx.ids("order-id", i)
-        full_changed = not isinstance(kb, dict) or not isinstance(ka, dict) or kb.get("full") != ka.get("full")
+        full_changed = (not isinstance(kb, dict) or not isinstance(ka, dict)
+                        or kb.get("full") != ka.get("full"))
         if full_changed and math.isfinite(ob) and ob == oa:
             entry = cat.get("orders", ob)
             if isinstance(entry, dict) and entry.get("tree") is not None:
@@ -163,7 +166,8 @@ def kernel_detail(id_b: float, id_a: float, kb, ka) -> str:
         old, new = kb.get(key), ka.get(key)
         if old == new:
             continue
-        fmt = lambda v: "none" if v is None else (", ".join(map(_inline, v)) if isinstance(v, list) else _inline(v))
+        fmt = lambda v: ("none" if v is None  # noqa: E731
+                         else (", ".join(map(_inline, v)) if isinstance(v, list) else _inline(v)))
         lines.append(f"{_inline(key)}: {fmt(old)} -> {fmt(new)}")
     return "\n".join(lines) or f"kernel-id {hex_id(id_b)} -> {hex_id(id_a)}"
 
@@ -200,18 +204,21 @@ def order_detail(id_b: float, id_a: float, eb, ea, same_kernels: bool) -> str:
         one_side = (eb.get("tree") is None) != (ea.get("tree") is None)
         wb, wa = describe_order(eb), describe_order(ea)
         text = (f"order of entry (0, 0): {wb} -> {wa}" if wb != wa else
-                f"order of entry (0, 0): another tree, alike in words ({wb}; order-id {hex_id(id_b)} -> {hex_id(id_a)})")
+                f"order of entry (0, 0): another tree, alike in words "
+                f"({wb}; order-id {hex_id(id_b)} -> {hex_id(id_a)})")
         if eb.get("k") != ea.get("k"):
             text += f"; K {eb.get('k')} -> {ea.get('k')}"
     if not same_kernels:
         return text
-    return text + ("; kernel-id unchanged: the probe read the same kernels' order on one side only" if one_side else
+    return text + ("; kernel-id unchanged: the probe read the same kernels' order on one side only"
+                   if one_side else
                    "; kernel-id unchanged: the same kernels add in another order")
 
 
 def _fix(ctx: Ctx, vb, va, both) -> list[Flag]:
     cat = ctx.judge.history.catalog
-    return [ctx.flag("fix", i, fix_detail(vb[i], va[i], cat.get("fixes", vb[i]), cat.get("fixes", va[i])))
+    return [ctx.flag("fix", i, fix_detail(vb[i], va[i], cat.get("fixes", vb[i]),
+                                          cat.get("fixes", va[i])))
             for i in np.nonzero(both & (vb != va))[0]]
 
 
@@ -220,15 +227,18 @@ def fix_detail(id_b: float, id_a: float, fb, fa) -> str:
     if not isinstance(fb, dict) or not isinstance(fa, dict):
         return f"fix-id {hex_id(id_b)} -> {hex_id(id_a)} (verdicts not in the catalog)"
     kinds = lambda e: ", ".join(map(_inline, e.get("drifts") or [])) or "none"  # noqa: E731
-    works = lambda e: {n for n, v in (e.get("verdicts") or {}).items() if v == "removes"}  # noqa: E731
+    works = lambda e: {n for n, v in (e.get("verdicts") or {}).items()  # noqa: E731
+                       if v == "removes"}
     lines = [f"drifts: {kinds(fb)} -> {kinds(fa)}"] if fb.get("drifts") != fa.get("drifts") else []
     if fa.get("drifts"):
         if stopped := sorted(works(fb) - works(fa)):
             lines.append("stopped removing the drift: " + "; ".join(
-                f"{_inline(n)} (now {_inline((fa.get('verdicts') or {}).get(n, 'not measured'))})" for n in stopped))
+                f"{_inline(n)} (now {_inline((fa.get('verdicts') or {}).get(n, 'not measured'))})"
+                for n in stopped))
         if started := sorted(works(fa) - works(fb)):
             lines.append("started removing the drift: " + "; ".join(map(_inline, started)))
-        lines.append("removes it now: " + ("; ".join(map(_inline, sorted(works(fa)))) or "no candidate"))
+        lines.append("removes it now: "
+                     + ("; ".join(map(_inline, sorted(works(fa)))) or "no candidate"))
     return "\n".join(lines) or f"fix-id {hex_id(id_b)} -> {hex_id(id_a)} (verdicts otherwise alike)"
 
 
@@ -236,7 +246,8 @@ def _map(ctx: Ctx, vb, va, both) -> list[Flag]:
     cat, pair = ctx.judge.history.catalog, ctx.pair
     where = (f" under torch {pair.after.torch}" if pair.across == "envs" and pair.after.torch else
              f" at {pair.after.commit[:8]}" if pair.across == "commits" else "")
-    return [ctx.flag("map", i, map_detail(vb[i], va[i], cat.get("maps", vb[i]), cat.get("maps", va[i]), where))
+    return [ctx.flag("map", i, map_detail(vb[i], va[i], cat.get("maps", vb[i]),
+                                          cat.get("maps", va[i]), where))
             for i in np.nonzero(both & (vb != va))[0]]
 
 
@@ -249,17 +260,20 @@ def map_detail(id_b: float, id_a: float, eb, ea, where: str = "") -> str:
     bad = [mapruns.misfit(r) for r in runs]
     if any(bad):
         why = next(b for b in bad if b)
-        return f"map-id {hex_id(id_b)} -> {hex_id(id_a)} (maps not in the catalog or unreadable: {why})"
+        return (f"map-id {hex_id(id_b)} -> {hex_id(id_a)} "
+                f"(maps not in the catalog or unreadable: {why})")
     lines = mapruns.changes(*runs)
     if lines:
         lines[0] += where
     else:
         wb, wa = (str(e.get("words", "")).splitlines() for e in (eb, ea))
         moved = [f"{_inline(b)} -> {_inline(a)}" for b, a in zip(wb, wa) if b != a]
-        lines = [f"every M in the same state{where}" + ("; the words changed: " + "; ".join(moved) if moved else
-                                                        f" (map-id {hex_id(id_b)} -> {hex_id(id_a)})")]
+        lines = [f"every M in the same state{where}"
+                 + ("; the words changed: " + "; ".join(moved) if moved else
+                    f" (map-id {hex_id(id_b)} -> {hex_id(id_a)})")]
     pb, pa = (e.get("params") if isinstance(e.get("params"), dict) else {} for e in (eb, ea))
-    other = [f"{_inline(k)} {_inline(pb.get(k))} -> {_inline(pa.get(k))}" for k in sorted(pb.keys() | pa.keys())
+    other = [f"{_inline(k)} {_inline(pb.get(k))} -> {_inline(pa.get(k))}"
+             for k in sorted(pb.keys() | pa.keys())
              if pb.get(k) != pa.get(k)]
     if other:
         lines.append("mapped otherwise: " + "; ".join(other))
@@ -301,11 +315,13 @@ def _accuracy(ctx: Ctx, vb, va, both) -> list[Flag]:
         ratio = "" if vb[i] == 0 else f" ({va[i] / vb[i]:.3g}x)"
         detail = f"error {format_value(vb[i], 'u')} -> {format_value(va[i], 'u')}{ratio}"
         if crossed[i]:
-            g = numerics.bound_name(ctx.judge.history.params_dict(ctx.name, ctx.sb.params, ctx.combo(i)).get("dtype"))
+            g = numerics.bound_name(ctx.judge.history.params_dict(ctx.name, ctx.sb.params,
+                                                                  ctx.combo(i)).get("dtype"))
             detail += (f"; now above the {g} bound {format_value(ga[i], 'u')}" if va[i] > ga[i]
                        else f"; back within the {g} bound {format_value(ga[i], 'u')}")
         worse = va[i] > vb[i] or (crossed[i] and va[i] > ga[i])
-        flags.append(ctx.flag("accuracy", i, detail, "" if worse else _better(ctx, i, "more accurate")))
+        flags.append(ctx.flag("accuracy", i, detail,
+                              "" if worse else _better(ctx, i, "more accurate")))
     return flags
 
 
@@ -317,7 +333,8 @@ def _better(ctx: Ctx, i: int, why: str) -> str:
 
 def _bits(ctx: Ctx, vb, va, both) -> list[Flag]:
     cat = ctx.judge.history.catalog
-    return [ctx.flag("bits", i, bits_detail(vb[i], va[i], cat.get("bits", vb[i]), cat.get("bits", va[i])))
+    return [ctx.flag("bits", i, bits_detail(vb[i], va[i], cat.get("bits", vb[i]),
+                                            cat.get("bits", va[i])))
             for i in np.nonzero(both & (vb != va))[0]]
 
 
@@ -355,19 +372,23 @@ def _timing(ctx: Ctx, vb, va, both) -> list[Flag]:
         # As asv compare: one sample (repeat 1) has no interval, so the factor alone decides.
         judged = (b["repeat"] != 1) & (a["repeat"] != 1)
         how[~judged] = "one sample"
-        for lo, hi, label in (("ci_99_a", "ci_99_b", "99% CIs apart"), ("q_25", "q_75", "IQRs apart")):
+        for lo, hi, label in (("ci_99_a", "ci_99_b", "99% CIs apart"),
+                              ("q_25", "q_75", "IQRs apart")):
             have = judged & ~(np.isnan(b[lo]) | np.isnan(b[hi]) | np.isnan(a[lo]) | np.isnan(a[hi]))
             apart[have] = ((b[hi] < a[lo]) | (a[hi] < b[lo]))[have]
             how[have] = label
             judged &= ~have  # the IQR only where there is no CI
-    for i in np.nonzero(big & (how == "no stats"))[0]:  # a track (CUDA events): do_bench's quantiles
+    # a track (CUDA events): do_bench's quantiles
+    for i in np.nonzero(big & (how == "no stats"))[0]:
         (b20, a20), (b80, a80) = ctx.ids("q20-seconds", i), ctx.ids("q80-seconds", i)
         if all(math.isfinite(x) for x in (b20, a20, b80, a80)):
             apart[i], how[i] = (b80 < a20) or (a80 < b20), "20-80% quantiles apart"
     flags = []
     for i in np.nonzero(big & apart)[0]:
-        if 1.0 in ctx.ids("clock-fell", i):  # the GPU slowed itself: that run's times say nothing of torch
-            ctx.judge.timing_note(ctx.pair.machine, "where the GPU's SM clock fell while timed (not compared)")
+        # the GPU slowed itself: that run's times say nothing of torch
+        if 1.0 in ctx.ids("clock-fell", i):
+            ctx.judge.timing_note(ctx.pair.machine,
+                                  "where the GPU's SM clock fell while timed (not compared)")
             continue
         slower = bool(ratio[i] > 1)
         found = ctx.judge.timing_evidence(ctx, i, slower, how[i], float(base[i]))
@@ -407,15 +428,17 @@ def repro(flag: Flag) -> str | None:
     shell: `matmul-drift explain --case C --dtype D --device X`. Only from values the case
     catalog knows (a results tree may name anything), each quoted; None otherwise."""
     p = flag.params
-    if p.get("case") not in cases.CASE_IDS or p.get("dtype") not in cases.PRECISIONS or p.get("device") not in cases.DEVICES:
+    if (p.get("case") not in cases.CASE_IDS or p.get("dtype") not in cases.PRECISIONS
+            or p.get("device") not in cases.DEVICES):
         return None
-    return "matmul-drift explain " + " ".join(f"--{k} {shlex.quote(p[k])}" for k in ("case", "dtype", "device"))
+    return "matmul-drift explain " + " ".join(f"--{k} {shlex.quote(p[k])}"
+                                              for k in ("case", "dtype", "device"))
 
 
 def confirmation_key(machine: str, benchmark: str, params: dict, before: Run, after: Run) -> tuple:
     """How a re-measurement (results/confirm) names the pair of results it judged."""
-    return (machine, benchmark, tuple(sorted(params.items())), before.commit, before.env_name, after.commit,
-            after.env_name)
+    return (machine, benchmark, tuple(sorted(params.items())), before.commit, before.env_name,
+            after.commit, after.env_name)
 
 
 def confirmed_text(rec: dict) -> str:
@@ -442,8 +465,9 @@ def _count(ctx: Ctx, vb, va, both) -> list[Flag]:
             for i in np.nonzero(both & (vb != va))[0]]
 
 
-RULES = {"bits-id": _bits, "kernel-id": _kernel, "order-id": _order, "fix-id": _fix, "map-id": _map, "ulp": _ulp, "u": _accuracy,
-          "seconds": _timing, "count": _count}
+RULES = {"bits-id": _bits, "kernel-id": _kernel, "order-id": _order, "fix-id": _fix,
+         "map-id": _map, "ulp": _ulp, "u": _accuracy,
+         "seconds": _timing, "count": _count}
 
 
 def judged(unit: str | None) -> bool:

@@ -22,8 +22,8 @@ from matmul_drift.read.rules import (RULES, Ctx, bench_name, confirmation_key, c
                                      confirmed_text, judged, series_of_unit)
 from matmul_drift.store import machine as hardware
 
-DEFAULT_FAIL_ON = frozenset({"bits", "kernel", "order", "map", "invariance", "accuracy", "nonfinite", "input",
-                             "fix", "timing"})
+DEFAULT_FAIL_ON = frozenset({"bits", "kernel", "order", "map", "invariance", "accuracy",
+                             "nonfinite", "input", "fix", "timing"})
 ACROSS = ("commits", "envs", "both", "machines")
 TIMING = ("evidence", "suspects")
 
@@ -56,17 +56,19 @@ class Options:
 
     def check(self) -> None:
         if self.across not in ACROSS:
-            raise BadValue("across", None, f"must be one of {', '.join(ACROSS)}, not {self.across!r}")
+            raise BadValue("across", None,
+                           f"must be one of {', '.join(ACROSS)}, not {self.across!r}")
         if (self.base is None) != (self.head is None):
             raise Misuse(Param("base"), " and ", Param("head"), " go together")
         if self.base is not None and self.across in ("envs", "machines"):
-            raise Misuse(Param("base"), "/", Param("head"), " compare two commits; ", Param("across"),
-                         f" {self.across} does not apply")
+            raise Misuse(Param("base"), "/", Param("head"), " compare two commits; ",
+                         Param("across"), f" {self.across} does not apply")
         if self.at is not None and (self.base is not None or self.across == "machines"):
-            raise Misuse(Param("at"), " goes with neither ", Param("base"), "/", Param("head"), " nor ",
-                         Param("across"), " machines")
+            raise Misuse(Param("at"), " goes with neither ", Param("base"), "/", Param("head"),
+                         " nor ", Param("across"), " machines")
         if self.timing not in TIMING:
-            raise BadValue("timing", None, f"must be one of {', '.join(TIMING)}, not {self.timing!r}")
+            raise BadValue("timing", None,
+                           f"must be one of {', '.join(TIMING)}, not {self.timing!r}")
         for name in ("u_tolerance", "ulp_growth", "time_factor"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 1):
@@ -80,8 +82,10 @@ class Summary:
     machines: list[str]
     warnings: list[str]
     different_hardware: list[str] = field(default_factory=list)  # neighbouring runs never judged
-    method_notes: list[str] = field(default_factory=list)  # series not compared across a method change
-    timing_notes: list[str] = field(default_factory=list)  # suspected timing changes without evidence
+    # series not compared across a method change
+    method_notes: list[str] = field(default_factory=list)
+    # suspected timing changes without evidence
+    timing_notes: list[str] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)  # the flags grouped by cause
     bits_notes: list[str] = field(default_factory=list)  # results without an output digest
 
@@ -100,7 +104,7 @@ def parse_fail_on(text: str | None) -> frozenset[str]:
     if words == ["all"]:
         return frozenset(KINDS)
     alone = [w for w in ("none", "all") if w in words]
-    if alone:  # was "unknown kind 'all'" beside another word
+    if alone:  # "none" or "all" beside another word: not an unknown kind, but misplaced
         raise BadValue("fail_on", None, f"{alone[0]} stands alone; give it by itself, or a comma "
                        f"list of {', '.join(KINDS)}", colon=True)
     unknown = [w for w in words if w not in KINDS]
@@ -126,12 +130,13 @@ def summarise(history: History, options: Options | None = None) -> Summary:
             flags += judge.pair(pair)
     order = {k: i for i, k in enumerate(KINDS)}
     rank = {r.commit: r.rank for runs in history.runs.values() for r in runs}
-    flags.sort(key=lambda f: (f.machine, order[f.kind], f.benchmark, rank[f.before.commit], rank[f.after.commit],
-                              version_key(f.after.torch), f.after.env))
-    by_time = sorted(flags, key=lambda f: (f.machine, rank[f.after.commit], f.across, version_key(f.after.torch),
-                                           f.after.env))
+    flags.sort(key=lambda f: (f.machine, order[f.kind], f.benchmark, rank[f.before.commit],
+                              rank[f.after.commit], version_key(f.after.torch), f.after.env))
+    by_time = sorted(flags, key=lambda f: (f.machine, rank[f.after.commit], f.across,
+                                           version_key(f.after.torch), f.after.env))
     incidents = group(by_time, lambda e: history.catalog.get("env", e))
-    return Summary(flags, len(pairs), sorted(history.runs), history.warnings, notes, judge.method_notes(),
+    return Summary(flags, len(pairs), sorted(history.runs), history.warnings, notes,
+                   judge.method_notes(),
                    judge.timing_notes(), incidents, judge.digest_notes())
 
 
@@ -179,7 +184,8 @@ class Judge:
         return hit[2]
 
     def on(self, aux: Series | None, params: tuple) -> np.ndarray | None:
-        """An auxiliary series' values laid out over ``params`` (NaN where it lacks a combination)."""
+        """An auxiliary series' values laid out over ``params`` (NaN where it lacks a
+        combination)."""
         if aux is None:
             return None
         return aux.values if aux.params is params else self.lay(aux, aux.values, params)
@@ -201,13 +207,15 @@ class Judge:
                 self._no_digest.setdefault(run.commit, None)
         flags: list[Flag] = []
         unmatched = 0  # combinations of one run with no counterpart in the other (params changed)
-        now_skipped: list[str] = []  # measured before, skipped (NaN) after: never compared, but said
+        # measured before, skipped (NaN) after: never compared, but said
+        now_skipped: list[str] = []
         for name in sorted(B.series.keys() & A.series.keys()):
             unit = self.units.get(name)
             if unit is None:
                 if name not in self._unknown:
                     self._unknown.add(name)
-                    self.history.warnings.append(f"benchmark {name} is not in benchmarks.json; not judged")
+                    self.history.warnings.append(f"benchmark {name} is not in benchmarks.json; "
+                                                 "not judged")
                 continue
             sb, sa = B.series[name], A.series[name]
             if sb.version != sa.version:
@@ -221,21 +229,26 @@ class Judge:
             now_skipped += self._now_skipped(name, sb, sa)
         where = f"{pair.machine}: {B.commit[:8]} ({B.env_name}) -> {A.commit[:8]} ({A.env_name})"
         if unmatched:  # else a renamed case's flags would vanish without a word
-            self.history.warnings.append(f"{where}: the benchmarks' params differ; {unmatched} combinations in one run only, "
-                                   "not compared")
+            self.history.warnings.append(f"{where}: the benchmarks' params differ; {unmatched} "
+                                         "combinations in one run only, not compared")
         if now_skipped:  # a budget spent, a probe switched off: no flag, yet not without a word
-            self.history.warnings.append(f"{where}: {len(now_skipped)} value{'s' * (len(now_skipped) != 1)} measured before "
-                                   f"{'are' if len(now_skipped) != 1 else 'is'} skipped now (asv NaN), not compared: "
-                                   f"{now_skipped[0]}" + (", ..." if len(now_skipped) > 1 else ""))
+            self.history.warnings.append(f"{where}: {len(now_skipped)} "
+                                         f"value{'s' * (len(now_skipped) != 1)} measured before "
+                                         f"{'are' if len(now_skipped) != 1 else 'is'} skipped "
+                                         "now (asv NaN), not compared: "
+                                         f"{now_skipped[0]}"
+                                         + (", ..." if len(now_skipped) > 1 else ""))
         return flags + self.bridge(pair)
 
     def _now_skipped(self, name: str, sb: Series, sa: Series) -> list[str]:
-        """The combinations (``name`` and its params, in words) ``sb`` measured and ``sa`` skipped."""
+        """The combinations (``name`` and its params, in words) ``sb`` measured and ``sa``
+        skipped."""
         ib, ia = self.align(sb, sa)
         vb = sb.values if ib is None else sb.values[ib]
         va, fa = (sa.values, sa.failed) if ia is None else (sa.values[ia], sa.failed[ia])
         combos = self.combos(sa.params)
-        return [f"{name}({', '.join(self.history.params_dict(name, sa.params, combos[j if ia is None else int(ia[j])]).values())})"
+        return [f"""{name}({', '.join(self.history.params_dict(
+                    name, sa.params, combos[j if ia is None else int(ia[j])]).values())})"""
                 for j in np.nonzero(np.isfinite(vb) & np.isnan(va) & ~fa)[0]]
 
     def bridge(self, pair: Pair) -> list[Flag]:
@@ -302,7 +315,8 @@ class Judge:
         if unit == "input-id":
             for i in np.nonzero(both & (vb != va))[0]:
                 flags.append(ctx.flag("input", i, f"inputs differ (checksum {hex_id(vb[i])} -> "
-                                                  f"{hex_id(va[i])}); this combination is not compared"))
+                                                  f"{hex_id(va[i])}); "
+                                                  "this combination is not compared"))
             return flags, unmatched
         return flags + RULES[unit](ctx, vb, va, both), unmatched
 
@@ -321,15 +335,17 @@ class Judge:
             k: ctx.take_b(v) for k, v in ctx.sb.stats.items()}
         if pair.across != "commits" or pair.at < 1 or ctx.sb.stats is None:
             return vb, before_stats, lambda j: ""
-        env_of = lambda run: ctx.take_b(self.on(series_of_unit(run, self.units, "env-id"),  # noqa: E731
-                                                 ctx.sb.params))
+        env_of = lambda run: ctx.take_b(  # noqa: E731
+            self.on(series_of_unit(run, self.units, "env-id"), ctx.sb.params))
         env_b = env_of(pair.before)
         cols, runs = [vb], [(pair.before, ctx.sb)]
         for run in pair.chain[max(0, pair.at - BASELINE_RUNS + 1):pair.at]:
             s = run.series.get(ctx.name)
-            if s is None or s.version != ctx.sa.version or self._method_differs(run, pair.before, ctx.name):
+            if (s is None or s.version != ctx.sa.version
+                    or self._method_differs(run, pair.before, ctx.name)):
                 continue
-            cols.append(np.where(env_of(run) == env_b, ctx.take_b(self.on(s, ctx.sb.params)), np.nan))
+            cols.append(np.where(env_of(run) == env_b, ctx.take_b(self.on(s, ctx.sb.params)),
+                                 np.nan))
             runs.append((run, s))
         if len(cols) == 1:
             return vb, before_stats, lambda j: ""
@@ -342,7 +358,8 @@ class Judge:
         pick[count == 0] = 0
 
         def stats() -> dict[str, np.ndarray]:
-            laid = [{k: ctx.take_b(self.lay(s, (s.stats or {}).get(k), ctx.sb.params)) for k in ctx.sb.stats}
+            laid = [{k: ctx.take_b(self.lay(s, (s.stats or {}).get(k), ctx.sb.params))
+                     for k in ctx.sb.stats}
                     for _, s in runs]
             return {k: np.vstack([x[k] for x in laid])[pick, at] for k in ctx.sb.stats}
 
@@ -365,8 +382,9 @@ class Judge:
     def timing_evidence(self, ctx: Ctx, i: int, slower: bool, within: str, base: float):
         """(direction, evidence in words, the direction's factor first) that makes a suspected
         timing change a flag, or None when it is not one (then counted in a note). ``base`` is
-        the baseline the suspect was found against (seconds). In order: across commits, an environment (env-id)
-        that did not change says the machine moved, not torch; a re-measurement recorded for this pair
+        the baseline the suspect was found against (seconds). In order: across commits, an
+        environment (env-id) that did not change says the machine moved, not torch; a
+        re-measurement recorded for this pair
         (results/confirm: confirmed or not); across builds, the same difference at the previous
         commit (as before: nothing changed); the change held at the next run, settings unchanged
         (persisted, as the PyTorch HUD's two violations in a row); else pending or transient."""
@@ -374,16 +392,20 @@ class Judge:
         if pair.across == "commits" and self._env_same(*ctx.ids("env-id", i)):
             # one torch, one library, one setting on both sides: only this machine or this
             # project's code can have moved, and neither is worth an alarm
-            self.timing_note(pair.machine, "in one recorded environment (this machine's own variation)")
+            self.timing_note(pair.machine,
+                             "in one recorded environment (this machine's own variation)")
             return None
         prev = self._same_builds(pair, ctx, i, -1) if pair.across == "envs" else None
-        if prev is not None and not self._beyond(prev[0], slower) and self._builds_unchanged(prev, pair, ctx, i):
+        if (prev is not None and not self._beyond(prev[0], slower)
+                and self._builds_unchanged(prev, pair, ctx, i)):
             # neither build changed since a commit where they did not differ: a re-measurement
             # now reproduces the machine's load on two builds that bear it unlike, not torch
-            self.timing_note(pair.machine, "between two builds that did not change since the commit before, "
-                                            "where they did not differ (this machine's conditions)")
+            self.timing_note(pair.machine, "between two builds that did not change since the "
+                                           "commit before, where they did not differ "
+                                           "(this machine's conditions)")
             return None
-        rec = self.history.confirmations.get(confirmation_key(pair.after.machine, ctx.name, params, pair.before, pair.after))
+        rec = self.history.confirmations.get(confirmation_key(pair.after.machine, ctx.name,
+                                                              params, pair.before, pair.after))
         if rec is not None:
             if self.options.timing == "suspects":
                 return None  # judged already: nothing to measure again
@@ -392,7 +414,8 @@ class Judge:
             self.timing_note(pair.machine, "re-measured and not confirmed (noise)")
             return None
         if prev is not None and self._beyond(prev[0], slower):
-            self.timing_note(pair.machine, "between two builds as at the commit before (not a change)")
+            self.timing_note(pair.machine,
+                             "between two builds as at the commit before (not a change)")
             return None
         direction = "slower" if slower else "faster"
         if self.options.timing == "suspects":
@@ -400,8 +423,8 @@ class Judge:
             return direction, f"{self._factor(ratio)}, suspected ({within})"
         held = self._held(pair, ctx, i, slower, base)
         if held is None:
-            self.timing_note(pair.machine, "suspected at the latest run, not confirmed yet (a re-measurement or "
-                                            "the next run decides)")
+            self.timing_note(pair.machine, "suspected at the latest run, not confirmed yet "
+                                           "(a re-measurement or the next run decides)")
         elif held is False:
             self.timing_note(pair.machine, "gone at the next run (transient)")
         else:
@@ -420,9 +443,12 @@ class Judge:
         eb, ea = (self.history.catalog.get("env", e) for e in (env_b, env_a))
         if not isinstance(eb, dict) or not isinstance(ea, dict):
             return False
-        if "env_vars" in eb and "env_vars" in ea and (eb["env_vars"] or {}) != (ea["env_vars"] or {}):
-            return False  # a variable set on one side only is a setting changed, not a key recorded anew
-        fb, fa = (flatten({k: v for k, v in e.items() if k not in ("method", "env_vars")}) for e in (eb, ea))
+        if ("env_vars" in eb and "env_vars" in ea
+                and (eb["env_vars"] or {}) != (ea["env_vars"] or {})):
+            # a variable set on one side only is a setting changed, not a key recorded anew
+            return False
+        fb, fa = (flatten({k: v for k, v in e.items() if k not in ("method", "env_vars")})
+                  for e in (eb, ea))
         return all(fb[k] == fa[k] for k in fb.keys() & fa.keys())
 
     def _beyond(self, ratio: float, slower: bool) -> bool:
@@ -430,7 +456,8 @@ class Judge:
         return not math.isnan(ratio) and ((ratio > f) if slower else (ratio < 1 / f))
 
     def _value(self, run: Run, ctx: Ctx, i: int, unit: str | None = None) -> float:
-        """Combination ``i``'s value in ``run`` (its series ``ctx.name``, or the one of ``unit``)."""
+        """Combination ``i``'s value in ``run`` (its series ``ctx.name``, or the one of
+        ``unit``)."""
         s = run.series.get(ctx.name) if unit is None else series_of_unit(run, self.units, unit)
         if s is None or s.version != ctx.sa.version and unit is None:
             return math.nan
@@ -463,9 +490,12 @@ class Judge:
 
     def _same_builds(self, pair: Pair, ctx: Ctx, i: int, step: int):
         """(after/before ratio, the after run, the before run) of the same two environments at the
-        commit before (``step`` -1) or after (+1) on this hardware, for the combination; None where none."""
-        runs = [r for r in self.history.runs.get(pair.after.machine, []) if hardware_key(r) == hardware_key(pair.after)]
-        ranks = sorted({r.rank for r in runs if (r.rank - pair.after.rank) * step > 0}, reverse=step < 0)
+        commit before (``step`` -1) or after (+1) on this hardware, for the combination; None
+        where none."""
+        runs = [r for r in self.history.runs.get(pair.after.machine, [])
+                if hardware_key(r) == hardware_key(pair.after)]
+        ranks = sorted({r.rank for r in runs if (r.rank - pair.after.rank) * step > 0},
+                       reverse=step < 0)
         for rank in ranks:
             at = {r.env_name: r for r in runs if r.rank == rank}
             b, a = at.get(pair.before.env_name), at.get(pair.after.env_name)
@@ -480,7 +510,8 @@ class Judge:
         """Whether both builds recorded the environments they had in ``prev`` (_same_builds at the
         commit before): env-ids alike, side by side."""
         _, a, b = prev
-        return all(self._env_same(self._value(old, ctx, i, "env-id"), self._value(new, ctx, i, "env-id"))
+        return all(self._env_same(self._value(old, ctx, i, "env-id"),
+                                  self._value(new, ctx, i, "env-id"))
                    for old, new in ((b, pair.before), (a, pair.after)))
 
     @staticmethod
@@ -511,12 +542,14 @@ class Judge:
         if vb is None or va is None:
             unknown = [r.commit[:8] for r in (B, A) if (r.method or {}).get(key) is None]
             self._method_notes.setdefault((pair.machine, "unknown"), (
-                f"{pair.machine}: the measuring method of the results at {', '.join(dict.fromkeys(unknown))} is not "
-                "recorded and git does not know their commit; they are compared as before"))
+                f"{pair.machine}: the measuring method of the results at "
+                f"{', '.join(dict.fromkeys(unknown))} is not recorded and git does not know "
+                "their commit; they are compared as before"))
             return False
         if vb == va:
             return False
-        what = "; ".join(w for s, v, _, w in series.METHOD_CHANGES if s == key and min(vb, va) < v <= max(vb, va))
+        what = "; ".join(w for s, v, _, w in series.METHOD_CHANGES
+                         if s == key and min(vb, va) < v <= max(vb, va))
         self._method_notes.setdefault((pair.machine, key, vb, va), (
             f"{pair.machine}: {key}: method {vb} -> {va} between {B.commit[:8]} and {A.commit[:8]}"
             + (f" ({what})" if what else "")))
@@ -528,8 +561,8 @@ class Judge:
         if not found:
             return []
         more = f" and {len(found) - 1} more" if len(found) > 1 else ""
-        return [f"output bits: the results at {found[0][:8]}{more} record no digest (bits-id); their bits "
-                "are judged through kernels, orders and drifts, as before"]
+        return [f"output bits: the results at {found[0][:8]}{more} record no digest (bits-id); "
+                "their bits are judged through kernels, orders and drifts, as before"]
 
     def method_notes(self) -> list[str]:
         return list(self._method_notes.values())
@@ -537,10 +570,13 @@ class Judge:
     def _code_note(self, pair: Pair, name: str, sb: Series, sa: Series) -> None:
         """asv's version of a benchmark (a hash of its code, or a name it was given) moved: the
         series is not compared across it, and one note per machine and change says so."""
-        short = lambda v: "none" if v is None else v[:12] if all(c in "0123456789abcdef" for c in v) else v  # noqa: E731  hashes cut, names whole
+        # hashes cut, names whole
+        short = lambda v: ("none" if v is None  # noqa: E731
+                           else v[:12] if all(c in "0123456789abcdef" for c in v) else v)
         self._method_notes.setdefault((pair.machine, name, sb.version, sa.version), (
-            f"{pair.machine}: {bench_name(name)}: benchmark code changed between {pair.before.commit[:8]} and "
-            f"{pair.after.commit[:8]} (asv version {short(sb.version)} -> {short(sa.version)})"))
+            f"{pair.machine}: {bench_name(name)}: benchmark code changed between "
+            f"{pair.before.commit[:8]} and {pair.after.commit[:8]} "
+            f"(asv version {short(sb.version)} -> {short(sa.version)})"))
 
     # -- attribution
 
@@ -555,10 +591,12 @@ class Judge:
                     eb = self.history.catalog.get("env", env_b)
                     ea = self.history.catalog.get("env", env_a)
                     if eb is None or ea is None:
-                        self._attrib[key] = [f"env-id {hex_id(env_b)} -> {hex_id(env_a)} (catalog entry missing)"]
+                        self._attrib[key] = [f"env-id {hex_id(env_b)} -> {hex_id(env_a)} "
+                                             "(catalog entry missing)"]
                     else:  # the method is judged on its own (method_changed), not attributed
-                        self._attrib[key] = diff_entries(*({k: v for k, v in e.items() if k != "method"}
-                                                           if isinstance(e, dict) else e for e in (eb, ea)))
+                        self._attrib[key] = diff_entries(
+                            *({k: v for k, v in e.items() if k != "method"}
+                              if isinstance(e, dict) else e for e in (eb, ea)))
             return self._attrib[key]
         # No env-id recorded: fall back on asv's own environment params (python, matrix).
         return diff_entries(_asv_env(pair.before), _asv_env(pair.after))

@@ -71,7 +71,8 @@ def link_new(tmp: str | Path, path: Path) -> None:
 
 
 def _temp(path: Path, data: bytes) -> str:
-    """A temporary file beside ``path`` (parents are created) holding ``data``, on disk; its name."""
+    """A temporary file beside ``path`` (parents are created) holding ``data``, on disk; its
+    name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:

@@ -30,7 +30,8 @@ def inside(path: Path | str, root: Path | str) -> bool:
     return real == top or top in real.parents
 
 
-def read_bytes(path: Path | str, root: Path | str | None = None, limit: int = MAX_FILE_BYTES) -> bytes:
+def read_bytes(path: Path | str, root: Path | str | None = None,
+               limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of the regular file ``path``. Refused when it is a FIFO, a device, a socket
     or a directory, a symlink that leaves ``root`` (when given) or loops, or larger than
     ``limit`` bytes. FileNotFoundError passes through (the callers say what is missing)."""
@@ -81,7 +82,8 @@ def _require_regular(mode: int) -> None:
 
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
         if test(mode):
             return name
     return "not a plain file"

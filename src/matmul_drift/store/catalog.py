@@ -88,7 +88,8 @@ def load(root: Path | str, kind: str, ident: int | float):
         found = ids.text_id(canon)  # a ValueError where the text holds a lone surrogate ("\ud800")
     except FileNotFoundError:
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is missing ({path})") from None
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply to parse
+    # RecursionError: JSON nested too deeply to parse
+    except (OSError, ValueError, RecursionError) as exc:
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} is unreadable: {exc}") from None
     if found != int(ident):
         raise MissingEntry(f"catalog entry {kind}/{hex_id(ident)} does not match its id")
@@ -114,12 +115,17 @@ def parse_spelling(text: str) -> list[tuple[int, int]]:
     if d is None or not d.is_finite() or d < 0:
         if out:
             return out
-        raise ValueError(f"{text!r} is not an id: expected 12 hex digits, or a number as asv shows it")
-    if d.adjusted() >= 15:  # 1e15 and up, or rounded that coarsely: none is an id, and int(1e999999) takes a minute
+        raise ValueError(f"{text!r} is not an id: expected 12 hex digits, "
+                         "or a number as asv shows it")
+    # 1e15 and up, or rounded that coarsely: none is an id, and int() of a huge exponent
+    # (1e999999) is slow
+    if d.adjusted() >= 15:
         raise ValueError(f"{text!r} is not an id: ids are below 2**48 = {1 << 4 * ID_HEX_DIGITS}")
     exp = d.as_tuple().exponent
-    half = Decimal(10) ** exp / 2 if exp > 0 else Decimal(0)  # 1.9e+12 stands for [1.85e12, 1.95e12]
-    lo, hi = int((d - half).to_integral_value("ROUND_CEILING")), int((d + half).to_integral_value("ROUND_FLOOR"))
+    # 1.9e+12 stands for [1.85e12, 1.95e12]
+    half = Decimal(10) ** exp / 2 if exp > 0 else Decimal(0)
+    lo, hi = (int((d - half).to_integral_value("ROUND_CEILING")),
+              int((d + half).to_integral_value("ROUND_FLOOR")))
     if exp <= 0 and d != d.to_integral_value():
         raise ValueError(f"{text!r} is not an id: ids are whole numbers")
     out.append((lo, hi))

@@ -29,7 +29,8 @@ ISA_FLAGS = (
     "asimd", "asimdhp", "bf16", "i8mm", "sve", "sve2", "sme",  # aarch64
 )
 _VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
-_NOISE = re.compile(r"\((?:R|TM|r|tm)\)|@.*$|\b\d+-core\b|\b(?:cpu|processor|with .*|intel|amd)\b", re.I)
+_NOISE = re.compile(r"\((?:R|TM|r|tm)\)|@.*$|\b\d+-core\b|"
+                    r"\b(?:cpu|processor|with .*|intel|amd)\b", re.I)
 
 
 def _cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
@@ -49,7 +50,8 @@ def _cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
     return out
 
 
-PROC_GPUS = "/proc/driver/nvidia/gpus"  # the NVIDIA driver's: one folder per GPU, named by its PCI bus
+# the NVIDIA driver's: one folder per GPU, named by its PCI bus
+PROC_GPUS = "/proc/driver/nvidia/gpus"
 
 
 def _proc_gpus(root: str = PROC_GPUS) -> list[str]:
@@ -62,7 +64,8 @@ def _proc_gpus(root: str = PROC_GPUS) -> list[str]:
     names = []
     for bus in buses:
         try:
-            with open(os.path.join(root, bus, "information"), encoding="utf-8", errors="replace") as fh:
+            with open(os.path.join(root, bus, "information"), encoding="utf-8",
+                      errors="replace") as fh:
                 fields = dict(line.partition(":")[::2] for line in fh)
         except OSError:
             continue
@@ -81,7 +84,8 @@ def gpus(timeout: float = 20.0, proc_root: str = PROC_GPUS) -> list[str]:
                            text=True, timeout=timeout) if exe else None
     except (OSError, subprocess.SubprocessError):
         p = None
-    names = [line.strip() for line in p.stdout.splitlines() if line.strip()] if p and p.returncode == 0 else []
+    names = ([line.strip() for line in p.stdout.splitlines() if line.strip()]
+             if p and p.returncode == 0 else [])
     return names or _proc_gpus(proc_root)
 
 
@@ -124,7 +128,8 @@ def name(fp: dict) -> str:
     parts = [vendor, _slug(fp["cpu"]), isa_label(fp["isa"]), f"{fp['cores']}c"]
     if fp["gpus"]:
         parts.append(f"{len(fp['gpus'])}x-{_slug(fp['gpus'][0].replace('NVIDIA', ''), 2)}")
-    digest = hashlib.sha256(json.dumps(fp, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(fp, sort_keys=True,
+                                       separators=(",", ":")).encode()).hexdigest()
     return "-".join(dict.fromkeys(p for p in parts if p)) + "-" + digest[:6]
 
 
@@ -132,7 +137,7 @@ def asv_entry(fp: dict) -> dict:
     """The machine entry asv keeps (``~/.asv-machine.json``, ``<results>/<name>/machine.json``):
     asv's own fields (os, ram, ...), with ``isa`` and ``gpu`` added. asv copies the entry into
     every results file, so each run says which hardware made it."""
-    # here: asv costs about 1 s at every start of summary, which imports this
+    # imported here: asv is slow to import, and summary imports this module at every start
     from asv.machine import Machine
 
     defaults = Machine.get_defaults()
@@ -163,7 +168,7 @@ def register(fp: dict | None = None, as_name: str | None = None) -> str:
     name alone (no cpu, arch, ...), and runs on other hardware read as one history. The other
     entries are kept, and the new file replaces the old one whole (asv's own save truncates it
     first, and follows a FIFO or a directory there into a hang or a traceback)."""
-    # here: asv costs about 1 s at every start of summary, which imports this
+    # imported here: asv is slow to import, and summary imports this module at every start
     from asv.machine import MachineCollection
 
     entry = asv_entry(fingerprint() if fp is None else fp)
@@ -171,13 +176,15 @@ def register(fp: dict | None = None, as_name: str | None = None) -> str:
     path = _machine_file()
     try:
         machines = _machines(path)
-        if machines and not os.access(path, os.W_OK):  # read-only on purpose: a rename would override that
+        # read-only on purpose: a rename would override that
+        if machines and not os.access(path, os.W_OK):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
         machines.update({entry["machine"]: entry, "version": MachineCollection.api_version})
         atomic.write_text(path, json.dumps(machines, indent=4, sort_keys=True) + "\n")
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
-        raise NotRegistered(f"cannot record this machine in {path}: {why}; the file is left as it was") from None
+        raise NotRegistered(f"cannot record this machine in {path}: {why}; "
+                            "the file is left as it was") from None
     return entry["machine"]
 
 
@@ -191,8 +198,9 @@ def is_registered(name: str) -> bool:
 
 
 def _machine_file() -> str:
-    """asv's machine file, ~/.asv-machine.json, its link followed (a symlinked dotfile stays one)."""
-    # here: asv costs about 1 s at every start of summary, which imports this
+    """asv's machine file, ~/.asv-machine.json, its link followed (a symlinked dotfile stays
+    one)."""
+    # imported here: asv is slow to import, and summary imports this module at every start
     from asv.machine import MachineCollection
 
     return os.path.realpath(MachineCollection.get_machine_file_path())
@@ -206,7 +214,8 @@ def _machines(path: str) -> dict:
     except FileNotFoundError:
         return {}
     try:
-        machines = json.loads(data, parse_constant=ids.no_constant)  # written back whole: no NaN kept
+        # written back whole: no NaN kept
+        machines = json.loads(data, parse_constant=ids.no_constant)
     except ValueError as exc:
         raise ValueError(f"not JSON ({exc})") from None
     except RecursionError:

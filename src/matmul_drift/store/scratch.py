@@ -63,4 +63,5 @@ def sweep(parent: Path, pattern: str = "*") -> list[Path]:
 def sweep_staging(parent: Path, base: Path) -> list[str]:
     """``sweep(parent)`` for a run's staging folders (mainjob's and the nightly's), each
     folder removed as a line for the run's log, its path relative to ``base``."""
-    return [f"removed {f.relative_to(base)}, the staging folder of a run that was killed" for f in sweep(parent)]
+    return [f"removed {f.relative_to(base)}, the staging folder of a run that was killed"
+            for f in sweep(parent)]
