@@ -15,13 +15,13 @@ import math
 import sys
 import traceback
 
-from matmul_drift.core import cases
-from matmul_drift.measure.measure import measure
-
 IMPORT_FAILED = 3
 
 
 def _case(spec: dict):
+    # here: after main has tried torch (a build that cannot import is told apart)
+    from matmul_drift.core import cases
+
     return (
         cases.get(spec["case"])
         if spec.get("case")
@@ -32,7 +32,7 @@ def _case(spec: dict):
 def _order(case, spec: dict) -> dict:
     """order_of's answer for entry (0, 0) of the full product, as ``order_id`` (12 hex, None
     unless revealed) with ``summary`` in words, or ``reason``."""
-    # here: probes/order imports torch, which main tries first to tell a build that cannot
+    # here: after main has tried torch (a build that cannot import is told apart)
     from matmul_drift.probes import order, order_plan
 
     if not spec.get("orders", True) or not spec.get("detail", True):
@@ -51,6 +51,9 @@ def point(spec: dict) -> dict:
     dtype; ids 12 hex digits; digests sha256 hex. Without ``detail`` (a bisection's step,
     which decides on the digests alone) one call each and no kernels or order: the digests
     are the same, the product costs a third."""
+    # here: after main has tried torch (a build that cannot import is told apart)
+    from matmul_drift.measure.measure import measure
+
     case, detail = _case(spec), spec.get("detail", True)
     m = measure(
         case,
