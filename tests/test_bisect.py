@@ -127,22 +127,17 @@ def _env(tmp_path: Path, **extra) -> dict:
     }
 
 
+def _command(tmp_path: Path, wheels: Path, *args: str) -> list[str]:
+    """matmul-drift bisect of SHAPE over the fake builds in ``wheels``, its cache in tmp_path."""
+    return [sys.executable, "-m", "matmul_drift.cli", "bisect", *SHAPE, "--find-links",
+            str(wheels), "--cache", str(tmp_path / "cache"), *args]
+
+
 def _bisect(tmp_path: Path, wheels: Path, *args: str, **extra) -> subprocess.CompletedProcess:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "matmul_drift.cli",
-            "bisect",
-            *SHAPE,
-            "--find-links",
-            str(wheels),
-            "--cache",
-            str(tmp_path / "cache"),
-            *args,
-        ],
+        _command(tmp_path, wheels, *args),
         capture_output=True,
         text=True,
         cwd=work,
@@ -175,20 +170,7 @@ def test_a_bisection_finds_the_first_changed_build_and_an_interrupted_one_resume
         tmp_path / "home",
     )  # HOME: pip's and uv's own caches and settings
     before, venv_before = _tree(tmp_path, outside), _tree(site, ())
-    cmd = [
-        sys.executable,
-        "-m",
-        "matmul_drift.cli",
-        "bisect",
-        *SHAPE,
-        "--find-links",
-        str(wheels),
-        "--cache",
-        str(tmp_path / "cache"),
-        "--torch",
-        "2.8.0..2.12.0",
-        "--json",
-    ]
+    cmd = _command(tmp_path, wheels, "--torch", "2.8.0..2.12.0", "--json")
     p = subprocess.Popen(
         cmd,
         cwd=tmp_path / "work",
