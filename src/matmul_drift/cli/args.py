@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from matmul_drift.core import cases
-from matmul_drift.core.errors import BadValue, Misuse, UsageError
+from matmul_drift.core.errors import Misuse, UsageError
 from matmul_drift.read.render import visible
 
 
@@ -78,9 +78,7 @@ def flag(param: str) -> str:
 
 
 def usage_words(exc: UsageError) -> str:
-    """A UsageError's one line; a BadValue's or a Misuse's with each parameter's flag."""
-    if isinstance(exc, BadValue):
-        return exc.said(flag(exc.param))
+    """A UsageError's one line; a Misuse's (a BadValue too) with each parameter's flag."""
     if isinstance(exc, Misuse):
         return exc.said(flag)
     return str(exc)

@@ -23,17 +23,12 @@ class Misuse(UsageError):
         return "".join(word(p) if isinstance(p, Param) else p for p in self.parts)
 
 
-class BadValue(UsageError):
+class BadValue(Misuse):
     """A value given for one parameter that cannot be used, in plain values: ``param`` (the
     parameter's name in the library, ``slice_n``), ``shown`` (the value as the user gave it,
     None where the parameter itself is meant) and ``problem`` (what is wrong, in words; after a
-    colon where ``colon``). cli/ words it with the parameter's flag (``said``)."""
+    colon where ``colon``): '--slice-n 9 is larger than N = 8' once cli/ words it."""
 
     def __init__(self, param: str, shown: str | None, problem: str, colon: bool = False):
-        self.param, self.shown, self.problem, self.colon = param, shown, problem, colon
-        super().__init__(self.said(param))
-
-    def said(self, name: str) -> str:
-        """The one line, the parameter called ``name``: '--slice-n 9 is larger than N = 8'."""
-        value = "" if self.shown is None else f" {self.shown}"
-        return f"{name}{value}{':' if self.colon else ''} {self.problem}"
+        value = "" if shown is None else f" {shown}"
+        super().__init__(Param(param), f"{value}{':' if colon else ''} {problem}")
