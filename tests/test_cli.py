@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from matmul_drift.core import cases, ids
-from matmul_drift.probes import explain
+from matmul_drift.probes import explain, explain_run
 
 
 def run(*args, timeout=300):
@@ -283,7 +283,7 @@ def test_files_with_orders_or_fixes_are_refused_before_measuring(tmp_path, monke
     def measured(*args, **kwargs):
         raise AssertionError("measured before refusing")
 
-    monkeypatch.setattr(explain, "measure_operands", measured)
+    monkeypatch.setattr(explain_run, "measure_operands", measured)
     np.save(tmp_path / "a.npy", np.ones((4, 4), dtype=np.float32))
     rc, out, err = _main("explain", "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "a.npy"), "--dtype", "float32", flag)
     assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err
@@ -386,7 +386,7 @@ def _fail_with(exc_factory):
 def test_running_out_of_memory_part_way_is_one_line_exit_1(capsys, monkeypatch, allocate):
     from matmul_drift.cli import main as cli
 
-    monkeypatch.setattr(explain, "measure", _fail_with(allocate))
+    monkeypatch.setattr(explain_run, "measure", _fail_with(allocate))
     assert cli.main(["explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured.err
@@ -399,7 +399,7 @@ def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch):
     def broken():
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
 
-    monkeypatch.setattr(explain, "measure", _fail_with(broken))
+    monkeypatch.setattr(explain_run, "measure", _fail_with(broken))
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         cli.main(["explain", "--m", "2", "--k", "64", "--n", "8", "--dtype", "float32"])
 
@@ -761,7 +761,7 @@ def test_a_saved_fixes_report_whose_cheapest_names_no_candidate_is_one_line(tmp_
 def test_a_fix_timeout_beyond_subprocess_s_range_is_refused_before_measuring(monkeypatch, seconds):
     """subprocess waits in C-int milliseconds: 2200000 s was an OverflowError after the measurement."""
 
-    monkeypatch.setattr(explain, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+    monkeypatch.setattr(explain_run, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
     rc, out, err = _main("explain", "--m", "4", "--k", "16", "--n", "9", "--dtype", "float32", "--try-fixes",
                          "--fix-timeout", seconds)
     assert (rc, out) == (2, "") and err == f"matmul-drift: error: --fix-timeout {seconds} is beyond 1000000 s (about 11.6 days)\n"
@@ -773,7 +773,7 @@ def test_orders_that_cannot_be_probed_are_refused_before_measuring(monkeypatch, 
     """K = 1 has no order: one line, exit 2, before a measurement the probe would then lose."""
 
     if needle:
-        monkeypatch.setattr(explain, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+        monkeypatch.setattr(explain_run, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
     rc, out, err = _main("explain", *shape, "--dtype", "float32", "--orders", "--json")
     if needle:
         assert (rc, out) == (2, "") and err.count("\n") == 1 and needle in err, err
@@ -898,16 +898,16 @@ def test_try_fixes_on_cuda_gives_the_cached_gpu_memory_back_before_the_candidate
     blocks, which a candidate's process, measuring the same product, would find taken."""
     import torch
 
-    from matmul_drift.probes import explain, fixfind
+    from matmul_drift.probes import explain, explain_run, fixfind
 
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     monkeypatch.setattr(fixfind, "try_fixes_many", lambda *a, **kw: calls.append("try") or [{"candidates": []}])
     req = explain.Request(dtype="float16", device="cuda", case="seed")
-    explain._try_fixes(req, cases.get("seed"), (45999,), None, None)
+    explain_run._try_fixes(req, cases.get("seed"), (45999,), None, None)
     assert calls == ["empty_cache", "try"]
     calls.clear()
-    explain._try_fixes(explain.Request(dtype="float16", device="cpu", case="seed"), cases.get("seed"), (45999,), None, None)
+    explain_run._try_fixes(explain.Request(dtype="float16", device="cpu", case="seed"), cases.get("seed"), (45999,), None, None)
     assert calls == ["try"]
 
 

@@ -23,7 +23,7 @@ GOLDEN = ROOT / "tests" / "fixtures" / "method.json"
 
 # The code that decides what each series records. A change to any of it changes what the suite
 # may measure, so its fingerprint must be one that GOLDEN lists under the series' current version.
-_VALUES = ["jobs/suite.py", "measure/measure.py", "core/cases.py", "measure/inputs.py"]
+_VALUES = ["jobs/suite.py", "measure/measure.py", "measure/record.py", "core/cases.py", "measure/inputs.py"]
 _ACCURACY = [*_VALUES, "measure/reference.py", "core/numerics.py", "core/blocks.py"]
 SOURCES = {
     "error_u": _ACCURACY, "nonfinite": _ACCURACY, "gamma_k_u": _ACCURACY, "slice_n_ulp": _ACCURACY,

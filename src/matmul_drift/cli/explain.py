@@ -100,9 +100,12 @@ def run(args) -> int:
         fix_timeout=args.fix_timeout, fix_budget=args.fix_budget, orders=args.orders,
         host_check=not args.no_host_memory_check,
     )
-    ready = explain.prepare(req)
+    # here: measuring needs torch, and the parser of every command imports this
+    from matmul_drift.probes import explain_run
+
+    ready = explain_run.prepare(req)
     progress(f"measuring {ready.case.id} in {args.dtype} on {args.device} ...")
-    r = explain.explain(req, ready, fix_bar=Bar)
+    r = explain_run.explain(req, ready, fix_bar=Bar)
     print(json.dumps(r, indent=2, allow_nan=False) if args.json else explain.render_all(r))
     stopped = r.get("fixes", {}).get("stopped")
     if stopped:

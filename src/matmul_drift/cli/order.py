@@ -17,7 +17,7 @@ import os
 from matmul_drift.cli.args import Bar, add_memory_argument, add_shape_arguments, file_name, positive
 from matmul_drift.core import cases, ids, trees, words
 from matmul_drift.core.errors import UsageError
-from matmul_drift.measure import measure, memory
+from matmul_drift.measure import memory, record
 from matmul_drift.probes import order_tree
 from matmul_drift.probes.order_plan import over_budget, target
 from matmul_drift.store import atomic, catalog
@@ -126,7 +126,7 @@ def checked_target(case_id: str | None, mkn: tuple, slice_n: int | None, slice_m
         case = cases.get(case_id) if case_id is not None else cases.adhoc(*mkn)
         cases.check_slices(case, case.shape(device), slice_n, slice_m, form)
         t = target(case, dtype, device, slice_n, slice_m, row, col, form)
-    except (ValueError, measure.Unavailable) as exc:
+    except (ValueError, record.Unavailable) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
     try:
         memory.check(t.bytes_needed(), f"the probe of {t.label} in {t.dtype},", t.device,

@@ -21,7 +21,7 @@ from matmul_drift.cli.args import add_memory_argument, file_name, guarded, posit
 from matmul_drift.read.render import visible as render_visible
 from matmul_drift.core import cases
 from matmul_drift.core.errors import UsageError
-from matmul_drift.probes import classsearch, records, scan, scan_run
+from matmul_drift.probes import classsearch, records, scan
 from matmul_drift.store import atomic
 
 PROG = "matmul-drift scan"
@@ -174,6 +174,9 @@ def _run(args) -> int:
     _dims(args)
     path = _check_paths(args)
     fixed = {d: getattr(args, d) for d in scan.DIMS}
+    # here: measuring needs torch, and the parser of every command imports this
+    from matmul_drift.probes import scan_run
+
     out = scan_run.run(args.vary, lo, hi, fixed, args.dtype, args.device, args.step or 0, path,
                        resume=bool(args.resume), prog=PROG,
                        host_memory_check=not args.no_host_memory_check,

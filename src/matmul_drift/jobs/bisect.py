@@ -52,9 +52,10 @@ def plan(req) -> dict:
     """The product of explain's Request ``req`` as buildpoint takes it, after explain's own
     checks (its case, slices, device, and memory: refused before any install, as explain
     refuses it)."""
-    from matmul_drift.probes import explain  # here: numpy and measure/, 0.3 s on every parser
+    # here: the checks ask torch, and the parser of every command imports this
+    from matmul_drift.probes import explain_run
 
-    ready = explain.prepare(req)
+    ready = explain_run.prepare(req)
     case = {"case": req.case} if req.case is not None else {"m": req.m, "k": req.k, "n": req.n}
     return {
         **case,

@@ -20,7 +20,8 @@ from matmul_drift.core import cases, ids, trees, words
 from matmul_drift.jobs import reuse, selection
 from matmul_drift.jobs.selection import BUDGET_VAR, COST, Cell
 from matmul_drift.measure import memory
-from matmul_drift.measure.measure import Unavailable, cpu_product, kernel_entry, measure
+from matmul_drift.measure.measure import cpu_product, measure
+from matmul_drift.measure.record import Unavailable, kernel_entry
 from matmul_drift.probes import (batchmap, batchmap_run, fixes, fixfind, order, order_plan,
                                  order_tree)
 from matmul_drift.store import catalog

@@ -16,7 +16,7 @@ import torch
 
 from matmul_drift.core import ids, numerics
 from matmul_drift.core.cases import storage_dtype
-from matmul_drift.measure import inputs, kernels, measure
+from matmul_drift.measure import inputs, kernels, measure, record
 from matmul_drift.measure.reference import abs_product_pow2
 
 
@@ -38,14 +38,14 @@ class Anchors:
 
 
 def check(device: str, precision: str) -> None:
-    """measure.Unavailable where ``precision`` cannot run on ``device`` in this process: a CUDA
+    """record.Unavailable where ``precision`` cannot run on ``device`` in this process: a CUDA
     mode on the CPU, no GPU, or bfloat16 on a GPU without it (before sm_80 torch emulates it
     in float32, which is not the kernel a user of that GPU would map)."""
     measure.check_device(device, precision)
     if device == "cuda" and storage_dtype(precision) == "bfloat16":
         if not torch.cuda.is_bf16_supported(including_emulation=False):
-            raise measure.Unavailable(f"this GPU ({torch.cuda.get_device_name()}) has no bfloat16 "
-                                      "matmul")
+            raise record.Unavailable(f"this GPU ({torch.cuda.get_device_name()}) has no bfloat16 "
+                                     "matmul")
 
 
 def anchors(ops: measure.Operands, made: dict | None = None) -> Anchors:
@@ -77,7 +77,7 @@ def batch_point(ops: measure.Operands, size: int, anc: Anchors, *, dtype: str, d
     out, names = (made or {}).get(size) or kernels.traced(lambda: ops.product(a_m), device)
     y_bits, y = measure.on_host(out)
     point = {"size": size,
-             "kernel_id": ids.hex_id(ids.object_id(measure.kernel_entry(device, {"full": names}))),
+             "kernel_id": ids.hex_id(ids.object_id(record.kernel_entry(device, {"full": names}))),
              "kernels": names}
     against = {"row0": (1, anc.one_bits, anc.one_values),
                "rows": (size, anc.full_bits[..., :size, :], anc.full_values[..., :size, :])}

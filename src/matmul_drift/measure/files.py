@@ -9,9 +9,11 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from matmul_drift.core.errors import UsageError
 from matmul_drift.measure import memory
+from matmul_drift.measure.reference import all_finite
 from matmul_drift.store import bounded
 
 
@@ -19,8 +21,6 @@ def load_array(path: Path, host_check: bool = True):
     """A float array from .npy or .pt, as a torch tensor; UsageError if unreadable.
     ``host_check``: refuse a file that must be read whole (legacy .pt) when it exceeds
     MemAvailable."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     try:
         try:  # before opening: a FIFO would make np.load or torch.load wait for a writer
             bounded.check_regular(path)
@@ -93,12 +93,6 @@ def rounded_away(t, rounded) -> dict:
     (``to_inf``, finite before) or 0 (``to_zero``, non-zero before): counts. Rounding keeps
     NaN, ±inf and 0, and never makes a value non-zero or finite, so the differences of the
     two tensors' counts are those entries."""
-    # here, not at the top: explain --render imports this module, which runs without torch
-    import torch
-
-    # here: torch-free commands (explain --render, run) import this module
-    from matmul_drift.measure.reference import all_finite
-
     # the float8 kinds: torch counts nothing in them; float32 holds each value
     if t.dtype.itemsize == 1:
         t = t.float()

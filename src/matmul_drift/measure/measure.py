@@ -3,95 +3,30 @@
 Error against the exact product (reference.py) computed on the case's device, slice drift
 (``slice_n``, ``slice_m``), run-to-run drift, the kernels that ran, a digest of each
 output's bits, the environment and the time. Inputs come from inputs.py, so the same case
-gives the same bits everywhere; their checksum travels with the result.
+gives the same bits everywhere; their checksum travels with the result. What is recorded
+(Measurement, the bits' part names, the seed) is record.py's, which needs no torch.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from matmul_drift.core import cases, ids, numerics
 from matmul_drift.core.cases import Case, storage_dtype
 from matmul_drift.measure import clocks, environment, inputs, kernels, memory
-
-if TYPE_CHECKING:  # reference.py imports torch, and torch-free commands import this module
-    from matmul_drift.measure.reference import Reference
-
-SEED = 20261130  # the generator's seed: changing it changes every checksum
-
-
-class Unavailable(Exception):
-    """The case cannot run here (no GPU, no TF32 support): a skip, not a failure."""
-
-
-@dataclass
-class Measurement:
-    """Everything measured for one case, precision and device.
-
-    error_u and every ``max_u`` are in units of u of the output dtype (error_u None when
-    no entry is finite on both sides); ``max_ulp`` in output-dtype ulps; ``error`` says
-    which entries error_u covers, ``nonfinite`` counts NaN/inf by cause (numerics.nonfinite,
-    plus ``a`` and ``b`` for the inputs), ``reference`` names the exact reference's method;
-    ``seconds`` is time_call's dict (seconds per product, with its spread).
-    """
-
-    case: str
-    precision: str
-    device: str
-    m: int
-    k: int
-    n: int
-    batch: int | None
-    error_u: float | None
-    gamma_k_u: float | None
-    error: dict = field(default_factory=dict)
-    nonfinite: dict = field(default_factory=dict)
-    reference: dict = field(default_factory=dict)
-    slice_n: list[dict] = field(default_factory=list)
-    slice_m: list[dict] = field(default_factory=list)
-    run_to_run: dict = field(default_factory=dict)
-    kernels: dict = field(default_factory=dict)
-    kernel_id: int = 0
-    # sha256 (hex) of each output's raw bits by part ("full", "slice_n=45999", "slice_m=3":
-    # bits_part) and the id of that dict: a change of bits shows under the same kernels and drifts
-    bits: dict = field(default_factory=dict)
-    bits_id: int = 0
-    environment: dict = field(default_factory=dict)
-    env_id: int = 0
-    input_checksum: str = ""
-    seconds: dict | None = None
-    layout: dict = field(default_factory=dict)
-    # the case's pairs of slices compared with each other, then each with the full product ("b":
-    # "full"): numerics.by_magnitude, with "a", "b", "form" and "cols"
-    slice_pairs: list[dict] = field(default_factory=list)
-    reference_seconds: float = 0.0  # wall seconds the exact reference took (the main job's cost)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
+from matmul_drift.measure.record import (SEED, Measurement, Unavailable, bits_digest, bits_part,
+                                         kernel_entry, operand_shapes, spread)
+from matmul_drift.measure.reference import Reference, all_finite, exact_product
 
 # --- operands -------------------------------------------------------------------------
 
 _INT_VIEW = {"float64": "int64", "float32": "int32", "float16": "int16", "bfloat16": "int16"}
-
-
-def operand_shapes(case: Case, device: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of A and of B *as stored*: for ``linear`` B is stored as W (N, K)."""
-    s = case.shape(device)
-    if case.op == "mv":
-        return (s.k,), (s.k, s.n)
-    if case.op == "bmm":
-        return (s.batch, s.m, s.k), (s.batch, s.k, s.n)
-    if case.op == "linear":
-        return (s.m, s.k), (s.n, s.k)
-    return (s.m, s.k), (s.k, s.n)
 
 
 # Row-slice products A[..., :m, :] @ B as measure_operands made them (the output tensor and
@@ -110,8 +45,6 @@ def _nbytes(t) -> int:
 
 def _rows_key(case_id: str, checksum: str, precision: str, device: str) -> tuple:
     """_ROWS's key, less m: the threads in force are part of it (they may change the route)."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     return case_id, checksum, precision, device, torch.get_num_threads()
 
 
@@ -141,16 +74,12 @@ def operand_bits(case: Case, dtype: str, device: str, seed: int = SEED,
 
 def to_tensor(bits: np.ndarray, dtype: str, device: str):
     """A torch tensor of ``dtype`` on ``device`` holding exactly ``bits``."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     signed = bits.view(getattr(np, _INT_VIEW[dtype]))
     return torch.from_numpy(signed).to(device).view(getattr(torch, dtype))
 
 
 def tensor_bits(t) -> np.ndarray:
     """The raw bits of a tensor as an unsigned numpy array (on the host)."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     name = str(t.dtype).replace("torch.", "")
     signed = t.detach().contiguous().view(getattr(torch, _INT_VIEW[name])).cpu().numpy()
     return signed.view(getattr(np, "u" + _INT_VIEW[name]))
@@ -161,8 +90,6 @@ def tensor_bits(t) -> np.ndarray:
 
 def check_device(device: str, precision: str = "float32") -> None:
     """Raise Unavailable where ``device``/``precision`` cannot run in this process."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     if device == "cpu":
         if precision in numerics.TF32:
             raise Unavailable(f"{precision} is a CUDA matmul mode; it does not apply on the CPU")
@@ -178,8 +105,6 @@ def check_device(device: str, precision: str = "float32") -> None:
 @contextmanager
 def precision_flags(precision: str):
     """Set the matmul flags of a precision for the duration, then restore them."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
     try:
         if precision == "float32-tf32":
@@ -206,8 +131,6 @@ class Operands:
 
     def product(self, a=None, b=None):
         """The case's product of ``a`` and ``b`` (defaults: the full operands)."""
-        import torch  # here: torch-free commands (explain --render, run) import this module
-
         a = self.a if a is None else a
         b = self.b if b is None else b
         if self.op == "linear":
@@ -224,8 +147,6 @@ def restride(t, dtype, device: str, keep: bool = True):
     """``t`` converted to ``dtype`` on ``device`` with its shape, strides and storage offset
     kept (the layout decides the kernel: a transposed view runs SGEMM(T,…)), or contiguous
     when ``keep`` is false or the strides overlap (stride 0 cannot be written). Always a copy."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     extent, src = restride_elements(t, keep), t
     # rounded once, not through float32
     if t.dtype == torch.float64 and dtype in (torch.float16, torch.bfloat16):
@@ -271,25 +192,12 @@ def make_operands(a_bits, b_bits, dtype: str, device: str, case: Case) -> Operan
 
 def reference(ops: Operands) -> Reference:
     """The exact product of the operands (reference.py), on their device; host arrays."""
-    from matmul_drift.measure.reference import exact_product  # needs torch: see TYPE_CHECKING
-
     return exact_product(ops.product, ops.a, ops.b)
 
 
 def on_host(t) -> tuple[np.ndarray, np.ndarray]:
     """A tensor's raw bits and its values in float64 (output units), on the host."""
     return tensor_bits(t), t.double().cpu().numpy()
-
-
-def bits_digest(bits: np.ndarray) -> str:
-    """sha256 (64 hex digits) of an output's raw bits (tensor_bits) in C order: bit patterns, so
-    -0.0 and 0.0, or two NaN payloads, differ; shape and dtype are the cell's and left out."""
-    return hashlib.sha256(np.ascontiguousarray(bits)).hexdigest()
-
-
-def bits_part(kind: str, size: int, form: str = "as-is") -> str:
-    """The name of a slice's output in Measurement.bits: "slice_n=45999", "slice_n=45999 2d"."""
-    return f"{kind}={size}" + ("" if form == "as-is" else f" {form}")
 
 
 def compare(x_bits, x, y_host: tuple, absprod: tuple, dtype, cut, k, precision=None) -> dict:
@@ -325,10 +233,6 @@ def top_product(ops: Operands, y=None) -> Top:
 
 
 def _count_nonfinite(t) -> int:
-    import torch  # torch-free commands import this module: see TYPE_CHECKING
-
-    from matmul_drift.measure.reference import all_finite  # needs torch: see TYPE_CHECKING
-
     return 0 if all_finite(t) else int((~torch.isfinite(t)).sum())
 
 
@@ -472,11 +376,6 @@ def repeat_drift(ops: Operands, c_bits, c_val, absprod: tuple, dtype: str, k: in
     return worst
 
 
-def kernel_entry(device: str, kern: dict) -> dict:
-    """The catalog text behind a kernel-id: the device and its ordered kernel lists."""
-    return {"device": device, **kern}
-
-
 def measure(case: Case, precision: str, device: str, *, slice_n=None, slice_m=None, repeat=None,
             with_kernels: bool = True, timing: bool = True, seed: int = SEED) -> Measurement:
     """Measure a catalog case. ``slice_n``/``slice_m`` override the case's own slices."""
@@ -497,7 +396,6 @@ def measure(case: Case, precision: str, device: str, *, slice_n=None, slice_m=No
 # --- time -----------------------------------------------------------------------------
 
 
-NOISY = 0.1  # IQR / median above which a time is marked noisy
 # CPU: blocks of calls long against the timer's overhead
 BLOCK_SECONDS, MIN_RUNS, MIN_SECONDS = 0.02, 5, 0.2
 
@@ -520,8 +418,6 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_B
     the GPU's slowdown counters, SM clock and throttle reasons around the timed calls, and
     whether they fell).
     """
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     threads = torch.get_num_threads()
     if device != "cuda":
         # perf_counter around blocks of calls: CPU ops return when done. (torch.utils.benchmark's
@@ -584,15 +480,6 @@ def time_call(fn, device: str, reps: int = 20, flush_bytes: int = memory.FLUSH_B
         return {**out, "quantiles": [float(x) for x in q],
                 "clocks": clocks.verdict(before, clocks.read(uuid), window)}
     return spread(samples, per_run, threads, method)
-
-
-def spread(samples: list[float], per_run: int, threads: int, method: str) -> dict:
-    """The dict of time_call from per-call samples (seconds)."""
-    q = np.quantile(np.asarray(samples, dtype=np.float64), [0.25, 0.5, 0.75])
-    median, iqr = float(q[1]), float(q[2] - q[0])
-    return {"median": median, "iqr": iqr, "runs": len(samples), "calls_per_run": per_run,
-            "threads": threads, "noisy": bool(median > 0 and iqr / median > NOISY),
-            "method": method}
 
 
 # --- one point of a scan --------------------------------------------------------------

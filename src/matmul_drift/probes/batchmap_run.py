@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from matmul_drift.core import ids, mapruns
 from matmul_drift.core.cases import storage_dtype
-from matmul_drift.measure import batchpoint, environment, measure, memory
+from matmul_drift.measure import batchpoint, environment, measure, memory, record
 from matmul_drift.probes import batchmap, classsearch, records, resumable
 from matmul_drift.probes.batchmap import state
 
@@ -53,14 +53,14 @@ def plan(case_id: str | None, k: int | None, n: int | None, rng: tuple[int, int]
     that needs more memory than there is (the host's only when ``host_memory_check``)."""
     try:
         batchpoint.check(device, precision)
-    except measure.Unavailable as exc:
+    except record.Unavailable as exc:
         raise batchmap.MapError(str(exc)) from None
     s = batchmap.shape(case_id, k, n, rng, device)
     dtype = storage_dtype(precision)
     check_memory(s, dtype, device, host_memory_check)
     env = environment.describe(device)
     params = batchmap.Params(case_id, s["case"].op, s["lo"], s["hi"], s["m_full"], s["full"],
-                             s["k"], s["n"], s["batch"], precision, device, measure.SEED,
+                             s["k"], s["n"], s["batch"], precision, device, record.SEED,
                              ids.hex_id(ids.object_id(env)))
     return Plan(s, dtype, params, env)
 

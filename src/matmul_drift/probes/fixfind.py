@@ -31,10 +31,21 @@ from tabulate import tabulate
 
 from matmul_drift.core.numerics import ceil_div
 from matmul_drift.probes import fixes, interrupt
-from matmul_drift.probes.fixrun import drifting, sizes
 
 TIMEOUT_S = 600  # one candidate's process
 POLL_S = 0.05  # how often a running process is checked for its end, its timeout and a signal
+
+
+def sizes(value) -> list[int]:
+    """A slice given as None, one size or a list of sizes, as a list."""
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v]
+
+
+def drifting(result: dict) -> set[str]:
+    """The drift kinds of ``result`` with any entry that differs."""
+    return {k for k, d in result["drift"].items() if d["max_ulp"] or d["frac_differ"]}
 
 
 def _child(specs: list[dict], c: fixes.Candidate | None, timeout: float, stopped: list[int] = (),

@@ -35,9 +35,11 @@ import sys
 import traceback
 
 import numpy as np
+import torch
 
 from matmul_drift.core import cases, numerics
-from matmul_drift.measure import kernels, measure
+from matmul_drift.measure import kernels, measure, record, reference
+from matmul_drift.probes.fixfind import drifting, sizes
 
 KEYS = ("max_ulp", "max_u", "frac_differ")
 ROUNDS, LEAN_ROUNDS = 5, 3  # default/candidate pairs of timings a time ratio is the median of
@@ -49,17 +51,8 @@ def _case(spec: dict):
     return cases.adhoc(spec["m"], spec["k"], spec["n"])
 
 
-def sizes(value) -> list[int]:
-    """A slice given as None, one size or a list of sizes, as a list."""
-    if value is None:
-        return []
-    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v]
-
-
 def _pad(t, dim: int, multiple: int):
     """``t`` with zeros appended along ``dim`` (negative) up to a multiple of ``multiple``."""
-    import torch  # fixfind imports this module's helpers without torch
-
     size = t.shape[dim]
     extra = -size % multiple
     if not extra:
@@ -111,19 +104,11 @@ def _worse(d: dict, old: dict | None) -> dict:
     return new if old is None else {key: max(new[key], old[key]) for key in KEYS}
 
 
-def drifting(result: dict) -> set[str]:
-    """The drift kinds of ``result`` with any entry that differs."""
-    return {k for k, d in result["drift"].items() if d["max_ulp"] or d["frac_differ"]}
-
-
 def run(spec: dict, peer=None) -> dict:
     """{code: result} for each code change in ``spec["codes"]`` (None: the computation as it
     is), all in this process: they share its setting, its inputs and its full product.
     ``peer(spec, kinds)``: one timing of the default computation in a process under the
     default setting (asker), for code None outside the baseline's process; None: no ratio."""
-    # reference.py imports torch; fixfind imports this module's helpers without it
-    from matmul_drift.measure import reference
-
     case, ops = operands(spec)
     precision, device = spec["dtype"], spec["device"]
     dtype = cases.storage_dtype(precision)
@@ -218,7 +203,7 @@ def paired(todo: list, base, device: str, rounds: int) -> dict:
         b = base() if i % 2 else b
         ratios.append(mine[-1]["median"] / b if b else None)
     last = mine[-1]
-    out = {"seconds": measure.spread([t["median"] for t in mine], last["calls_per_run"],
+    out = {"seconds": record.spread([t["median"] for t in mine], last["calls_per_run"],
                                      last["threads"],
                                      last["method"] + ", in rounds alternating with the default's"),
            "time_ratio": None, "spread": None}

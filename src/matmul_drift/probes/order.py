@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from matmul_drift.core import cases, ids, trees, words
-from matmul_drift.measure import measure
+from matmul_drift.measure import measure, record
 from matmul_drift.probes.order_plan import (
     MAX_CALLS, PROBE, Target, chunk_size, chunks, expected_calls, fuse_calls, over_budget,
     replay_calls, spread_plan, spread_rows, target, widths,
@@ -42,7 +42,7 @@ class Prober:
         # > 1: k's pieces spread over this many rows (columns) of the other operand
         self.rows = rows
         self.used = 0  # the most columns (rows) a call's probes filled
-        a_shape, b_shape = measure.operand_shapes(t.case, t.device)
+        a_shape, b_shape = record.operand_shapes(t.case, t.device)
         dt = getattr(torch, t.dtype)
         a = (torch.zeros if t.by_rows else torch.ones)(a_shape, dtype=dt, device=t.device)
         b = (torch.ones if t.by_rows else torch.zeros)(b_shape, dtype=dt, device=t.device)

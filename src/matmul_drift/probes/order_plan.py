@@ -15,7 +15,7 @@ import numpy as np
 
 from matmul_drift.core import cases, trees
 from matmul_drift.core.numerics import ceil_div
-from matmul_drift.measure import measure, memory
+from matmul_drift.measure import memory, record
 
 
 # dtype -> (significant bits of the accumulator, of the output, base product, M)
@@ -95,7 +95,7 @@ class Target:
 
     def bytes_needed(self) -> tuple[int, int]:
         """(host, device) bytes the probe needs (memory.probe_bytes): one Prober at a time."""
-        a_shape, b_shape = measure.operand_shapes(self.case, self.device)
+        a_shape, b_shape = record.operand_shapes(self.case, self.device)
         s = self.case.shape(self.device)
         batch = s.batch or 1
         copy = batch * self.k * self.slice_n if self.slice_n and self.case.layout == "copy" else 0
@@ -111,7 +111,7 @@ class Target:
         view = self.case.layout != "copy"  # a copy of a whole transposed W is not W
         n = None if self.slice_n == s.n and view else self.slice_n
         m = None if self.slice_m == s.m else self.slice_m
-        return (self.case.op, measure.operand_shapes(self.case, self.device),
+        return (self.case.op, record.operand_shapes(self.case, self.device),
                 self.case.layout if n else "",
                 n, m, self.precision or self.dtype, self.device, self.form, self.row, self.col)
 
@@ -120,8 +120,11 @@ def target(case: cases.Case, precision: str, device: str, slice_n=None, slice_m=
            form: str = "as-is") -> Target:
     """The case's computation (its full product, or one slice of it) in ``precision`` (a dtype,
     or one with its matmul flags: ``float32-tf32``), A in ``form``; ValueError for bad input,
-    measure.Unavailable where the device or precision cannot run here."""
-    measure.check_device(device, precision)
+    record.Unavailable where the device or precision cannot run here."""
+    # here: the check asks torch, and `order`'s parser imports this plan, which needs none
+    from matmul_drift.measure.measure import check_device
+
+    check_device(device, precision)
     if form not in case.forms:
         raise ProbeError(f"form {form!r} is not one of the case's ({', '.join(case.forms)})")
     dtype = cases.storage_dtype(precision)

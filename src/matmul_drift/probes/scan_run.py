@@ -8,7 +8,7 @@ stay in cli/scan.py. ``run`` returns resumable's Outcome (plain data).
 from __future__ import annotations
 
 from matmul_drift.core import cases, ids
-from matmul_drift.measure import environment, measure, memory
+from matmul_drift.measure import environment, measure, memory, record
 from matmul_drift.probes import classsearch, records, resumable, scan
 
 
@@ -37,12 +37,12 @@ def run(vary: str, lo: int, hi: int, fixed: dict, dtype: str, device: str, step:
     dims = {**fixed, vary: within or hi}
     try:
         measure.check_device(device, dtype)
-    except measure.Unavailable as exc:
+    except record.Unavailable as exc:
         raise scan.ScanError(str(exc)) from None
     check_memory(vary, dims, dtype, device, host_memory_check)
     env = environment.describe(device)  # no MKL banner: it is not known before a product
     params = scan.Params(vary, lo, hi, fixed["m"], fixed["k"], fixed["n"], dtype, device, step,
-                         measure.SEED, ids.hex_id(ids.object_id(env)), within)
+                         record.SEED, ids.hex_id(ids.object_id(env)), within)
     rec = records.load(path) if resume else None
     if resume:  # a file of JSON null too: it is no record, and must not be written over
         scan.check_record(rec, params)  # before drawing inputs, which can take minutes
