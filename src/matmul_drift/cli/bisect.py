@@ -24,6 +24,7 @@ from matmul_drift.cli.args import (
 from matmul_drift.core import cases
 from matmul_drift.core.errors import UsageError
 from matmul_drift.jobs import bisect, builds, resultsbranch
+from matmul_drift.probes import explain
 from matmul_drift.read.render import visible
 from matmul_drift.store import space
 
@@ -75,8 +76,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _request(args):
-    from matmul_drift.probes import explain  # here: numpy and measure/, 0.3 s on every parser
-
     given = [args.case is not None, any(v is not None for v in (args.m, args.k, args.n))]
     if sum(given) != 1:
         raise UsageError("give exactly one of --case ID or --m M --k K --n N")

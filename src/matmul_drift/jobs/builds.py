@@ -29,6 +29,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 import matmul_drift
+from matmul_drift.jobs import confirm, mainjob
 from matmul_drift.store import space
 
 NEEDS = ("numpy", "tabulate")  # what the measuring process imports beside torch
@@ -160,8 +161,6 @@ def asv_python(repo: Path | None, version: str) -> Path | None:
     """The interpreter of the main job's asv environment for ``version``, where it exists."""
     if repo is None:
         return None
-    from matmul_drift.jobs import confirm, mainjob  # here: numpy, on every command's parser
-
     try:
         conf = mainjob.build_config(
             repo, mainjob.project_config(repo), version, repo / ".asv" / "unused"
