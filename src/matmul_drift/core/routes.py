@@ -1,7 +1,9 @@
-"""Kernel lists read as routes, without torch: MKL's and oneDNN's verbose lines and CUDA kernel
-names normalised, a traced call's kernels cut from between the profiler's sentinels
-(``bracketed``), and ``ProfilerLost`` where they never were whole. measure/kernels.py traces
-with torch; the commands that read or render a kernel list import these names from here.
+"""Routes, without torch: the environment variables that steer one (``ROUTE_VARS``), MKL's and
+oneDNN's verbose lines and CUDA kernel names normalised into one, a traced call's kernels cut
+from between the profiler's sentinels (``bracketed``), and ``ProfilerLost`` where they never
+were whole. measure/kernels.py traces and measure/environment.py records with torch; the
+commands that read or render a kernel list, or set a recorded route's variables, import these
+names from here.
 
 Names are normalised so that a kernel list names a *route*: pointers, timings, leading
 dimensions and problem sizes go; the routine, the transposes, MKL's CNR mode, the
@@ -12,6 +14,17 @@ stay. A kernel-id therefore changes when the route changes, not when the shape d
 from __future__ import annotations
 
 import re
+
+# Environment variables that steer BLAS/oneDNN/cuBLAS routes or thread counts: the
+# environment record keeps those set (measure/environment.py), confirm sets them (probes/).
+ROUTE_VARS = (
+    "MKL_CBWR", "MKL_NUM_THREADS", "MKL_DYNAMIC", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS",
+    "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
+    "NVIDIA_TF32_OVERRIDE", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT",
+    # cuBLAS 12.9 and newer: fp32 (and fp64) emulated on tensor cores, and how eagerly
+    "CUBLAS_EMULATE_SINGLE_PRECISION", "CUBLAS_EMULATE_DOUBLE_PRECISION",
+    "CUBLAS_EMULATION_STRATEGY",
+)
 
 _MKL_CALL = re.compile(r"MKL_VERBOSE\s+([A-Z0-9_]+)\(([^)]*)\)(.*)")
 _MKL_KEEP = ("CNR", "NThr")
