@@ -21,7 +21,6 @@ from matmul_drift.core import series
 from matmul_drift.core.routes import ROUTE_VARS
 
 
-
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
