@@ -7,7 +7,8 @@ setting's process and the default's timer run at once; a budget of 20 s), one of
 whose |A||B| overflows float64 everywhere, two scans (along n and along k) and three order
 probes (with --verify; their trees go to a temporary catalog), each in a process of its own;
 prints its peak resident size (memory.peak_bytes), the estimate (memory.bytes_needed,
-which explain and scan check before they start; Target.bytes_needed for order) and their ratio.
+which explain and scan check before they start; memory.probe_bytes of Target.probe_sizes for
+order) and their ratio.
 A ratio above 1 means the estimate is too low: the check could let through a shape that
 then runs out of memory. Took 2 min 3 s on 2 cores (Intel Xeon with AMX); on an AMD EPYC Zen 4
 (no native fp16: torch's own loop) its first three explains alone took 10 min.
@@ -101,7 +102,7 @@ def main() -> int:
         for args in ORDERS:  # 1: not revealed on this route, measured all the same
             peak = peak_bytes(["order", *args, "--verify"], env, ok=(0, 1))
             ratios.append(show(f"order {' '.join(args)}", peak,
-                               _order_target(args).bytes_needed()[0]))
+                               memory.probe_bytes(**_order_target(args).probe_sizes())[0]))
     print(f"largest peak/estimate {max(ratios):.2f} (above 1: the estimate is too low)")
     return 0
 

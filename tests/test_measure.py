@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from matmul_drift.core import cases, numerics
+from matmul_drift.core import cases, numerics, routes
 from matmul_drift.core.cases import Case, Shape
 from matmul_drift.jobs import selection, suite
 from matmul_drift.jobs.selection import Cell
@@ -163,7 +163,7 @@ def test_fp32_route_names_what_mkl_itself_prints(cpu_suite):
     code = ("import torch; torch.manual_seed(0); a = torch.rand(512, 512); b = torch.rand(512, 512); a @ b")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "MKL_VERBOSE": "1"})
-    calls = [kernels.normalise_mkl(line) for line in p.stdout.splitlines() if "GEMM(" in line]
+    calls = [routes.normalise_mkl(line) for line in p.stdout.splitlines() if "GEMM(" in line]
     assert calls, p.stdout[-2000:]
     assert entry["full"][-1] == calls[-1]
 
@@ -184,9 +184,9 @@ def test_kernel_id_changes_with_the_route_not_the_shape():
     got = [measure.measure(cases.adhoc(*s), "float32", "cpu", timing=False) for s in shapes]
     # ... the kernel list keeps what MKL says of the route, and nothing of the shape
     for g, lines in zip(got, raw):
-        assert g.kernels["full"][-1] == kernels.normalise_mkl(lines[-1])
+        assert g.kernels["full"][-1] == routes.normalise_mkl(lines[-1])
         assert not any(str(d) in name for name in g.kernels["full"] for d in (200, 300, 100))
-    same_route = kernels.normalise_mkl(raw[0][-1]) == kernels.normalise_mkl(raw[1][-1])
+    same_route = routes.normalise_mkl(raw[0][-1]) == routes.normalise_mkl(raw[1][-1])
     assert (got[0].kernel_id == got[1].kernel_id) == same_route
     # a different routine does change it
     dbl = measure.measure(cases.adhoc(64, 64, 64), "float64", "cpu", timing=False)
@@ -255,10 +255,10 @@ def test_seed_case_shape_and_slices():
 
 def test_normalised_names_from_fixture():
     lines = kernel_names.tagged()
-    cpu = [kernels.normalise_mkl(name) for tag, name in lines if tag == "cpu"]
+    cpu = [routes.normalise_mkl(name) for tag, name in lines if tag == "cpu"]
     assert cpu[0] == cpu[1] == cpu[2] == "MKL SGEMM(N,N) CNR:OFF NThr:2"  # sizes, pointers, times gone
     assert cpu[3] == "MKL SGEMM(N,N) CNR:COMPATIBLE NThr:2"  # the CNR mode stays
-    full = {kernels.normalise_cuda(name) for tag, name in lines if tag != "cpu"}
+    full = {routes.normalise_cuda(name) for tag, name in lines if tag != "cpu"}
     assert "splitKreduce_kernel<__half,__half,__half,__half>" in full  # args and spaces gone
     assert "nvjet_tst_320x128_64x3_2x1_v_badd_coopB_NNT" in full  # tile sizes are the route
     assert "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm" in full
@@ -267,8 +267,8 @@ def test_normalised_names_from_fixture():
 def test_onednn_line_normalised():
     line = ("onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx10_1_512_amx,undef,"
             "src:bf16::blocked:ab::f0 wei:bf16::blocked:ab::f0 dst:bf16::blocked:ab::f0,attr-scratchpad:user,,64x256:256x128,0.156")
-    assert kernels.normalise_onednn(line) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16 wei:bf16 dst:bf16"
-    assert kernels.normalise_onednn("onednn_verbose,v1,info,cpu,runtime:OpenMP") is None
+    assert routes.normalise_onednn(line) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16 wei:bf16 dst:bf16"
+    assert routes.normalise_onednn("onednn_verbose,v1,info,cpu,runtime:OpenMP") is None
 
 
 ONEDNN_NN = ("onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx10_1_512_amx,undef,src:bf16::blocked:ab::f0 "
@@ -285,15 +285,15 @@ def test_onednn_names_keep_a_transposed_operand_and_drop_its_strides():
     strided = ONEDNN_NN.replace("wei:bf16::blocked:ab::f0", "wei:bf16::blocked:ab:1024x1:f0")
     batched = ONEDNN_NN.replace(":ab::", ":abc::")
     plain = "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16 wei:bf16 dst:bf16"
-    assert kernels.normalise_onednn(ONEDNN_NN) == kernels.normalise_onednn(strided) == kernels.normalise_onednn(batched) == plain
-    assert kernels.normalise_onednn(nt) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16 wei:bf16:ba dst:bf16"
-    assert kernels.normalise_onednn(nt.replace("src:bf16::blocked:ab::", "src:bf16::blocked:ba::")) == (
+    assert routes.normalise_onednn(ONEDNN_NN) == routes.normalise_onednn(strided) == routes.normalise_onednn(batched) == plain
+    assert routes.normalise_onednn(nt) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16 wei:bf16:ba dst:bf16"
+    assert routes.normalise_onednn(nt.replace("src:bf16::blocked:ab::", "src:bf16::blocked:ba::")) == (
         "oneDNN matmul brg_matmul:avx10_1_512_amx src:bf16:ba wei:bf16:ba dst:bf16")
     # live: where this CPU sends a bfloat16 product to oneDNN, B stored transposed is named so
     a, b = torch.ones(8, 64, dtype=torch.bfloat16), torch.ones(64, 32, dtype=torch.bfloat16)
-    routes = [kernels.route(lambda b=b: a @ b, "cpu")[-1] for b in (b, b.t().contiguous().t())]
-    if all(r.startswith("oneDNN") for r in routes):
-        assert routes[1] == routes[0].replace(" wei:bf16", " wei:bf16:ba"), routes
+    lives = [kernels.route(lambda b=b: a @ b, "cpu")[-1] for b in (b, b.t().contiguous().t())]
+    if all(r.startswith("oneDNN") for r in lives):
+        assert lives[1] == lives[0].replace(" wei:bf16", " wei:bf16:ba"), lives
 
 
 def test_onednn_names_keep_the_math_mode_of_an_fp32_product():
@@ -303,8 +303,8 @@ def test_onednn_names_keep_the_math_mode_of_an_fp32_product():
     scratchpad attribute says where scratch memory comes from and stays out."""
     fpmath = ONEDNN_NN.replace(":bf16:", ":f32:").replace("attr-scratchpad:user", "attr-scratchpad:user attr-fpmath:bf16")
     strict = ONEDNN_NN.replace(":bf16:", ":f32:")
-    assert kernels.normalise_onednn(strict) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:f32 wei:f32 dst:f32"
-    assert kernels.normalise_onednn(fpmath) == kernels.normalise_onednn(strict) + " attr-fpmath:bf16"
+    assert routes.normalise_onednn(strict) == "oneDNN matmul brg_matmul:avx10_1_512_amx src:f32 wei:f32 dst:f32"
+    assert routes.normalise_onednn(fpmath) == routes.normalise_onednn(strict) + " attr-fpmath:bf16"
     a = torch.ones(16, 16)
     saved = torch.get_float32_matmul_precision()
     try:

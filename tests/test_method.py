@@ -28,7 +28,7 @@ _ACCURACY = [*_VALUES, "measure/reference.py", "core/numerics.py", "core/blocks.
 SOURCES = {
     "error_u": _ACCURACY, "nonfinite": _ACCURACY, "gamma_k_u": _ACCURACY, "slice_n_ulp": _ACCURACY,
     "slice_m_ulp": _ACCURACY, "run_to_run_ulp": _ACCURACY,
-    "kernel_id": [*_VALUES, "measure/kernels.py", "core/blaslog.py"],
+    "kernel_id": [*_VALUES, "measure/kernels.py", "core/routes.py", "core/blaslog.py"],
     "input_id": _VALUES,
     "bits_id": _VALUES,  # the outputs measure_operands holds, hashed there
     "cuda_seconds": _VALUES, "cuda_q20_seconds": _VALUES, "cuda_q80_seconds": _VALUES, "cuda_clock_fell": _VALUES,
@@ -36,7 +36,7 @@ SOURCES = {
     "fix_id": [*_VALUES, "probes/fixes.py", "probes/fixfind.py", "probes/fixrun.py"],
     "order_id": [*_VALUES, "probes/order.py", "probes/order_tree.py", "probes/order_replay.py",
                  "probes/order_plan.py", "core/trees.py"],
-    "map_id": [*_VALUES, "measure/kernels.py", "core/blaslog.py", "core/numerics.py",
+    "map_id": [*_VALUES, "measure/kernels.py", "core/routes.py", "core/blaslog.py", "core/numerics.py",
                "measure/batchpoint.py", "probes/scan.py", "probes/classsearch.py", "probes/records.py",
                "probes/batchmap.py", "probes/batchmap_run.py", "core/mapruns.py"],
     "time_matmul": [*_VALUES, "../../benchmarks/timing.py"],

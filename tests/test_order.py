@@ -1083,7 +1083,7 @@ def test_a_probe_larger_than_memory_is_refused_before_allocating(capsys, monkeyp
     if have is None:
         pytest.skip("no MemAvailable in /proc/meminfo")
     n = 1 << 16
-    while order_plan.target(cases.adhoc(n, 16, n), "float32", "cpu").bytes_needed()[0] < 4 * have:
+    while memory.probe_bytes(**order_plan.target(cases.adhoc(n, 16, n), "float32", "cpu").probe_sizes())[0] < 4 * have:
         n *= 2  # this machine's memory, not a constant
     t0 = time.monotonic()
     rc = cli.main(["order", "--m", str(n), "--k", "16", "--n", str(n), "--dtype", "float32"])

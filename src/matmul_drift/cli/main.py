@@ -135,7 +135,7 @@ def _main(argv) -> int:
         return 130
     # the estimate ahead of time can err: one line, not a traceback
     except (MemoryError, RuntimeError) as exc:
-        from matmul_drift.measure.kernels import ProfilerLost  # here: see _main
+        from matmul_drift.core.routes import ProfilerLost  # here: see _main
 
         if isinstance(exc, ProfilerLost):
             say_error("matmul-drift", exc)

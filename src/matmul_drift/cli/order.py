@@ -17,7 +17,7 @@ import os
 from matmul_drift.cli.args import Bar, add_memory_argument, add_shape_arguments, file_name, positive
 from matmul_drift.core import cases, ids, trees, words
 from matmul_drift.core.errors import UsageError
-from matmul_drift.measure import memory, record
+from matmul_drift.measure import record
 from matmul_drift.probes import order_tree
 from matmul_drift.probes.order_plan import over_budget, target
 from matmul_drift.store import atomic, catalog
@@ -122,6 +122,10 @@ def checked_target(case_id: str | None, mkn: tuple, slice_n: int | None, slice_m
     UsageError (one line) when the probe cannot run: a slice or entry the case lacks, a device or
     dtype it cannot take, too little memory, more than ``max_calls`` calls expected, or a catalog
     that cannot take the tree."""
+    # here: the estimate asks torch (its build, the GPU's free memory), and the parser of every
+    # command imports this
+    from matmul_drift.measure import memory
+
     try:
         case = cases.get(case_id) if case_id is not None else cases.adhoc(*mkn)
         cases.check_slices(case, case.shape(device), slice_n, slice_m, form)
@@ -129,8 +133,8 @@ def checked_target(case_id: str | None, mkn: tuple, slice_n: int | None, slice_m
     except (ValueError, record.Unavailable) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
     try:
-        memory.check(t.bytes_needed(), f"the probe of {t.label} in {t.dtype},", t.device,
-                     host_check)
+        memory.check(memory.probe_bytes(**t.probe_sizes()),
+                     f"the probe of {t.label} in {t.dtype},", t.device, host_check)
     except memory.TooLarge as exc:
         raise UsageError(str(exc)) from None
     refused = over_budget(t, max_calls)

@@ -22,7 +22,7 @@ is made once), so their names are recorded nowhere. A recipe line
 keeps what picks the arithmetic (the function, types and layouts, transposes, compute type,
 algorithm and its configuration: tile, stages, split-K, reduction scheme, custom option,
 cluster shape) and drops what only places it (pointers, streams, handles) and the problem's
-sizes and leading dimensions, as kernel names do (kernels.py): the shape is the case's. A line
+sizes and leading dimensions, as kernel names do (routes.py): the shape is the case's. A line
 the parser cannot read is kept verbatim in the handle's state and counted. No torch here.
 """
 

@@ -15,17 +15,10 @@ import os
 import platform
 import re
 
-from matmul_drift.core import series
+import torch
 
-# Environment variables that steer BLAS/oneDNN/cuBLAS routes or thread counts.
-ROUTE_VARS = (
-    "MKL_CBWR", "MKL_NUM_THREADS", "MKL_DYNAMIC", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS",
-    "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
-    "NVIDIA_TF32_OVERRIDE", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT",
-    # cuBLAS 12.9 and newer: fp32 (and fp64) emulated on tensor cores, and how eagerly
-    "CUBLAS_EMULATE_SINGLE_PRECISION", "CUBLAS_EMULATE_DOUBLE_PRECISION",
-    "CUBLAS_EMULATION_STRATEGY",
-)
+from matmul_drift.core import series
+from matmul_drift.core.routes import ROUTE_VARS
 
 
 def cpu_model() -> str:
@@ -40,8 +33,6 @@ def cpu_model() -> str:
 
 
 def _config_version(pattern: str) -> str | None:
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     m = re.search(pattern, torch.__config__.show())
     return m.group(1) if m else None
 
@@ -53,7 +44,7 @@ def _safe(fn, default=None):
         return default
 
 
-def _float32_precision(torch) -> str:
+def _float32_precision() -> str:
     """torch.get_float32_matmul_precision(); where code set a backend's fp32_precision (the
     newer API), torch refuses that call, so each backend's setting: "mkldnn=bf16, cuda=none"."""
     try:
@@ -66,11 +57,9 @@ def _float32_precision(torch) -> str:
 
 def flags() -> dict:
     """Every matmul flag torch exposes, as plain values."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     m = torch.backends.cuda.matmul
     return {
-        "float32_matmul_precision": _float32_precision(torch),
+        "float32_matmul_precision": _float32_precision(),
         "cuda_matmul_allow_tf32": bool(m.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "allow_fp16_reduced_precision_reduction":
@@ -120,8 +109,6 @@ def _cublas_version() -> str | None:
     links it, so it is mapped once torch is imported), else from one torch ships. The mapped
     one comes first: a cuBLAS earlier on LD_LIBRARY_PATH (a system CUDA) is the one torch
     runs, whatever the wheel under nvidia/ holds."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     candidates = mapped_libraries(_maps_text(), "libcublas.so")
     for mod in ("nvidia.cublas", "nvidia.cu13", "nvidia.cu12"):
         spec = _safe(lambda: __import__(mod, fromlist=["_"]))
@@ -160,8 +147,6 @@ def _driver_version() -> str | None:
 def cuda_info(index: int = 0) -> dict:
     """CUDA, cuBLAS, cuDNN, driver and GPU facts. Initialises CUDA: call in a benchmark
     child only."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     props = torch.cuda.get_device_properties(index)
     return {
         "runtime": torch.version.cuda,
@@ -176,8 +161,6 @@ def cuda_info(index: int = 0) -> dict:
 
 def describe(device: str, mkl_banner: str | None = None) -> dict:
     """The environment of this process for products on ``device`` ('cpu' or 'cuda')."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     return {
         "torch": {"version": torch.__version__, "git": torch.version.git_version,
                   "cuda_build": torch.version.cuda},

@@ -1,9 +1,7 @@
 """Which kernels ran: the profiler on CUDA, the aten chain and BLAS/oneDNN route on CPU.
 
-Names are normalised so that a kernel list names a *route*: pointers, timings, leading
-dimensions and problem sizes go; the routine, the transposes, MKL's CNR mode, the
-implementation (oneDNN's ISA, a CUDA kernel's tile and split-K) and the thread count
-stay. A kernel-id therefore changes when the route changes, not when the shape does.
+Traced with torch here; the names are normalised into a route, and the call's kernels cut from
+between the profiler's sentinels, by core/routes.py, which needs no torch.
 """
 
 from __future__ import annotations
@@ -18,135 +16,16 @@ import warnings
 from contextlib import contextmanager
 from typing import NamedTuple
 
+import torch
+
 from matmul_drift.core import blaslog
+from matmul_drift.core.routes import (VIEW_OPS, ProfilerLost, bracketed, mkl_banner,
+                                      normalise_cuda, route_lines, unique)
 
-_MKL_CALL = re.compile(r"MKL_VERBOSE\s+([A-Z0-9_]+)\(([^)]*)\)(.*)")
-_MKL_KEEP = ("CNR", "NThr")
-# aten ops that only make views or allocate: they say nothing about how the sum is done,
-# and some appear or not with the shape alone (a squeeze here, an as_strided there).
-VIEW_OPS = frozenset(
-    "aten::" + op
-    for op in (
-        "as_strided as_strided_ unsqueeze unsqueeze_ squeeze squeeze_ resolve_conj resolve_neg "
-        "view _unsafe_view reshape _reshape_alias expand t transpose permute slice select alias "
-        "detach lift_fresh empty empty_strided empty_like"
-    ).split()
-)
-_SPACES = re.compile(r"\s+")
-_PTR = re.compile(r"(?<![0-9A-Za-z_])0x[0-9a-fA-F]+")
-
-
-def normalise_mkl(line: str) -> str | None:
-    """``MKL_VERBOSE SGEMM(N,N,8,1,64,0x..,..) 53.51us CNR:OFF Dyn:1 .. NThr:2`` ->
-    ``MKL SGEMM(N,N) CNR:OFF NThr:2``; None for lines that are not calls."""
-    m = _MKL_CALL.search(line)
-    if not m:
-        return None
-    routine, args, tail = m.groups()
-    # The leading arguments that are letters (transposes, uplo, side) describe the route.
-    flags = []
-    for arg in args.split(","):
-        arg = arg.strip()
-        if re.fullmatch(r"[A-Za-z]", arg):
-            flags.append(arg.upper())
-        else:
-            break
-    kept = [tok for tok in tail.split() if tok.split(":", 1)[0] in _MKL_KEEP]
-    return " ".join([f"MKL {routine}({','.join(flags)})", *kept])
-
-
-def normalise_onednn(line: str) -> str | None:
-    """An ``onednn_verbose,...,primitive,exec,cpu,matmul,<impl>,..,<descs>,..,<sizes>,<ms>`` line
-    -> ``oneDNN matmul <impl> <data types> <attributes>``; None for headers, info and creation
-    lines."""
-    parts = line.strip().split(",")
-    if not parts or not parts[0].endswith("_verbose") or "exec" not in parts:
-        return None
-    i = parts.index("exec")
-    try:
-        _engine, prim, impl, _prop, descs, attrs = parts[i + 1 : i + 7]
-    except ValueError:
-        return None
-    types = " ".join(_onednn_desc(d) for d in descs.split() if d.count(":") >= 1)
-    # attributes change the sum (attr-fpmath:bf16: products in bfloat16); the scratchpad's
-    # owner does not
-    kept = " ".join(a for a in attrs.split()
-                    if a.startswith("attr-") and not a.startswith("attr-scratchpad"))
-    return f"oneDNN {prim} {impl} {types} {kept}".strip()
-
-
-def _onednn_desc(desc: str) -> str:
-    """``wei:bf16::blocked:ba:1x1024:f0`` -> ``wei:bf16:ba``: the argument, its data type and,
-    where it is not plain row-major (``ab``, ``abc``), its layout tag, which names a transposed
-    operand as MKL's ``T`` does. The strides (a leading dimension) are the shape's and go."""
-    f = desc.split(":")
-    tag = f[4] if len(f) == 7 else ""  # oneDNN 3's arg:dt:extra:kind:tag:strides:flags
-    plain = tag == "abcdefghijkl"[: len(tag)]
-    return ":".join(f[:2]) + ("" if plain else f":{tag}")
-
-
-def normalise_cuda(name: str) -> str:
-    """A device kernel name without ``void``, its argument list or extra spaces.
-
-    Template arguments, tile sizes and split-K markers stay: they are the route.
-    """
-    n = _SPACES.sub(" ", name.strip())
-    if n.startswith("void "):
-        n = n[5:]
-    # Drop the trailing parameter list "(...)" if the name ends with one.
-    if n.endswith(")"):
-        depth = 0
-        for i in range(len(n) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(n[i], 0)
-            if depth == 0:
-                # keep operator() etc.: only cut when something precedes the '('
-                if i > 0:
-                    n = n[:i].rstrip()
-                break
-    n = _PTR.sub("", n)
-    n = re.sub(r"\s*([<>,*&])\s*", r"\1", n)
-    return n
-
-
-def route_lines(text: str) -> list[str]:
-    """Normalised MKL and oneDNN calls in captured verbose output, in order."""
-    out = []
-    for line in text.splitlines():
-        norm = normalise_mkl(line) if "MKL_VERBOSE" in line else normalise_onednn(line)
-        if norm:
-            out.append(norm)
-    return out
-
-
-def unique(seq) -> list:
-    """Items in first-seen order, each once."""
-    seen, out = set(), []
-    for item in seq:
-        if item not in seen:
-            seen.add(item)
-            out.append(item)
-    return out
-
-
-def merged(kind: str, calls: list[tuple[str, list[str]]]) -> dict[str, list[str]]:
-    """The kernel lists of one kind's calls, each (label, its names): ``kind`` holds every name
-    once, in first-seen order. Where the calls' lists differ, ``kind + " per call"`` also holds
-    each as "label: name; name", since the merged list alone is the same whichever call ran
-    which kernel (n = 2 moving from Y to X beside n = 1 on X and n = 8 on Y)."""
-    out = {kind: unique(name for _, names in calls for name in names)}
-    if len({tuple(names) for _, names in calls}) > 1:
-        out[f"{kind} per call"] = [f"{label}: {'; '.join(names)}" for label, names in calls]
-    return out
-
-
-def mkl_banner(text: str) -> str | None:
-    """MKL's first verbose line (version and the code path it chose), if present."""
-    for line in text.splitlines():
-        if line.startswith("MKL_VERBOSE") and ("Intel(R) MKL" in line or "oneMKL" in line):
-            # The banner has no newline of its own; the profiler's USDT notes can follow it.
-            return line.replace("MKL_VERBOSE", "", 1).split("USDT:", 1)[0].strip()
-    return None
-
+try:  # torch's private helpers of prof.events(); where a torch lacks them, session_events asks it
+    from torch.autograd.profiler_util import _filter_name, _rewrite_name
+except ImportError:
+    _filter_name = _rewrite_name = None
 
 _BANNER: list[str] = []
 
@@ -166,13 +45,10 @@ def profiled(*activities):
     here, so that warning alone is silenced (torch 2.13 no longer gives it). The CPU's routes
     read the autograd profiler instead (cpu_route): the CUDA path keeps this one, the
     profiler its GPU check runs."""
-    # here: torch-free commands (explain --render, run) import this module
-    from torch.profiler import profile
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Warning: Profiler clears events",
                                 category=UserWarning)
-        with profile(activities=list(activities)) as prof:
+        with torch.profiler.profile(activities=list(activities)) as prof:
             yield prof
 
 
@@ -224,16 +100,12 @@ def cpu_route(fn) -> tuple[object, list[str]]:
 
     Where neither MKL nor oneDNN reports anything, the route is ``native``.
     """
-    # here: torch-free commands (explain --render, run) import this module
-    import torch
-    from torch.autograd.profiler import profile
-
     with captured_fds() as box:
         with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON), \
                 torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
             # the profiler under torch.profiler's: the same CPU events, without the import of
             # torch._inductor that torch.profiler makes at its first start (slow, once a process)
-            with profile(use_kineto=True) as prof:
+            with torch.autograd.profiler.profile(use_kineto=True) as prof:
                 result = fn()
     _pass_on_stderr(box[2])
     text = box[1]
@@ -260,10 +132,6 @@ TRIES = 4
 MAX_PAD = 1 << 14  # markers on either side of a call; a profiler losing more is ProfilerLost
 
 
-class ProfilerLost(RuntimeError):
-    """The profiler lost kernel records of the traced call at every try."""
-
-
 class Event(NamedTuple):
     name: str
     device_type: object  # torch.autograd.DeviceType
@@ -275,12 +143,13 @@ def session_events(prof) -> list:
     is slow per event: the sentinels' padding may put thousands of markers in each
     session of a long scan when the profiler loses records. ``prof.events()`` where torch has
     no such records."""
-    try:
-        # here: torch-free commands (explain --render, run) import this module
-        from torch.autograd.profiler_util import _filter_name, _rewrite_name
-
-        raw = prof.profiler.kineto_results.events()
-    except (AttributeError, ImportError):
+    raw = None
+    if _filter_name is not None:
+        try:
+            raw = prof.profiler.kineto_results.events()
+        except AttributeError:  # a profiler without Kineto's records: prof.events() below
+            pass
+    if raw is None:
         return [Event(e.name, e.device_type) for e in prof.events()]
     kept = [e for e in raw
             if not _filter_name(e.name()) and not getattr(e, "is_hidden_event", lambda: False)()]
@@ -293,28 +162,6 @@ def device_names(events, cuda_type) -> list[str]:
     """The normalised names of the device-side events (kernels, memcpy, memset), in time order.
     Each kernel is one event; its launch is a CPU event. A kernel launched twice stays twice."""
     return [normalise_cuda(e.name) for e in events if getattr(e, "device_type", None) == cuda_type]
-
-
-def bracketed(names: list[str], marks: tuple[str, str],
-              pad: tuple[int, int]) -> tuple[list[str] | None, tuple]:
-    """(the call's kernels, or None where some may be lost; the records lost at the head and at
-    the end, at least) from one session's ``names``: ``pad[0]`` spins, the call's kernels,
-    ``pad[1]`` byte adds (``marks``: the spin's and the add's names). Whole only between a
-    surviving spin and a surviving add: a loss at the head takes the spins first, one at the
-    end the adds."""
-    spin, add = marks
-    head = 0
-    while head < len(names) and names[head] == spin:
-        head += 1
-    end = len(names)
-    while end > head and names[end - 1] == add:
-        end -= 1
-    # where no marker of a side is left, the loss there reached at least the call
-    lost = (max(0, pad[0] - head) if head else pad[0],
-            max(0, pad[1] - (len(names) - end)) if end < len(names) else pad[1])
-    if not head or end == len(names):
-        return None, lost
-    return names[head:end], lost
 
 
 class Sentinels:
@@ -502,8 +349,6 @@ class BlasLog:
 def _blas_log() -> BlasLog:
     """This process's BlasLog over the cuBLASLt and cuBLAS it has loaded (a first small
     product loads them where torch has not yet); a library not found is a note."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     one = torch.ones(8, 8, device="cuda")
     (one @ one).sum().item()
     libs = {}
@@ -534,10 +379,6 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
     then the cuBLAS and cuBLASLt recipes its call logged: core/blaslog.py). A try whose records
     are not whole (``Sentinels``) runs ``fn`` again: the result, the kernels and the recipes
     returned come from the same call. ProfilerLost where no try was whole."""
-    # here: torch-free commands (explain --render, run) import this module
-    import torch
-    from torch.profiler import ProfilerActivity
-
     box: list = []
     recipes: list[str] = []
     scratch = torch.empty(1, dtype=torch.uint8, device="cuda")
@@ -553,7 +394,8 @@ def cuda_kernels(fn) -> tuple[object, list[str]]:
         torch.cuda.synchronize()
         # stdout too: a library that prints its log there must not reach a --json report
         with captured_fds((1, 2)) as out:
-            with profiled(ProfilerActivity.CPU, ProfilerActivity.CUDA) as prof:
+            with profiled(torch.profiler.ProfilerActivity.CPU,
+                          torch.profiler.ProfilerActivity.CUDA) as prof:
                 for _ in range(pad[0]):
                     torch.cuda._sleep(SPIN_CYCLES)
                 if call:
@@ -604,8 +446,6 @@ def mkl_code_path() -> str | None:
     (a bfloat16 product takes oneDNN), a 1×1 float64 product does, so that the environment
     does not depend on which products the process made first."""
     if not _BANNER:
-        import torch  # here: torch-free commands (explain --render, run) import this module
-
         one = torch.ones(1, 1, dtype=torch.float64)
         cpu_route(lambda: one @ one)
         if not _BANNER:  # no MKL: asked once a process

@@ -19,6 +19,7 @@ import torch
 
 from matmul_drift.core import cases, ids, numerics
 from matmul_drift.core.cases import Case, storage_dtype
+from matmul_drift.core.routes import merged
 from matmul_drift.measure import clocks, environment, inputs, kernels, memory
 from matmul_drift.measure.record import (SEED, Measurement, Unavailable, bits_digest, bits_part,
                                          kernel_entry, operand_shapes, spread)
@@ -337,9 +338,9 @@ def measure_operands(
             d = compare(c_bits, c_val, y_host, absprod, dtype, cut, k, precision)
             slices_m.append({"m": m, **d})
         if routes_n:
-            kern.update(kernels.merged("slice_n", routes_n))
+            kern.update(merged("slice_n", routes_n))
         if routes_m:
-            kern.update(kernels.merged("slice_m", routes_m))
+            kern.update(merged("slice_m", routes_m))
 
         run_to_run = {"repeat": repeat,
                       **repeat_drift(ops, c_bits, c_val, absprod, dtype, k, repeat, precision)}

@@ -15,6 +15,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 
+import torch
+
 from matmul_drift.core.numerics import WIDTH
 
 try:  # numpy's switch of its huge-page advice: a private name, moved in numpy 2
@@ -43,8 +45,6 @@ CUDA_CONTEXT_BYTES = 512 << 20
 def process_bytes() -> int:
     """Bytes resident in a measuring process before any operand (PROCESS_BYTES), for the
     torch installed."""
-    import torch  # here: torch-free commands (explain --render, run) import this module
-
     return PROCESS_BYTES[bool(torch.version.cuda or getattr(torch.version, "hip", None))]
 
 
@@ -113,8 +113,6 @@ def available(device: str) -> tuple[int | None, int | None]:
         pass
     gpu = None
     if device == "cuda":
-        import torch  # here: torch-free commands (explain --render, run) import this module
-
         gpu = torch.cuda.mem_get_info()[0]
     return host, gpu
 

@@ -13,7 +13,7 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 
-from matmul_drift.measure.environment import ROUTE_VARS
+from matmul_drift.core.routes import ROUTE_VARS
 
 ROUNDS = 3  # interleaved rounds: before, after, then after, before, ...
 SAMPLES = 10  # timed calls of a cell in one process, at most
@@ -51,7 +51,7 @@ print(json.dumps({"threads": torch.get_num_threads(), "seconds": out}))
 @dataclass(frozen=True)
 class Setting:
     """How one side ran: its interpreter, torch's thread count (0: torch's default) and the
-    route variables it recorded (environment.ROUTE_VARS; any other is unset here)."""
+    route variables it recorded (routes.ROUTE_VARS; any other is unset here)."""
 
     python: str
     threads: int = 0

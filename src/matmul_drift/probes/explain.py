@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from matmul_drift.core import ids, numerics
 from matmul_drift.core.errors import BadValue
-from matmul_drift.measure.kernels import unique
+from matmul_drift.core.routes import unique
 from matmul_drift.measure.record import Measurement, bits_part
 from matmul_drift.probes import fixfind
 from matmul_drift.store import bounded
@@ -104,7 +104,7 @@ def report(m: Measurement, slice_n: int | None = None, slice_m: int | None = Non
 
 def _kernels(kern: dict) -> dict:
     """``full``, ``slice_n`` and ``slice_m`` (every name once), each kind followed by its
-    ``"<kind> per call"`` list where its calls' kernels differ (kernels.merged)."""
+    ``"<kind> per call"`` list where its calls' kernels differ (routes.merged)."""
     out = {}
     for kind in ("full", "slice_n", "slice_m"):
         out[kind] = kern.get(kind, [])
@@ -267,7 +267,7 @@ def _error_text(err: float | None, cover: dict, over: str) -> str:
 
 def _why(call: list[str] | None, full: list[str]) -> str:
     """Why a slice's sums differ, from its call's kernels and the full product's. Names count
-    once: the list of slice calls that agree is merged (kernels.merged), every name once."""
+    once: the list of slice calls that agree is merged (routes.merged), every name once."""
     extra = [k for k in call or () if k not in full]
     missing = [k for k in unique(full) if call and k not in call]
     if extra:

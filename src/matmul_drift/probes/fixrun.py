@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from matmul_drift.core import cases, numerics
+from matmul_drift.core.routes import merged
 from matmul_drift.measure import kernels, measure, record, reference
 from matmul_drift.probes.fixfind import drifting, sizes
 
@@ -147,7 +148,7 @@ def run(spec: dict, peer=None) -> dict:
                 routes.setdefault(kind, []).append((label, names))
             # each call's own route where they differ, as explain's
             for kind, per_call in routes.items():
-                out["kernels"].update(kernels.merged(kind, per_call))
+                out["kernels"].update(merged(kind, per_call))
             out["drift"]["run_to_run"] = worst
             runs[str(code)] = out
         if spec.get("untimed"):

@@ -294,7 +294,7 @@ def reveal(t: Target, progress=None, max_calls: int = MAX_CALLS, verify: bool = 
         used = p.used if rows > 1 else w  # a spread group is narrower than the width
         out.verified = replay(t, out.tree, width=used, prober=p) if verify else None
         calls += p.calls
-        del p  # one set of operands at a time (Target.bytes_needed)
+        del p  # one set of operands at a time (Target.probe_sizes)
         if verify and out.verified["matched"] != out.verified["draws"]:
             why = (f"the replay matched {out.verified['matched']} of {out.verified['draws']} draws "
                    f"(first mismatch {out.verified['first_mismatch']}; {where})")

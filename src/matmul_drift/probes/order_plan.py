@@ -15,7 +15,7 @@ import numpy as np
 
 from matmul_drift.core import cases, trees
 from matmul_drift.core.numerics import ceil_div
-from matmul_drift.measure import memory, record
+from matmul_drift.measure import record
 
 
 # dtype -> (significant bits of the accumulator, of the output, base product, M)
@@ -93,15 +93,16 @@ class Target:
              else "A")
         return f"{self.case.id} {a} @ " + (f"B[:, :{self.slice_n}]" if self.slice_n else "B")
 
-    def bytes_needed(self) -> tuple[int, int]:
-        """(host, device) bytes the probe needs (memory.probe_bytes): one Prober at a time."""
+    def probe_sizes(self) -> dict:
+        """The probe's sizes as memory.probe_bytes takes them, which gives the (host, device)
+        bytes it needs: one Prober at a time."""
         a_shape, b_shape = record.operand_shapes(self.case, self.device)
         s = self.case.shape(self.device)
         batch = s.batch or 1
         copy = batch * self.k * self.slice_n if self.slice_n and self.case.layout == "copy" else 0
         out = batch * self.rows * self.cols
-        return memory.probe_bytes(int(np.prod(a_shape)), int(np.prod(b_shape)) + copy, out, self.k,
-                                  widths(self)[0], self.dtype, self.device)
+        return {"a": int(np.prod(a_shape)), "b": int(np.prod(b_shape)) + copy, "out": out,
+                "k": self.k, "width": widths(self)[0], "dtype": self.dtype, "device": self.device}
 
     def computation(self) -> tuple:
         """What the probe's readings depend on: the op, the operands' stored shapes, the slice,

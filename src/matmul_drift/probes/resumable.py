@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from matmul_drift.measure import kernels
+from matmul_drift.core.routes import ProfilerLost
 from matmul_drift.probes import interrupt, records
 
 SAVE_EVERY_S = 1.0  # the record is rewritten at most this often while searching (seconds)
@@ -95,7 +95,7 @@ def drive(search, measure, make_record, done, *, words: Words, grid: int, path: 
     with interrupt.deferred(stopped):
         try:
             points, found = search(evaluate, points)
-        except (KeyboardInterrupt, kernels.ProfilerLost) as exc:
+        except (KeyboardInterrupt, ProfilerLost) as exc:
             bar.close()
             if path and session["evaluated"]:
                 # more Ctrl-C must not cut this write
@@ -104,7 +104,7 @@ def drive(search, measure, make_record, done, *, words: Words, grid: int, path: 
             where = (f"{path} holds them: continue with --resume {path}" if path
                      else "nothing was recorded (--json FILE keeps a resumable record)")
             count = f"{session['evaluated']} {words.counted}"
-            if isinstance(exc, kernels.ProfilerLost):
+            if isinstance(exc, ProfilerLost):
                 return Outcome(1, None, f"stopped after {count}: {exc}; {where}")
             return Outcome(128 + (stopped[0] if stopped else signal.SIGINT), None,
                            f"interrupted after {count}; {where}")
