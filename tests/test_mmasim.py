@@ -208,9 +208,10 @@ def test_the_h200s_k4096_chain_is_mmasims_bit_for_bit(h200_chain, dtype, kind):
         assert bad.size == 0, (f"batch {n}: {bad.size} of {batch} draws differ; first: {got[bad[0]]!r} "
                                f"vs MMA-Sim {want[bad[0]]!r}")
         seen += batch
-        with np.errstate(invalid="ignore"):
-            exact = order_replay.evaluate(h200_chain, (a * b).T, np.float32, "exact")
-        inexact += int((bits(exact) != bits(want)).sum())
+        if n == 0:  # the cuts show in the first batch alone (in nearly every draw), past what is asked of all
+            with np.errstate(invalid="ignore"):
+                exact = order_replay.evaluate(h200_chain, (a * b).T, np.float32, "exact")
+            inexact += int((bits(exact) != bits(want)).sum())
     assert seen == DRAWS
     assert inexact > (0 if kind == "probe" else DRAWS // 100)  # the cuts show: an exact fused add differs
 
