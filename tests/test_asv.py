@@ -27,7 +27,9 @@ def project(tmp_path):
     """A committed copy of the working tree, so asv can resolve a commit hash."""
     dst = tmp_path / "project"
     head = committed_copy(dst)
-    env = dict(os.environ, HOME=str(tmp_path), MATMUL_DRIFT_CASES="square,skinny", MATMUL_DRIFT_CATALOG=str(dst / "results" / "catalog"))
+    # the cases and precisions test_quick_run reads, no more: setup_cache measures each
+    env = dict(os.environ, HOME=str(tmp_path), MATMUL_DRIFT_CASES="square,skinny", MATMUL_DRIFT_PRECISIONS="float32,bfloat16",
+               MATMUL_DRIFT_CATALOG=str(dst / "results" / "catalog"))
     rc, out = asv("machine", "--yes", "--machine", "testbox", cwd=dst, env=env)
     assert rc == 0, out
     return dst, head, env
