@@ -28,7 +28,8 @@ def project(tmp_path):
     dst = tmp_path / "project"
     head = committed_copy(dst)
     # the cases and precisions test_quick_run reads, no more: setup_cache measures each
-    env = dict(os.environ, HOME=str(tmp_path), MATMUL_DRIFT_CASES="square,skinny", MATMUL_DRIFT_PRECISIONS="float32,bfloat16",
+    env = dict(os.environ, HOME=str(tmp_path), MATMUL_DRIFT_CASES="square,skinny",
+               MATMUL_DRIFT_PRECISIONS="float32,bfloat16",
                MATMUL_DRIFT_CATALOG=str(dst / "results" / "catalog"))
     rc, out = asv("machine", "--yes", "--machine", "testbox", cwd=dst, env=env)
     assert rc == 0, out
@@ -89,8 +90,9 @@ def test_quick_run(project, method, bench):
     if method == "spawn":
         # all covered by the forkserver run; so are the cells it does not read: it measures the
         # one it reads, square in float32
-        env = {**env, "MATMUL_DRIFT_FIXES": "0", "MATMUL_DRIFT_ORDERS": "0", "MATMUL_DRIFT_MAPS": "0",
-               "MATMUL_DRIFT_CASES": "square", "MATMUL_DRIFT_PRECISIONS": "float32"}
+        env = {**env, "MATMUL_DRIFT_FIXES": "0", "MATMUL_DRIFT_ORDERS": "0",
+               "MATMUL_DRIFT_MAPS": "0", "MATMUL_DRIFT_CASES": "square",
+               "MATMUL_DRIFT_PRECISIONS": "float32"}
     # the main job's own selection (a process only for the combinations this machine measures),
     # and the unselected combinations read below, each by its full name
     selected, _ = selection.bench_args([bench], selection.read(env))

@@ -213,7 +213,7 @@ def test_the_h200s_k4096_chain_is_mmasims_bit_for_bit(h200_chain, dtype, kind):
         assert bad.size == 0, (f"batch {n}: {bad.size} of {batch} draws differ; first: {got[bad[0]]!r} "
                                f"vs MMA-Sim {want[bad[0]]!r}")
         seen += batch
-        if n == 0:  # the cuts show in the first batch alone (in nearly every draw), past what is asked of all
+        if n == 0:  # the cuts show in the first batch alone (nearly every draw), past what is asked
             with np.errstate(invalid="ignore"):
                 exact = order_replay.evaluate(h200_chain, (a * b).T, np.float32, "exact")
             inexact += int((bits(exact) != bits(want)).sum())

@@ -653,8 +653,8 @@ def test_ctrl_c_leaves_a_record_that_resume_finishes(tmp_path):
     # --step 16: half the evaluations of --step 4 (365 against 777 on a 2-core EPYC), and a search
     # still several times the second to its first save (resumable.SAVE_EVERY_S) that the
     # interrupt waits for
-    args = ["--vary", "m", "--range", "1:1000", "--k", "1024", "--n", "256", "--dtype", "float32", "--step", "16",
-            "--json", str(out)]
+    args = ["--vary", "m", "--range", "1:1000", "--k", "1024", "--n", "256", "--dtype", "float32",
+            "--step", "16", "--json", str(out)]
     proc = subprocess.Popen([*ENTRY, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     seen = 0
