@@ -434,10 +434,12 @@ print(json.dumps(all(torch.equal(mul(A[..., :m, :]), full[..., :m, :]) for m in 
 """
 
 
-def test_the_suite_records_the_cheapest_full_fix_and_its_verdicts(tmp_path):
-    from matmul_drift.jobs import suite
+def test_the_suite_records_the_cheapest_full_fix_and_its_verdicts(tmp_path, monkeypatch):
+    from matmul_drift.jobs import selection, suite
     from matmul_drift.store import catalog
 
+    monkeypatch.setenv(selection.ORDERS_VAR, "0")  # neither read here (test_order.py, test_map.py)
+    monkeypatch.setenv(selection.MAPS_VAR, "0")
     out = suite.measure_all(case_ids=["bmm", "linear"], precisions=["float64", "float32"], devices=["cpu"],
                             root=tmp_path, log=open(os.devnull, "w"))
     drifting = {k: v for k, v in out.items() if v["slice_m_ulp"] > 0 or v["run_to_run_ulp"] > 0}

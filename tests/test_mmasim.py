@@ -27,6 +27,11 @@ except (ImportError, OSError, RuntimeError) as exc:  # not installed (pip instal
 HOPPER = "hopper/blackwell: aligned to the exponent sum, 25 bits, cut toward zero"
 H200_CHAIN = "f05c9cdb73a9"  # seed[:, :46000] fp16 on the H200 (torch 2.11.0+cu130): 256 fused groups of 16
 DRAWS = 10_000
+# The K = 4096 chain's draws: each is 256 fused groups, so these are a million groups a kind and
+# dtype, a hundred times the one-group test's DRAWS (which holds every group's arithmetic); the
+# special kind keeps inf, -inf or NaN in about 3 draws in 100 and zeros and subnormals in 2 of
+# 100 operands each.
+CHAIN_DRAWS = 4_000
 KINDS = ("probe", "normal", "spread", "special")
 TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 PTX = {"float16": "f16", "bfloat16": "bf16"}
@@ -197,9 +202,9 @@ def h200_chain():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_h200s_k4096_chain_is_mmasims_bit_for_bit(h200_chain, dtype, kind):
     """Every fused group of 16 with the running sum, as MMA-Sim's dpa goes over K from c = 0;
-    10,000 draws in batches."""
+    CHAIN_DRAWS draws in batches."""
     batch, seen, inexact = 2000, 0, 0
-    for n in range(DRAWS // batch):
+    for n in range(CHAIN_DRAWS // batch):
         rng = np.random.default_rng([48, n])
         a, b, c = operands(kind, rng, 4096, batch, dtype, with_sum=False)
         want = simulated(a, b, c, dtype)
@@ -208,10 +213,11 @@ def test_the_h200s_k4096_chain_is_mmasims_bit_for_bit(h200_chain, dtype, kind):
         assert bad.size == 0, (f"batch {n}: {bad.size} of {batch} draws differ; first: {got[bad[0]]!r} "
                                f"vs MMA-Sim {want[bad[0]]!r}")
         seen += batch
-        with np.errstate(invalid="ignore"):
-            exact = order_replay.evaluate(h200_chain, (a * b).T, np.float32, "exact")
-        inexact += int((bits(exact) != bits(want)).sum())
-    assert seen == DRAWS
+        if n == 0:  # the cuts show in the first batch alone (nearly every draw), past what is asked
+            with np.errstate(invalid="ignore"):
+                exact = order_replay.evaluate(h200_chain, (a * b).T, np.float32, "exact")
+            inexact += int((bits(exact) != bits(want)).sum())
+    assert seen == CHAIN_DRAWS
     assert inexact > (0 if kind == "probe" else DRAWS // 100)  # the cuts show: an exact fused add differs
 
 
