@@ -332,7 +332,12 @@ BENCH=
 [ -n "$NOT_STARTED" ] || BENCH=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift.jobs import selection as s; print(s.selection_regex(sys.argv[1], s.read()))' \
   'drift\.Drift\.track_\w+') ||
   { BENCH='drift\.Drift'; echo "gpu_check: warning: no selection of the suite's combinations; asv starts all 108 of each"; }
-MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_MAPS=0 MATMUL_DRIFT_BUDGET=40 step suite 125 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
+# asv's forkserver socket must fit unix(7)'s 107 bytes under TMPDIR (asvrun.tmpdir_for_asv, as
+# the nightly's): a deep TMPDIR gives way to /tmp
+SUITE_TMP=${TMPDIR:-/tmp}
+[ -n "$NOT_STARTED" ] || SUITE_TMP=$(timeout "$(capped 10)" "$PY" -c 'import sys; from matmul_drift.jobs import asvrun
+print(asvrun.tmpdir_for_asv(sys.argv[1]))' "$SUITE_TMP") || SUITE_TMP=${TMPDIR:-/tmp}
+TMPDIR=$SUITE_TMP MATMUL_DRIFT_FIXES=0 MATMUL_DRIFT_ORDERS=0 MATMUL_DRIFT_MAPS=0 MATMUL_DRIFT_BUDGET=40 step suite 125 "$PY" -m asv --config "$WORK/asv.conf.json" run -E "existing:$PY" --set-commit-hash="$COMMIT" \
   --machine "$machine" --bench "$BENCH" --launch-method forkserver --show-stderr
 # asvrun.reap_orphans, as the nightly's: the image need not have pkill
 [ -n "$NOT_STARTED" ] || timeout "$(capped 10)" "$PY" -c 'import sys; from pathlib import Path; from matmul_drift.jobs import asvrun

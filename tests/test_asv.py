@@ -256,6 +256,45 @@ def test_a_run_of_an_environment_with_a_long_name_is_found_recorded(tmp_path):
     assert asvrun.recorded(dst / "results" / "asv", "box", head, env_name[:-1] + "x") == []
 
 
+def test_asvs_forkserver_runs_under_a_temporary_folder_too_deep_for_its_socket(tmp_path):
+    # asv's forkserver binds $TMPDIR/asv-forkserver-XXXXXXXX/socket, whose path the kernel caps
+    # (unix(7)): under a deeper TMPDIR (a Slurm job's; pytest-xdist's, where CI's GPU-check
+    # rehearsal failed) asv says only "Failed to start server thread". The jobs' asv runs there.
+    import socket
+
+    from matmul_drift.jobs import asvrun
+
+    def binds(folder: Path) -> bool:  # the kernel's answer, not the constant's
+        sock = folder / asvrun.FORKSERVER_SOCKET
+        sock.parent.mkdir(parents=True)
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.bind(str(sock))
+            return True
+        except OSError:
+            return False
+
+    over = len(str(tmp_path / asvrun.FORKSERVER_SOCKET)) + 2  # with a 1-byte folder of its own
+    fits = tmp_path / ("f" * max(1, 1 + asvrun.SOCKET_PATH_MAX - over))
+    deep = tmp_path / ("d" * max(1, 2 + asvrun.SOCKET_PATH_MAX - over))
+    assert len(str(deep)) == len(str(fits)) + 1 or len(str(fits)) == len(str(tmp_path)) + 2
+    assert not binds(deep) and asvrun.tmpdir_for_asv(str(deep)) == asvrun.SHORT_TMPDIR
+    if len(str(deep)) == len(str(fits)) + 1:  # the limit itself, where tmp_path leaves room
+        assert binds(fits) and asvrun.tmpdir_for_asv(str(fits)) == str(fits)
+    dst = tmp_path / "toy"
+    head = _toy_project(dst)
+    env = dict(os.environ, HOME=str(tmp_path), TMPDIR=str(deep))
+    assert asv("machine", "--yes", "--machine", "box", cwd=dst, env=env)[0] == 0
+    run = ("run", "--python=same", f"--set-commit-hash={head}", "--machine", "box", "--quick",
+           "--launch-method=forkserver")
+    rc, out = asv(*run, cwd=dst, env=env, timeout=300)
+    assert rc != 0 and "Failed to start server thread" in out, out[-3000:]  # asv itself
+    rc, tail = asvrun.run(dst / "asv.conf.json", *run, cwd=dst, env=env)
+    assert rc == 0, tail
+    [written] = asvrun.results_files(dst / "results" / "asv" / "box")
+    assert json.loads(written.read_text())["results"]["toy.track_one"][0] == [1.0]
+
+
 def test_a_run_of_an_older_commit_does_not_hide_the_newer_results_from_the_site(tmp_path):
     # asv publish draws a benchmark's results only where their version (a hash of its code) is
     # benchmarks.json's. Measuring an older commit after a newer one (filling in history) must

@@ -104,6 +104,10 @@ def rehearsal(tmp_path_factory):
     # The steps' work on a loaded CPU, not their GPU-sized limits, is what this rehearses
     # (the paced rehearsal tests the plan): every limit and the deadline doubled.
     refused["GPU_CHECK_STRETCH"] = "2"
+    # A TMPDIR too deep for asv's forkserver socket (unix(7): 107 bytes), as a Slurm job's may
+    # be: the suite and the nights run their asv all the same (pytest-xdist's made CI's fail).
+    refused["TMPDIR"] = str(base / ("t" * 100))
+    Path(refused["TMPDIR"]).mkdir()
     run = subprocess.run(["bash", "scripts/gpu_check.sh", str(out), "--rehearse"], cwd=tree, env=refused,
                          capture_output=True, text=True, timeout=1500)
     return base, proj, out, run, p.stdout

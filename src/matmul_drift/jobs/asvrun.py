@@ -28,6 +28,11 @@ from matmul_drift.store.lock import TreeLock
 from matmul_drift.store.machine import HARDWARE_PARAMS
 
 PROGRESS = re.compile(r"(·|\[ *[\d.]+%\] ·{1,3} )(?!=)")  # asv's step lines, not its tables
+# asv's forkserver binds its socket at $TMPDIR/asv-forkserver-XXXXXXXX/socket; a socket's path
+# has at most 107 bytes (unix(7)), and past them asv says only "Failed to start server thread"
+SOCKET_PATH_MAX = 107
+FORKSERVER_SOCKET = os.path.join("asv-forkserver-" + "x" * 8, "socket")
+SHORT_TMPDIR = "/tmp"
 
 
 class AlreadyRecorded(Exception):
@@ -52,6 +57,15 @@ def write_config(path: Path, conf: dict) -> Path:
     return atomic.write_text(path, json.dumps(conf, indent=2) + "\n")
 
 
+def tmpdir_for_asv(tmpdir: str) -> str:
+    """``tmpdir``, or SHORT_TMPDIR where asv's forkserver socket under ``tmpdir`` would pass
+    SOCKET_PATH_MAX bytes (a Slurm job's or a test's deep TMPDIR) and SHORT_TMPDIR is writable."""
+    path = os.fsencode(os.path.join(os.path.abspath(tmpdir), FORKSERVER_SOCKET))
+    if len(path) <= SOCKET_PATH_MAX or not os.access(SHORT_TMPDIR, os.W_OK | os.X_OK):
+        return tmpdir
+    return SHORT_TMPDIR
+
+
 def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | None = None,
         progress: Callable[[str], None] | None = None, hold: TreeLock | None = None,
         follow: Path | None = None) -> tuple[int, list[str]]:
@@ -62,6 +76,9 @@ def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | 
     while asv runs (setup_cache's, selection.PROGRESS_VAR). Returns (exit status, the last 30 lines
     of output)."""
     cmd = [sys.executable, "-m", "asv", "--config", str(conf), *args]
+    env = dict(os.environ if env is None else env)
+    if (tmp := env.get("TMPDIR")) and tmpdir_for_asv(tmp) != tmp:
+        env["TMPDIR"] = tmpdir_for_asv(tmp)
     tail: list[str] = []
 
     def show(line: str) -> None:
@@ -151,7 +168,8 @@ def reap_orphans(root: Path) -> list[str]:
             os.killpg(pid, signal.SIGKILL) if pgrp == pid else os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
-        if (tmp.parent == Path(tempfile.gettempdir())
+        if (tmp.parent in (Path(tempfile.gettempdir()),
+                           Path(tmpdir_for_asv(tempfile.gettempdir())))
                 and tmp.name.startswith(("asv-forkserver-", "tmp"))):
             shutil.rmtree(tmp, ignore_errors=True)
         what = "forkserver" if args[i] == "run_server" else "setup_cache"
