@@ -392,6 +392,24 @@ def test_the_main_jobs_install_is_refused_in_one_line_before_uv_writes(tmp_path,
     )
 
 
+def test_pips_rich_error_gives_the_failed_installs_one_line(tmp_path):
+    # pip's rich errors carry no "ERROR: ": a download cut short printed "error:
+    # incomplete-download" and "× Download failed ...", and the line said only "Failure creating
+    # environment". Real pip here: a package whose metadata cannot be made, no index.
+    pkg = tmp_path / "broken"
+    pkg.mkdir()
+    (pkg / "setup.py").write_text("raise SystemExit('no build here')\n")
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-build-isolation",
+                        str(pkg)], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "ERROR: " not in p.stdout + p.stderr
+    logfile = tmp_path / "asv.log"
+    logfile.write_text("·· Failure creating environment for existing-py\n"  # asv's lines
+                       + "".join(f"·· {line}\n" for line in (p.stdout + p.stderr).splitlines()))
+    why = mainjob._install_error(logfile)
+    assert why.startswith("cannot make its environment: pip: ") and why.endswith(
+        "did not run successfully."), why
+
+
 WHEELS_VAR = "MATMUL_DRIFT_TORCH_WHEELS"  # a folder of real torch wheels (two builds or more)
 
 

@@ -256,10 +256,11 @@ def _resolve(version: str, report: Path, find_links: Path | None) -> list[str]:
 
 
 def _last(stderr: str, rc: int) -> str:
-    """The line that says why: pip's last ERROR, else the last line, else the exit status."""
+    """The line that says why: pip's (mainjob.pip_why), else the last error line, else the last
+    line, else the exit status."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and "is ignored" not in ln]
-    errors = [ln for ln in lines if ln.startswith(("ERROR:", "error:"))]
-    return (errors or lines or [f"exit status {rc}"])[-1]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    return mainjob.pip_why(lines) or (errors or lines or [f"exit status {rc}"])[-1]
 
 
 def code_path(cache: Path) -> Path:

@@ -189,27 +189,41 @@ def head_commit(repo: Path) -> str:
     return commit
 
 
+# pip's lines that say why, most telling first; "×" leads the cause of pip's (and uv's) rich
+# errors, as after "error: incomplete-download"
+PIP_WHY = (r"ERROR: (No matching distribution.*)", r"ERROR: (Could not find a version.*)",
+           r"ERROR: (Cannot install .*)", r"ERROR: (.*)", r"^\W*× (.+)")
+
+
+def pip_why(lines: list[str]) -> str:
+    """The first of pip's lines in ``lines`` that says why it failed, by PIP_WHY's order, less
+    its prefix; "" where none does."""
+    return _first(lines, PIP_WHY)
+
+
+def _first(lines: list[str], patterns: tuple[str, ...]) -> str:
+    """Group 1 of the first line matching the first pattern that any line matches; "" if none."""
+    for pattern in patterns:
+        for line in lines:
+            if m := re.search(pattern, line):
+                return m.group(1).strip()
+    return ""
+
+
 def _install_error(logfile: Path) -> str:
-    """Why a build failed, from asv's log: too little free space for it (asvenv.py), pip's first
-    ERROR when its environment could not be made (no such torch, no network), else asv's own
-    error line."""
+    """Why a build failed, from asv's log: too little free space for it (asvenv.py), pip's reason
+    (pip_why) when its environment could not be made (no such torch, no network, a download cut
+    short), else asv's own error line."""
     try:
         text = logfile.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return ""
-    install = any("Failure creating environment" in line or "ERROR: " in line for line in text)
-    for pattern in (r"matmul-drift: (no room to install .*)",
-                    r"ERROR: (No matching distribution.*)", r"ERROR: (Could not find a version.*)",
-                    r"ERROR: (Cannot install .*)", r"ERROR: (.*)",
-                    r"(Failure creating environment.*)", r"·+ (Error running .*)",
-                    r"(\S*Error: .*)"):
-        for line in text:
-            m = re.search(pattern, line)
-            if m:
-                why = m.group(1).strip()
-                return (f"cannot make its environment: pip: {why}"
-                        if install and "ERROR: " in line else why)
-    return ""
+    if why := _first(text, (r"matmul-drift: (no room to install .*)",)):
+        return why
+    if why := pip_why(text):
+        return f"cannot make its environment: pip: {why}"
+    return _first(text, (r"(Failure creating environment.*)", r"·+ (Error running .*)",
+                         r"(\S*Error: .*)"))
 
 
 def _progress(build: str):
