@@ -8,7 +8,8 @@ those of NVIDIA's cuBLAS documentation, "cuBLASLt Logging" (CUBLASLT_LOG_LEVEL: 
 library in C calls back as the real ones do. Searched for and not found (the index's
 find_string, search over GitHub issues, code and pages): a Hints or an Info line of cuBLASLt,
 and any cuBLAS 12.x or 13.x capture of cublasSetStream, cublasSetWorkspace, cublasSetMathMode
-or cublasGemmEx blocks; those are the 11.x captures' lines in 13.4.1's block layout."""
+or cublasGemmEx blocks; those are the 11.x captures' lines in 13.4.1's block layout. 12.x's
+legacy log is seen in one Sgemm block (SGEMM_12), 13.x's in a whole Sgemm log."""
 
 from __future__ import annotations
 
@@ -146,6 +147,32 @@ i!  beta: type=float; val=POINTER (IN HEX:0x0x7ffd937acaf8)
 i!  C: type=float; val=POINTER (IN HEX:0x0x504e20c00)
 i!  ldc: type=int; val=2
 """ + TAIL.format(stream=DEFAULT_STREAM, mode="CUBLAS_DEFAULT_MATH")
+# cuBLAS 12.3's Sgemm block, from JuliaGPU/CUDA.jl issue #2320 (2024-04-10; its reporter's
+# JULIA_DEBUG=CUBLAS log of xt_gemm!): CUDA.jl's logger callback prints each line without its
+# "I!"/"i!" prefix, behind Julia's "┌ Debug: " and "│ "; here the prefixes are put back and
+# Julia's frame left out, the rest verbatim. A call on another stream than the default.
+SGEMM_12 = """I! cuBLAS (v12.3) function cublasStatus_t cublasSgemm_v2(cublasHandle_t, \
+cublasOperation_t, cublasOperation_t, int, int, int, const float*, const float*, int, \
+const float*, int, const float*, float*, int) called:
+i!  handle: type=cublasHandle_t; val=POINTER (IN HEX:0x0x6250fb0)
+i!  transa: type=cublasOperation_t; val=CUBLAS_OP_N(0)
+i!  transb: type=cublasOperation_t; val=CUBLAS_OP_N(0)
+i!  m: type=int; val=1024
+i!  n: type=int; val=1024
+i!  k: type=int; val=1024
+i!  alpha: type=float; val=POINTER (IN HEX:0x0x7f89fcfd9a38)
+i!  A: type=float; val=POINTER (IN HEX:0x0x7f898a400000)
+i!  lda: type=int; val=1024
+i!  B: type=float; val=POINTER (IN HEX:0x0x6200cb800)
+i!  ldb: type=int; val=100000
+i!  beta: type=float; val=POINTER (IN HEX:0x0x7f89fcfd9a3c)
+i!  C: type=float; val=POINTER (IN HEX:0x0x70e776000)
+i!  ldc: type=int; val=100000
+i! Time: 2024-04-10T21:32:50 elapsed from start 0.316667 minutes or 19.000000 seconds
+i!Process=414562; Thread=140230631728704; GPU=0; Handle=POINTER (IN HEX:0x0x6250fb0); \
+StreamId=POINTER (IN HEX:0x0x7f899f21b480); MathMode=CUBLAS_DEFAULT_MATH
+i! COMPILED WITH: GNU GCC/G++ / 6.3.1 20170216 (Red Hat 6.3.1-3)
+"""
 DESTROY = ("I! cuBLAS (v13.4.1) function cublasStatus_t cublasDestroy_v2(cublasHandle_t) called:\n"
            f"i!  {HANDLE}\n" + TAIL.format(stream=DEFAULT_STREAM, mode="CUBLAS_DEFAULT_MATH"))
 
@@ -273,6 +300,17 @@ def test_a_real_cublas_13_log_reads_whole():
     assert state == {"workspace_bytes": [], "lt_workspace_bytes": [],
                      "math_modes": ["CUBLAS_DEFAULT_MATH"], "streams": ["default"],
                      "unread_lines": 0, "unread": []}
+
+
+def test_a_real_cublas_12_block_reads_as_13s_do():
+    """cuBLAS 12.3's Sgemm block (SGEMM_12): the same fields as 13.4.1's, one recipe line, its
+    sizes and places dropped, the stream it names "other"."""
+    lines, state = blaslog.read_logs("", SGEMM_12)
+    assert lines == ["cuBLAS cublasSgemm_v2(transa=CUBLAS_OP_N, transb=CUBLAS_OP_N)"]
+    assert state["streams"] == ["other"] and state["math_modes"] == ["CUBLAS_DEFAULT_MATH"]
+    assert state["unread_lines"] == 0
+    as_13 = SGEMM.replace("CUBLAS_OP_T(1)", "CUBLAS_OP_N(0)").replace("val=2\n", "val=1024\n")
+    assert blaslog.recipe_lines("", as_13) == lines
 
 
 def test_the_handles_set_up_is_its_state_not_the_recipe():
