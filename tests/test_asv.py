@@ -274,12 +274,14 @@ def test_asvs_forkserver_runs_under_a_temporary_folder_too_deep_for_its_socket(t
         except OSError:
             return False
 
-    over = len(str(tmp_path / asvrun.FORKSERVER_SOCKET)) + 2  # with a 1-byte folder of its own
-    fits = tmp_path / ("f" * max(1, 1 + asvrun.SOCKET_PATH_MAX - over))
-    deep = tmp_path / ("d" * max(1, 2 + asvrun.SOCKET_PATH_MAX - over))
-    assert len(str(deep)) == len(str(fits)) + 1 or len(str(fits)) == len(str(tmp_path)) + 2
+    # a folder whose socket path is the limit itself (where tmp_path leaves room), one a byte deeper
+    n = asvrun.SOCKET_PATH_MAX - len(str(tmp_path / asvrun.FORKSERVER_SOCKET)) - 1
+    deep = tmp_path / ("d" * max(1, n + 1))
+    assert len(str(deep / asvrun.FORKSERVER_SOCKET)) > asvrun.SOCKET_PATH_MAX
     assert not binds(deep) and asvrun.tmpdir_for_asv(str(deep)) == asvrun.SHORT_TMPDIR
-    if len(str(deep)) == len(str(fits)) + 1:  # the limit itself, where tmp_path leaves room
+    if n >= 1:
+        fits = tmp_path / ("f" * n)
+        assert len(str(fits / asvrun.FORKSERVER_SOCKET)) == asvrun.SOCKET_PATH_MAX
         assert binds(fits) and asvrun.tmpdir_for_asv(str(fits)) == str(fits)
     dst = tmp_path / "toy"
     head = _toy_project(dst)

@@ -77,7 +77,7 @@ def run(conf: Path, *args: str, cwd: Path, env: dict | None = None, log: Path | 
     of output)."""
     cmd = [sys.executable, "-m", "asv", "--config", str(conf), *args]
     env = dict(os.environ if env is None else env)
-    if (tmp := env.get("TMPDIR")) and tmpdir_for_asv(tmp) != tmp:
+    if tmp := env.get("TMPDIR"):
         env["TMPDIR"] = tmpdir_for_asv(tmp)
     tail: list[str] = []
 
